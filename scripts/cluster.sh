@@ -1,0 +1,812 @@
+#!/usr/bin/env bash
+# A real local Kubernetes v1.20.2 control plane for rkubelet, on loopback:
+# etcd, kube-apiserver, kube-controller-manager, kube-scheduler, a local image
+# registry and containerd (CRI), plus a node address on a veth pair and an
+# iptables chain that keeps pod traffic on this machine.
+#
+#   cluster.sh up                  start everything (idempotent-ish)
+#   cluster.sh down                stop and remove everything `up` made
+#   cluster.sh status              show components; non-zero if any is dead
+#   cluster.sh node-credentials N  mint a node identity (cert + kubeconfig) for N
+#
+# Everything lives under $RKUBELET_STATE; `down` removes exactly what `up`
+# created (processes by recorded PID, links, netns, iptables rules, sysctls).
+set -euo pipefail
+
+# shellcheck source=scripts/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+PKI="$RKUBELET_STATE/pki"
+PIDS="$RKUBELET_STATE/pids"
+LOGS="$RKUBELET_STATE/logs"
+REC="$RKUBELET_STATE/records"
+CTRD="$RKUBELET_STATE/containerd"
+CNI_BIN="$RKUBELET_STATE/cni/bin"
+CNI_CONF="$RKUBELET_STATE/cni/net.d"
+CNI_TEMPLATE="$RKUBELET_REPO/cni-config/containerd-bridge.conflist.template"
+CNI_NET_NAME="rkubelet-runtime"   # "name" in the template: host-local keeps IPs under /var/lib/cni/networks/<name>
+CNI_VAR="/var/lib/cni"            # libcni result cache + host-local default dataDir
+RUN_CTRD="$(dirname "$CONTAINERD_SOCK")"
+APISERVER="https://127.0.0.1:6443"
+
+NODE_LINK="rk-node0"              # host end of the node-address veth
+NODE_PEER="rk-node0-peer"         # peer end, moved into $NODE_NETNS
+NODE_NETNS="rk-nodepeer"
+POD_BRIDGE="rkbr0"                # bridge made by the CNI template
+FWD_CHAIN="RKUBELET-FWD"
+BENCH_NET="198.18.0.0/15"
+
+# Start order; `down` stops in the reverse of this order (see STOP_ORDER).
+COMPONENTS=(registry etcd kube-apiserver kube-controller-manager kube-scheduler containerd)
+STOP_ORDER=(containerd kube-scheduler kube-controller-manager kube-apiserver etcd registry)
+SYSCTLS=(net.ipv4.ip_forward net.bridge.bridge-nf-call-iptables)
+
+# ---------------------------------------------------------------- helpers
+
+need_root() { [[ $(id -u) -eq 0 ]] || die "must run as root"; }
+
+# pid_alive PID: true if the process exists and is not a zombie.
+pid_alive() {
+  local pid=$1 state
+  [[ $pid =~ ^[0-9]+$ ]] || return 1
+  state=$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null) || return 1
+  [[ -n $state && $state != Z && $state != X ]]
+}
+
+# comp_pid NAME: the recorded PID of a component, if its binary still matches.
+comp_pid() {
+  local name=$1 pid exe
+  [[ -f $PIDS/$name.pid ]] || return 1
+  pid=$(<"$PIDS/$name.pid")
+  pid_alive "$pid" || return 1
+  exe=$(readlink "/proc/$pid/exe" 2>/dev/null) || return 1
+  [[ -f $PIDS/$name.exe && ${exe% (deleted)} == "$(<"$PIDS/$name.exe")" ]] || return 1
+  echo "$pid"
+}
+
+# start_proc NAME BINARY ARGS...: start detached, log to logs/NAME.log, record the PID.
+start_proc() {
+  local name=$1 bin=$2; shift 2
+  log "starting $name"
+  # setsid execs in place (we are not a process-group leader), so $! is the daemon.
+  setsid "$bin" "$@" >"$LOGS/$name.log" 2>&1 </dev/null &
+  local pid=$! exe i
+  exe=$(readlink -f "$bin")
+  echo "$pid" >"$PIDS/$name.pid"
+  echo "$exe" >"$PIDS/$name.exe"
+  # Wait for the exec so that comp_pid recognises the process from now on.
+  for ((i = 0; i < 50; i++)); do
+    [[ $(readlink "/proc/$pid/exe" 2>/dev/null) == "$exe" ]] && return 0
+    pid_alive "$pid" || break
+    sleep 0.05
+  done
+  tail -n 20 "$LOGS/$name.log" >&2 || true
+  die "$name did not start"
+}
+
+# wait_for DESC TIMEOUT COMPONENT CMD...: poll CMD until it succeeds; fail early if COMPONENT died.
+wait_for() {
+  local desc=$1 timeout=$2 comp=$3; shift 3
+  local deadline=$((SECONDS + timeout))
+  until "$@" >/dev/null 2>&1; do
+    if [[ -n $comp ]] && ! comp_pid "$comp" >/dev/null; then
+      tail -n 30 "$LOGS/$comp.log" >&2 || true
+      die "$comp exited while waiting for $desc"
+    fi
+    ((SECONDS < deadline)) || die "timed out after ${timeout}s waiting for $desc"
+    sleep 0.2
+  done
+  log "$desc: ready"
+}
+
+# stop_pid NAME PID [TIMEOUT]: SIGTERM, wait, then SIGKILL.
+stop_pid() {
+  local name=$1 pid=$2 timeout=${3:-15} i
+  pid_alive "$pid" || return 0
+  log "stopping $name (pid $pid)"
+  kill -TERM "$pid" 2>/dev/null || return 0
+  for ((i = 0; i < timeout * 10; i++)); do
+    pid_alive "$pid" || return 0
+    sleep 0.1
+  done
+  log "$name did not exit after ${timeout}s: SIGKILL"
+  kill -KILL "$pid" 2>/dev/null || true
+  for ((i = 0; i < 50; i++)); do pid_alive "$pid" || return 0; sleep 0.1; done
+}
+
+ctr_() { ctr --address "$CONTAINERD_SOCK" "$@"; }
+b64() { base64 -w0 <"$1"; }
+ipt_restore() { iptables-restore -w 5 --noflush; }
+
+# ---------------------------------------------------------------- PKI
+
+# openssl config for a CA or leaf certificate: $1=kind (ca|client|server|both) $2=SANs
+ext_conf() {
+  local kind=$1 sans=${2:-}
+  echo "[ext]"
+  echo "subjectKeyIdentifier = hash"
+  if [[ $kind == ca ]]; then
+    echo "basicConstraints = critical, CA:TRUE"
+    echo "keyUsage = critical, keyCertSign, cRLSign, digitalSignature"
+    return
+  fi
+  echo "authorityKeyIdentifier = keyid"
+  echo "basicConstraints = critical, CA:FALSE"
+  echo "keyUsage = critical, digitalSignature, keyEncipherment"
+  case $kind in
+    client) echo "extendedKeyUsage = clientAuth" ;;
+    server) echo "extendedKeyUsage = serverAuth" ;;
+    both) echo "extendedKeyUsage = serverAuth, clientAuth" ;;
+  esac
+  [[ -z $sans ]] || echo "subjectAltName = $sans"
+}
+
+new_key() { openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out "$1" 2>/dev/null; chmod 600 "$1"; }
+
+# make_ca NAME CN: a self-signed CA NAME.{crt,key}.
+make_ca() {
+  local name=$1 cn=$2
+  [[ -f $PKI/$name.crt ]] && return 0
+  [[ -f $PKI/$name.key ]] || new_key "$PKI/$name.key"
+  openssl req -x509 -new -key "$PKI/$name.key" -subj "/CN=$cn" -days 3650 -sha256 \
+    -config <(printf '[req]\ndistinguished_name=dn\n[dn]\n'; ext_conf ca) -extensions ext \
+    -out "$PKI/$name.crt" 2>/dev/null
+}
+
+# issue NAME SUBJECT KIND [SANS] [CA]: key + certificate signed by the cluster CA (or CA).
+issue() {
+  local name=$1 subj=$2 kind=$3 sans=${4:-} ca=${5:-ca}
+  [[ -f $PKI/$name.key ]] || new_key "$PKI/$name.key"
+  openssl req -new -key "$PKI/$name.key" -subj "$subj" -out "$PKI/$name.csr" 2>/dev/null
+  openssl x509 -req -in "$PKI/$name.csr" -CA "$PKI/$ca.crt" -CAkey "$PKI/$ca.key" \
+    -set_serial "0x$(openssl rand -hex 16)" -days 3650 -sha256 \
+    -extfile <(ext_conf "$kind" "$sans") -extensions ext -out "$PKI/$name.crt" 2>/dev/null
+  rm -f "$PKI/$name.csr"
+}
+
+# kubeconfig FILE USER CERTNAME: a kubeconfig with everything embedded.
+kubeconfig() {
+  local file=$1 user=$2 cert=$3
+  install -m 600 /dev/null "$file"
+  cat >"$file" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: rkubelet
+  cluster:
+    server: $APISERVER
+    certificate-authority-data: $(b64 "$PKI/ca.crt")
+users:
+- name: $user
+  user:
+    client-certificate-data: $(b64 "$PKI/$cert.crt")
+    client-key-data: $(b64 "$PKI/$cert.key")
+contexts:
+- name: $user@rkubelet
+  context:
+    cluster: rkubelet
+    user: $user
+current-context: $user@rkubelet
+EOF
+}
+
+# node_credentials NAME [IP]: client identity system:node:NAME (+ kubeconfig) and
+# a serving cert for the node's kubelet API (SANs: NAME, IP, 127.0.0.1).
+node_credentials() {
+  local name=$1 ip=${2:-$NODE_IP}
+  [[ $name =~ ^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$ ]] || die "bad node name: $name"
+  [[ -f $PKI/ca.key ]] || die "no cluster CA in $PKI: run 'cluster.sh up' first"
+  issue "node-$name" "/O=system:nodes/CN=system:node:$name" client
+  issue "node-$name-serving" "/O=system:nodes/CN=system:node:$name" server \
+    "DNS:$name, IP:$ip, IP:127.0.0.1"
+  kubeconfig "$PKI/node-$name.kubeconfig" "system:node:$name" "node-$name"
+  log "node credentials for $name: $PKI/node-$name.kubeconfig (serving cert $PKI/node-$name-serving.crt)"
+}
+
+make_pki() {
+  log "PKI in $PKI"
+  mkdir -p "$PKI"
+  # Keys in parallel: RSA generation dominates. (A missing key is made again by issue.)
+  local k
+  for k in ca front-proxy-ca sa apiserver admin apiserver-kubelet-client front-proxy-client \
+    controller-manager scheduler "node-$NODE_NAME" "node-$NODE_NAME-serving"; do
+    new_key "$PKI/$k.key" &
+  done
+  wait
+  make_ca ca rkubelet-ca
+  # Aggregation layer (requestheader) identity, as kubeadm does: its own CA.
+  make_ca front-proxy-ca rkubelet-front-proxy-ca
+  issue front-proxy-client "/CN=front-proxy-client" client "" front-proxy-ca
+  issue apiserver "/CN=kube-apiserver" server \
+    "IP:127.0.0.1, IP:10.96.0.1, IP:$NODE_IP, DNS:localhost, DNS:kubernetes, DNS:kubernetes.default, DNS:kubernetes.default.svc, DNS:kubernetes.default.svc.cluster.local"
+  issue admin "/O=system:masters/CN=kubernetes-admin" client
+  issue apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" client
+  issue controller-manager "/CN=system:kube-controller-manager" client
+  issue scheduler "/CN=system:kube-scheduler" client
+  # Service-account token signing pair.
+  [[ -f $PKI/sa.key ]] || new_key "$PKI/sa.key"
+  openssl pkey -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub" 2>/dev/null
+  kubeconfig "$KUBECONFIG_ADMIN" kubernetes-admin admin
+  kubeconfig "$PKI/controller-manager.kubeconfig" system:kube-controller-manager controller-manager
+  kubeconfig "$PKI/scheduler.kubeconfig" system:kube-scheduler scheduler
+  node_credentials "$NODE_NAME"
+}
+
+# ---------------------------------------------------------------- host networking
+
+# record_sysctls / set them; `down` restores only what we changed.
+set_sysctls() {
+  local key prev want=1
+  for key in "${SYSCTLS[@]}"; do
+    prev=$(sysctl -n "$key" 2>/dev/null) || { log "warning: sysctl $key not available"; continue; }
+    if [[ $prev != "$want" ]]; then
+      echo "$key=$prev" >>"$REC/sysctl"
+      sysctl -qw "$key=$want"
+    fi
+  done
+}
+
+restore_sysctls() {
+  [[ -f $REC/sysctl ]] || return 0
+  local line
+  while IFS= read -r line; do
+    log "restoring sysctl $line"
+    sysctl -qw "$line" || true
+  done <"$REC/sysctl"
+}
+
+# The node address lives on a veth whose peer sits in its own netns (so it has carrier).
+setup_node_link() {
+  log "node address $NODE_IP/24 on $NODE_LINK (peer in netns $NODE_NETNS)"
+  [[ -d /run/netns ]] || echo created >"$REC/run-netns"
+  ip netns add "$NODE_NETNS"
+  echo "$NODE_NETNS" >>"$REC/netns"
+  ip link add "$NODE_LINK" type veth peer name "$NODE_PEER" netns "$NODE_NETNS"
+  echo "$NODE_LINK" >>"$REC/links"
+  ip addr add "$NODE_IP/24" dev "$NODE_LINK"
+  ip link set "$NODE_LINK" up
+  ip -n "$NODE_NETNS" link set lo up
+  ip -n "$NODE_NETNS" link set "$NODE_PEER" up
+}
+
+# Pods stay on this machine: only pod<->pod and pod<->198.18.0.0/15 is forwarded.
+setup_firewall() {
+  log "iptables chain $FWD_CHAIN (pods may not leave the machine)"
+  remove_chains <<<"filter $FWD_CHAIN"   # a leftover from a crashed run, if any
+  # Remember CNI-* chains that exist now: portmap creates more; `down` removes only new ones.
+  local t
+  for t in filter nat mangle; do
+    iptables -w 5 -t "$t" -S | awk -v t="$t" '$1 == "-N" && $2 ~ /^CNI-/ {print t, $2}'
+  done >"$REC/cni-chains-before"
+  echo "filter $FWD_CHAIN" >"$REC/chains"
+  ipt_restore <<EOF
+*filter
+:$FWD_CHAIN - [0:0]
+-A $FWD_CHAIN -s $CLUSTER_CIDR -d $CLUSTER_CIDR -j ACCEPT
+-A $FWD_CHAIN -s $CLUSTER_CIDR -d $BENCH_NET -j ACCEPT
+-A $FWD_CHAIN -s $BENCH_NET -d $CLUSTER_CIDR -j ACCEPT
+-A $FWD_CHAIN -d $CLUSTER_CIDR -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT
+-A $FWD_CHAIN -s $CLUSTER_CIDR -j DROP
+-I FORWARD 1 -j $FWD_CHAIN
+COMMIT
+EOF
+  iptables -w 5 -S "$FWD_CHAIN" >"$REC/iptables-rules"
+}
+
+# remove_chains < "TABLE CHAIN" lines: delete the rules that jump to each chain,
+# then flush and delete it. One iptables-restore per operation, so a rule that is
+# already gone does not stop the rest.
+remove_chains() {
+  local items=() item t c line
+  mapfile -t items
+  for item in "${items[@]}"; do
+    read -r t c <<<"$item"
+    { iptables -w 5 -t "$t" -S 2>/dev/null | grep -E -- "-j $c( |\$)" || true; } | while IFS= read -r line; do
+      printf '*%s\n%s\nCOMMIT\n' "$t" "-D ${line#-A }" | ipt_restore 2>/dev/null || true
+    done
+  done
+  for item in "${items[@]}"; do
+    read -r t c <<<"$item"
+    printf '*%s\n-F %s\nCOMMIT\n' "$t" "$c" | ipt_restore 2>/dev/null || true
+  done
+  for item in "${items[@]}"; do
+    read -r t c <<<"$item"
+    if printf '*%s\n-X %s\nCOMMIT\n' "$t" "$c" | ipt_restore 2>/dev/null; then
+      log "removed iptables chain $t/$c"
+    fi
+  done
+}
+
+teardown_firewall() {
+  # Chains portmap (CNI) created while we ran: CNI-* chains not present at `up`.
+  if [[ -f $REC/cni-chains-before ]]; then
+    local t
+    for t in filter nat mangle; do
+      iptables -w 5 -t "$t" -S 2>/dev/null | awk -v t="$t" '$1 == "-N" && $2 ~ /^CNI-/ {print t, $2}'
+    done | grep -vxF -f "$REC/cni-chains-before" >"$REC/cni-chains-new" || true
+    remove_chains <"$REC/cni-chains-new"
+  fi
+  # Our own chain has a dedicated name: remove it even if the records are gone.
+  remove_chains <<<"filter $FWD_CHAIN"
+}
+
+# ---------------------------------------------------------------- components
+
+start_etcd() {
+  mkdir -p "$RKUBELET_STATE/etcd"
+  chmod 700 "$RKUBELET_STATE/etcd"
+  start_proc etcd /usr/bin/etcd \
+    --name=rkubelet \
+    --data-dir="$RKUBELET_STATE/etcd" \
+    --listen-client-urls=http://127.0.0.1:2379 \
+    --advertise-client-urls=http://127.0.0.1:2379 \
+    --listen-peer-urls=http://127.0.0.1:2380 \
+    --initial-advertise-peer-urls=http://127.0.0.1:2380 \
+    --initial-cluster=rkubelet=http://127.0.0.1:2380 \
+    --initial-cluster-state=new \
+    --logger=zap --log-outputs=stderr
+}
+
+start_registry() {
+  mkdir -p "$RKUBELET_STATE/registry"
+  cat >"$RKUBELET_STATE/registry.yml" <<EOF
+version: 0.1
+log:
+  level: info
+  fields:
+    service: registry
+storage:
+  filesystem:
+    rootdirectory: $RKUBELET_STATE/registry
+  delete:
+    enabled: true
+  cache:
+    blobdescriptor: inmemory
+http:
+  addr: $REGISTRY
+  headers:
+    X-Content-Type-Options: [nosniff]
+EOF
+  start_proc registry /usr/bin/docker-registry serve "$RKUBELET_STATE/registry.yml"
+}
+
+start_apiserver() {
+  start_proc kube-apiserver "$K8S_BIN/kube-apiserver" \
+    --etcd-servers=http://127.0.0.1:2379 \
+    --bind-address=127.0.0.1 \
+    --advertise-address="$NODE_IP" \
+    --secure-port=6443 \
+    --insecure-port=0 \
+    --cert-dir="$PKI" \
+    --service-cluster-ip-range="$SERVICE_CIDR" \
+    --client-ca-file="$PKI/ca.crt" \
+    --tls-cert-file="$PKI/apiserver.crt" \
+    --tls-private-key-file="$PKI/apiserver.key" \
+    --service-account-key-file="$PKI/sa.pub" \
+    --service-account-signing-key-file="$PKI/sa.key" \
+    --service-account-issuer=https://kubernetes.default.svc \
+    --authorization-mode=Node,RBAC \
+    --enable-admission-plugins=NodeRestriction \
+    --enable-bootstrap-token-auth=true \
+    --allow-privileged=true \
+    --kubelet-client-certificate="$PKI/apiserver-kubelet-client.crt" \
+    --kubelet-client-key="$PKI/apiserver-kubelet-client.key" \
+    --kubelet-preferred-address-types=InternalIP \
+    --requestheader-client-ca-file="$PKI/front-proxy-ca.crt" \
+    --requestheader-allowed-names=front-proxy-client \
+    --requestheader-username-headers=X-Remote-User \
+    --requestheader-group-headers=X-Remote-Group \
+    --requestheader-extra-headers-prefix=X-Remote-Extra- \
+    --proxy-client-cert-file="$PKI/front-proxy-client.crt" \
+    --proxy-client-key-file="$PKI/front-proxy-client.key"
+}
+
+start_controller_manager() {
+  local kc="$PKI/controller-manager.kubeconfig"
+  start_proc kube-controller-manager "$K8S_BIN/kube-controller-manager" \
+    --kubeconfig="$kc" \
+    --authentication-kubeconfig="$kc" \
+    --authorization-kubeconfig="$kc" \
+    --bind-address=127.0.0.1 \
+    --address=127.0.0.1 \
+    --leader-elect=false \
+    --controllers='*,bootstrapsigner,tokencleaner' \
+    --use-service-account-credentials=true \
+    --allocate-node-cidrs=true \
+    --cluster-cidr="$CLUSTER_CIDR" \
+    --node-cidr-mask-size="$NODE_CIDR_MASK" \
+    --service-cluster-ip-range="$SERVICE_CIDR" \
+    --root-ca-file="$PKI/ca.crt" \
+    --service-account-private-key-file="$PKI/sa.key" \
+    --cluster-signing-cert-file="$PKI/ca.crt" \
+    --cluster-signing-key-file="$PKI/ca.key"
+}
+
+start_scheduler() {
+  local kc="$PKI/scheduler.kubeconfig"
+  start_proc kube-scheduler "$K8S_BIN/kube-scheduler" \
+    --kubeconfig="$kc" \
+    --authentication-kubeconfig="$kc" \
+    --authorization-kubeconfig="$kc" \
+    --bind-address=127.0.0.1 \
+    --address=127.0.0.1 \
+    --leader-elect=false
+}
+
+write_containerd_config() {
+  mkdir -p "$CTRD"/{root,state,runc,opt} "$CTRD/certs.d/docker.io" "$CTRD/certs.d/$REGISTRY" \
+    "$CNI_BIN" "$CNI_CONF"
+  # Every Debian CNI plugin, by symlink; the agent may add its own shim here.
+  local p
+  for p in /usr/lib/cni/*; do ln -sfn "$p" "$CNI_BIN/$(basename "$p")"; done
+  [[ -f $CNI_TEMPLATE ]] || die "missing CNI template $CNI_TEMPLATE"
+
+  # docker.io never reaches the internet: server and mirror are the local registry.
+  cat >"$CTRD/certs.d/docker.io/hosts.toml" <<EOF
+server = "http://$REGISTRY"
+
+[host."http://$REGISTRY"]
+  capabilities = ["pull", "resolve"]
+EOF
+  cat >"$CTRD/certs.d/$REGISTRY/hosts.toml" <<EOF
+server = "http://$REGISTRY"
+
+[host."http://$REGISTRY"]
+  capabilities = ["pull", "resolve", "push"]
+EOF
+
+  cat >"$CTRD/config.toml" <<EOF
+version = 2
+root = "$CTRD/root"
+state = "$CTRD/state"
+oom_score = 0
+disabled_plugins = [
+  "io.containerd.snapshotter.v1.aufs",
+  "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.devmapper",
+  "io.containerd.snapshotter.v1.zfs",
+]
+
+[grpc]
+  address = "$CONTAINERD_SOCK"
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = "$CTRD/opt"
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "$PAUSE_IMAGE"
+  # No CAP_SYS_RESOURCE here: never lower oom_score_adj (see ENVIRONMENT.md).
+  restrict_oom_score_adj = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  enable_selinux = false
+  # Sandbox netns under our state dir (not /var/run/netns), so down finds them there.
+  netns_mounts_under_state_dir = true
+
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+        Root = "$CTRD/runc"
+
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "$CNI_BIN"
+    conf_dir = "$CNI_CONF"
+    conf_template = "$CNI_TEMPLATE"
+    max_conf_num = 1
+
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "$CTRD/certs.d"
+EOF
+}
+
+start_containerd() {
+  # Refuse to fight another containerd on the same socket.
+  if [[ -S $CONTAINERD_SOCK ]] && ctr_ version >/dev/null 2>&1; then
+    die "another containerd already serves $CONTAINERD_SOCK"
+  fi
+  [[ -d $RUN_CTRD ]] || echo created >"$REC/run-containerd"
+  [[ -d $CNI_VAR ]] || echo created >"$REC/var-lib-cni"
+  # Netns present now are not ours; containerd names its own /run/netns/cni-*.
+  find /run/netns -maxdepth 1 -name 'cni-*' -printf '%f\n' 2>/dev/null >"$REC/netns-before" || true
+  write_containerd_config
+  touch "$REC/containerd-started"
+  start_proc containerd /usr/bin/containerd --config "$CTRD/config.toml"
+}
+
+check_ports_free() {
+  local port busy=()
+  for port in 2379 2380 6443 5000 10251 10252 10257 10259; do
+    if ss -Hltn "sport = :$port" | grep -q .; then busy+=("$port"); fi
+  done
+  [[ ${#busy[@]} -eq 0 ]] || die "ports already in use: ${busy[*]} (something else is running)"
+}
+
+api_ready() {
+  curl -fsS --cacert "$PKI/ca.crt" --cert "$PKI/admin.crt" --key "$PKI/admin.key" "$APISERVER/readyz"
+}
+
+# ---------------------------------------------------------------- up
+
+UP_OK=0
+on_up_exit() {
+  local rc=$?
+  [[ $UP_OK -eq 1 ]] && return 0
+  log "up failed (exit $rc): tearing down what was started"
+  local f
+  for f in "$LOGS"/*.log; do
+    [[ -f $f ]] || continue
+    echo "---- last lines of $(basename "$f") ----" >&2
+    tail -n 15 "$f" >&2
+  done
+  cmd_down || true
+  exit "$rc"
+}
+
+cmd_up() {
+  need_root
+  local n_alive=0 n_rec=0 c
+  for c in "${COMPONENTS[@]}"; do
+    if [[ -f $PIDS/$c.pid ]]; then
+      n_rec=$((n_rec + 1))
+      if comp_pid "$c" >/dev/null; then n_alive=$((n_alive + 1)); fi
+    fi
+  done
+  if ((n_alive == ${#COMPONENTS[@]})); then
+    log "cluster already up (all ${#COMPONENTS[@]} components alive)"
+    print_summary
+    return 0
+  fi
+  if ((n_alive > 0)); then
+    die "cluster partially up ($n_alive of ${#COMPONENTS[@]} alive): run 'cluster.sh down' first"
+  fi
+  if [[ -d $RKUBELET_STATE ]]; then
+    log "stale state in $RKUBELET_STATE ($n_rec recorded, none alive): cleaning it first"
+    cmd_down
+  fi
+  for c in etcd docker-registry containerd kubectl openssl iptables-restore curl ctr ss; do
+    command -v "$c" >/dev/null || die "missing $c: run scripts/setup.sh"
+  done
+  for c in kube-apiserver kube-controller-manager kube-scheduler; do
+    [[ -x $K8S_BIN/$c ]] || die "missing $K8S_BIN/$c: run scripts/setup.sh"
+  done
+  check_ports_free
+
+  local t0=$SECONDS
+  mkdir -p "$RKUBELET_STATE" "$PIDS" "$LOGS" "$REC"
+  trap on_up_exit EXIT
+  trap 'exit 130' INT TERM
+
+  log "images: build (cached)"
+  bash "$RKUBELET_REPO/scripts/images.sh" build
+
+  make_pki
+  set_sysctls
+  setup_node_link
+  setup_firewall
+
+  start_etcd
+  start_registry
+  start_containerd
+  wait_for "etcd" 60 etcd curl -fsS http://127.0.0.1:2379/health
+  start_apiserver
+  wait_for "registry http://$REGISTRY/v2/" 60 registry curl -fsS "http://$REGISTRY/v2/"
+  wait_for "containerd (CRI)" 60 containerd ctr_ version
+
+  # Push the images while the API server boots.
+  log "images: load into the registry and containerd"
+  bash "$RKUBELET_REPO/scripts/images.sh" load
+
+  wait_for "kube-apiserver /readyz" 120 kube-apiserver api_ready
+  start_controller_manager
+  start_scheduler
+  wait_for "ServiceAccount default/default" 120 kube-controller-manager \
+    kubectl --kubeconfig "$KUBECONFIG_ADMIN" -n default get serviceaccount default
+  comp_pid kube-scheduler >/dev/null || die "kube-scheduler died (see $LOGS/kube-scheduler.log)"
+
+  UP_OK=1
+  trap - EXIT INT TERM
+  log "cluster up in $((SECONDS - t0))s"
+  print_summary
+}
+
+print_summary() {
+  cat <<EOF
+admin kubeconfig: $KUBECONFIG_ADMIN
+node kubeconfig:  $PKI/node-$NODE_NAME.kubeconfig
+node:             $NODE_NAME $NODE_IP (on $NODE_LINK)
+containerd:       $CONTAINERD_SOCK   registry: http://$REGISTRY
+EOF
+  kubectl --kubeconfig "$KUBECONFIG_ADMIN" get --raw /version
+  echo
+}
+
+# ---------------------------------------------------------------- down
+
+# Kill every task and delete every container in every containerd namespace.
+remove_containers() {
+  comp_pid containerd >/dev/null || return 0
+  ctr_ version >/dev/null 2>&1 || return 0
+  local ns id
+  for ns in $(ctr_ namespaces ls -q 2>/dev/null); do
+    for id in $(ctr_ -n "$ns" tasks ls -q 2>/dev/null); do
+      ctr_ -n "$ns" tasks kill -a -s SIGKILL "$id" >/dev/null 2>&1 || true
+    done
+    for id in $(ctr_ -n "$ns" tasks ls -q 2>/dev/null); do
+      timeout 20 ctr_ -n "$ns" tasks rm -f "$id" >/dev/null 2>&1 || log "warning: could not delete task $ns/$id"
+    done
+    for id in $(ctr_ -n "$ns" containers ls -q 2>/dev/null); do
+      ctr_ -n "$ns" containers rm "$id" >/dev/null 2>&1 || log "warning: could not delete container $ns/$id"
+    done
+  done
+}
+
+# Shims (and their containers) that outlived containerd. Only processes named by our
+# state dir: each task bundle holds init.pid (the container) and `address` (the shim's
+# socket); the shim is the process listening there (or init's parent). A candidate
+# must really be a containerd shim serving our namespace and socket.
+kill_leftover_shims() {
+  local dir="$CTRD/state/io.containerd.runtime.v2.task" d id ns pid sock cands
+  [[ -d $dir ]] || return 0
+  for d in "$dir"/*/*/; do
+    [[ -d $d ]] || continue
+    id=$(basename "$d")
+    ns=$(basename "$(dirname "$d")")
+    cands=()
+    if [[ -f $d/init.pid ]]; then
+      pid=$(<"$d/init.pid")
+      if pid_alive "$pid"; then
+        cands+=("$(awk '{print $4}' "/proc/$pid/stat" 2>/dev/null || true)")
+        # The container itself, if its cgroup path names the task id.
+        if grep -q "$id" "/proc/$pid/cgroup" 2>/dev/null; then
+          log "killing container $ns/$id (pid $pid)"
+          kill -KILL "$pid" 2>/dev/null || true
+        fi
+      fi
+    fi
+    if [[ -f $d/address ]]; then
+      sock=$(sed 's|^unix://||' "$d/address")
+      mapfile -t -O "${#cands[@]}" cands < <(ss -Hxlp "src $sock" 2>/dev/null | grep -o 'pid=[0-9]*' | cut -d= -f2)
+    fi
+    for pid in $(printf '%s\n' "${cands[@]}" | sort -u); do
+      if is_our_shim "$pid" "$ns"; then stop_pid "shim $ns/$id" "$pid" 5; fi
+    done
+  done
+}
+
+# is_our_shim PID NS: a containerd-shim* started for namespace NS by our containerd.
+is_our_shim() {
+  local pid=$1 ns=$2 exe cmd
+  pid_alive "$pid" || return 1
+  exe=$(readlink "/proc/$pid/exe" 2>/dev/null) || return 1
+  [[ $exe == */containerd-shim* ]] || return 1
+  cmd=$(tr '\0' ' ' <"/proc/$pid/cmdline")
+  [[ $cmd == *"-namespace $ns "* && $cmd == *"-address $CONTAINERD_SOCK"* ]]
+}
+
+# Unmount everything under a directory, deepest first.
+unmount_under() {
+  local root=$1 m
+  [[ -d $root ]] || return 0
+  findmnt -rn -o TARGET | awk -v r="$root" 'index($0, r "/") == 1 || $0 == r' \
+    | awk '{print gsub("/", "/"), $0}' | sort -rn | cut -d' ' -f2- | while IFS= read -r m; do
+      m=$(printf '%b' "$m")  # findmnt -r escapes blanks as \x20
+      umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || log "warning: could not unmount $m"
+    done
+}
+
+delete_netns() {
+  local n=$1
+  [[ -e /run/netns/$n ]] || return 0
+  ip netns delete "$n" 2>/dev/null || { umount -l "/run/netns/$n" 2>/dev/null; rm -f "/run/netns/$n"; }
+}
+
+teardown_network() {
+  local n l
+  # Sandbox netns made by our containerd: cni-* that were not there before it started.
+  if [[ -f $REC/netns-before ]]; then
+    for n in $(find /run/netns -maxdepth 1 -name 'cni-*' -printf '%f\n' 2>/dev/null | grep -vxF -f "$REC/netns-before"); do
+      log "removing netns $n"
+      delete_netns "$n"
+    done
+  fi
+  # The pod bridge and any veth still attached to it.
+  if ip link show "$POD_BRIDGE" >/dev/null 2>&1; then
+    for l in $(ip -o link show master "$POD_BRIDGE" | awk -F': ' '{print $2}' | cut -d@ -f1); do
+      ip link delete "$l" 2>/dev/null || true
+    done
+    log "removing bridge $POD_BRIDGE"
+    ip link delete "$POD_BRIDGE" 2>/dev/null || true
+  fi
+  # The node-address veth and its netns (dedicated names).
+  if ip link show "$NODE_LINK" >/dev/null 2>&1; then
+    log "removing $NODE_LINK"
+    ip link delete "$NODE_LINK" 2>/dev/null || true
+  fi
+  delete_netns "$NODE_NETNS"
+  # /run/netns itself, if `ip netns add` created it for us and it is now empty.
+  if [[ -f $REC/run-netns && -d /run/netns ]] && [[ -z $(ls -A /run/netns) ]]; then
+    while mountpoint -q /run/netns; do umount /run/netns 2>/dev/null || umount -l /run/netns || break; done
+    rmdir /run/netns 2>/dev/null || true
+  fi
+  # CNI IPAM leases of our network and libcni results cached while our containerd ran.
+  rm -rf "${CNI_VAR:?}/networks/$CNI_NET_NAME"
+  if [[ -f $REC/containerd-started && -d $CNI_VAR/results ]]; then
+    find "$CNI_VAR/results" -type f -newer "$REC/containerd-started" -delete
+  fi
+  if [[ -f $REC/var-lib-cni ]]; then rm -rf "$CNI_VAR"; fi
+}
+
+cmd_down() {
+  need_root
+  local t0=$SECONDS c pid
+  [[ -d $RKUBELET_STATE ]] || log "no state in $RKUBELET_STATE: cleaning up leftovers only"
+
+  # 1. Containers first, while containerd still runs.
+  remove_containers
+  # 2. Processes, by recorded PID, in reverse start order.
+  for c in "${STOP_ORDER[@]}"; do
+    if pid=$(comp_pid "$c"); then stop_pid "$c" "$pid"; fi
+    if [[ $c == containerd ]]; then kill_leftover_shims; fi
+  done
+  # 3. Mounts under our state and containerd's run dir.
+  unmount_under "$RKUBELET_STATE"
+  if [[ -f $REC/containerd-started ]]; then unmount_under "$RUN_CTRD"; fi
+  # 4. Network: netns, bridge, node link, iptables, sysctls.
+  teardown_network
+  teardown_firewall
+  restore_sysctls
+  # 5. containerd's socket / run dir, then the state itself.
+  if [[ -d $REC ]]; then
+    rm -f "$CONTAINERD_SOCK" "$CONTAINERD_SOCK.ttrpc"
+    if [[ -f $REC/run-containerd ]]; then rm -rf "$RUN_CTRD"; fi
+  fi
+  if [[ -d $RKUBELET_STATE ]]; then
+    unmount_under "$RKUBELET_STATE"
+    rm -rf "${RKUBELET_STATE:?}"
+  fi
+  log "down in $((SECONDS - t0))s"
+}
+
+# ---------------------------------------------------------------- status
+
+cmd_status() {
+  local c pid bad=0
+  if [[ ! -d $PIDS ]]; then
+    echo "cluster is down (no $PIDS)"
+    return 1
+  fi
+  for c in "${COMPONENTS[@]}"; do
+    if pid=$(comp_pid "$c"); then
+      printf '%-24s pid %-8s alive\n' "$c" "$pid"
+    else
+      printf '%-24s pid %-8s DEAD\n' "$c" "$(cat "$PIDS/$c.pid" 2>/dev/null || echo -)"
+      bad=1
+    fi
+  done
+  printf '%-24s %s\n' "node address" "$(ip -o -4 addr show dev "$NODE_LINK" 2>/dev/null | awk '{print $4}' || true)"
+  printf '%-24s %s\n' "iptables $FWD_CHAIN" "$(iptables -w 5 -C FORWARD -j "$FWD_CHAIN" 2>/dev/null && echo present || echo MISSING)"
+  return "$bad"
+}
+
+# ---------------------------------------------------------------- main
+
+case "${1:-}" in
+  up) cmd_up ;;
+  down) cmd_down ;;
+  status) cmd_status ;;
+  node-credentials)
+    need_root
+    [[ -n ${2:-} ]] || die "usage: $0 node-credentials NAME [IP]"
+    node_credentials "$2" "${3:-}"
+    ;;
+  *)
+    echo "usage: $0 {up|down|status|node-credentials NAME [IP]}" >&2
+    exit 2
+    ;;
+esac

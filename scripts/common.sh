@@ -1,0 +1,31 @@
+# Shared settings for rkubelet's scripts. Source it; do not run it.
+# Every path the scripts write lives under $RKUBELET_STATE (cluster state, removed by
+# `cluster.sh down`) or $RKUBELET_CACHE (slow-to-make artefacts kept across runs:
+# the Kubernetes build and the images).
+
+RKUBELET_REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+RKUBELET_CACHE="${RKUBELET_CACHE:-/var/cache/rkubelet}"
+RKUBELET_STATE="${RKUBELET_STATE:-/var/lib/rkubelet-cluster}"
+
+K8S_VERSION="v1.20.2"
+K8S_BIN="$RKUBELET_CACHE/kubernetes-$K8S_VERSION/bin"
+IMAGES_CACHE="$RKUBELET_CACHE/images"
+
+# Local image registry (Distribution v2, plain HTTP on loopback).
+REGISTRY="127.0.0.1:5000"
+# The project's own pause image: containerd's sandbox_image.
+PAUSE_IMAGE="$REGISTRY/rkubelet/pause:1.0"
+
+# Cluster addressing. Node addresses come from the benchmark range 198.18.0.0/15,
+# which exists only on this machine; pods get 10.244.0.0/16, one /24 per node.
+CLUSTER_CIDR="10.244.0.0/16"
+NODE_CIDR_MASK=24
+SERVICE_CIDR="10.96.0.0/16"
+NODE_NAME="${RKUBELET_NODE:-rk-node1}"
+NODE_IP="198.18.0.1"
+
+CONTAINERD_SOCK="/run/containerd/containerd.sock"
+KUBECONFIG_ADMIN="$RKUBELET_STATE/pki/admin.kubeconfig"
+
+log() { printf '[%s %(%H:%M:%S)T] %s\n' "$(basename "$0" .sh)" -1 "$*" >&2; }
+die() { log "error: $*"; exit 1; }

@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Prepare a fresh Debian 12 machine (as root) for rkubelet's local cluster and tests:
+#   - installs every Debian package the cluster, images and tests need;
+#   - builds kube-apiserver, kube-controller-manager, kube-scheduler and kubelet v1.20.2
+#     from Debian's `kubernetes` source package, cached under $RKUBELET_CACHE so a second
+#     run skips the build.
+# Idempotent: safe to run again; it only does what is missing.
+set -euo pipefail
+
+CACHE="${RKUBELET_CACHE:-/var/cache/rkubelet}"
+K8S_VERSION="v1.20.2"
+K8S_BIN="$CACHE/kubernetes-$K8S_VERSION/bin"
+K8S_TOOLS=(kube-apiserver kube-controller-manager kube-scheduler kubelet)
+
+PACKAGES=(
+  containerd runc containernetworking-plugins etcd-server
+  golang-go rsync dpkg-dev
+  docker-registry busybox-static skopeo debootstrap
+  protobuf-compiler iptables iproute2 openssl jq curl ca-certificates
+  apache2-utils
+)
+
+log() { printf '[setup %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
+
+[[ $(id -u) -eq 0 ]] || { echo "setup.sh must run as root" >&2; exit 1; }
+
+ensure_deb_src() {
+  local f=/etc/apt/sources.list.d/rkubelet-deb-src.sources
+  [[ -f $f ]] && return 0
+  log "adding a deb-src entry for bookworm main"
+  cat >"$f" <<'SRC'
+Types: deb-src
+URIs: http://deb.debian.org/debian
+Suites: bookworm
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+SRC
+  APT_UPDATED=0
+}
+
+APT_UPDATED=0
+apt_update_once() {
+  if [[ $APT_UPDATED -eq 0 ]]; then
+    log "apt-get update"
+    apt-get update -qq
+    APT_UPDATED=1
+  fi
+}
+
+install_packages() {
+  local missing=()
+  for p in "${PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+  done
+  if [[ ${#missing[@]} -gt 0 ]]; then
+    apt_update_once
+    log "installing: ${missing[*]}"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+  # The Debian packages start services we do not want: the project runs its own
+  # containerd and registry with their own configs and state. Stop and disable them.
+  for unit in containerd docker-registry etcd; do
+    if systemctl is-active --quiet "$unit" 2>/dev/null; then
+      systemctl stop "$unit" || true
+    fi
+    systemctl disable "$unit" >/dev/null 2>&1 || true
+  done
+}
+
+build_kubernetes() {
+  local ok=1
+  for t in "${K8S_TOOLS[@]}"; do [[ -x $K8S_BIN/$t ]] || ok=0; done
+  if [[ $ok -eq 1 ]]; then
+    log "Kubernetes $K8S_VERSION binaries cached in $K8S_BIN: skipping the build"
+    return 0
+  fi
+  ensure_deb_src
+  apt_update_once
+  local work="$CACHE/build"
+  rm -rf "$work"
+  mkdir -p "$work"
+  log "downloading Debian's kubernetes source package"
+  (cd "$work" && apt-get source --download-only -qq kubernetes >/dev/null)
+  local dsc
+  dsc=$(ls "$work"/kubernetes_*.dsc | head -n1)
+  (cd "$work" && dpkg-source --no-check -x "$dsc" src >/dev/null)
+  local tree="$work/src"
+  log "building ${K8S_TOOLS[*]} (several minutes)"
+  mkdir -p "$tree/.go/src/k8s.io"
+  ln -sfn "$tree" "$tree/.go/src/k8s.io/kubernetes"
+  (
+    cd "$tree/.go/src/k8s.io/kubernetes"
+    export GOPATH="$tree/.go" CGO_ENABLED=0 GOFLAGS=-mod=vendor GOCACHE="$work/gocache"
+    make WHAT="cmd/kube-apiserver cmd/kube-controller-manager cmd/kube-scheduler cmd/kubelet" >"$work/build.log" 2>&1
+  ) || { tail -n 40 "$work/build.log" >&2; exit 1; }
+  mkdir -p "$K8S_BIN"
+  for t in "${K8S_TOOLS[@]}"; do install -m 0755 "$tree/_output/bin/$t" "$K8S_BIN/$t"; done
+  "$K8S_BIN/kube-apiserver" --version >&2
+  rm -rf "$work"
+}
+
+install_packages
+build_kubernetes
+log "done"

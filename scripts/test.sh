@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The one command that runs every test of rkubelet, as root on a Debian 12 machine:
+# set-up (packages, cached Kubernetes build), format and lint checks, then unit and
+# integration tests against a real local cluster that this script brings up and always
+# takes down again, also when a step fails.
+set -euo pipefail
+# shellcheck source=scripts/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+cd "$RKUBELET_REPO"
+
+started=$SECONDS
+bash scripts/setup.sh
+
+log "format and lint"
+cargo fmt --check
+cargo clippy --locked --all-targets -- -D warnings
+
+log "build"
+cargo build --locked --all-targets
+cargo test --locked --no-run
+
+# A cluster left over from an interrupted run is removed first; ours is removed on exit.
+bash scripts/cluster.sh down
+trap 'bash scripts/cluster.sh down' EXIT
+bash scripts/cluster.sh up
+
+log "unit and integration tests"
+cargo test --locked -- --include-ignored --test-threads=2
+
+log "all tests passed in $((SECONDS - started)) s"

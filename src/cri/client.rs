@@ -1,0 +1,239 @@
+//! The CRI gRPC client over a Unix socket.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use hyper_util::rt::TokioIo;
+use tokio::net::UnixStream;
+use tonic::transport::{Channel, Uri};
+
+use super::api::{
+    self, image_service_client::ImageServiceClient, runtime_service_client::RuntimeServiceClient,
+};
+use super::{CRI_API_VERSION, CriError, Result};
+
+/// Where the container runtime listens. Only Unix sockets are supported, as by the kubelet
+/// on Linux: `unix:///run/containerd/containerd.sock` or a bare absolute path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    path: PathBuf,
+}
+
+impl Endpoint {
+    /// The socket path.
+    #[must_use]
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+}
+
+impl FromStr for Endpoint {
+    type Err = CriError;
+
+    fn from_str(s: &str) -> Result<Self> {
+        let invalid = |reason| CriError::InvalidEndpoint {
+            endpoint: s.to_owned(),
+            reason,
+        };
+        let path = match s.split_once("://") {
+            Some(("unix", path)) => path,
+            Some(_) => return Err(invalid("only unix:// endpoints are supported")),
+            None => s,
+        };
+        if !path.starts_with('/') {
+            return Err(invalid("the socket path must be absolute"));
+        }
+        Ok(Self { path: path.into() })
+    }
+}
+
+impl std::fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "unix://{}", self.path.display())
+    }
+}
+
+/// A client for the CRI `RuntimeService` and `ImageService` of one runtime.
+///
+/// Cheap to clone: clones share one HTTP/2 connection, which reconnects by itself when the
+/// runtime restarts.
+#[derive(Clone, Debug)]
+pub struct CriClient {
+    endpoint: Endpoint,
+    runtime: RuntimeServiceClient<Channel>,
+    image: ImageServiceClient<Channel>,
+    /// Deadline of every call but image pulls (the kubelet's `--runtime-request-timeout`).
+    timeout: Duration,
+    /// Deadline of `PullImage`.
+    pull_timeout: Duration,
+}
+
+impl CriClient {
+    /// A client for `endpoint`. The connection is made at the first call, so an agent can
+    /// start before its runtime does.
+    #[must_use]
+    pub fn new(endpoint: Endpoint, timeout: Duration, pull_timeout: Duration) -> Self {
+        let path = endpoint.path.clone();
+        // The URI is required by tonic but unused: the connector dials the socket.
+        let channel = tonic::transport::Endpoint::from_static("http://cri.local")
+            .connect_timeout(timeout)
+            .connect_with_connector_lazy(tower::service_fn(move |_: Uri| {
+                let path = path.clone();
+                async move { UnixStream::connect(path).await.map(TokioIo::new) }
+            }));
+        Self {
+            endpoint,
+            runtime: RuntimeServiceClient::new(channel.clone()),
+            image: ImageServiceClient::new(channel),
+            timeout,
+            pull_timeout,
+        }
+    }
+
+    /// The endpoint this client talks to.
+    #[must_use]
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
+    }
+
+    /// Runs one RPC with a deadline, sent to the runtime as `grpc-timeout` too, and maps
+    /// its failure to a [`CriError`] naming the RPC.
+    async fn call<Req, Resp, F, Fut>(
+        &self,
+        rpc: &'static str,
+        deadline: Duration,
+        req: Req,
+        send: F,
+    ) -> Result<Resp>
+    where
+        F: FnOnce(tonic::Request<Req>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
+    {
+        let mut request = tonic::Request::new(req);
+        request.set_timeout(deadline);
+        let started = std::time::Instant::now();
+        let outcome = tokio::time::timeout(deadline, send(request)).await;
+        tracing::trace!(rpc, elapsed_ms = started.elapsed().as_millis(), "CRI call");
+        match outcome {
+            Err(_) => Err(CriError::Timeout {
+                rpc,
+                after: deadline,
+            }),
+            Ok(Err(status)) if status.code() == tonic::Code::DeadlineExceeded => {
+                Err(CriError::Timeout {
+                    rpc,
+                    after: deadline,
+                })
+            }
+            Ok(Err(status)) => Err(CriError::Rpc {
+                rpc,
+                code: status.code(),
+                message: status.message().to_owned(),
+            }),
+            Ok(Ok(response)) => Ok(response.into_inner()),
+        }
+    }
+
+    /// `Version`: the runtime's name and version, and the CRI version it serves.
+    pub async fn version(&self) -> Result<api::VersionResponse> {
+        let req = api::VersionRequest {
+            version: CRI_API_VERSION.to_owned(),
+        };
+        let mut c = self.runtime.clone();
+        self.call("Version", self.timeout, req, move |r| async move {
+            c.version(r).await
+        })
+        .await
+    }
+}
+
+/// Generates one method per unary RPC: same name as the generated client's method, the
+/// request message in, the response message out, the deadline taken from the named field.
+macro_rules! unary_rpcs {
+    ($($(#[$doc:meta])* $method:ident => $svc:ident . $rpc:literal ($req:ident) -> $resp:ident within $deadline:ident;)*) => {
+        impl CriClient {
+            $(
+                $(#[$doc])*
+                pub async fn $method(&self, req: api::$req) -> Result<api::$resp> {
+                    let mut c = self.$svc.clone();
+                    self.call($rpc, self.$deadline, req, move |r| async move { c.$method(r).await })
+                        .await
+                }
+            )*
+        }
+    };
+}
+
+unary_rpcs! {
+    /// `Status`: the runtime's conditions (RuntimeReady, NetworkReady).
+    status => runtime."Status"(StatusRequest) -> StatusResponse within timeout;
+    /// `UpdateRuntimeConfig`: tells the runtime the node's pod CIDR.
+    update_runtime_config => runtime."UpdateRuntimeConfig"(UpdateRuntimeConfigRequest) -> UpdateRuntimeConfigResponse within timeout;
+    /// `RunPodSandbox`: creates and starts the pod's sandbox (pause container, namespaces).
+    run_pod_sandbox => runtime."RunPodSandbox"(RunPodSandboxRequest) -> RunPodSandboxResponse within timeout;
+    /// `StopPodSandbox`: stops the sandbox's containers and tears down its network.
+    stop_pod_sandbox => runtime."StopPodSandbox"(StopPodSandboxRequest) -> StopPodSandboxResponse within timeout;
+    /// `RemovePodSandbox`: removes a stopped sandbox and its containers.
+    remove_pod_sandbox => runtime."RemovePodSandbox"(RemovePodSandboxRequest) -> RemovePodSandboxResponse within timeout;
+    /// `PodSandboxStatus`: state, IPs and metadata of one sandbox.
+    pod_sandbox_status => runtime."PodSandboxStatus"(PodSandboxStatusRequest) -> PodSandboxStatusResponse within timeout;
+    /// `ListPodSandbox`: sandboxes matching a filter.
+    list_pod_sandbox => runtime."ListPodSandbox"(ListPodSandboxRequest) -> ListPodSandboxResponse within timeout;
+    /// `CreateContainer`: creates a container inside a sandbox.
+    create_container => runtime."CreateContainer"(CreateContainerRequest) -> CreateContainerResponse within timeout;
+    /// `StartContainer`: starts a created container.
+    start_container => runtime."StartContainer"(StartContainerRequest) -> StartContainerResponse within timeout;
+    /// `StopContainer`: signals a container and kills it after its timeout.
+    stop_container => runtime."StopContainer"(StopContainerRequest) -> StopContainerResponse within timeout;
+    /// `RemoveContainer`: removes a stopped container.
+    remove_container => runtime."RemoveContainer"(RemoveContainerRequest) -> RemoveContainerResponse within timeout;
+    /// `ListContainers`: containers matching a filter.
+    list_containers => runtime."ListContainers"(ListContainersRequest) -> ListContainersResponse within timeout;
+    /// `ContainerStatus`: state, exit code, timestamps of one container.
+    container_status => runtime."ContainerStatus"(ContainerStatusRequest) -> ContainerStatusResponse within timeout;
+    /// `PullImage`: pulls an image into the runtime's store.
+    pull_image => image."PullImage"(PullImageRequest) -> PullImageResponse within pull_timeout;
+    /// `ImageStatus`: whether an image is present, and its id.
+    image_status => image."ImageStatus"(ImageStatusRequest) -> ImageStatusResponse within timeout;
+    /// `ListImages`: the images in the runtime's store.
+    list_images => image."ListImages"(ListImagesRequest) -> ListImagesResponse within timeout;
+    /// `RemoveImage`: removes an image from the runtime's store.
+    remove_image => image."RemoveImage"(RemoveImageRequest) -> RemoveImageResponse within timeout;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_unix_endpoints() {
+        let e: Endpoint = "unix:///run/containerd/containerd.sock".parse().unwrap();
+        assert_eq!(
+            e.path(),
+            std::path::Path::new("/run/containerd/containerd.sock")
+        );
+        assert_eq!(e.to_string(), "unix:///run/containerd/containerd.sock");
+        let bare: Endpoint = "/run/crio/crio.sock".parse().unwrap();
+        assert_eq!(bare.path(), std::path::Path::new("/run/crio/crio.sock"));
+    }
+
+    #[test]
+    fn refuses_tcp_and_relative_endpoints() {
+        let tcp = "tcp://127.0.0.1:1234".parse::<Endpoint>().unwrap_err();
+        assert!(tcp.to_string().contains("only unix://"), "{tcp}");
+        let relative = "unix://run/x.sock".parse::<Endpoint>().unwrap_err();
+        assert!(relative.to_string().contains("absolute"), "{relative}");
+    }
+
+    #[tokio::test]
+    async fn an_absent_runtime_is_reported_as_unavailable_with_the_rpc_name() {
+        let dir = std::env::temp_dir().join(format!("rkubelet-cri-test-{}", std::process::id()));
+        let endpoint: Endpoint = dir.join("missing.sock").to_str().unwrap().parse().unwrap();
+        let client = CriClient::new(endpoint, Duration::from_secs(2), Duration::from_secs(2));
+        let err = client.version().await.unwrap_err();
+        assert!(err.is_unavailable(), "{err}");
+        assert!(err.to_string().starts_with("CRI Version"), "{err}");
+    }
+}

@@ -1,0 +1,28 @@
+//! The Container Runtime Interface: a gRPC client for the runtime's `RuntimeService` and
+//! `ImageService` (CRI `runtime.v1`, served by containerd 1.6+ and CRI-O).
+//!
+//! This module only carries out calls: it builds no policy. Every call has a deadline and
+//! every error names the RPC that failed, so the pod worker can turn it into a status,
+//! an event and a back-off.
+
+mod client;
+mod error;
+mod health;
+
+pub use client::{CriClient, Endpoint};
+pub use error::{CriError, Result};
+pub use health::{Condition, RuntimeHealth};
+
+/// Messages and clients generated from the vendored `runtime.v1` api.proto.
+#[allow(missing_docs, clippy::all, clippy::pedantic, unused_qualifications)]
+pub mod api {
+    tonic::include_proto!("runtime.v1");
+}
+
+/// The CRI API version this client speaks (the `version` field of `VersionRequest`).
+pub const CRI_API_VERSION: &str = "v1";
+
+/// The runtime condition type a runtime reports when it can run containers.
+pub const RUNTIME_READY: &str = "RuntimeReady";
+/// The runtime condition type a runtime reports when pod networking is set up.
+pub const NETWORK_READY: &str = "NetworkReady";
