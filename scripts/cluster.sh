@@ -273,6 +273,8 @@ setup_node_link() {
 setup_firewall() {
   log "iptables chain $FWD_CHAIN (pods may not leave the machine)"
   remove_chains <<<"filter $FWD_CHAIN"   # a leftover from a crashed run, if any
+  # Tables that exist now (iptables-nft makes a table on first use; see remove_new_tables).
+  iptables-save | sed -n 's/^\*//p' >"$REC/iptables-tables-before"
   # Remember CNI-* chains that exist now: portmap creates more; `down` removes only new ones.
   local t
   for t in filter nat mangle; do
@@ -328,6 +330,24 @@ teardown_firewall() {
   fi
   # Our own chain has a dedicated name: remove it even if the records are gone.
   remove_chains <<<"filter $FWD_CHAIN"
+  remove_new_tables
+}
+
+# iptables-nft creates a table (filter for our chain, nat for portmap) on first use and
+# the iptables CLI cannot delete one. Tables that did not exist at `up` and are empty
+# now (built-in chains, no rules) are deleted with nft, if nft is installed.
+remove_new_tables() {
+  [[ -f $REC/iptables-tables-before ]] || return 0
+  local t rest
+  for t in $(iptables-save | sed -n 's/^\*//p' | grep -vxF -f "$REC/iptables-tables-before"); do
+    rest=$(iptables-save -t "$t" | grep -vE '^(#|\*|COMMIT$|:(PREROUTING|INPUT|FORWARD|OUTPUT|POSTROUTING) ACCEPT )' || true)
+    [[ -z $rest ]] || continue
+    if command -v nft >/dev/null && iptables -V | grep -q nf_tables; then
+      if nft delete table ip "$t"; then log "removed empty iptables table $t"; fi
+    else
+      log "note: empty iptables table $t stays (install nftables to remove it)"
+    fi
+  done
 }
 
 # ---------------------------------------------------------------- components
@@ -370,13 +390,15 @@ EOF
   start_proc registry /usr/bin/docker-registry serve "$RKUBELET_STATE/registry.yml"
 }
 
+# Serves on 127.0.0.1 only. It advertises $NODE_IP, not 127.0.0.1: the `kubernetes`
+# Endpoints may not hold a loopback address (with 127.0.0.1 the apiserver logs an error
+# every 10s). Nothing listens on $NODE_IP:6443, so pods cannot reach the apiserver.
 start_apiserver() {
   start_proc kube-apiserver "$K8S_BIN/kube-apiserver" \
     --etcd-servers=http://127.0.0.1:2379 \
     --bind-address=127.0.0.1 \
     --advertise-address="$NODE_IP" \
     --secure-port=6443 \
-    --insecure-port=0 \
     --cert-dir="$PKI" \
     --service-cluster-ip-range="$SERVICE_CIDR" \
     --client-ca-file="$PKI/ca.crt" \
@@ -514,6 +536,10 @@ start_containerd() {
   [[ -d $CNI_VAR ]] || echo created >"$REC/var-lib-cni"
   # Netns present now are not ours; containerd names its own /run/netns/cni-*.
   find /run/netns -maxdepth 1 -name 'cni-*' -printf '%f\n' 2>/dev/null >"$REC/netns-before" || true
+  # Per-namespace parent cgroups (/k8s.io, ...) runc makes and never removes: note the present ones.
+  findmnt -rn -t cgroup,cgroup2 -o TARGET | while read -r h; do
+    find "$h" -mindepth 1 -maxdepth 1 -type d
+  done >"$REC/cgroups-before"
   write_containerd_config
   touch "$REC/containerd-started"
   start_proc containerd /usr/bin/containerd --config "$CTRD/config.toml"
@@ -637,8 +663,13 @@ remove_containers() {
     for id in $(ctr_ -n "$ns" tasks ls -q 2>/dev/null); do
       ctr_ -n "$ns" tasks kill -a -s SIGKILL "$id" >/dev/null 2>&1 || true
     done
+    echo "$ns" >>"$REC/namespaces"
     for id in $(ctr_ -n "$ns" tasks ls -q 2>/dev/null); do
-      timeout 20 ctr_ -n "$ns" tasks rm -f "$id" >/dev/null 2>&1 || log "warning: could not delete task $ns/$id"
+      # CRI may delete a task itself once it exits: only a task still listed is a problem.
+      if ! timeout 20 ctr_ -n "$ns" tasks rm -f "$id" >/dev/null 2>&1 &&
+        ctr_ -n "$ns" tasks ls -q 2>/dev/null | grep -qxF "$id"; then
+        log "warning: could not delete task $ns/$id"
+      fi
     done
     for id in $(ctr_ -n "$ns" containers ls -q 2>/dev/null); do
       ctr_ -n "$ns" containers rm "$id" >/dev/null 2>&1 || log "warning: could not delete container $ns/$id"
@@ -676,6 +707,24 @@ kill_leftover_shims() {
     for pid in $(printf '%s\n' "${cands[@]}" | sort -u); do
       if is_our_shim "$pid" "$ns"; then stop_pid "shim $ns/$id" "$pid" 5; fi
     done
+    remove_task_cgroup "$d/config.json"
+  done
+}
+
+# remove_task_cgroup CONFIG: the cgroup runc made for a container killed without
+# `runc delete` (cgroupfs: linux.cgroupsPath in every hierarchy). rmdir only: a cgroup
+# that still has tasks or children stays.
+remove_task_cgroup() {
+  local cfg=$1 cg h i
+  [[ -f $cfg ]] || return 0
+  cg=$(jq -r '.linux.cgroupsPath // empty' "$cfg" 2>/dev/null || true)
+  [[ $cg == /* && $cg != *..* ]] || return 0
+  for h in $(findmnt -rn -t cgroup,cgroup2 -o TARGET); do
+    [[ -d $h$cg ]] || continue
+    for ((i = 0; i < 20; i++)); do
+      rmdir "$h$cg" 2>/dev/null && break
+      sleep 0.1
+    done
   done
 }
 
@@ -687,6 +736,22 @@ is_our_shim() {
   [[ $exe == */containerd-shim* ]] || return 1
   cmd=$(tr '\0' ' ' <"/proc/$pid/cmdline")
   [[ $cmd == *"-namespace $ns "* && $cmd == *"-address $CONTAINERD_SOCK"* ]]
+}
+
+# The /<namespace> parent cgroups our containerd's runc made (k8s.io for CRI pods without
+# a cgroup parent), if they were not there before and are empty now (rmdir only).
+remove_ns_cgroups() {
+  [[ -f $REC/cgroups-before ]] || return 0
+  local ns h d
+  for ns in $(sort -u "$REC/namespaces" 2>/dev/null) k8s.io default; do
+    [[ $ns =~ ^[A-Za-z0-9][A-Za-z0-9._-]*$ ]] || continue
+    for h in $(findmnt -rn -t cgroup,cgroup2 -o TARGET); do
+      d="$h/$ns"
+      if [[ -d $d ]] && ! grep -qxF "$d" "$REC/cgroups-before"; then
+        find "$d" -depth -type d -exec rmdir {} + 2>/dev/null || true
+      fi
+    done
+  done
 }
 
 # Unmount everything under a directory, deepest first.
@@ -754,6 +819,7 @@ cmd_down() {
     if pid=$(comp_pid "$c"); then stop_pid "$c" "$pid"; fi
     if [[ $c == containerd ]]; then kill_leftover_shims; fi
   done
+  remove_ns_cgroups
   # 3. Mounts under our state and containerd's run dir.
   unmount_under "$RKUBELET_STATE"
   if [[ -f $REC/containerd-started ]]; then unmount_under "$RUN_CTRD"; fi

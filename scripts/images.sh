@@ -449,9 +449,11 @@ build_image() {
   mkdir -p "$dir/rootfs"
   "${key}_rootfs" "$dir/rootfs"
   mapfile -t names < <("${key}_names")
-  oci_archive "$dir/rootfs" "$owner" "$("${key}_config")" "$description" "$archive" "${names[@]}"
-  # Checked after the layer is made: running the image's programs may leave files.
+  oci_archive "$dir/rootfs" "$owner" "$("${key}_config")" "$description" "$dir/image.tar" "${names[@]}"
+  # Checked after the layer is made (running the image's programs may leave files in
+  # the root file system), and before the archive replaces the cached one.
   if declare -F "${key}_verify" >/dev/null; then "${key}_verify" "$dir/rootfs"; fi
+  mv "$dir/image.tar" "$archive"
   echo "$inputs" >"$archive.inputs"
   remove_tree "$dir"
   log "$key: $archive ($(du -h "$archive" | cut -f1)) = ${names[*]}"
@@ -479,7 +481,7 @@ registry_ref() {
   case $name in
     docker.io/*) echo "$REGISTRY/${name#docker.io/}" ;;
     "$REGISTRY"/*) echo "$name" ;;
-    *) die "image $name has no place in the registry $REGISTRY" ;;
+    *) die "image $name has no place in the registry $REGISTRY (run: images.sh build)" ;;
   esac
 }
 

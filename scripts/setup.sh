@@ -17,7 +17,7 @@ PACKAGES=(
   golang-go rsync dpkg-dev
   docker-registry busybox-static skopeo debootstrap
   protobuf-compiler iptables iproute2 openssl jq curl ca-certificates
-  apache2-utils
+  apache2-utils nftables shellcheck
 )
 
 log() { printf '[setup %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }

@@ -5,5 +5,18 @@
 //! their networks with the standard CNI plugins, and reports their status to the
 //! kube-apiserver. Each module owns one kubelet concept and is named after it.
 
+pub mod app;
+pub mod backoff;
+pub mod cni;
 pub mod cri;
+pub mod events;
+pub mod images;
+pub mod kubelet;
+pub mod kuberuntime;
+pub mod node;
 pub mod observability;
+pub mod pleg;
+pub mod pod;
+pub mod resources;
+pub mod status;
+pub mod volume;

@@ -2,11 +2,14 @@
 //! exit codes. Everything else lives in the library.
 
 use std::io::Write;
+use std::net::IpAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use rkubelet::cri::{self, CriClient, Endpoint, RuntimeHealth};
+use rkubelet::app;
+use rkubelet::cri::{self, Cri, CriClient, Endpoint, RuntimeHealth};
 use rkubelet::observability::{self, LogFormat};
 
 /// A kubelet-compatible node agent.
@@ -25,8 +28,78 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run the node agent: register the node and run the pods bound to it.
+    Run(Box<RunArgs>),
     /// Talk to the container runtime over CRI.
     Cri(CriArgs),
+}
+
+/// Who runs the CNI plugins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum NetworkOwnerArg {
+    /// rkubelet runs bridge, host-local, portmap and loopback itself; containerd's CNI call
+    /// is handed to it by the thin plugin `rkubelet-cni`.
+    Agent,
+    /// containerd's own CNI configuration does the work (as on a kind node).
+    Runtime,
+}
+
+/// Flags of `rkubelet run`, named like the kubelet's where the meaning is the same.
+#[derive(Debug, clap::Args)]
+struct RunArgs {
+    #[command(flatten)]
+    runtime: RuntimeFlags,
+    /// Kubeconfig with the node's identity (`system:node:<name>`).
+    #[arg(long)]
+    kubeconfig: PathBuf,
+    /// The node's name (default: the host name).
+    #[arg(long)]
+    hostname_override: Option<String>,
+    /// The node's IP address (InternalIP). Must not be loopback.
+    #[arg(long)]
+    node_ip: IpAddr,
+    /// The agent's state directory.
+    #[arg(long, default_value = "/var/lib/rkubelet")]
+    root_dir: PathBuf,
+    /// Where container logs are written, one directory per pod.
+    #[arg(long, default_value = "/var/log/pods")]
+    pod_logs_dir: PathBuf,
+    /// Who wires pod networks.
+    #[arg(long, value_enum, default_value = "agent")]
+    network_owner: NetworkOwnerArg,
+    /// Directories searched for CNI plugins, in order.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "/opt/cni/bin,/usr/lib/cni"
+    )]
+    cni_bin_dir: Vec<PathBuf>,
+    /// The agent's CNI configuration directory: its first .conflist is used, with
+    /// `{{.PodCIDR}}` replaced by the node's pod CIDR.
+    #[arg(long, default_value = "/etc/rkubelet/cni/net.d")]
+    cni_conf_dir: PathBuf,
+    /// The runtime's CNI conf dir (agent-owned networking installs its thin plugin's
+    /// conflist there).
+    #[arg(long, default_value = "/etc/cni/net.d")]
+    runtime_cni_conf_dir: PathBuf,
+    /// The runtime's CNI bin dir (agent-owned networking installs `rkubelet-cni` there).
+    #[arg(long, default_value = "/opt/cni/bin")]
+    runtime_cni_bin_dir: PathBuf,
+    /// Cluster DNS server addresses, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    cluster_dns: Vec<IpAddr>,
+    /// The cluster's DNS domain.
+    #[arg(long, default_value = "cluster.local")]
+    cluster_domain: String,
+    /// Resolver configuration given to `dnsPolicy: Default` pods. Empty: none.
+    #[arg(long, default_value = "/etc/resolv.conf")]
+    resolv_conf: String,
+    /// Extra node labels, `key=value` comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    node_labels: Vec<String>,
+    /// The most pods this node runs.
+    #[arg(long, default_value_t = 110)]
+    max_pods: u32,
 }
 
 /// Flags shared by every command that talks to the container runtime.
@@ -64,14 +137,74 @@ enum CriCommand {
     Status,
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<std::process::ExitCode> {
+fn main() -> anyhow::Result<std::process::ExitCode> {
+    // Invoked by the container runtime as the thin CNI plugin: hand the call to the agent.
+    if let Some(argv0) = std::env::args_os().next()
+        && rkubelet::cni::shim::invoked_as_plugin(&argv0)
+    {
+        return Ok(rkubelet::cni::shim::run_plugin());
+    }
     let cli = Cli::parse();
     observability::init(cli.log_format, &cli.log_level)
         .map_err(|e| anyhow::anyhow!("setting up logging: {e}"))?;
-    match cli.command {
-        Command::Cri(args) => cri_command(args).await,
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        match cli.command {
+            Command::Run(args) => run_command(*args).await,
+            Command::Cri(args) => cri_command(args).await,
+        }
+    })
+}
+
+async fn run_command(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
+    let node_name = match args.hostname_override {
+        Some(name) => name,
+        None => nix::unistd::gethostname()?.to_string_lossy().to_lowercase(),
+    };
+    let mut node_labels = std::collections::BTreeMap::new();
+    for label in &args.node_labels {
+        let (k, v) = label
+            .split_once('=')
+            .with_context(|| format!("--node-labels: {label:?} is not key=value"))?;
+        node_labels.insert(k.to_owned(), v.to_owned());
     }
+    let config = app::Config {
+        kubeconfig: args.kubeconfig,
+        node_name,
+        node_ip: args.node_ip,
+        cri: args.runtime.client()?,
+        root_dir: args.root_dir,
+        pod_logs_dir: args.pod_logs_dir,
+        network_owner: match args.network_owner {
+            NetworkOwnerArg::Agent => app::NetworkOwner::Agent,
+            NetworkOwnerArg::Runtime => app::NetworkOwner::Runtime,
+        },
+        cni_bin_dirs: args.cni_bin_dir,
+        cni_conf_dir: args.cni_conf_dir,
+        runtime_cni_conf_dir: args.runtime_cni_conf_dir,
+        runtime_cni_bin_dir: args.runtime_cni_bin_dir,
+        cluster_dns: args.cluster_dns,
+        cluster_domain: args.cluster_domain,
+        resolv_conf: (!args.resolv_conf.is_empty()).then(|| args.resolv_conf.into()),
+        node_labels,
+        max_pods: args.max_pods,
+    };
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let stop = cancel.clone();
+    tokio::spawn(async move {
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            () = async { if let Some(t) = term.as_mut() { t.recv().await; } } => {}
+        }
+        tracing::info!("stop requested");
+        stop.cancel();
+    });
+    app::run(config, cancel).await?;
+    Ok(std::process::ExitCode::SUCCESS)
 }
 
 async fn cri_command(args: CriArgs) -> anyhow::Result<std::process::ExitCode> {
@@ -80,7 +213,7 @@ async fn cri_command(args: CriArgs) -> anyhow::Result<std::process::ExitCode> {
     match args.command {
         CriCommand::Version => {
             let v = client
-                .version()
+                .version(cri::version_request())
                 .await
                 .with_context(|| format!("asking {} for its version", client.endpoint()))?;
             writeln!(out, "Version:           {}", v.version)?;

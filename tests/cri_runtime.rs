@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use common::{NEEDS_CLUSTER, cri, state_dir, unique};
-use rkubelet::cri::{RuntimeHealth, api};
+use rkubelet::cri::{Cri, RuntimeHealth, api};
 
 /// The pod CIDR the tests hand to containerd (runtime-owned networking renders its CNI
 /// template with it).
@@ -30,7 +30,10 @@ async fn configure_network() {
 #[tokio::test]
 #[ignore = "needs root and the local cluster: run scripts/test.sh"]
 async fn version_names_containerd_and_cri_v1() {
-    let v = cri().version().await.expect("Version");
+    let v = cri()
+        .version(rkubelet::cri::version_request())
+        .await
+        .expect("Version");
     assert_eq!(v.runtime_name, "containerd");
     assert_eq!(v.runtime_api_version, "v1");
     assert!(

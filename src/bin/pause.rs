@@ -26,6 +26,7 @@
 #![allow(unsafe_code)]
 
 use std::ffi::c_int;
+use std::io::Write;
 use std::process::ExitCode;
 
 /// The pause program's version, printed by `-v`; the pause image's tag.
@@ -98,7 +99,9 @@ fn main() -> ExitCode {
         .skip(1)
         .any(|arg| arg.eq_ignore_ascii_case("-v"))
     {
-        println!("pause.rs {VERSION}");
+        if writeln!(std::io::stdout(), "pause.rs {VERSION}").is_err() {
+            return ExitCode::FAILURE;
+        }
         return ExitCode::SUCCESS;
     }
 
@@ -114,7 +117,7 @@ fn main() -> ExitCode {
     for (signum, handler) in handlers {
         if let Err(err) = install(signum, handler) {
             eprintln!("Error: cannot install a handler for signal {signum}: {err}");
-            return ExitCode::from(1);
+            return ExitCode::FAILURE;
         }
     }
 

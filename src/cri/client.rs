@@ -12,7 +12,7 @@ use tonic::transport::{Channel, Uri};
 use super::api::{
     self, image_service_client::ImageServiceClient, runtime_service_client::RuntimeServiceClient,
 };
-use super::{CRI_API_VERSION, CriError, Result};
+use super::{CriError, Result};
 
 /// Where the container runtime listens. Only Unix sockets are supported, as by the kubelet
 /// on Linux: `unix:///run/containerd/containerd.sock` or a bare absolute path.
@@ -135,28 +135,35 @@ impl CriClient {
             Ok(Ok(response)) => Ok(response.into_inner()),
         }
     }
-
-    /// `Version`: the runtime's name and version, and the CRI version it serves.
-    pub async fn version(&self) -> Result<api::VersionResponse> {
-        let req = api::VersionRequest {
-            version: CRI_API_VERSION.to_owned(),
-        };
-        let mut c = self.runtime.clone();
-        self.call("Version", self.timeout, req, move |r| async move {
-            c.version(r).await
-        })
-        .await
-    }
 }
 
-/// Generates one method per unary RPC: same name as the generated client's method, the
-/// request message in, the response message out, the deadline taken from the named field.
+/// Generates the [`Cri`] trait, one method per unary RPC (named like the generated
+/// client's method, request message in, response message out), and its implementation for
+/// [`CriClient`], with the deadline taken from the named field.
+///
+/// Every trait method has a default body answering `Unimplemented`, so a test fake
+/// implements only the calls its test needs.
 macro_rules! unary_rpcs {
     ($($(#[$doc:meta])* $method:ident => $svc:ident . $rpc:literal ($req:ident) -> $resp:ident within $deadline:ident;)*) => {
-        impl CriClient {
+        /// The CRI `RuntimeService` and `ImageService` calls the agent makes. Implemented by
+        /// [`CriClient`] for a real runtime, and by fakes in tests.
+        pub trait Cri: Send + Sync + 'static {
             $(
                 $(#[$doc])*
-                pub async fn $method(&self, req: api::$req) -> Result<api::$resp> {
+                fn $method(&self, req: api::$req) -> impl Future<Output = Result<api::$resp>> + Send {
+                    let _ = req;
+                    std::future::ready(Err(CriError::Rpc {
+                        rpc: $rpc,
+                        code: tonic::Code::Unimplemented,
+                        message: "not implemented by this runtime".into(),
+                    }))
+                }
+            )*
+        }
+
+        impl Cri for CriClient {
+            $(
+                async fn $method(&self, req: api::$req) -> Result<api::$resp> {
                     let mut c = self.$svc.clone();
                     self.call($rpc, self.$deadline, req, move |r| async move { c.$method(r).await })
                         .await
@@ -167,6 +174,8 @@ macro_rules! unary_rpcs {
 }
 
 unary_rpcs! {
+    /// `Version`: the runtime's name and version, and the CRI version it serves.
+    version => runtime."Version"(VersionRequest) -> VersionResponse within timeout;
     /// `Status`: the runtime's conditions (RuntimeReady, NetworkReady).
     status => runtime."Status"(StatusRequest) -> StatusResponse within timeout;
     /// `UpdateRuntimeConfig`: tells the runtime the node's pod CIDR.
@@ -232,7 +241,10 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("rkubelet-cri-test-{}", std::process::id()));
         let endpoint: Endpoint = dir.join("missing.sock").to_str().unwrap().parse().unwrap();
         let client = CriClient::new(endpoint, Duration::from_secs(2), Duration::from_secs(2));
-        let err = client.version().await.unwrap_err();
+        let err = client
+            .version(crate::cri::version_request())
+            .await
+            .unwrap_err();
         assert!(err.is_unavailable(), "{err}");
         assert!(err.to_string().starts_with("CRI Version"), "{err}");
     }

@@ -9,7 +9,7 @@ mod client;
 mod error;
 mod health;
 
-pub use client::{CriClient, Endpoint};
+pub use client::{Cri, CriClient, Endpoint};
 pub use error::{CriError, Result};
 pub use health::{Condition, RuntimeHealth};
 
@@ -21,6 +21,14 @@ pub mod api {
 
 /// The CRI API version this client speaks (the `version` field of `VersionRequest`).
 pub const CRI_API_VERSION: &str = "v1";
+
+/// The `Version` request of this client.
+#[must_use]
+pub fn version_request() -> api::VersionRequest {
+    api::VersionRequest {
+        version: CRI_API_VERSION.to_owned(),
+    }
+}
 
 /// The runtime condition type a runtime reports when it can run containers.
 pub const RUNTIME_READY: &str = "RuntimeReady";

@@ -4,6 +4,8 @@
 //! with `--include-ignored` once the cluster is up.
 #![allow(dead_code, missing_docs)]
 
+pub mod agent;
+
 use std::path::PathBuf;
 use std::time::Duration;
 

@@ -1,0 +1,303 @@
+//! Start-up of `rkubelet run`, like the kubelet's `cmd/kubelet/app`: from the
+//! configuration to running modules. It connects to the API server and the runtime,
+//! registers the node, sets up pod networking for the chosen owner, and starts the
+//! heartbeats, the status manager, the event publisher, the PLEG, the pod source, the pod
+//! workers and housekeeping. It returns when asked to stop; pods keep running, as with the
+//! kubelet, and are adopted by the next start.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::cni::{self, Cni, ProcessExec};
+use crate::cri::{Cri, CriClient, api};
+use crate::events::{self, EventRecorder};
+use crate::kubelet::{Kubelet, SyncSettings, housekeeping};
+use crate::kuberuntime::RuntimeManager;
+use crate::kuberuntime::sandbox::{HostDns, SandboxSettings};
+use crate::node::{LinuxMachine, NodeAgent, NodeConfig, ReadinessCheck, wait_for_pod_cidr};
+use crate::pleg::Pleg;
+use crate::pod::workers::PodWorkers;
+use crate::status::StatusManager;
+use crate::volume::{KubeVolumeApi, LinuxMounter, VolumeManager};
+
+/// Who runs the CNI plugins for pod sandboxes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NetworkOwner {
+    /// The agent: containerd's CNI call is handed to the agent by the thin plugin.
+    Agent,
+    /// The runtime: containerd's own CNI configuration (rendered from the pod CIDR the
+    /// agent sends with `UpdateRuntimeConfig`).
+    Runtime,
+}
+
+/// Everything `rkubelet run` is configured with.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The kubeconfig with the node's identity.
+    pub kubeconfig: PathBuf,
+    /// The node's name.
+    pub node_name: String,
+    /// The node's IP.
+    pub node_ip: IpAddr,
+    /// The runtime's CRI client.
+    pub cri: CriClient,
+    /// `--root-dir`.
+    pub root_dir: PathBuf,
+    /// Pod log directories.
+    pub pod_logs_dir: PathBuf,
+    /// Who wires pod networks.
+    pub network_owner: NetworkOwner,
+    /// Where the agent finds CNI plugins.
+    pub cni_bin_dirs: Vec<PathBuf>,
+    /// Where the agent finds its conflist.
+    pub cni_conf_dir: PathBuf,
+    /// The runtime's CNI conf dir, where the agent installs its thin-plugin conflist.
+    pub runtime_cni_conf_dir: PathBuf,
+    /// The runtime's CNI bin dir, where the agent installs its thin plugin.
+    pub runtime_cni_bin_dir: PathBuf,
+    /// The cluster's DNS servers.
+    pub cluster_dns: Vec<IpAddr>,
+    /// The cluster's DNS domain.
+    pub cluster_domain: String,
+    /// The host resolv.conf for `dnsPolicy: Default` pods; `None` gives them no resolver.
+    pub resolv_conf: Option<PathBuf>,
+    /// Node labels besides the defaults.
+    pub node_labels: std::collections::BTreeMap<String, String>,
+    /// `--max-pods`.
+    pub max_pods: u32,
+}
+
+/// Start-up failures.
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    /// The kubeconfig cannot be used.
+    #[error("kubeconfig {path}: {reason}")]
+    Kubeconfig {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The node could not be registered or configured.
+    #[error(transparent)]
+    Node(#[from] crate::node::NodeError),
+    /// Pod networking could not be set up.
+    #[error(transparent)]
+    Cni(#[from] cni::CniError),
+    /// A runtime call at start-up failed.
+    #[error(transparent)]
+    Cri(#[from] crate::cri::CriError),
+    /// A file could not be read.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being read.
+        what: String,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+async fn kube_client(path: &PathBuf) -> Result<kube::Client, AppError> {
+    let err = |reason: String| AppError::Kubeconfig {
+        path: path.clone(),
+        reason,
+    };
+    let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(|e| err(e.to_string()))?;
+    let config = kube::Config::from_custom_kubeconfig(
+        kubeconfig,
+        &kube::config::KubeConfigOptions::default(),
+    )
+    .await
+    .map_err(|e| err(e.to_string()))?;
+    kube::Client::try_from(config).map_err(|e| err(e.to_string()))
+}
+
+/// Waits until the runtime answers `Version`; returns its name.
+async fn wait_for_runtime(cri: &CriClient, cancel: &CancellationToken) -> Option<String> {
+    let mut delay = Duration::from_millis(200);
+    loop {
+        match cri.version(crate::cri::version_request()).await {
+            Ok(v) => {
+                tracing::info!(runtime = %v.runtime_name, version = %v.runtime_version, api = %v.runtime_api_version, "container runtime is up");
+                return Some(v.runtime_name);
+            }
+            Err(e) => {
+                tracing::warn!(endpoint = %cri.endpoint(), error = %e, "container runtime not answering; retrying")
+            }
+        }
+        tokio::select! {
+            () = cancel.cancelled() => return None,
+            () = tokio::time::sleep(delay) => {}
+        }
+        delay = (delay * 2).min(Duration::from_secs(7));
+    }
+}
+
+/// The PLEG's health, for the node's Ready condition.
+struct PlegCheck(Arc<Pleg>);
+
+impl ReadinessCheck for PlegCheck {
+    fn name(&self) -> &str {
+        "PLEG"
+    }
+    fn check(&self) -> Result<(), String> {
+        self.0
+            .healthy()
+            .map_err(|e| format!("PLEG is not healthy: {e}"))
+    }
+}
+
+/// Sets up pod networking for the chosen owner.
+async fn setup_network(
+    config: &Config,
+    pod_cidr: &str,
+    cancel: &CancellationToken,
+) -> Result<(), AppError> {
+    match config.network_owner {
+        NetworkOwner::Runtime => {
+            cni::shim::uninstall(&config.runtime_cni_conf_dir, &config.runtime_cni_bin_dir).await?;
+            config
+                .cri
+                .update_runtime_config(api::UpdateRuntimeConfigRequest {
+                    runtime_config: Some(api::RuntimeConfig {
+                        network_config: Some(api::NetworkConfig {
+                            pod_cidr: pod_cidr.to_owned(),
+                        }),
+                    }),
+                })
+                .await?;
+            tracing::info!(pod_cidr, "pod networking owned by the runtime");
+        }
+        NetworkOwner::Agent => {
+            let network = cni::load_conflist(&config.cni_conf_dir, pod_cidr).await?;
+            let cni = Arc::new(Cni::new(
+                network,
+                config.cni_bin_dirs.clone(),
+                config.root_dir.join("cni"),
+                ProcessExec::new(Duration::from_secs(60)),
+            ));
+            cni.verify_plugins().await?;
+            let socket = config.root_dir.join("cni.sock");
+            let listener = cni::shim::bind(&socket)?;
+            let serve = listener.serve(cni);
+            let stop = cancel.clone();
+            tokio::spawn(async move {
+                tokio::select! {
+                    () = serve => {}
+                    () = stop.cancelled() => {}
+                }
+            });
+            let exe = std::env::current_exe().map_err(|source| AppError::Io {
+                what: "finding the agent's own binary".into(),
+                source,
+            })?;
+            cni::shim::install(
+                &config.runtime_cni_conf_dir,
+                &config.runtime_cni_bin_dir,
+                &exe,
+                &socket,
+            )
+            .await?;
+            tracing::info!(pod_cidr, socket = %socket.display(), "pod networking owned by the agent");
+        }
+    }
+    Ok(())
+}
+
+/// Runs the agent until `cancel` fires.
+///
+/// # Errors
+/// Start-up failures; once running, failures are logged and retried.
+pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppError> {
+    let client = kube_client(&config.kubeconfig).await?;
+    let Some(runtime_name) = wait_for_runtime(&config.cri, &cancel).await else {
+        return Ok(());
+    };
+    let cri = Arc::new(config.cri.clone());
+    let pleg = Arc::new(Pleg::default());
+
+    let (events, event_rx) = EventRecorder::channel();
+    tokio::spawn(events::publish(
+        client.clone(),
+        config.node_name.clone(),
+        event_rx,
+    ));
+    let status = StatusManager::new(client.clone());
+    tokio::spawn(status.clone().run());
+
+    let host_dns = match &config.resolv_conf {
+        Some(path) => HostDns::parse(&tokio::fs::read_to_string(path).await.map_err(|source| {
+            AppError::Io {
+                what: format!("reading {}", path.display()),
+                source,
+            }
+        })?),
+        None => HostDns::default(),
+    };
+    let sandbox_settings = SandboxSettings {
+        cluster_dns: config.cluster_dns.clone(),
+        cluster_domain: config.cluster_domain.clone(),
+        host_dns,
+        pod_logs_dir: config.pod_logs_dir.clone(),
+    };
+    let volumes = VolumeManager::new(
+        config.root_dir.clone(),
+        KubeVolumeApi::new(client.clone()),
+        LinuxMounter,
+    );
+    let kubelet = Arc::new(Kubelet::new(
+        SyncSettings {
+            node_name: config.node_name.clone(),
+            node_ip: config.node_ip,
+            root_dir: config.root_dir.clone(),
+            pod_logs_dir: config.pod_logs_dir.clone(),
+            runtime_name,
+        },
+        RuntimeManager::new(config.cri.clone(), sandbox_settings, events),
+        volumes,
+        status,
+    ));
+    let workers = PodWorkers::new(kubelet.clone());
+    let wake = workers.clone();
+    // The PLEG runs before the node registers, so the first status it reports is Ready.
+    tokio::spawn(pleg.clone().run(cri, move |uid| wake.wake(uid)));
+    pleg.wait_for_first_relist(Duration::from_secs(10)).await;
+
+    let mut node_config = NodeConfig::new(config.node_name.clone(), config.node_ip);
+    node_config.root_dir = config.root_dir.clone();
+    node_config.max_pods = config.max_pods;
+    node_config.labels = config.node_labels.clone();
+    let checks: Vec<Arc<dyn ReadinessCheck>> = vec![Arc::new(PlegCheck(pleg.clone()))];
+    let node = Arc::new(NodeAgent::new(
+        client.clone(),
+        node_config,
+        Arc::new(LinuxMachine),
+        Arc::new(config.cri.clone()),
+        checks,
+    )?);
+    node.register(&cancel).await?;
+    let pod_cidr = wait_for_pod_cidr(&client, &config.node_name, Duration::from_secs(120)).await?;
+    setup_network(&config, &pod_cidr, &cancel).await?;
+    let heartbeats = node.clone().spawn(cancel.clone());
+
+    let (store, feed) = crate::pod::source::start(client, &config.node_name, workers.clone());
+    tokio::spawn(feed);
+    tokio::spawn(housekeeping(store, workers, pleg, kubelet, cancel.clone()));
+    tracing::info!(node = %config.node_name, "rkubelet running");
+    cancel.cancelled().await;
+    heartbeats.join().await;
+    if config.network_owner == NetworkOwner::Agent {
+        // Without the agent, containerd must not be sent to a socket nobody serves.
+        if let Err(e) =
+            cni::shim::uninstall(&config.runtime_cni_conf_dir, &config.runtime_cni_bin_dir).await
+        {
+            tracing::warn!(error = %e, "could not remove the thin plugin from the runtime's CNI config");
+        }
+    }
+    tracing::info!("rkubelet stopped; pods keep running");
+    Ok(())
+}

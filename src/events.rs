@@ -1,0 +1,156 @@
+//! Events about pods, as the kubelet emits them (Pulling, Pulled, Created, Started,
+//! Killing, Failed, BackOff, FailedCreatePodSandBox, ...).
+//!
+//! Recording never blocks a pod worker: events go into a channel, and one task publishes
+//! them as core/v1 Events, counting repeats as the kubelet's event correlator does.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use k8s_openapi::api::core::v1::{Event as CoreEvent, EventSource, ObjectReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use tokio::sync::mpsc;
+
+use crate::pod::PodId;
+
+/// One event about a pod or one of its containers.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PodEvent {
+    /// The pod.
+    pub pod: PodId,
+    /// `spec.containers{name}` for a container's event, as the kubelet's `fieldPath`.
+    pub field_path: Option<String>,
+    /// Warning (true) or Normal.
+    pub warning: bool,
+    /// The kubelet's reason, e.g. `Pulled`.
+    pub reason: &'static str,
+    /// The human message.
+    pub message: String,
+}
+
+/// Where pod workers send events. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct EventRecorder {
+    tx: mpsc::UnboundedSender<PodEvent>,
+}
+
+impl EventRecorder {
+    /// A recorder and the receiving end of its channel; the caller publishes from it with
+    /// [`publish`] or inspects it in tests.
+    #[must_use]
+    pub fn channel() -> (Self, mpsc::UnboundedReceiver<PodEvent>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        (Self { tx }, rx)
+    }
+
+    fn send(
+        &self,
+        pod: &PodId,
+        container: Option<&str>,
+        warning: bool,
+        reason: &'static str,
+        message: String,
+    ) {
+        tracing::debug!(pod = %pod, container, reason, %message, "event");
+        // The receiver only goes away at shutdown; an event lost then is harmless.
+        let _ = self.tx.send(PodEvent {
+            pod: pod.clone(),
+            field_path: container.map(|c| format!("spec.containers{{{c}}}")),
+            warning,
+            reason,
+            message,
+        });
+    }
+
+    /// A Normal event.
+    pub fn normal(
+        &self,
+        pod: &PodId,
+        container: Option<&str>,
+        reason: &'static str,
+        message: String,
+    ) {
+        self.send(pod, container, false, reason, message);
+    }
+
+    /// A Warning event.
+    pub fn warning(
+        &self,
+        pod: &PodId,
+        container: Option<&str>,
+        reason: &'static str,
+        message: String,
+    ) {
+        self.send(pod, container, true, reason, message);
+    }
+}
+
+/// How long a published event is remembered for aggregation (the kubelet's event
+/// correlator counts repeats of the same event instead of creating new ones).
+const AGGREGATE_FOR: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// Publishes events from the channel as core/v1 Events, like the kubelet's recorder (the
+/// Node authorizer of v1.20 allows nodes only core events). A repeat of the same event
+/// within ten minutes increments the first one's `count` instead of creating another.
+/// Failures are logged, never retried forever: events are best effort.
+pub async fn publish(
+    client: kube::Client,
+    node_name: String,
+    mut rx: mpsc::UnboundedReceiver<PodEvent>,
+) {
+    let mut seen: HashMap<PodEvent, (String, i32, Instant)> = HashMap::new();
+    while let Some(ev) = rx.recv().await {
+        seen.retain(|_, (_, _, at)| at.elapsed() < AGGREGATE_FOR);
+        let api: Api<CoreEvent> = Api::namespaced(client.clone(), &ev.pod.namespace);
+        let now = Time(Timestamp::now());
+        let result = if let Some((name, count, at)) = seen.get_mut(&ev) {
+            *count += 1;
+            *at = Instant::now();
+            let patch = serde_json::json!({ "count": *count, "lastTimestamp": now });
+            api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
+                .await
+                .map(drop)
+        } else {
+            let name = format!("{}.{:x}", ev.pod.name, Timestamp::now().as_nanosecond());
+            let event = CoreEvent {
+                metadata: ObjectMeta {
+                    name: Some(name.clone()),
+                    namespace: Some(ev.pod.namespace.clone()),
+                    ..Default::default()
+                },
+                involved_object: ObjectReference {
+                    api_version: Some("v1".into()),
+                    kind: Some("Pod".into()),
+                    name: Some(ev.pod.name.clone()),
+                    namespace: Some(ev.pod.namespace.clone()),
+                    uid: Some(ev.pod.uid.clone()),
+                    field_path: ev.field_path.clone(),
+                    ..Default::default()
+                },
+                reason: Some(ev.reason.into()),
+                message: Some(ev.message.chars().take(1024).collect()),
+                type_: Some(if ev.warning { "Warning" } else { "Normal" }.into()),
+                source: Some(EventSource {
+                    component: Some("kubelet".into()),
+                    host: Some(node_name.clone()),
+                }),
+                reporting_component: Some("kubelet".into()),
+                reporting_instance: Some(node_name.clone()),
+                first_timestamp: Some(now.clone()),
+                last_timestamp: Some(now),
+                count: Some(1),
+                ..Default::default()
+            };
+            let created = api.create(&PostParams::default(), &event).await.map(drop);
+            if created.is_ok() {
+                seen.insert(ev.clone(), (name, 1, Instant::now()));
+            }
+            created
+        };
+        if let Err(e) = result {
+            tracing::warn!(pod = %ev.pod, reason = ev.reason, error = %e, "could not publish event");
+        }
+    }
+}

@@ -1,0 +1,354 @@
+//! The image manager: makes sure a container's image is present before it is created,
+//! honouring `imagePullPolicy`, with a back-off per pod and image after failed pulls, and
+//! one pull at a time per image (pods that need the same image wait for the same pull).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Container;
+
+use crate::backoff::Backoff;
+use crate::cri::{Cri, api};
+use crate::events::EventRecorder;
+use crate::pod::PodId;
+
+/// Why an image is not there (the kubelet's waiting reasons).
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum ImageError {
+    /// The pull failed just now.
+    #[error("ErrImagePull: {0}")]
+    Pull(String),
+    /// A pull failed before and the back-off has not passed.
+    #[error("ImagePullBackOff: Back-off pulling image {0:?}")]
+    BackOff(String),
+    /// The policy is Never and the image is absent.
+    #[error("ErrImageNeverPull: Container image {0:?} is not present with pull policy of Never")]
+    NeverPull(String),
+    /// The container has no image.
+    #[error("InvalidImageName: container has no image")]
+    Missing,
+}
+
+impl ImageError {
+    /// The waiting reason shown in the container's status.
+    #[must_use]
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::Pull(_) => "ErrImagePull",
+            Self::BackOff(_) => "ImagePullBackOff",
+            Self::NeverPull(_) => "ErrImageNeverPull",
+            Self::Missing => "InvalidImageName",
+        }
+    }
+}
+
+/// The pull policy of a container: the spec's, else the API default (Always for `:latest`
+/// or no tag, IfNotPresent otherwise).
+#[must_use]
+pub fn pull_policy(container: &Container) -> &str {
+    if let Some(policy) = container.image_pull_policy.as_deref() {
+        return policy;
+    }
+    let image = container.image.as_deref().unwrap_or_default();
+    let name = image.rsplit('/').next().unwrap_or(image);
+    let by_digest = image.contains('@');
+    match name.split_once(':') {
+        _ if by_digest => "IfNotPresent",
+        Some((_, "latest")) | None => "Always",
+        Some(_) => "IfNotPresent",
+    }
+}
+
+/// Pulls images for containers.
+#[derive(Debug, Default)]
+pub struct ImageManager {
+    backoff: Mutex<HashMap<(String, String), Backoff>>,
+    in_flight: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+impl ImageManager {
+    /// Makes sure the container's image is present; returns the runtime's image reference.
+    ///
+    /// # Errors
+    /// The waiting reason to show when the image is not there.
+    pub async fn ensure_image<C: Cri>(
+        &self,
+        cri: &C,
+        pod: &PodId,
+        container: &Container,
+        events: &EventRecorder,
+    ) -> Result<String, ImageError> {
+        let image = container
+            .image
+            .clone()
+            .filter(|i| !i.is_empty())
+            .ok_or(ImageError::Missing)?;
+        let policy = pull_policy(container);
+        let spec = || {
+            Some(api::ImageSpec {
+                image: image.clone(),
+                ..Default::default()
+            })
+        };
+        let name = Some(container.name.as_str());
+        if policy != "Always" {
+            let present = cri
+                .image_status(api::ImageStatusRequest {
+                    image: spec(),
+                    verbose: false,
+                })
+                .await
+                .ok()
+                .and_then(|s| s.image);
+            if let Some(present) = present {
+                events.normal(
+                    pod,
+                    name,
+                    "Pulled",
+                    format!("Container image {image:?} already present on machine"),
+                );
+                return Ok(present.id);
+            }
+            if policy == "Never" {
+                events.warning(
+                    pod,
+                    name,
+                    "ErrImageNeverPull",
+                    format!("Container image {image:?} is not present with pull policy of Never"),
+                );
+                return Err(ImageError::NeverPull(image));
+            }
+        }
+        let key = (pod.uid.clone(), image.clone());
+        if self
+            .lock_backoff()
+            .get(&key)
+            .is_some_and(|b| b.waiting(Instant::now()))
+        {
+            events.normal(
+                pod,
+                name,
+                "BackOff",
+                format!("Back-off pulling image {image:?}"),
+            );
+            return Err(ImageError::BackOff(image));
+        }
+        // One pull per image at a time; the others wait for it, then find the image.
+        let gate = self
+            .lock_in_flight()
+            .entry(image.clone())
+            .or_default()
+            .clone();
+        let _turn = gate.lock().await;
+        events.normal(pod, name, "Pulling", format!("Pulling image {image:?}"));
+        let started = Instant::now();
+        let pulled = cri
+            .pull_image(api::PullImageRequest {
+                image: spec(),
+                auth: None,
+                sandbox_config: None,
+            })
+            .await;
+        match pulled {
+            Ok(resp) => {
+                self.lock_backoff().remove(&key);
+                events.normal(
+                    pod,
+                    name,
+                    "Pulled",
+                    format!(
+                        "Successfully pulled image {image:?} in {:.3}s",
+                        started.elapsed().as_secs_f64()
+                    ),
+                );
+                Ok(resp.image_ref)
+            }
+            Err(e) => {
+                self.lock_backoff()
+                    .entry(key)
+                    .or_insert_with(Backoff::image_pull)
+                    .failed(Instant::now());
+                let message = format!("Failed to pull image {image:?}: {e}");
+                events.warning(pod, name, "Failed", message.clone());
+                Err(ImageError::Pull(message))
+            }
+        }
+    }
+
+    /// Forgets the back-off state of a pod that is gone.
+    pub fn forget_pod(&self, uid: &str) {
+        self.lock_backoff().retain(|(pod, _), _| pod != uid);
+    }
+
+    fn lock_backoff(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Backoff>> {
+        self.backoff
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn lock_in_flight(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<String, Arc<tokio::sync::Mutex<()>>>> {
+        self.in_flight
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// How long a failed pull waits at first, and at most (the kubelet's 10 s and 300 s).
+pub const IMAGE_BACKOFF: (Duration, Duration) = (Duration::from_secs(10), Duration::from_secs(300));
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cri::{CriError, Result as CriResult};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[derive(Default)]
+    struct FakeImages {
+        present: Mutex<Vec<String>>,
+        fail: bool,
+        pulls: AtomicUsize,
+    }
+
+    impl Cri for FakeImages {
+        async fn image_status(
+            &self,
+            req: api::ImageStatusRequest,
+        ) -> CriResult<api::ImageStatusResponse> {
+            let name = req.image.unwrap().image;
+            let present = self.present.lock().unwrap().contains(&name);
+            Ok(api::ImageStatusResponse {
+                image: present.then(|| api::Image {
+                    id: format!("sha256:{name}"),
+                    ..Default::default()
+                }),
+                info: HashMap::new(),
+            })
+        }
+
+        async fn pull_image(
+            &self,
+            req: api::PullImageRequest,
+        ) -> CriResult<api::PullImageResponse> {
+            self.pulls.fetch_add(1, Ordering::SeqCst);
+            let name = req.image.unwrap().image;
+            if self.fail {
+                return Err(CriError::Rpc {
+                    rpc: "PullImage",
+                    code: tonic::Code::NotFound,
+                    message: "not found".into(),
+                });
+            }
+            self.present.lock().unwrap().push(name.clone());
+            Ok(api::PullImageResponse {
+                image_ref: format!("sha256:{name}"),
+            })
+        }
+    }
+
+    fn container(image: &str, policy: Option<&str>) -> Container {
+        Container {
+            name: "c".into(),
+            image: Some(image.into()),
+            image_pull_policy: policy.map(Into::into),
+            ..Default::default()
+        }
+    }
+
+    fn pod() -> PodId {
+        PodId {
+            uid: "u".into(),
+            namespace: "default".into(),
+            name: "p".into(),
+        }
+    }
+
+    #[test]
+    fn default_policies_follow_the_tag() {
+        assert_eq!(pull_policy(&container("nginx", None)), "Always");
+        assert_eq!(pull_policy(&container("nginx:latest", None)), "Always");
+        assert_eq!(
+            pull_policy(&container("127.0.0.1:5000/x/nginx:1.22", None)),
+            "IfNotPresent"
+        );
+        assert_eq!(
+            pull_policy(&container("127.0.0.1:5000/nginx", None)),
+            "Always"
+        );
+        assert_eq!(
+            pull_policy(&container("nginx@sha256:ab", None)),
+            "IfNotPresent"
+        );
+        assert_eq!(pull_policy(&container("nginx", Some("Never"))), "Never");
+    }
+
+    #[tokio::test]
+    async fn if_not_present_skips_the_pull_and_always_pulls() {
+        let cri = FakeImages::default();
+        cri.present.lock().unwrap().push("nginx:1".into());
+        let (events, mut rx) = EventRecorder::channel();
+        let images = ImageManager::default();
+        let id = images
+            .ensure_image(&cri, &pod(), &container("nginx:1", None), &events)
+            .await
+            .unwrap();
+        assert_eq!(id, "sha256:nginx:1");
+        assert_eq!(cri.pulls.load(Ordering::SeqCst), 0);
+        assert_eq!(rx.recv().await.unwrap().reason, "Pulled");
+        images
+            .ensure_image(&cri, &pod(), &container("nginx:1", Some("Always")), &events)
+            .await
+            .unwrap();
+        assert_eq!(cri.pulls.load(Ordering::SeqCst), 1);
+        let reasons: Vec<_> = std::iter::from_fn(|| rx.try_recv().ok())
+            .map(|e| e.reason)
+            .collect();
+        assert_eq!(reasons, ["Pulling", "Pulled"]);
+    }
+
+    #[tokio::test]
+    async fn a_failed_pull_backs_off_then_never_pull_is_refused() {
+        let cri = FakeImages {
+            fail: true,
+            ..Default::default()
+        };
+        let (events, mut rx) = EventRecorder::channel();
+        let images = ImageManager::default();
+        let first = images
+            .ensure_image(&cri, &pod(), &container("missing:1", None), &events)
+            .await
+            .unwrap_err();
+        assert_eq!(first.reason(), "ErrImagePull");
+        let second = images
+            .ensure_image(&cri, &pod(), &container("missing:1", None), &events)
+            .await
+            .unwrap_err();
+        assert_eq!(second.reason(), "ImagePullBackOff");
+        assert_eq!(
+            cri.pulls.load(Ordering::SeqCst),
+            1,
+            "no second pull during back-off"
+        );
+        let reasons: Vec<_> = std::iter::from_fn(|| rx.try_recv().ok())
+            .map(|e| (e.reason, e.warning))
+            .collect();
+        assert_eq!(
+            reasons,
+            [("Pulling", false), ("Failed", true), ("BackOff", false)]
+        );
+        let never = images
+            .ensure_image(
+                &cri,
+                &pod(),
+                &container("missing:2", Some("Never")),
+                &events,
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(never.reason(), "ErrImageNeverPull");
+        images.forget_pod("u");
+        assert!(images.lock_backoff().is_empty());
+    }
+}

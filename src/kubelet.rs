@@ -1,0 +1,350 @@
+//! The kubelet: the pod sync that pod workers run — `syncPod` for a pod that should run,
+//! `syncTerminatingPod` for one that must go — and the housekeeping that finds orphans.
+//! Each step has its own tracing span, so a pod's start-up reads as a timeline:
+//! `make_data_dirs → mount_volumes → run_pod_sandbox (CNI inside) → pull/create/start`.
+
+use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+use tracing::Instrument;
+
+use crate::backoff::Backoff;
+use crate::cri::{Cri, api};
+use crate::kuberuntime::sandbox::pod_log_dir;
+use crate::kuberuntime::{PodContext, PodRuntimeStatus, RuntimeManager, Waiting, get_pod_status};
+use crate::pod::workers::{Next, PodSyncer, PodWork, PodWorkers};
+use crate::pod::{PodId, source::PodStore};
+use crate::status::{StatusInputs, StatusManager, generate_pod_status};
+use crate::volume::{KubeVolumeApi, LinuxMounter, VolumeManager};
+
+/// How often a running pod is synced when nothing happens (the kubelet's
+/// `--sync-frequency`). Changes in the runtime wake it at once through the PLEG.
+const RESYNC: Duration = Duration::from_secs(60);
+/// A failed termination step is retried after this long.
+const RETRY: Duration = Duration::from_secs(1);
+/// Grace period for pods that are gone from the API or were never in it (orphans).
+const ORPHAN_GRACE_SECONDS: i64 = 2;
+
+/// Node facts the pod sync needs.
+#[derive(Debug, Clone)]
+pub struct SyncSettings {
+    /// The node's name.
+    pub node_name: String,
+    /// The node's IP (`status.hostIP`).
+    pub node_ip: IpAddr,
+    /// `--root-dir`: pod directories live in `<root-dir>/pods/<uid>`.
+    pub root_dir: PathBuf,
+    /// Where pod log directories live.
+    pub pod_logs_dir: PathBuf,
+    /// The runtime's name for container ids (`containerd`).
+    pub runtime_name: String,
+}
+
+/// The pod-level logic of the agent.
+pub struct Kubelet<C> {
+    settings: SyncSettings,
+    runtime: RuntimeManager<C>,
+    volumes: VolumeManager<KubeVolumeApi, LinuxMounter>,
+    status: StatusManager,
+    /// Why containers wait, per pod UID (the kubelet's reason cache).
+    reasons: Mutex<HashMap<String, HashMap<String, Waiting>>>,
+    /// Back-off of failed sandbox creations and volume set-ups, per pod UID.
+    backoff: Mutex<HashMap<String, Backoff>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl<C: Cri> Kubelet<C> {
+    /// The kubelet over a runtime manager, a volume manager and a status manager.
+    pub fn new(
+        settings: SyncSettings,
+        runtime: RuntimeManager<C>,
+        volumes: VolumeManager<KubeVolumeApi, LinuxMounter>,
+        status: StatusManager,
+    ) -> Self {
+        Self {
+            settings,
+            runtime,
+            volumes,
+            status,
+            reasons: Mutex::default(),
+            backoff: Mutex::default(),
+        }
+    }
+
+    fn publish_status(&self, pod: &Pod, id: &PodId, runtime: Option<&PodRuntimeStatus>) {
+        let reasons = lock(&self.reasons)
+            .get(&id.uid)
+            .cloned()
+            .unwrap_or_default();
+        // Start from what the API last saw, with our last status on top of it, so that
+        // transition times and the start time are kept.
+        let mut base = pod.clone();
+        if let Some(ours) = self.status.get(&id.uid) {
+            base.status = Some(ours);
+        }
+        let inputs = StatusInputs {
+            runtime,
+            waiting: Some(&reasons),
+            host_ip: Some(self.settings.node_ip),
+            runtime_name: &self.settings.runtime_name,
+            now: Timestamp::now(),
+        };
+        self.status
+            .set_pod_status(id, generate_pod_status(&base, &inputs));
+    }
+
+    /// Waits out a pod's back-off, if any: `Some(remaining)` while waiting.
+    fn backing_off(&self, uid: &str) -> Option<Duration> {
+        let now = Instant::now();
+        lock(&self.backoff)
+            .get(uid)
+            .filter(|b| b.waiting(now))
+            .and_then(Backoff::until)
+            .map(|u| u - now)
+    }
+
+    fn failed(&self, uid: &str) -> Duration {
+        lock(&self.backoff)
+            .entry(uid.to_owned())
+            .or_insert_with(|| Backoff::new(Duration::from_secs(1), Duration::from_secs(60)))
+            .failed(Instant::now())
+    }
+
+    /// The volume mounts of each container, resolved to host paths.
+    async fn container_mounts(
+        &self,
+        pod: &Pod,
+        id: &PodId,
+    ) -> Result<HashMap<String, Vec<api::Mount>>, String> {
+        let volumes = self.volumes.setup(pod).await.map_err(|e| e.to_string())?;
+        let mut all = HashMap::new();
+        for c in pod.spec.iter().flat_map(|s| s.containers.iter()) {
+            let mut mounts = Vec::new();
+            for m in c.volume_mounts.iter().flatten() {
+                let host = volumes
+                    .resolve_mount(m)
+                    .await
+                    .map_err(|e| format!("container {}: {e}", c.name))?;
+                mounts.push(api::Mount {
+                    container_path: m.mount_path.clone(),
+                    host_path: host.host_path.to_string_lossy().into_owned(),
+                    readonly: host.read_only,
+                    ..Default::default()
+                });
+            }
+            all.insert(c.name.clone(), mounts);
+        }
+        tracing::debug!(pod = %id, "volumes ready");
+        Ok(all)
+    }
+
+    /// `syncPod`: one step of bringing a pod that should run to its spec.
+    async fn sync_pod(&self, pod: &Pod, id: &PodId) -> Next {
+        let terminal = matches!(
+            pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+            Some("Succeeded" | "Failed")
+        );
+        let runtime = match get_pod_status(self.runtime.cri(), &id.uid).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not read the pod's runtime state");
+                return Next::ResyncAfter(RETRY);
+            }
+        };
+        if terminal {
+            // A finished pod keeps its status; whatever still runs of it is stopped.
+            if runtime.ready_sandbox().is_some() {
+                self.runtime
+                    .kill_pod(id, &runtime, crate::pod::termination_grace_period(pod))
+                    .await;
+            }
+            return Next::ResyncAfter(RESYNC);
+        }
+        if let Some(wait) = self.backing_off(&id.uid) {
+            self.publish_status(pod, id, Some(&runtime));
+            return Next::ResyncAfter(wait);
+        }
+        let pod_dir = self.volumes.pod_dir(&id.uid);
+        let dirs = async {
+            tokio::fs::create_dir_all(pod_dir.join("containers")).await?;
+            tokio::fs::create_dir_all(pod_log_dir(&self.settings.pod_logs_dir, id)).await
+        };
+        if let Err(e) = dirs.instrument(tracing::info_span!("make_data_dirs")).await {
+            self.runtime.events().warning(
+                id,
+                None,
+                "Failed",
+                format!("Error making pod data directories: {e}"),
+            );
+            return Next::ResyncAfter(self.failed(&id.uid));
+        }
+        let volume_mounts = match self
+            .container_mounts(pod, id)
+            .instrument(tracing::info_span!("mount_volumes"))
+            .await
+        {
+            Ok(m) => m,
+            Err(message) => {
+                self.runtime
+                    .events()
+                    .warning(id, None, "FailedMount", message);
+                self.publish_status(pod, id, Some(&runtime));
+                return Next::ResyncAfter(self.failed(&id.uid));
+            }
+        };
+        let ctx = PodContext {
+            pod_dir,
+            node_name: self.settings.node_name.clone(),
+            host_ip: Some(self.settings.node_ip),
+            volume_mounts,
+        };
+        let outcome = self.runtime.sync_pod(pod, id, &runtime, &ctx).await;
+        lock(&self.reasons).insert(id.uid.clone(), outcome.waiting.clone());
+        let next = if outcome.sandbox_error.is_some() {
+            self.failed(&id.uid)
+        } else {
+            lock(&self.backoff).remove(&id.uid);
+            outcome.retry_after.unwrap_or(RESYNC)
+        };
+        let fresh = get_pod_status(self.runtime.cri(), &id.uid)
+            .instrument(tracing::info_span!("status"))
+            .await;
+        match fresh {
+            Ok(after) => self.publish_status(pod, id, Some(&after)),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not read the pod's runtime state after sync")
+            }
+        }
+        Next::ResyncAfter(next)
+    }
+
+    /// `syncTerminatingPod` and the clean-up after it: stop the containers within the
+    /// grace period, stop and remove the sandboxes (the network goes with them), remove
+    /// volumes and directories, then — for a pod still in the API — send its final status
+    /// and delete it.
+    async fn terminate(&self, id: &PodId, pod: Option<&Pod>, grace: i64) -> Next {
+        let runtime = match get_pod_status(self.runtime.cri(), &id.uid).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not read the pod's runtime state");
+                return Next::ResyncAfter(RETRY);
+            }
+        };
+        if !runtime.is_empty() {
+            self.runtime
+                .kill_pod(id, &runtime, grace)
+                .instrument(tracing::info_span!("kill_pod", grace))
+                .await;
+            let stopped = match get_pod_status(self.runtime.cri(), &id.uid).await {
+                Ok(r) => r,
+                Err(_) => return Next::ResyncAfter(RETRY),
+            };
+            if let Some(pod) = pod {
+                self.publish_status(pod, id, Some(&stopped));
+            }
+            if let Err(e) = self.runtime.remove_pod(id, &stopped).await {
+                tracing::warn!(error = %e, "could not remove the pod's sandboxes");
+                return Next::ResyncAfter(RETRY);
+            }
+        }
+        if let Err(e) = self.volumes.teardown(&id.uid).await {
+            tracing::warn!(error = %e, "could not tear down the pod's volumes");
+            return Next::ResyncAfter(RETRY);
+        }
+        for dir in [
+            self.volumes.pod_dir(&id.uid),
+            pod_log_dir(&self.settings.pod_logs_dir, id),
+        ] {
+            match tokio::fs::remove_dir_all(&dir).await {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    tracing::warn!(dir = %dir.display(), error = %e, "could not remove pod directory");
+                    return Next::ResyncAfter(RETRY);
+                }
+                _ => {}
+            }
+        }
+        lock(&self.reasons).remove(&id.uid);
+        lock(&self.backoff).remove(&id.uid);
+        if pod.is_some() {
+            if let Err(e) = self.status.flush(id).await {
+                tracing::warn!(error = %e, "could not send the final status");
+                return Next::ResyncAfter(RETRY);
+            }
+            if let Err(e) = self.status.delete_pod(id).await {
+                tracing::warn!(error = %e, "could not delete the pod");
+                return Next::ResyncAfter(RETRY);
+            }
+        } else {
+            self.status.forget(&id.uid);
+        }
+        tracing::info!("pod terminated and cleaned up");
+        Next::Done
+    }
+}
+
+impl<C: Cri> PodSyncer for Kubelet<C> {
+    async fn sync(&self, work: &PodWork) -> Next {
+        match work {
+            PodWork::Sync(pod) => {
+                let Some(id) = PodId::of(pod) else {
+                    return Next::Done;
+                };
+                if crate::pod::is_terminating(pod) {
+                    self.terminate(&id, Some(pod), crate::pod::termination_grace_period(pod))
+                        .await
+                } else {
+                    self.sync_pod(pod, &id).await
+                }
+            }
+            PodWork::Remove(id) => self.terminate(id, None, ORPHAN_GRACE_SECONDS).await,
+        }
+    }
+}
+
+/// Housekeeping, every two seconds once the pod store is synced (the kubelet's
+/// `HandlePodCleanups`): pods the runtime holds that the API does not know get a worker
+/// that removes them, and pod directories with no pod are cleaned up.
+pub async fn housekeeping<C: Cri>(
+    store: PodStore,
+    workers: PodWorkers<Kubelet<C>>,
+    pleg: Arc<crate::pleg::Pleg>,
+    kubelet: Arc<Kubelet<C>>,
+    cancel: tokio_util::sync::CancellationToken,
+) {
+    let mut synced = store.synced.clone();
+    if synced.wait_for(|s| *s).await.is_err() {
+        return;
+    }
+    let mut ticker = tokio::time::interval(Duration::from_secs(2));
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            _ = ticker.tick() => {}
+        }
+        let known: HashSet<String> = store
+            .store
+            .state()
+            .iter()
+            .filter_map(|p| p.metadata.uid.clone())
+            .collect();
+        let working: HashSet<String> = workers.uids().into_iter().collect();
+        for (uid, id) in pleg.pods() {
+            if !known.contains(&uid) && !working.contains(&uid) {
+                tracing::info!(pod = %id, "orphaned pod in the runtime; removing it");
+                workers.update(&uid, PodWork::Remove(id));
+            }
+        }
+        let keep: HashSet<String> = known.union(&working).cloned().collect();
+        if let Err(e) = kubelet.volumes.cleanup_orphans(&keep).await {
+            tracing::warn!(error = %e, "could not clean up orphaned pod directories");
+        }
+    }
+}

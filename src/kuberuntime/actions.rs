@@ -1,0 +1,231 @@
+//! What to do to bring a pod's runtime state to its spec: the kubelet's
+//! `computePodActions`. Pure, so every rule is unit-tested.
+
+use k8s_openapi::api::core::v1::Pod;
+
+use super::container::container_hash;
+use super::runtime_status::{PodRuntimeStatus, RunState};
+
+/// The actions of one sync.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodActions {
+    /// Stop every container and sandbox of the pod first (a new sandbox is needed).
+    pub kill_pod: bool,
+    /// Make a new sandbox, with this attempt number.
+    pub create_sandbox: Option<u32>,
+    /// The ready sandbox to start containers in, when no new one is made.
+    pub sandbox_id: Option<String>,
+    /// Indexes into `spec.containers` of the containers to start, with their restart count.
+    pub start: Vec<(usize, u32)>,
+    /// Running containers to stop: (container id, name, why).
+    pub kill: Vec<(String, String, String)>,
+}
+
+/// Should a container that ended with `exit_code` run again under the pod's policy?
+#[must_use]
+pub fn should_restart(policy: &str, exit_code: i32) -> bool {
+    match policy {
+        "Never" => false,
+        "OnFailure" => exit_code != 0,
+        _ => true,
+    }
+}
+
+/// Computes the actions for a pod that should be running.
+#[must_use]
+pub fn compute_pod_actions(pod: &Pod, status: &PodRuntimeStatus) -> PodActions {
+    let Some(spec) = pod.spec.as_ref() else {
+        return PodActions::default();
+    };
+    let policy = crate::pod::restart_policy(pod);
+    let mut actions = PodActions::default();
+    let Some(sandbox) = status.ready_sandbox() else {
+        let attempt = status.sandboxes.first().map_or(0, |s| s.attempt + 1);
+        // A pod that must not restart, whose containers already ran, gets no new sandbox.
+        if policy == "Never" && !status.sandboxes.is_empty() && !status.containers.is_empty() {
+            actions.kill_pod = status
+                .containers
+                .iter()
+                .any(|c| c.state == RunState::Running);
+            return actions;
+        }
+        actions.kill_pod = !status.is_empty();
+        actions.create_sandbox = Some(attempt);
+        for (i, c) in spec.containers.iter().enumerate() {
+            let restarts = status.latest(&c.name).map_or(0, |s| s.attempt + 1);
+            // A container of an OnFailure pod that completed does not run again.
+            let done = status.latest(&c.name).is_some_and(|s| {
+                s.state == RunState::Exited && !should_restart(policy, s.exit_code)
+            });
+            if !done {
+                actions.start.push((i, restarts));
+            }
+        }
+        return actions;
+    };
+    actions.sandbox_id = Some(sandbox.id.clone());
+    for (i, c) in spec.containers.iter().enumerate() {
+        let current = status
+            .latest(&c.name)
+            .filter(|s| s.sandbox_id == sandbox.id);
+        match current {
+            None => actions
+                .start
+                .push((i, status.latest(&c.name).map_or(0, |s| s.attempt + 1))),
+            Some(s) if s.state == RunState::Running => {
+                if !s.hash.is_empty() && s.hash != container_hash(c) {
+                    actions.kill.push((
+                        s.id.clone(),
+                        c.name.clone(),
+                        format!("Container {} definition changed, will be restarted", c.name),
+                    ));
+                    actions.start.push((i, s.attempt + 1));
+                }
+            }
+            Some(s) if s.state == RunState::Created || should_restart(policy, s.exit_code) => {
+                actions.start.push((i, s.attempt + 1));
+            }
+            Some(_) => {}
+        }
+    }
+    // Running containers that are no longer in the spec.
+    for s in &status.containers {
+        let wanted = spec.containers.iter().any(|c| c.name == s.name);
+        if s.state == RunState::Running && !wanted {
+            actions.kill.push((
+                s.id.clone(),
+                s.name.clone(),
+                format!("Container {} is not in the pod's spec", s.name),
+            ));
+        }
+    }
+    actions
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::runtime_status::{ContainerState, SandboxState};
+    use super::*;
+    use crate::pod::testing::pod;
+
+    fn sandbox(id: &str, attempt: u32, ready: bool) -> SandboxState {
+        SandboxState {
+            id: id.into(),
+            attempt,
+            ready,
+            created_at: i64::from(attempt),
+            ips: vec![],
+        }
+    }
+
+    fn container(
+        p: &Pod,
+        name: &str,
+        sandbox: &str,
+        attempt: u32,
+        state: RunState,
+        exit_code: i32,
+    ) -> ContainerState {
+        let spec = p
+            .spec
+            .as_ref()
+            .unwrap()
+            .containers
+            .iter()
+            .find(|c| c.name == name);
+        ContainerState {
+            id: format!("{name}-{attempt}"),
+            name: name.into(),
+            sandbox_id: sandbox.into(),
+            attempt,
+            state,
+            created_at: i64::from(attempt),
+            started_at: 0,
+            finished_at: 0,
+            exit_code,
+            reason: String::new(),
+            message: String::new(),
+            image: String::new(),
+            image_ref: String::new(),
+            hash: spec.map(container_hash).unwrap_or_default(),
+        }
+    }
+
+    #[test]
+    fn a_new_pod_gets_a_sandbox_and_all_containers() {
+        let p = pod("web", &[("a", "nginx"), ("b", "busybox")]);
+        let actions = compute_pod_actions(&p, &PodRuntimeStatus::default());
+        assert_eq!(actions.create_sandbox, Some(0));
+        assert!(!actions.kill_pod);
+        assert_eq!(actions.start, [(0, 0), (1, 0)]);
+    }
+
+    #[test]
+    fn a_running_pod_needs_nothing() {
+        let p = pod("web", &[("a", "nginx")]);
+        let status = PodRuntimeStatus {
+            sandboxes: vec![sandbox("s1", 0, true)],
+            containers: vec![container(&p, "a", "s1", 0, RunState::Running, 0)],
+        };
+        let actions = compute_pod_actions(&p, &status);
+        assert_eq!(actions.sandbox_id.as_deref(), Some("s1"));
+        assert_eq!(actions.create_sandbox, None);
+        assert!(actions.start.is_empty() && actions.kill.is_empty());
+    }
+
+    #[test]
+    fn exited_containers_restart_by_policy() {
+        let mut p = pod("web", &[("a", "nginx")]);
+        let template = p.clone();
+        let exited = |code| PodRuntimeStatus {
+            sandboxes: vec![sandbox("s1", 0, true)],
+            containers: vec![container(&template, "a", "s1", 2, RunState::Exited, code)],
+        };
+        assert_eq!(compute_pod_actions(&p, &exited(0)).start, [(0, 3)]);
+        p.spec.as_mut().unwrap().restart_policy = Some("OnFailure".into());
+        assert!(compute_pod_actions(&p, &exited(0)).start.is_empty());
+        assert_eq!(compute_pod_actions(&p, &exited(1)).start, [(0, 3)]);
+        p.spec.as_mut().unwrap().restart_policy = Some("Never".into());
+        assert!(compute_pod_actions(&p, &exited(1)).start.is_empty());
+    }
+
+    #[test]
+    fn a_dead_sandbox_is_replaced_with_the_next_attempt() {
+        let p = pod("web", &[("a", "nginx")]);
+        let status = PodRuntimeStatus {
+            sandboxes: vec![sandbox("s1", 0, false)],
+            containers: vec![container(&p, "a", "s1", 0, RunState::Exited, 137)],
+        };
+        let actions = compute_pod_actions(&p, &status);
+        assert!(actions.kill_pod);
+        assert_eq!(actions.create_sandbox, Some(1));
+        assert_eq!(actions.start, [(0, 1)]);
+    }
+
+    #[test]
+    fn never_restart_pods_get_no_new_sandbox() {
+        let mut p = pod("job", &[("a", "busybox")]);
+        p.spec.as_mut().unwrap().restart_policy = Some("Never".into());
+        let status = PodRuntimeStatus {
+            sandboxes: vec![sandbox("s1", 0, false)],
+            containers: vec![container(&p, "a", "s1", 0, RunState::Exited, 0)],
+        };
+        assert_eq!(compute_pod_actions(&p, &status), PodActions::default());
+    }
+
+    #[test]
+    fn a_changed_spec_restarts_the_container_and_strays_are_killed() {
+        let p = pod("web", &[("a", "nginx")]);
+        let mut changed = container(&p, "a", "s1", 0, RunState::Running, 0);
+        changed.hash = "old".into();
+        let stray = container(&p, "gone", "s1", 0, RunState::Running, 0);
+        let status = PodRuntimeStatus {
+            sandboxes: vec![sandbox("s1", 0, true)],
+            containers: vec![changed, stray],
+        };
+        let actions = compute_pod_actions(&p, &status);
+        assert_eq!(actions.start, [(0, 1)]);
+        let killed: Vec<_> = actions.kill.iter().map(|(id, ..)| id.as_str()).collect();
+        assert_eq!(killed, ["a-0", "gone-0"]);
+    }
+}

@@ -1,0 +1,484 @@
+//! `ContainerConfig` from a Pod's container, as the kubelet's `generateContainerConfig`
+//! builds it: command and args with `$(VAR)` expansion, environment (values and field
+//! references), working dir, mounts, log path, labels, annotations, resources and the
+//! Linux security context.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+use k8s_openapi::api::core::v1::{Container, EnvVar, Pod};
+
+use super::labels;
+use crate::cri::api;
+use crate::pod::PodId;
+use crate::resources::{Quantity, cpu_quota, cpu_shares};
+
+/// Why a container config could not be made (the kubelet's `CreateContainerConfigError`).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ConfigError {
+    /// A field the agent does not support yet.
+    #[error("container {container}: {what} is not supported by rkubelet yet")]
+    Unsupported {
+        /// The container.
+        container: String,
+        /// The field.
+        what: String,
+    },
+    /// A field reference that cannot be resolved.
+    #[error("container {container}: env {var}: {reason}")]
+    BadEnv {
+        /// The container.
+        container: String,
+        /// The variable.
+        var: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A resource quantity that does not parse.
+    #[error("container {container}: {reason}")]
+    BadResource {
+        /// The container.
+        container: String,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// What a container's config depends on besides its spec: facts known once the sandbox
+/// runs, and host paths prepared by the worker.
+#[derive(Debug, Clone, Default)]
+pub struct ContainerContext {
+    /// The pod's IPs, first the primary one.
+    pub pod_ips: Vec<IpAddr>,
+    /// The node's IP (`status.hostIP`).
+    pub host_ip: Option<IpAddr>,
+    /// The node's name (`spec.nodeName`).
+    pub node_name: String,
+    /// The container's mounts: volume mounts resolved to host paths, plus the kubelet's
+    /// own files (`/etc/hosts`, `/dev/termination-log`).
+    pub mounts: Vec<api::Mount>,
+    /// How many times the container was restarted: its `attempt` and log file name.
+    pub restart_count: u32,
+    /// The image reference the runtime resolved (`PullImage`/`ImageStatus`).
+    pub image_ref: String,
+}
+
+/// FNV-1a, 64 bits: a stable hash of the container spec, so a changed spec is noticed
+/// across agent restarts (the kubelet's `io.kubernetes.container.hash`).
+#[must_use]
+pub fn container_hash(container: &Container) -> String {
+    let bytes = serde_json::to_vec(container).unwrap_or_default();
+    let hash = bytes.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    format!("{hash:x}")
+}
+
+/// Expands `$(VAR)` references with the kubelet's rules: a defined variable is replaced,
+/// an undefined one is left as written, and `$$` stands for a literal `$`.
+#[must_use]
+pub fn expand(input: &str, vars: &HashMap<String, String>) -> String {
+    let mut out = String::with_capacity(input.len());
+    let mut rest = input;
+    while let Some(pos) = rest.find('$') {
+        out.push_str(&rest[..pos]);
+        let after = &rest[pos + 1..];
+        if let Some(tail) = after.strip_prefix('$') {
+            out.push('$');
+            rest = tail;
+        } else if let Some(inner) = after.strip_prefix('(')
+            && let Some(end) = inner.find(')')
+        {
+            let name = &inner[..end];
+            match vars.get(name) {
+                Some(value) => out.push_str(value),
+                None => {
+                    out.push_str("$(");
+                    out.push_str(name);
+                    out.push(')');
+                }
+            }
+            rest = &inner[end + 1..];
+        } else {
+            out.push('$');
+            rest = after;
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+fn field_ref(pod: &Pod, ctx: &ContainerContext, path: &str) -> Option<String> {
+    let meta = &pod.metadata;
+    let spec = pod.spec.as_ref();
+    let ips = || {
+        ctx.pod_ips
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+    };
+    Some(match path {
+        "metadata.name" => meta.name.clone()?,
+        "metadata.namespace" => meta.namespace.clone()?,
+        "metadata.uid" => meta.uid.clone()?,
+        "spec.nodeName" => ctx.node_name.clone(),
+        "spec.serviceAccountName" => spec?.service_account_name.clone().unwrap_or_default(),
+        "status.hostIP" => ctx.host_ip.map(|ip| ip.to_string()).unwrap_or_default(),
+        "status.podIP" => ips().into_iter().next().unwrap_or_default(),
+        "status.podIPs" => ips().join(","),
+        other => {
+            let key = |prefix: &str| {
+                other
+                    .strip_prefix(prefix)
+                    .and_then(|k| k.strip_suffix("']"))
+                    .map(str::to_owned)
+            };
+            if let Some(k) = key("metadata.labels['") {
+                meta.labels.as_ref()?.get(&k)?.clone()
+            } else if let Some(k) = key("metadata.annotations['") {
+                meta.annotations.as_ref()?.get(&k)?.clone()
+            } else {
+                return None;
+            }
+        }
+    })
+}
+
+fn env_value(
+    pod: &Pod,
+    container: &Container,
+    ctx: &ContainerContext,
+    var: &EnvVar,
+    vars: &HashMap<String, String>,
+) -> Result<String, ConfigError> {
+    let Some(from) = &var.value_from else {
+        return Ok(expand(var.value.as_deref().unwrap_or_default(), vars));
+    };
+    let unsupported = |what: &str| ConfigError::Unsupported {
+        container: container.name.clone(),
+        what: format!("env {}: valueFrom.{what}", var.name),
+    };
+    if let Some(f) = &from.field_ref {
+        return field_ref(pod, ctx, &f.field_path).ok_or_else(|| ConfigError::BadEnv {
+            container: container.name.clone(),
+            var: var.name.clone(),
+            reason: format!("unsupported fieldPath {:?}", f.field_path),
+        });
+    }
+    if from.resource_field_ref.is_some() {
+        return Err(unsupported("resourceFieldRef"));
+    }
+    if from.secret_key_ref.is_some() {
+        return Err(unsupported("secretKeyRef"));
+    }
+    Err(unsupported("configMapKeyRef"))
+}
+
+/// The container's environment in order, each value expanded against the ones before it.
+///
+/// # Errors
+/// A reference the agent cannot resolve.
+pub fn environment(
+    pod: &Pod,
+    container: &Container,
+    ctx: &ContainerContext,
+) -> Result<Vec<api::KeyValue>, ConfigError> {
+    if container.env_from.as_ref().is_some_and(|e| !e.is_empty()) {
+        return Err(ConfigError::Unsupported {
+            container: container.name.clone(),
+            what: "envFrom".into(),
+        });
+    }
+    let mut vars = HashMap::new();
+    let mut envs = Vec::new();
+    for var in container.env.iter().flatten() {
+        let value = env_value(pod, container, ctx, var, &vars)?;
+        vars.insert(var.name.clone(), value.clone());
+        envs.push(api::KeyValue {
+            key: var.name.clone(),
+            value,
+        });
+    }
+    Ok(envs)
+}
+
+fn resources(container: &Container) -> Result<api::LinuxContainerResources, ConfigError> {
+    let bad = |reason: String| ConfigError::BadResource {
+        container: container.name.clone(),
+        reason,
+    };
+    let get = |which: Option<
+        &std::collections::BTreeMap<
+            String,
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity,
+        >,
+    >,
+               name: &str| {
+        which
+            .and_then(|m| m.get(name))
+            .map(|q| {
+                q.0.parse::<Quantity>()
+                    .map_err(|e| bad(format!("resources {name}: {e}")))
+            })
+            .transpose()
+    };
+    let req = container.resources.as_ref();
+    let limits = req.and_then(|r| r.limits.as_ref());
+    let requests = req.and_then(|r| r.requests.as_ref());
+    let cpu_limit = get(limits, "cpu")?;
+    // As in the API's defaulting, a request defaults to the limit.
+    let cpu_request = get(requests, "cpu")?.or(cpu_limit);
+    let memory_limit = get(limits, "memory")?;
+    let mut out = api::LinuxContainerResources {
+        cpu_shares: cpu_shares(cpu_request.map(Quantity::millis)),
+        ..Default::default()
+    };
+    if let Some(limit) = cpu_limit {
+        out.cpu_period = 100_000;
+        out.cpu_quota = cpu_quota(limit.millis(), out.cpu_period);
+    }
+    if let Some(limit) = memory_limit {
+        out.memory_limit_in_bytes = limit.value();
+    }
+    Ok(out)
+}
+
+fn security_context(container: &Container) -> api::LinuxContainerSecurityContext {
+    let Some(sc) = &container.security_context else {
+        return api::LinuxContainerSecurityContext::default();
+    };
+    api::LinuxContainerSecurityContext {
+        privileged: sc.privileged.unwrap_or(false),
+        run_as_user: sc.run_as_user.map(|value| api::Int64Value { value }),
+        run_as_group: sc.run_as_group.map(|value| api::Int64Value { value }),
+        readonly_rootfs: sc.read_only_root_filesystem.unwrap_or(false),
+        no_new_privs: !sc.allow_privilege_escalation.unwrap_or(true),
+        capabilities: sc.capabilities.as_ref().map(|c| api::Capability {
+            add_capabilities: c.add.clone().unwrap_or_default(),
+            drop_capabilities: c.drop.clone().unwrap_or_default(),
+        }),
+        ..Default::default()
+    }
+}
+
+/// The container's log file, relative to the sandbox's log directory:
+/// `<container>/<restart count>.log`, as the kubelet names it.
+#[must_use]
+pub fn log_path(container: &str, restart_count: u32) -> PathBuf {
+    PathBuf::from(container).join(format!("{restart_count}.log"))
+}
+
+/// The full container config.
+///
+/// # Errors
+/// A spec the agent cannot turn into a config (reported as `CreateContainerConfigError`).
+pub fn container_config(
+    pod: &Pod,
+    id: &PodId,
+    container: &Container,
+    ctx: &ContainerContext,
+) -> Result<api::ContainerConfig, ConfigError> {
+    let envs = environment(pod, container, ctx)?;
+    let vars: HashMap<String, String> = envs
+        .iter()
+        .map(|kv| (kv.key.clone(), kv.value.clone()))
+        .collect();
+    let expand_all = |list: &Option<Vec<String>>| {
+        list.iter()
+            .flatten()
+            .map(|s| expand(s, &vars))
+            .collect::<Vec<_>>()
+    };
+    let mut container_labels = labels::pod_labels(id);
+    container_labels.insert(labels::CONTAINER_NAME.into(), container.name.clone());
+    let termination_message_path = container
+        .termination_message_path
+        .clone()
+        .unwrap_or_else(|| "/dev/termination-log".into());
+    let annotations = HashMap::from([
+        (labels::CONTAINER_HASH.to_owned(), container_hash(container)),
+        (
+            labels::CONTAINER_RESTART_COUNT.to_owned(),
+            ctx.restart_count.to_string(),
+        ),
+        (
+            labels::TERMINATION_MESSAGE_PATH.to_owned(),
+            termination_message_path,
+        ),
+        (
+            labels::POD_TERMINATION_GRACE_PERIOD.to_owned(),
+            crate::pod::termination_grace_period(pod).to_string(),
+        ),
+    ]);
+    Ok(api::ContainerConfig {
+        metadata: Some(api::ContainerMetadata {
+            name: container.name.clone(),
+            attempt: ctx.restart_count,
+        }),
+        image: Some(api::ImageSpec {
+            image: ctx.image_ref.clone(),
+            ..Default::default()
+        }),
+        command: expand_all(&container.command),
+        args: expand_all(&container.args),
+        working_dir: container.working_dir.clone().unwrap_or_default(),
+        envs,
+        mounts: ctx.mounts.clone(),
+        labels: container_labels,
+        annotations,
+        log_path: log_path(&container.name, ctx.restart_count)
+            .to_string_lossy()
+            .into_owned(),
+        stdin: container.stdin.unwrap_or(false),
+        stdin_once: container.stdin_once.unwrap_or(false),
+        tty: container.tty.unwrap_or(false),
+        linux: Some(api::LinuxContainerConfig {
+            resources: Some(resources(container)?),
+            security_context: Some(security_context(container)),
+        }),
+        ..Default::default()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pod::testing::pod;
+    use k8s_openapi::api::core::v1::{EnvVarSource, ObjectFieldSelector, ResourceRequirements};
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity as Q;
+
+    fn env(name: &str, value: &str) -> EnvVar {
+        EnvVar {
+            name: name.into(),
+            value: Some(value.into()),
+            value_from: None,
+        }
+    }
+
+    fn field(name: &str, path: &str) -> EnvVar {
+        EnvVar {
+            name: name.into(),
+            value: None,
+            value_from: Some(EnvVarSource {
+                field_ref: Some(ObjectFieldSelector {
+                    api_version: None,
+                    field_path: path.into(),
+                }),
+                ..Default::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn expansion_follows_the_kubelet_rules() {
+        let vars = HashMap::from([("A".to_owned(), "x".to_owned())]);
+        assert_eq!(expand("$(A)-$(B)-$$(A)-$-$(", &vars), "x-$(B)-$(A)-$-$(");
+        assert_eq!(expand("plain", &vars), "plain");
+    }
+
+    #[test]
+    fn env_values_field_refs_and_expansion_in_args() {
+        let mut p = pod("web", &[("c", "busybox")]);
+        let c = &mut p.spec.as_mut().unwrap().containers[0];
+        c.env = Some(vec![
+            env("GREETING", "hi"),
+            field("POD_NAME", "metadata.name"),
+            field("POD_IP", "status.podIP"),
+            env("BOTH", "$(GREETING) $(POD_NAME)"),
+        ]);
+        c.command = Some(vec!["sh".into(), "-c".into()]);
+        c.args = Some(vec!["echo $(BOTH) $(NOPE)".into()]);
+        let ctx = ContainerContext {
+            pod_ips: vec!["10.244.1.7".parse().unwrap()],
+            image_ref: "sha256:abc".into(),
+            restart_count: 3,
+            ..Default::default()
+        };
+        let id = PodId::of(&p).unwrap();
+        let container = p.spec.as_ref().unwrap().containers[0].clone();
+        let config = container_config(&p, &id, &container, &ctx).unwrap();
+        let envs: Vec<_> = config
+            .envs
+            .iter()
+            .map(|kv| (kv.key.as_str(), kv.value.as_str()))
+            .collect();
+        assert_eq!(
+            envs,
+            [
+                ("GREETING", "hi"),
+                ("POD_NAME", "web"),
+                ("POD_IP", "10.244.1.7"),
+                ("BOTH", "hi web")
+            ]
+        );
+        assert_eq!(config.args, ["echo hi web $(NOPE)"]);
+        assert_eq!(config.log_path, "c/3.log");
+        assert_eq!(config.metadata.unwrap().attempt, 3);
+        assert_eq!(config.labels[labels::CONTAINER_NAME], "c");
+        assert_eq!(config.labels[labels::POD_UID], "uid-web");
+        assert_eq!(config.annotations[labels::CONTAINER_RESTART_COUNT], "3");
+        assert_eq!(config.image.unwrap().image, "sha256:abc");
+    }
+
+    #[test]
+    fn unsupported_env_sources_are_a_config_error() {
+        let mut p = pod("web", &[("c", "busybox")]);
+        let c = &mut p.spec.as_mut().unwrap().containers[0];
+        c.env = Some(vec![EnvVar {
+            name: "S".into(),
+            value: None,
+            value_from: Some(EnvVarSource {
+                secret_key_ref: Some(Default::default()),
+                ..Default::default()
+            }),
+        }]);
+        let id = PodId::of(&p).unwrap();
+        let container = p.spec.as_ref().unwrap().containers[0].clone();
+        let err = container_config(&p, &id, &container, &ContainerContext::default()).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "container c: env S: valueFrom.secretKeyRef is not supported by rkubelet yet"
+        );
+        let bad = field("X", "spec.nope");
+        let mut p2 = pod("w", &[("c", "b")]);
+        p2.spec.as_mut().unwrap().containers[0].env = Some(vec![bad]);
+        let c2 = p2.spec.as_ref().unwrap().containers[0].clone();
+        assert!(matches!(
+            container_config(&p2, &id, &c2, &ContainerContext::default()),
+            Err(ConfigError::BadEnv { .. })
+        ));
+    }
+
+    #[test]
+    fn resources_become_cgroup_settings() {
+        let mut p = pod("web", &[("c", "busybox")]);
+        p.spec.as_mut().unwrap().containers[0].resources = Some(ResourceRequirements {
+            limits: Some(
+                [
+                    ("cpu".to_owned(), Q("500m".into())),
+                    ("memory".to_owned(), Q("64Mi".into())),
+                ]
+                .into(),
+            ),
+            ..Default::default()
+        });
+        let id = PodId::of(&p).unwrap();
+        let container = p.spec.as_ref().unwrap().containers[0].clone();
+        let config = container_config(&p, &id, &container, &ContainerContext::default()).unwrap();
+        let r = config.linux.unwrap().resources.unwrap();
+        assert_eq!(r.cpu_shares, 512);
+        assert_eq!((r.cpu_period, r.cpu_quota), (100_000, 50_000));
+        assert_eq!(r.memory_limit_in_bytes, 64 * 1024 * 1024);
+    }
+
+    #[test]
+    fn the_hash_changes_with_the_spec() {
+        let p = pod("web", &[("c", "busybox")]);
+        let mut c = p.spec.unwrap().containers[0].clone();
+        let before = container_hash(&c);
+        assert_eq!(before, container_hash(&c));
+        c.image = Some("nginx".into());
+        assert_ne!(before, container_hash(&c));
+    }
+}

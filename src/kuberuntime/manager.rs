@@ -1,0 +1,572 @@
+//! Carries out a pod's actions against the runtime, in the kubelet's order: sandbox (and
+//! with it the pod's network), then for each container image, create, start. Also stops
+//! pods, and prunes dead sandboxes and old containers.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Container, Pod};
+use tracing::Instrument;
+
+use super::actions::{PodActions, compute_pod_actions};
+use super::container::{ContainerContext, container_config};
+use super::runtime_status::{PodRuntimeStatus, RunState};
+use super::sandbox::{SandboxSettings, pod_log_dir, sandbox_config};
+use crate::backoff::Backoff;
+use crate::cri::{Cri, api};
+use crate::events::EventRecorder;
+use crate::images::ImageManager;
+use crate::pod::PodId;
+
+/// Crashing containers wait 10 s, doubling to 5 min, before they are started again.
+const CRASH_BACKOFF: (Duration, Duration) = (Duration::from_secs(10), Duration::from_secs(300));
+/// Exited containers kept per container name (the current one and the previous one, for
+/// `kubectl logs --previous`).
+const KEEP_EXITED_PER_NAME: usize = 2;
+
+/// Why a container is waiting, for its status (the kubelet's reason cache).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Waiting {
+    /// `ErrImagePull`, `CrashLoopBackOff`, `CreateContainerConfigError`, ...
+    pub reason: String,
+    /// The details.
+    pub message: String,
+}
+
+/// What one sync achieved and what is still wrong.
+#[derive(Debug, Clone, Default)]
+pub struct SyncOutcome {
+    /// Containers that could not be started, by name.
+    pub waiting: HashMap<String, Waiting>,
+    /// The sandbox could not be made.
+    pub sandbox_error: Option<String>,
+    /// Sync again after this long (a back-off ends), if nothing else happens first.
+    pub retry_after: Option<Duration>,
+}
+
+impl SyncOutcome {
+    fn retry_in(&mut self, after: Duration) {
+        self.retry_after = Some(self.retry_after.map_or(after, |r| r.min(after)));
+    }
+}
+
+/// Host-side facts a pod's containers need.
+#[derive(Debug, Clone, Default)]
+pub struct PodContext {
+    /// `<root-dir>/pods/<uid>`.
+    pub pod_dir: PathBuf,
+    /// The node's name.
+    pub node_name: String,
+    /// The node's IP.
+    pub host_ip: Option<IpAddr>,
+    /// Each container's volume mounts, resolved to host paths by the volume manager.
+    pub volume_mounts: HashMap<String, Vec<api::Mount>>,
+}
+
+/// The kubelet's `kubeGenericRuntimeManager`: pod-level operations over CRI.
+#[derive(Debug)]
+pub struct RuntimeManager<C> {
+    cri: C,
+    images: ImageManager,
+    settings: SandboxSettings,
+    events: EventRecorder,
+    crash_backoff: Mutex<HashMap<(String, String), Backoff>>,
+}
+
+fn mount(container_path: &str, host_path: &Path, readonly: bool) -> api::Mount {
+    api::Mount {
+        container_path: container_path.into(),
+        host_path: host_path.to_string_lossy().into_owned(),
+        readonly,
+        ..Default::default()
+    }
+}
+
+/// The kubelet-managed `/etc/hosts` of a pod with its own network.
+fn hosts_file(hostname: &str, ips: &[IpAddr]) -> String {
+    let mut text = String::from(
+        "# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n\
+         fe00::0\tip6-localnet\nfe00::0\tip6-mcastprefix\nfe00::1\tip6-allnodes\nfe00::2\tip6-allrouters\n",
+    );
+    for ip in ips {
+        text.push_str(&format!("{ip}\t{hostname}\n"));
+    }
+    text
+}
+
+impl<C: Cri> RuntimeManager<C> {
+    /// A manager over `cri`.
+    pub fn new(cri: C, settings: SandboxSettings, events: EventRecorder) -> Self {
+        Self {
+            cri,
+            images: ImageManager::default(),
+            settings,
+            events,
+            crash_backoff: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The runtime client.
+    pub fn cri(&self) -> &C {
+        &self.cri
+    }
+
+    /// The event recorder.
+    pub fn events(&self) -> &EventRecorder {
+        &self.events
+    }
+
+    /// Brings the pod's runtime state to its spec (the kubelet's `SyncPod`).
+    pub async fn sync_pod(
+        &self,
+        pod: &Pod,
+        id: &PodId,
+        status: &PodRuntimeStatus,
+        ctx: &PodContext,
+    ) -> SyncOutcome {
+        let actions = compute_pod_actions(pod, status);
+        tracing::debug!(?actions, "computed pod actions");
+        let mut outcome = SyncOutcome::default();
+        if actions.kill_pod {
+            if !status.sandboxes.is_empty() {
+                self.events.normal(
+                    id,
+                    None,
+                    "SandboxChanged",
+                    "Pod sandbox changed, it will be killed and re-created.".into(),
+                );
+            }
+            self.kill_pod(id, status, crate::pod::termination_grace_period(pod))
+                .await;
+        }
+        self.kill_containers(id, &actions, crate::pod::termination_grace_period(pod))
+            .await;
+        let (sandbox_id, sandbox_ips) = match self.ensure_sandbox(pod, id, status, &actions).await {
+            Ok(s) => s,
+            Err(message) => {
+                outcome.sandbox_error = Some(message);
+                return outcome;
+            }
+        };
+        let Some(sandbox_id) = sandbox_id else {
+            return outcome;
+        };
+        let spec = pod
+            .spec
+            .as_ref()
+            .map(|s| s.containers.as_slice())
+            .unwrap_or_default();
+        let sandbox_conf = sandbox_config(pod, id, 0, &self.settings);
+        for &(index, restart_count) in &actions.start {
+            let Some(container) = spec.get(index) else {
+                continue;
+            };
+            let previous_exit = status
+                .latest(&container.name)
+                .is_some_and(|c| c.state == RunState::Exited);
+            if previous_exit && let Some(wait) = self.crash_backoff_wait(id, container) {
+                let message = format!(
+                    "back-off {}s restarting failed container={} pod={}_{}({})",
+                    wait.as_secs(),
+                    container.name,
+                    id.name,
+                    id.namespace,
+                    id.uid
+                );
+                self.events.warning(
+                    id,
+                    Some(&container.name),
+                    "BackOff",
+                    "Back-off restarting failed container".into(),
+                );
+                outcome.waiting.insert(
+                    container.name.clone(),
+                    Waiting {
+                        reason: "CrashLoopBackOff".into(),
+                        message,
+                    },
+                );
+                outcome.retry_in(wait);
+                continue;
+            }
+            let started = self
+                .start_container(
+                    pod,
+                    id,
+                    container,
+                    restart_count,
+                    &sandbox_id,
+                    &sandbox_conf,
+                    &sandbox_ips,
+                    ctx,
+                )
+                .instrument(tracing::info_span!("start_container", container = %container.name))
+                .await;
+            if let Err(waiting) = started {
+                if waiting.reason == "ImagePullBackOff" || waiting.reason == "ErrImagePull" {
+                    outcome.retry_in(crate::images::IMAGE_BACKOFF.0);
+                }
+                outcome.waiting.insert(container.name.clone(), waiting);
+            }
+        }
+        self.prune(status).await;
+        outcome
+    }
+
+    fn crash_backoff_wait(&self, id: &PodId, container: &Container) -> Option<Duration> {
+        let now = Instant::now();
+        let mut all = self
+            .crash_backoff
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let entry = all
+            .entry((id.uid.clone(), container.name.clone()))
+            .or_insert_with(|| Backoff::new(CRASH_BACKOFF.0, CRASH_BACKOFF.1));
+        if entry.waiting(now) {
+            return entry.until().map(|u| u - now);
+        }
+        entry.failed(now);
+        None
+    }
+
+    async fn ensure_sandbox(
+        &self,
+        pod: &Pod,
+        id: &PodId,
+        status: &PodRuntimeStatus,
+        actions: &PodActions,
+    ) -> Result<(Option<String>, Vec<IpAddr>), String> {
+        let Some(attempt) = actions.create_sandbox else {
+            let ips = status
+                .ready_sandbox()
+                .map(|s| s.ips.clone())
+                .unwrap_or_default();
+            return Ok((actions.sandbox_id.clone(), ips));
+        };
+        let config = sandbox_config(pod, id, attempt, &self.settings);
+        let log_dir = pod_log_dir(&self.settings.pod_logs_dir, id);
+        if let Err(e) = tokio::fs::create_dir_all(&log_dir).await {
+            let message = format!(
+                "Failed to create pod log directory {}: {e}",
+                log_dir.display()
+            );
+            self.events
+                .warning(id, None, "FailedCreatePodSandBox", message.clone());
+            return Err(message);
+        }
+        let created = self
+            .cri
+            .run_pod_sandbox(api::RunPodSandboxRequest {
+                config: Some(config),
+                runtime_handler: String::new(),
+            })
+            .instrument(tracing::info_span!("run_pod_sandbox", attempt))
+            .await;
+        let sandbox_id = match created {
+            Ok(resp) => resp.pod_sandbox_id,
+            Err(e) => {
+                let message = format!("Failed to create pod sandbox: {e}");
+                self.events
+                    .warning(id, None, "FailedCreatePodSandBox", message.clone());
+                return Err(message);
+            }
+        };
+        let ips = match self
+            .cri
+            .pod_sandbox_status(api::PodSandboxStatusRequest {
+                pod_sandbox_id: sandbox_id.clone(),
+                verbose: false,
+            })
+            .await
+        {
+            Ok(resp) => resp
+                .status
+                .and_then(|s| s.network)
+                .map(|n| {
+                    std::iter::once(n.ip)
+                        .chain(n.additional_ips.into_iter().map(|i| i.ip))
+                        .filter_map(|ip| ip.parse().ok())
+                        .collect()
+                })
+                .unwrap_or_default(),
+            Err(e) => {
+                let message = format!("Failed to get pod sandbox status: {e}");
+                self.events
+                    .warning(id, None, "FailedCreatePodSandBox", message.clone());
+                return Err(message);
+            }
+        };
+        tracing::info!(sandbox = %sandbox_id, ?ips, "pod sandbox running");
+        Ok((Some(sandbox_id), ips))
+    }
+
+    /// The kubelet's own mounts of a container: `/etc/hosts` and the termination log.
+    async fn kubelet_mounts(
+        &self,
+        pod: &Pod,
+        id: &PodId,
+        container: &Container,
+        restart_count: u32,
+        ips: &[IpAddr],
+        ctx: &PodContext,
+    ) -> std::io::Result<Vec<api::Mount>> {
+        let mut mounts = Vec::new();
+        if crate::pod::host_network(pod) {
+            mounts.push(mount("/etc/hosts", Path::new("/etc/hosts"), false));
+        } else {
+            let hosts = ctx.pod_dir.join("etc-hosts");
+            tokio::fs::write(&hosts, hosts_file(&super::sandbox::hostname(pod, id), ips)).await?;
+            mounts.push(mount("/etc/hosts", &hosts, false));
+        }
+        let dir = ctx.pod_dir.join("containers").join(&container.name);
+        tokio::fs::create_dir_all(&dir).await?;
+        let log = dir.join(format!("termination-log-{restart_count}"));
+        tokio::fs::write(&log, b"").await?;
+        let path = container
+            .termination_message_path
+            .as_deref()
+            .unwrap_or("/dev/termination-log");
+        mounts.push(mount(path, &log, false));
+        Ok(mounts)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn start_container(
+        &self,
+        pod: &Pod,
+        id: &PodId,
+        container: &Container,
+        restart_count: u32,
+        sandbox_id: &str,
+        sandbox_conf: &api::PodSandboxConfig,
+        ips: &[IpAddr],
+        ctx: &PodContext,
+    ) -> Result<(), Waiting> {
+        let name = Some(container.name.as_str());
+        let image_ref = self
+            .images
+            .ensure_image(&self.cri, id, container, &self.events)
+            .await
+            .map_err(|e| Waiting {
+                reason: e.reason().into(),
+                message: e.to_string(),
+            })?;
+        let mut mounts = ctx
+            .volume_mounts
+            .get(&container.name)
+            .cloned()
+            .unwrap_or_default();
+        let own = self
+            .kubelet_mounts(pod, id, container, restart_count, ips, ctx)
+            .await
+            .map_err(|e| Waiting {
+                reason: "CreateContainerConfigError".into(),
+                message: format!("preparing the kubelet's mounts: {e}"),
+            })?;
+        mounts.extend(own);
+        let cctx = ContainerContext {
+            pod_ips: ips.to_vec(),
+            host_ip: ctx.host_ip,
+            node_name: ctx.node_name.clone(),
+            mounts,
+            restart_count,
+            image_ref,
+        };
+        let config = container_config(pod, id, container, &cctx).map_err(|e| {
+            self.events
+                .warning(id, name, "Failed", format!("Error: {e}"));
+            Waiting {
+                reason: "CreateContainerConfigError".into(),
+                message: e.to_string(),
+            }
+        })?;
+        let failed = |e: crate::cri::CriError, reason: &str| {
+            self.events
+                .warning(id, name, "Failed", format!("Error: {e}"));
+            Waiting {
+                reason: reason.into(),
+                message: e.to_string(),
+            }
+        };
+        let created = self
+            .cri
+            .create_container(api::CreateContainerRequest {
+                pod_sandbox_id: sandbox_id.into(),
+                config: Some(config),
+                sandbox_config: Some(sandbox_conf.clone()),
+            })
+            .await
+            .map_err(|e| failed(e, "CreateContainerError"))?;
+        self.events.normal(
+            id,
+            name,
+            "Created",
+            format!("Created container {}", container.name),
+        );
+        self.cri
+            .start_container(api::StartContainerRequest {
+                container_id: created.container_id.clone(),
+            })
+            .await
+            .map_err(|e| failed(e, "RunContainerError"))?;
+        self.events.normal(
+            id,
+            name,
+            "Started",
+            format!("Started container {}", container.name),
+        );
+        Ok(())
+    }
+
+    async fn stop_container(
+        &self,
+        id: &PodId,
+        container_id: &str,
+        name: &str,
+        grace: i64,
+        why: String,
+    ) {
+        self.events.normal(id, Some(name), "Killing", why);
+        let stopped = self
+            .cri
+            .stop_container(api::StopContainerRequest {
+                container_id: container_id.into(),
+                timeout: grace,
+            })
+            .await;
+        match stopped {
+            Err(e) if !e.is_not_found() => {
+                tracing::warn!(container = name, error = %e, "could not stop container")
+            }
+            _ => {}
+        }
+    }
+
+    async fn kill_containers(&self, id: &PodId, actions: &PodActions, grace: i64) {
+        let stops = actions
+            .kill
+            .iter()
+            .map(|(cid, name, why)| self.stop_container(id, cid, name, grace, why.clone()));
+        futures::future::join_all(stops).await;
+    }
+
+    /// Stops every running container of the pod within `grace` seconds, then its
+    /// sandboxes (which tears their networks down). Errors are logged; the caller reads the
+    /// runtime state again to see what is left.
+    pub async fn kill_pod(&self, id: &PodId, status: &PodRuntimeStatus, grace: i64) {
+        let running = status
+            .containers
+            .iter()
+            .filter(|c| c.state == RunState::Running);
+        let stops = running.map(|c| {
+            self.stop_container(
+                id,
+                &c.id,
+                &c.name,
+                grace,
+                format!("Stopping container {}", c.name),
+            )
+        });
+        futures::future::join_all(stops).await;
+        for sandbox in &status.sandboxes {
+            if let Err(e) = self
+                .cri
+                .stop_pod_sandbox(api::StopPodSandboxRequest {
+                    pod_sandbox_id: sandbox.id.clone(),
+                })
+                .await
+                && !e.is_not_found()
+            {
+                tracing::warn!(sandbox = %sandbox.id, error = %e, "could not stop pod sandbox");
+            }
+        }
+    }
+
+    /// Removes every sandbox of a pod that was killed (their containers go with them).
+    ///
+    /// # Errors
+    /// The first failed removal; the caller retries.
+    pub async fn remove_pod(
+        &self,
+        id: &PodId,
+        status: &PodRuntimeStatus,
+    ) -> Result<(), crate::cri::CriError> {
+        for c in &status.containers {
+            match self
+                .cri
+                .remove_container(api::RemoveContainerRequest {
+                    container_id: c.id.clone(),
+                })
+                .await
+            {
+                Err(e) if !e.is_not_found() => return Err(e),
+                _ => {}
+            }
+        }
+        for s in &status.sandboxes {
+            match self
+                .cri
+                .remove_pod_sandbox(api::RemovePodSandboxRequest {
+                    pod_sandbox_id: s.id.clone(),
+                })
+                .await
+            {
+                Err(e) if !e.is_not_found() => return Err(e),
+                _ => {}
+            }
+        }
+        self.images.forget_pod(&id.uid);
+        self.crash_backoff
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .retain(|(uid, _), _| uid != &id.uid);
+        Ok(())
+    }
+
+    /// Garbage: sandboxes older than the newest that are no longer ready, and exited
+    /// containers beyond the newest two per name.
+    async fn prune(&self, status: &PodRuntimeStatus) {
+        for s in status.sandboxes.iter().skip(1).filter(|s| !s.ready) {
+            if let Err(e) = self
+                .cri
+                .remove_pod_sandbox(api::RemovePodSandboxRequest {
+                    pod_sandbox_id: s.id.clone(),
+                })
+                .await
+            {
+                tracing::debug!(sandbox = %s.id, error = %e, "could not remove old sandbox");
+            }
+        }
+        let mut seen: HashMap<&str, usize> = HashMap::new();
+        for c in &status.containers {
+            let n = seen.entry(c.name.as_str()).or_default();
+            *n += 1;
+            if *n > KEEP_EXITED_PER_NAME
+                && c.state == RunState::Exited
+                && let Err(e) = self
+                    .cri
+                    .remove_container(api::RemoveContainerRequest {
+                        container_id: c.id.clone(),
+                    })
+                    .await
+            {
+                tracing::debug!(container = %c.id, error = %e, "could not remove old container");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hosts_file_names_the_pod() {
+        let text = hosts_file("web-1", &["10.244.1.5".parse().unwrap()]);
+        assert!(text.starts_with("# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n"));
+        assert!(text.ends_with("10.244.1.5\tweb-1\n"));
+    }
+}

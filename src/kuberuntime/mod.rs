@@ -1,0 +1,13 @@
+//! The kubelet's `kuberuntime`: translates between the Pod API and the Container Runtime
+//! Interface. It builds sandbox and container configs from a PodSpec, reads a pod's state
+//! back from the runtime, decides what to start and stop, and carries that out over CRI.
+
+pub mod actions;
+pub mod container;
+pub mod labels;
+pub mod manager;
+pub mod runtime_status;
+pub mod sandbox;
+
+pub use manager::{PodContext, RuntimeManager, SyncOutcome, Waiting};
+pub use runtime_status::{PodRuntimeStatus, RunState, get_pod_status};

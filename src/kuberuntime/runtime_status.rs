@@ -1,0 +1,220 @@
+//! A pod's state in the runtime: its sandboxes and containers as CRI reports them (the
+//! kubelet's `kubecontainer.PodStatus`), read by label `io.kubernetes.pod.uid`.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+
+use super::labels;
+use crate::cri::{Cri, CriError, api};
+
+/// One sandbox of the pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxState {
+    /// The runtime's id.
+    pub id: String,
+    /// How many sandboxes were made for the pod before this one.
+    pub attempt: u32,
+    /// Ready (running) or not.
+    pub ready: bool,
+    /// Creation time, ns since the epoch.
+    pub created_at: i64,
+    /// Its IPs, primary first (empty for a host-network or not-ready sandbox).
+    pub ips: Vec<IpAddr>,
+}
+
+/// The state of a container, as CRI names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunState {
+    /// Created, never started.
+    Created,
+    /// Running.
+    Running,
+    /// Exited.
+    Exited,
+    /// The runtime does not know.
+    Unknown,
+}
+
+/// One container of the pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerState {
+    /// The runtime's id.
+    pub id: String,
+    /// The container's name in the pod spec.
+    pub name: String,
+    /// The sandbox it belongs to.
+    pub sandbox_id: String,
+    /// Its attempt, which is the restart count it was created with.
+    pub attempt: u32,
+    /// Its state.
+    pub state: RunState,
+    /// Creation, start and finish times, ns since the epoch (0 = not yet).
+    pub created_at: i64,
+    /// See `created_at`.
+    pub started_at: i64,
+    /// See `created_at`.
+    pub finished_at: i64,
+    /// Exit code when exited.
+    pub exit_code: i32,
+    /// The runtime's reason (`Completed`, `Error`, `OOMKilled`).
+    pub reason: String,
+    /// The termination message.
+    pub message: String,
+    /// The image as asked for.
+    pub image: String,
+    /// The image's resolved reference (digest).
+    pub image_ref: String,
+    /// The spec hash it was created from.
+    pub hash: String,
+}
+
+/// A pod's sandboxes and containers, newest first.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodRuntimeStatus {
+    /// Sandboxes, newest first.
+    pub sandboxes: Vec<SandboxState>,
+    /// Containers, newest first.
+    pub containers: Vec<ContainerState>,
+}
+
+impl PodRuntimeStatus {
+    /// The newest container with this name.
+    #[must_use]
+    pub fn latest(&self, name: &str) -> Option<&ContainerState> {
+        self.containers.iter().find(|c| c.name == name)
+    }
+
+    /// The two newest containers with this name: the current and the one before.
+    #[must_use]
+    pub fn latest_two(&self, name: &str) -> (Option<&ContainerState>, Option<&ContainerState>) {
+        let mut it = self.containers.iter().filter(|c| c.name == name);
+        (it.next(), it.next())
+    }
+
+    /// The newest sandbox if it is ready.
+    #[must_use]
+    pub fn ready_sandbox(&self) -> Option<&SandboxState> {
+        self.sandboxes.first().filter(|s| s.ready)
+    }
+
+    /// Nothing of the pod is left in the runtime.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.sandboxes.is_empty() && self.containers.is_empty()
+    }
+}
+
+fn uid_filter(uid: &str) -> HashMap<String, String> {
+    HashMap::from([(labels::POD_UID.to_owned(), uid.to_owned())])
+}
+
+fn run_state(state: i32) -> RunState {
+    match api::ContainerState::try_from(state) {
+        Ok(api::ContainerState::ContainerCreated) => RunState::Created,
+        Ok(api::ContainerState::ContainerRunning) => RunState::Running,
+        Ok(api::ContainerState::ContainerExited) => RunState::Exited,
+        _ => RunState::Unknown,
+    }
+}
+
+/// Reads the pod's sandboxes (with the IPs of the newest) and containers from the runtime.
+///
+/// # Errors
+/// A failed CRI call; a container or sandbox removed meanwhile is skipped.
+pub async fn get_pod_status<C: Cri>(cri: &C, uid: &str) -> Result<PodRuntimeStatus, CriError> {
+    let sandboxes = cri
+        .list_pod_sandbox(api::ListPodSandboxRequest {
+            filter: Some(api::PodSandboxFilter {
+                label_selector: uid_filter(uid),
+                ..Default::default()
+            }),
+        })
+        .await?
+        .items;
+    let mut sandboxes: Vec<SandboxState> = sandboxes
+        .into_iter()
+        .map(|s| SandboxState {
+            attempt: s.metadata.as_ref().map_or(0, |m| m.attempt),
+            ready: s.state() == api::PodSandboxState::SandboxReady,
+            created_at: s.created_at,
+            ips: Vec::new(),
+            id: s.id,
+        })
+        .collect();
+    sandboxes.sort_by_key(|s| std::cmp::Reverse((s.attempt, s.created_at)));
+    if let Some(newest) = sandboxes.first_mut().filter(|s| s.ready) {
+        match cri
+            .pod_sandbox_status(api::PodSandboxStatusRequest {
+                pod_sandbox_id: newest.id.clone(),
+                verbose: false,
+            })
+            .await
+        {
+            Ok(resp) => {
+                let network = resp.status.and_then(|s| s.network);
+                if let Some(net) = network {
+                    let additional = net.additional_ips.into_iter().map(|ip| ip.ip);
+                    newest.ips = std::iter::once(net.ip)
+                        .chain(additional)
+                        .filter_map(|ip| ip.parse().ok())
+                        .collect();
+                }
+            }
+            Err(e) if e.is_not_found() => newest.ready = false,
+            Err(e) => return Err(e),
+        }
+    }
+    let listed = cri
+        .list_containers(api::ListContainersRequest {
+            filter: Some(api::ContainerFilter {
+                label_selector: uid_filter(uid),
+                ..Default::default()
+            }),
+        })
+        .await?
+        .containers;
+    let mut containers = Vec::with_capacity(listed.len());
+    for c in listed {
+        let status = match cri
+            .container_status(api::ContainerStatusRequest {
+                container_id: c.id.clone(),
+                verbose: false,
+            })
+            .await
+        {
+            Ok(resp) => resp.status,
+            Err(e) if e.is_not_found() => continue,
+            Err(e) => return Err(e),
+        };
+        let Some(s) = status else { continue };
+        containers.push(ContainerState {
+            name: c
+                .labels
+                .get(labels::CONTAINER_NAME)
+                .cloned()
+                .unwrap_or_default(),
+            sandbox_id: c.pod_sandbox_id,
+            attempt: s.metadata.as_ref().map_or(0, |m| m.attempt),
+            state: run_state(s.state),
+            created_at: s.created_at,
+            started_at: s.started_at,
+            finished_at: s.finished_at,
+            exit_code: s.exit_code,
+            reason: s.reason,
+            message: s.message,
+            image: s.image.map(|i| i.image).unwrap_or_default(),
+            image_ref: s.image_ref,
+            hash: c
+                .annotations
+                .get(labels::CONTAINER_HASH)
+                .cloned()
+                .unwrap_or_default(),
+            id: c.id,
+        });
+    }
+    containers.sort_by_key(|c| std::cmp::Reverse((c.attempt, c.created_at)));
+    Ok(PodRuntimeStatus {
+        sandboxes,
+        containers,
+    })
+}

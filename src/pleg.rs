@@ -1,0 +1,257 @@
+//! The pod lifecycle event generator: relists the runtime's sandboxes and containers
+//! every second (the kubelet's `GenericPLEG`), and wakes the worker of every pod whose
+//! runtime state changed — a container that exits is noticed within about a second.
+//! It also knows which pods the runtime holds, for finding orphans, and reports its own
+//! health to the node's Ready condition.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::cri::{Cri, CriError, api};
+use crate::kuberuntime::labels;
+use crate::pod::PodId;
+
+/// How often the runtime is relisted.
+pub const RELIST_PERIOD: Duration = Duration::from_secs(1);
+/// The PLEG is unhealthy when no relist completed for this long (the kubelet's 3 min).
+pub const RELIST_THRESHOLD: Duration = Duration::from_secs(180);
+
+/// What a relist sees of one pod: the state of each sandbox and container by id.
+pub type PodFingerprint = BTreeMap<String, i32>;
+
+/// One relist: every pod in the runtime, by UID.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Relist {
+    /// Each pod's identity and fingerprint.
+    pub pods: HashMap<String, (PodId, PodFingerprint)>,
+}
+
+/// Lists the runtime once.
+///
+/// # Errors
+/// A failed CRI call.
+pub async fn relist<C: Cri>(cri: &C) -> Result<Relist, CriError> {
+    let sandboxes = cri
+        .list_pod_sandbox(api::ListPodSandboxRequest { filter: None })
+        .await?
+        .items;
+    let containers = cri
+        .list_containers(api::ListContainersRequest { filter: None })
+        .await?
+        .containers;
+    let mut out = Relist::default();
+    let objects = sandboxes
+        .into_iter()
+        .map(|s| (s.labels, format!("s/{}", s.id), s.state))
+        .chain(
+            containers
+                .into_iter()
+                .map(|c| (c.labels, format!("c/{}", c.id), c.state)),
+        );
+    for (object_labels, key, state) in objects {
+        let Some(pod) = labels::pod_of(&object_labels) else {
+            continue;
+        };
+        out.pods
+            .entry(pod.uid.clone())
+            .or_insert_with(|| (pod, PodFingerprint::new()))
+            .1
+            .insert(key, state);
+    }
+    Ok(out)
+}
+
+/// The UIDs whose fingerprint differs between two relists (new, changed or gone pods).
+#[must_use]
+pub fn changed(old: &Relist, new: &Relist) -> Vec<String> {
+    let mut uids: Vec<String> = new
+        .pods
+        .iter()
+        .filter(|(uid, (_, fp))| old.pods.get(*uid).is_none_or(|(_, o)| o != fp))
+        .map(|(uid, _)| uid.clone())
+        .chain(
+            old.pods
+                .keys()
+                .filter(|uid| !new.pods.contains_key(*uid))
+                .cloned(),
+        )
+        .collect();
+    uids.sort();
+    uids
+}
+
+/// The PLEG's shared state: the last relist and when it completed.
+#[derive(Debug, Default)]
+pub struct Pleg {
+    last: Mutex<(Option<Instant>, Relist)>,
+}
+
+impl Pleg {
+    /// The pods the runtime held at the last relist.
+    #[must_use]
+    pub fn pods(&self) -> HashMap<String, PodId> {
+        let last = self
+            .last
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        last.1
+            .pods
+            .iter()
+            .map(|(uid, (id, _))| (uid.clone(), id.clone()))
+            .collect()
+    }
+
+    /// Healthy while relists keep completing.
+    ///
+    /// # Errors
+    /// The kubelet's message when the last relist is too old.
+    pub fn healthy(&self) -> Result<(), String> {
+        let last = self
+            .last
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match last.0 {
+            Some(at) if at.elapsed() <= RELIST_THRESHOLD => Ok(()),
+            Some(at) => Err(format!(
+                "pleg was last seen active {:?} ago; threshold is {RELIST_THRESHOLD:?}",
+                at.elapsed()
+            )),
+            None => Err("pleg has yet to be successful".into()),
+        }
+    }
+
+    /// Waits until the first relist completed, or `timeout` passed (the runtime is slow
+    /// or down: the node then reports the PLEG as unhealthy).
+    pub async fn wait_for_first_relist(&self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while self.healthy().is_err() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Relists forever, calling `on_change` with each pod whose runtime state changed.
+    pub async fn run<C: Cri>(self: Arc<Self>, cri: Arc<C>, on_change: impl Fn(&str) + Send) {
+        let mut ticker = tokio::time::interval(RELIST_PERIOD);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticker.tick().await;
+            let new = match relist(cri.as_ref()).await {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::warn!(error = %e, "PLEG relist failed");
+                    continue;
+                }
+            };
+            let uids = {
+                let mut last = self
+                    .last
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                let uids = changed(&last.1, &new);
+                *last = (Some(Instant::now()), new);
+                uids
+            };
+            for uid in uids {
+                on_change(&uid);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct FakeRuntime {
+        sandboxes: Vec<api::PodSandbox>,
+        containers: Vec<api::Container>,
+    }
+
+    impl Cri for FakeRuntime {
+        async fn list_pod_sandbox(
+            &self,
+            _: api::ListPodSandboxRequest,
+        ) -> crate::cri::Result<api::ListPodSandboxResponse> {
+            Ok(api::ListPodSandboxResponse {
+                items: self.sandboxes.clone(),
+            })
+        }
+        async fn list_containers(
+            &self,
+            _: api::ListContainersRequest,
+        ) -> crate::cri::Result<api::ListContainersResponse> {
+            Ok(api::ListContainersResponse {
+                containers: self.containers.clone(),
+            })
+        }
+    }
+
+    fn pod(uid: &str) -> PodId {
+        PodId {
+            uid: uid.into(),
+            namespace: "default".into(),
+            name: format!("p-{uid}"),
+        }
+    }
+
+    fn runtime(container_state: api::ContainerState) -> FakeRuntime {
+        FakeRuntime {
+            sandboxes: vec![api::PodSandbox {
+                id: "s1".into(),
+                labels: labels::pod_labels(&pod("u1")),
+                state: api::PodSandboxState::SandboxReady.into(),
+                ..Default::default()
+            }],
+            containers: vec![
+                api::Container {
+                    id: "c1".into(),
+                    labels: labels::pod_labels(&pod("u1")),
+                    state: container_state.into(),
+                    ..Default::default()
+                },
+                api::Container {
+                    id: "foreign".into(),
+                    state: api::ContainerState::ContainerRunning.into(),
+                    ..Default::default()
+                },
+            ],
+        }
+    }
+
+    #[tokio::test]
+    async fn an_exit_changes_the_pods_fingerprint() {
+        let running = relist(&runtime(api::ContainerState::ContainerRunning))
+            .await
+            .unwrap();
+        let exited = relist(&runtime(api::ContainerState::ContainerExited))
+            .await
+            .unwrap();
+        assert_eq!(
+            running.pods.len(),
+            1,
+            "objects without the kubelet's labels are not ours"
+        );
+        assert_eq!(changed(&Relist::default(), &running), ["u1"]);
+        assert!(changed(&running, &running).is_empty());
+        assert_eq!(changed(&running, &exited), ["u1"]);
+        assert_eq!(changed(&exited, &Relist::default()), ["u1"]);
+    }
+
+    #[tokio::test]
+    async fn health_follows_the_last_relist() {
+        let pleg = Arc::new(Pleg::default());
+        assert!(pleg.healthy().is_err());
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let task = tokio::spawn(pleg.clone().run(
+            Arc::new(runtime(api::ContainerState::ContainerRunning)),
+            move |uid| {
+                tx.send(uid.to_owned()).unwrap();
+            },
+        ));
+        assert_eq!(rx.recv().await.unwrap(), "u1");
+        assert!(pleg.healthy().is_ok());
+        assert_eq!(pleg.pods().keys().collect::<Vec<_>>(), ["u1"]);
+        task.abort();
+    }
+}

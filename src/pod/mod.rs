@@ -1,0 +1,130 @@
+//! Pods on this node: where they come from (the API watch), the worker that owns each one,
+//! and the small facts about a Pod object that every other module asks for.
+
+pub mod source;
+pub mod workers;
+
+use k8s_openapi::api::core::v1::Pod;
+
+/// The identity of one pod: the UID is the key; namespace and name are for humans, API
+/// paths and CRI metadata.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PodId {
+    /// `metadata.uid`.
+    pub uid: String,
+    /// `metadata.namespace`.
+    pub namespace: String,
+    /// `metadata.name`.
+    pub name: String,
+}
+
+impl PodId {
+    /// The identity of a Pod object; `None` if the API gave it no uid or name.
+    #[must_use]
+    pub fn of(pod: &Pod) -> Option<Self> {
+        Some(Self {
+            uid: pod.metadata.uid.clone()?,
+            namespace: pod
+                .metadata
+                .namespace
+                .clone()
+                .unwrap_or_else(|| "default".into()),
+            name: pod.metadata.name.clone()?,
+        })
+    }
+}
+
+impl std::fmt::Display for PodId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{} ({})", self.namespace, self.name, self.uid)
+    }
+}
+
+/// The pod runs in the node's network namespace.
+#[must_use]
+pub fn host_network(pod: &Pod) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.host_network)
+        .unwrap_or(false)
+}
+
+/// The grace period to use when stopping the pod: the one the API deletion carries, else
+/// the spec's, else the default 30 s.
+#[must_use]
+pub fn termination_grace_period(pod: &Pod) -> i64 {
+    pod.metadata
+        .deletion_grace_period_seconds
+        .or_else(|| pod.spec.as_ref()?.termination_grace_period_seconds)
+        .unwrap_or(30)
+        .max(0)
+}
+
+/// The pod has been asked to go away (`metadata.deletionTimestamp` is set).
+#[must_use]
+pub fn is_terminating(pod: &Pod) -> bool {
+    pod.metadata.deletion_timestamp.is_some()
+}
+
+/// The pod's restart policy: `Always` (default), `OnFailure` or `Never`.
+#[must_use]
+pub fn restart_policy(pod: &Pod) -> &str {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.restart_policy.as_deref())
+        .unwrap_or("Always")
+}
+
+#[cfg(test)]
+pub(crate) mod testing {
+    //! Pods for unit tests.
+    use k8s_openapi::api::core::v1::{Container, ContainerPort, Pod, PodSpec};
+    use kube::api::ObjectMeta;
+
+    /// A pod with one container per (name, image), bound to node `n1`.
+    pub fn pod(name: &str, containers: &[(&str, &str)]) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("default".into()),
+                uid: Some(format!("uid-{name}")),
+                ..Default::default()
+            },
+            spec: Some(PodSpec {
+                node_name: Some("n1".into()),
+                containers: containers
+                    .iter()
+                    .map(|(n, image)| Container {
+                        name: (*n).into(),
+                        image: Some((*image).into()),
+                        ports: Some(vec![ContainerPort {
+                            container_port: 80,
+                            ..Default::default()
+                        }]),
+                        ..Default::default()
+                    })
+                    .collect(),
+                ..Default::default()
+            }),
+            status: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identity_and_defaults() {
+        let mut pod = testing::pod("web", &[("c", "nginx")]);
+        let id = PodId::of(&pod).unwrap();
+        assert_eq!(id.to_string(), "default/web (uid-web)");
+        assert_eq!(termination_grace_period(&pod), 30);
+        assert_eq!(restart_policy(&pod), "Always");
+        assert!(!host_network(&pod));
+        assert!(!is_terminating(&pod));
+        pod.metadata.deletion_grace_period_seconds = Some(5);
+        assert_eq!(termination_grace_period(&pod), 5);
+    }
+}

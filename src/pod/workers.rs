@@ -1,0 +1,222 @@
+//! Pod workers: one task per pod UID, the kubelet's `podWorkers`. A worker never runs two
+//! syncs of its pod at once; pods sync in parallel. Updates that arrive during a sync are
+//! coalesced: the worker then syncs once more with the newest spec.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use tokio::sync::{Notify, watch};
+use tracing::Instrument;
+
+use super::PodId;
+
+/// A pod's wish as the worker sees it.
+#[derive(Debug, Clone)]
+pub enum PodWork {
+    /// Run the pod (or, when it has a deletionTimestamp, terminate it gracefully).
+    Sync(Arc<Pod>),
+    /// The pod is gone from the API (or never was: an orphan found in the runtime): stop
+    /// and remove everything of it.
+    Remove(PodId),
+}
+
+/// What a sync asks of its worker next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
+    /// Sync again after this long unless something happens first.
+    ResyncAfter(Duration),
+    /// The pod is gone: the worker ends.
+    Done,
+}
+
+/// The pod-level work a worker does: implemented by the kubelet, faked in tests.
+pub trait PodSyncer: Send + Sync + 'static {
+    /// One sync of the pod towards its wish.
+    fn sync(&self, work: &PodWork) -> impl Future<Output = Next> + Send;
+}
+
+struct Worker {
+    work: watch::Sender<PodWork>,
+    wake: Arc<Notify>,
+}
+
+/// All pod workers of the node. Cheap to clone.
+pub struct PodWorkers<S> {
+    syncer: Arc<S>,
+    workers: Arc<Mutex<HashMap<String, Worker>>>,
+}
+
+impl<S> Clone for PodWorkers<S> {
+    fn clone(&self) -> Self {
+        Self {
+            syncer: self.syncer.clone(),
+            workers: self.workers.clone(),
+        }
+    }
+}
+
+impl<S: PodSyncer> PodWorkers<S> {
+    /// Workers that sync pods with `syncer`.
+    pub fn new(syncer: Arc<S>) -> Self {
+        Self {
+            syncer,
+            workers: Arc::default(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Worker>> {
+        self.workers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Hands new work to a pod's worker, starting the worker if it has none.
+    pub fn update(&self, uid: &str, work: PodWork) {
+        let mut workers = self.lock();
+        if let Some(w) = workers.get(uid) {
+            // A removal is final: a late update must not bring the pod back.
+            let removing = matches!(*w.work.borrow(), PodWork::Remove(_));
+            if !removing {
+                w.work.send_replace(work);
+            }
+            return;
+        }
+        let (tx, rx) = watch::channel(work);
+        let wake = Arc::new(Notify::new());
+        workers.insert(
+            uid.to_owned(),
+            Worker {
+                work: tx,
+                wake: wake.clone(),
+            },
+        );
+        let this = self.clone();
+        let uid = uid.to_owned();
+        tokio::spawn(async move { this.run_worker(uid, rx, wake).await });
+    }
+
+    /// Wakes a pod's worker for a sync (the runtime state changed).
+    pub fn wake(&self, uid: &str) {
+        if let Some(w) = self.lock().get(uid) {
+            w.wake.notify_one();
+        }
+    }
+
+    /// The UIDs that have a worker.
+    #[must_use]
+    pub fn uids(&self) -> Vec<String> {
+        self.lock().keys().cloned().collect()
+    }
+
+    async fn run_worker(self, uid: String, mut rx: watch::Receiver<PodWork>, wake: Arc<Notify>) {
+        loop {
+            let work = rx.borrow_and_update().clone();
+            let (namespace, name) = match &work {
+                PodWork::Sync(p) => (
+                    p.metadata.namespace.clone().unwrap_or_default(),
+                    p.metadata.name.clone().unwrap_or_default(),
+                ),
+                PodWork::Remove(id) => (id.namespace.clone(), id.name.clone()),
+            };
+            let span = tracing::info_span!("sync_pod", pod_uid = %uid, pod = %format!("{namespace}/{name}"));
+            let next = self.syncer.sync(&work).instrument(span).await;
+            match next {
+                Next::Done => break,
+                Next::ResyncAfter(after) => {
+                    tokio::select! {
+                        changed = rx.changed() => if changed.is_err() { break },
+                        () = wake.notified() => {}
+                        () = tokio::time::sleep(after) => {}
+                    }
+                }
+            }
+        }
+        // The worker ends only after its pod is gone; new work that raced in starts anew.
+        let raced = {
+            let mut workers = self.lock();
+            workers.remove(&uid);
+            rx.has_changed()
+                .unwrap_or(false)
+                .then(|| rx.borrow().clone())
+        };
+        if let Some(work @ PodWork::Sync(_)) = raced {
+            self.update(&uid, work);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pod::testing::pod;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[derive(Default)]
+    struct Recorder {
+        running: AtomicUsize,
+        max_running: AtomicUsize,
+        syncs: Mutex<Vec<String>>,
+    }
+
+    impl PodSyncer for Recorder {
+        async fn sync(&self, work: &PodWork) -> Next {
+            let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
+            self.max_running.fetch_max(now, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            self.running.fetch_sub(1, Ordering::SeqCst);
+            let label = match work {
+                PodWork::Sync(p) => format!("sync {}", p.metadata.name.clone().unwrap_or_default()),
+                PodWork::Remove(id) => format!("remove {}", id.name),
+            };
+            self.syncs.lock().unwrap().push(label);
+            match work {
+                PodWork::Remove(_) => Next::Done,
+                PodWork::Sync(_) => Next::ResyncAfter(Duration::from_secs(3600)),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn one_sync_at_a_time_per_pod_with_updates_coalesced() {
+        let syncer = Arc::new(Recorder::default());
+        let workers = PodWorkers::new(syncer.clone());
+        workers.update("u", PodWork::Sync(Arc::new(pod("v1", &[("c", "x")]))));
+        // While v1 syncs, two more updates arrive: only the newest is synced after it.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        for name in ["v2", "v3"] {
+            workers.update("u", PodWork::Sync(Arc::new(pod(name, &[("c", "x")]))));
+        }
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert_eq!(syncer.max_running.load(Ordering::SeqCst), 1);
+        assert_eq!(*syncer.syncs.lock().unwrap(), ["sync v1", "sync v3"]);
+    }
+
+    #[tokio::test]
+    async fn pods_sync_in_parallel_and_removed_workers_end() {
+        let syncer = Arc::new(Recorder::default());
+        let workers = PodWorkers::new(syncer.clone());
+        for uid in ["a", "b", "c"] {
+            workers.update(uid, PodWork::Sync(Arc::new(pod(uid, &[("c", "x")]))));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(syncer.max_running.load(Ordering::SeqCst), 3);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let id = PodId::of(&pod("a", &[])).unwrap();
+        workers.update("a", PodWork::Remove(id));
+        workers.update("a", PodWork::Sync(Arc::new(pod("a", &[("c", "x")]))));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut uids = workers.uids();
+        uids.sort();
+        assert_eq!(uids, ["b", "c"]);
+        assert!(
+            syncer
+                .syncs
+                .lock()
+                .unwrap()
+                .contains(&"remove a".to_owned())
+        );
+    }
+}

@@ -1,0 +1,484 @@
+//! The Pod's API status from its runtime state: container statuses, phase, conditions,
+//! IPs, start time and QoS class — the kubelet's `generateAPIPodStatus`, `getPhase` and
+//! `convertToAPIContainerStatuses`.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+
+use k8s_openapi::api::core::v1::{
+    ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStateWaiting,
+    ContainerStatus, Pod, PodCondition, PodIP, PodStatus,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+
+use crate::kuberuntime::runtime_status::ContainerState as RuntimeContainer;
+use crate::kuberuntime::{PodRuntimeStatus, RunState, Waiting};
+
+/// What the status is generated from besides the Pod.
+#[derive(Debug, Clone, Default)]
+pub struct StatusInputs<'a> {
+    /// The pod's sandboxes and containers in the runtime.
+    pub runtime: Option<&'a PodRuntimeStatus>,
+    /// Why containers wait, from the last sync.
+    pub waiting: Option<&'a HashMap<String, Waiting>>,
+    /// The node's IP.
+    pub host_ip: Option<IpAddr>,
+    /// The runtime's name for container ids, e.g. `containerd`.
+    pub runtime_name: &'a str,
+    /// The time of this status.
+    pub now: Timestamp,
+}
+
+fn time(ns: i64) -> Option<Time> {
+    (ns > 0)
+        .then(|| Time(Timestamp::from_nanosecond(i128::from(ns)).unwrap_or(Timestamp::UNIX_EPOCH)))
+}
+
+fn terminated(c: &RuntimeContainer, runtime_name: &str) -> ContainerState {
+    let reason = if c.reason.is_empty() {
+        if c.exit_code == 0 {
+            "Completed"
+        } else {
+            "Error"
+        }
+        .to_owned()
+    } else {
+        c.reason.clone()
+    };
+    ContainerState {
+        terminated: Some(ContainerStateTerminated {
+            exit_code: c.exit_code,
+            reason: Some(reason),
+            message: (!c.message.is_empty()).then(|| c.message.clone()),
+            started_at: time(c.started_at),
+            finished_at: time(c.finished_at),
+            container_id: Some(format!("{runtime_name}://{}", c.id)),
+            signal: None,
+        }),
+        ..Default::default()
+    }
+}
+
+fn waiting(reason: &str, message: Option<&str>) -> ContainerState {
+    ContainerState {
+        waiting: Some(ContainerStateWaiting {
+            reason: Some(reason.to_owned()),
+            message: message.filter(|m| !m.is_empty()).map(str::to_owned),
+        }),
+        ..Default::default()
+    }
+}
+
+/// The status of each container of the spec, in spec order.
+#[must_use]
+pub fn container_statuses(pod: &Pod, inputs: &StatusInputs<'_>) -> Vec<ContainerStatus> {
+    let empty = PodRuntimeStatus::default();
+    let runtime = inputs.runtime.unwrap_or(&empty);
+    let no_waiting = HashMap::new();
+    let reasons = inputs.waiting.unwrap_or(&no_waiting);
+    let containers = pod
+        .spec
+        .as_ref()
+        .map(|s| s.containers.as_slice())
+        .unwrap_or_default();
+    containers
+        .iter()
+        .map(|spec| {
+            let (latest, previous) = runtime.latest_two(&spec.name);
+            let cached = reasons.get(&spec.name);
+            let state = match (latest, cached) {
+                (Some(c), _) if c.state == RunState::Running => ContainerState {
+                    running: Some(ContainerStateRunning {
+                        started_at: time(c.started_at),
+                    }),
+                    ..Default::default()
+                },
+                (Some(c), None) if c.state == RunState::Exited => {
+                    terminated(c, inputs.runtime_name)
+                }
+                (_, Some(w)) => waiting(&w.reason, Some(&w.message)),
+                _ => waiting("ContainerCreating", None),
+            };
+            // The last termination: the previous container, or the latest one while a new
+            // one is waiting to replace it.
+            let last = match latest {
+                Some(c) if c.state == RunState::Exited && state.terminated.is_none() => Some(c),
+                _ => previous.filter(|p| p.state == RunState::Exited),
+            };
+            let running = state.running.is_some();
+            ContainerStatus {
+                name: spec.name.clone(),
+                state: Some(state),
+                last_state: Some(last.map_or_else(ContainerState::default, |c| {
+                    terminated(c, inputs.runtime_name)
+                })),
+                ready: running,
+                started: Some(running),
+                restart_count: latest.map_or(0, |c| i32::try_from(c.attempt).unwrap_or(i32::MAX)),
+                image: latest
+                    .map(|c| c.image.clone())
+                    .filter(|i| !i.is_empty())
+                    .or_else(|| spec.image.clone())
+                    .unwrap_or_default(),
+                image_id: latest.map(|c| c.image_ref.clone()).unwrap_or_default(),
+                container_id: latest.map(|c| format!("{}://{}", inputs.runtime_name, c.id)),
+                ..Default::default()
+            }
+        })
+        .collect()
+}
+
+/// The pod phase from its container statuses (the kubelet's `getPhase`).
+#[must_use]
+pub fn phase(restart_policy: &str, statuses: &[ContainerStatus]) -> &'static str {
+    let (mut waiting, mut running, mut stopped, mut succeeded) = (0, 0, 0, 0);
+    for s in statuses {
+        let state = s.state.as_ref();
+        if state.is_some_and(|st| st.running.is_some()) {
+            running += 1;
+        } else if let Some(t) = state.and_then(|st| st.terminated.as_ref()) {
+            stopped += 1;
+            if t.exit_code == 0 {
+                succeeded += 1;
+            }
+        } else if s
+            .last_state
+            .as_ref()
+            .is_some_and(|l| l.terminated.is_some())
+        {
+            stopped += 1;
+        } else {
+            waiting += 1;
+        }
+    }
+    let failed = stopped - succeeded;
+    if waiting > 0 {
+        "Pending"
+    } else if running > 0 {
+        "Running"
+    } else if stopped > 0 {
+        match restart_policy {
+            "Always" => "Running",
+            "OnFailure" if stopped == succeeded => "Succeeded",
+            "OnFailure" => "Running",
+            _ if failed > 0 => "Failed",
+            _ => "Succeeded",
+        }
+    } else {
+        "Pending"
+    }
+}
+
+fn condition(
+    old: &[PodCondition],
+    kind: &str,
+    ok: bool,
+    reason: Option<String>,
+    message: Option<String>,
+    now: Timestamp,
+) -> PodCondition {
+    let status = if ok { "True" } else { "False" };
+    let previous = old.iter().find(|c| c.type_ == kind);
+    let since = previous
+        .filter(|c| c.status == status)
+        .and_then(|c| c.last_transition_time.clone());
+    PodCondition {
+        type_: kind.to_owned(),
+        status: status.to_owned(),
+        reason: if ok { None } else { reason },
+        message: if ok { None } else { message },
+        last_transition_time: since.or(Some(Time(now))),
+        last_probe_time: None,
+        ..Default::default()
+    }
+}
+
+/// The full status of a pod that should be running.
+#[must_use]
+pub fn generate_pod_status(pod: &Pod, inputs: &StatusInputs<'_>) -> PodStatus {
+    let old = pod.status.clone().unwrap_or_default();
+    let old_conditions = old.conditions.clone().unwrap_or_default();
+    let statuses = container_statuses(pod, inputs);
+    let mut phase = phase(crate::pod::restart_policy(pod), &statuses).to_owned();
+    // A terminal phase never changes again.
+    if matches!(old.phase.as_deref(), Some("Succeeded" | "Failed")) {
+        phase = old.phase.clone().unwrap_or_default();
+    }
+    let unready: Vec<&str> = statuses
+        .iter()
+        .filter(|s| !s.ready)
+        .map(|s| s.name.as_str())
+        .collect();
+    let ready = unready.is_empty();
+    let not_ready = || {
+        (
+            Some("ContainersNotReady".to_owned()),
+            Some(format!(
+                "containers with unready status: [{}]",
+                unready.join(" ")
+            )),
+        )
+    };
+    let now = inputs.now;
+    let scheduled = old_conditions
+        .iter()
+        .find(|c| c.type_ == "PodScheduled")
+        .cloned()
+        .unwrap_or_else(|| condition(&[], "PodScheduled", true, None, None, now));
+    let (reason, message) = if ready { (None, None) } else { not_ready() };
+    let conditions = vec![
+        condition(&old_conditions, "Initialized", true, None, None, now),
+        condition(
+            &old_conditions,
+            "Ready",
+            ready,
+            reason.clone(),
+            message.clone(),
+            now,
+        ),
+        condition(
+            &old_conditions,
+            "ContainersReady",
+            ready,
+            reason,
+            message,
+            now,
+        ),
+        scheduled,
+    ];
+    let ips: Vec<IpAddr> = inputs
+        .runtime
+        .and_then(|r| r.ready_sandbox())
+        .map(|s| s.ips.clone())
+        .unwrap_or_default();
+    let host_network = crate::pod::host_network(pod);
+    let pod_ips: Vec<String> = if host_network {
+        inputs.host_ip.iter().map(ToString::to_string).collect()
+    } else {
+        ips.iter().map(ToString::to_string).collect()
+    };
+    PodStatus {
+        phase: Some(phase),
+        conditions: Some(conditions),
+        host_ip: inputs.host_ip.map(|ip| ip.to_string()),
+        pod_ip: pod_ips.first().cloned().or(old.pod_ip.clone()),
+        pod_ips: if pod_ips.is_empty() {
+            old.pod_ips.clone()
+        } else {
+            Some(pod_ips.into_iter().map(|ip| PodIP { ip }).collect())
+        },
+        start_time: old.start_time.clone().or(Some(Time(now))),
+        qos_class: pod
+            .spec
+            .as_ref()
+            .map(|s| crate::resources::qos_class(s).to_owned()),
+        container_statuses: Some(statuses),
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kuberuntime::runtime_status::SandboxState;
+    use crate::pod::testing::pod;
+
+    fn rc(name: &str, attempt: u32, state: RunState, exit_code: i32) -> RuntimeContainer {
+        RuntimeContainer {
+            id: format!("{name}{attempt}"),
+            name: name.into(),
+            sandbox_id: "s".into(),
+            attempt,
+            state,
+            created_at: 1,
+            started_at: 1_700_000_000_000_000_000,
+            finished_at: if state == RunState::Exited {
+                1_700_000_001_000_000_000
+            } else {
+                0
+            },
+            exit_code,
+            reason: String::new(),
+            message: String::new(),
+            image: "docker.io/library/nginx:latest".into(),
+            image_ref: "docker.io/library/nginx@sha256:ab".into(),
+            hash: String::new(),
+        }
+    }
+
+    fn inputs<'a>(
+        runtime: &'a PodRuntimeStatus,
+        waiting: &'a HashMap<String, Waiting>,
+    ) -> StatusInputs<'a> {
+        StatusInputs {
+            runtime: Some(runtime),
+            waiting: Some(waiting),
+            host_ip: Some("198.18.0.1".parse().unwrap()),
+            runtime_name: "containerd",
+            now: Timestamp::from_second(1_700_000_100).unwrap(),
+        }
+    }
+
+    #[test]
+    fn a_new_pod_is_pending_with_containers_creating() {
+        let p = pod("web", &[("a", "nginx")]);
+        let rt = PodRuntimeStatus::default();
+        let w = HashMap::new();
+        let status = generate_pod_status(&p, &inputs(&rt, &w));
+        assert_eq!(status.phase.as_deref(), Some("Pending"));
+        let cs = &status.container_statuses.unwrap()[0];
+        assert_eq!(
+            cs.state
+                .as_ref()
+                .unwrap()
+                .waiting
+                .as_ref()
+                .unwrap()
+                .reason
+                .as_deref(),
+            Some("ContainerCreating")
+        );
+        assert!(!cs.ready);
+        let ready = status
+            .conditions
+            .unwrap()
+            .into_iter()
+            .find(|c| c.type_ == "Ready")
+            .unwrap();
+        assert_eq!(ready.status, "False");
+        assert_eq!(
+            ready.message.as_deref(),
+            Some("containers with unready status: [a]")
+        );
+        assert_eq!(status.qos_class.as_deref(), Some("BestEffort"));
+    }
+
+    #[test]
+    fn a_running_pod_is_ready_with_ips_and_ids() {
+        let p = pod("web", &[("a", "nginx")]);
+        let rt = PodRuntimeStatus {
+            sandboxes: vec![SandboxState {
+                id: "s".into(),
+                attempt: 0,
+                ready: true,
+                created_at: 1,
+                ips: vec!["10.244.1.9".parse().unwrap()],
+            }],
+            containers: vec![rc("a", 0, RunState::Running, 0)],
+        };
+        let w = HashMap::new();
+        let status = generate_pod_status(&p, &inputs(&rt, &w));
+        assert_eq!(status.phase.as_deref(), Some("Running"));
+        assert_eq!(status.pod_ip.as_deref(), Some("10.244.1.9"));
+        assert_eq!(status.host_ip.as_deref(), Some("198.18.0.1"));
+        let cs = &status.container_statuses.unwrap()[0];
+        assert!(cs.ready);
+        assert_eq!(cs.container_id.as_deref(), Some("containerd://a0"));
+        assert_eq!(cs.image_id, "docker.io/library/nginx@sha256:ab");
+        let conditions = status.conditions.unwrap();
+        assert!(
+            conditions.iter().all(|c| c.status == "True"),
+            "{conditions:?}"
+        );
+    }
+
+    #[test]
+    fn image_pull_errors_show_as_waiting_reasons() {
+        let p = pod("web", &[("a", "nope:1")]);
+        let rt = PodRuntimeStatus::default();
+        let w = HashMap::from([(
+            "a".to_owned(),
+            Waiting {
+                reason: "ImagePullBackOff".into(),
+                message: "Back-off pulling image".into(),
+            },
+        )]);
+        let status = generate_pod_status(&p, &inputs(&rt, &w));
+        let cs = &status.container_statuses.unwrap()[0];
+        assert_eq!(
+            cs.state
+                .as_ref()
+                .unwrap()
+                .waiting
+                .as_ref()
+                .unwrap()
+                .reason
+                .as_deref(),
+            Some("ImagePullBackOff")
+        );
+        assert_eq!(status.phase.as_deref(), Some("Pending"));
+    }
+
+    #[test]
+    fn crash_loops_keep_the_last_termination_and_count_restarts() {
+        let p = pod("web", &[("a", "busybox")]);
+        let rt = PodRuntimeStatus {
+            sandboxes: vec![],
+            containers: vec![
+                rc("a", 3, RunState::Exited, 1),
+                rc("a", 2, RunState::Exited, 1),
+            ],
+        };
+        let w = HashMap::from([(
+            "a".to_owned(),
+            Waiting {
+                reason: "CrashLoopBackOff".into(),
+                message: "back-off 40s".into(),
+            },
+        )]);
+        let status = generate_pod_status(&p, &inputs(&rt, &w));
+        let cs = &status.container_statuses.unwrap()[0];
+        assert_eq!(cs.restart_count, 3);
+        assert_eq!(
+            cs.state
+                .as_ref()
+                .unwrap()
+                .waiting
+                .as_ref()
+                .unwrap()
+                .reason
+                .as_deref(),
+            Some("CrashLoopBackOff")
+        );
+        let last = cs.last_state.as_ref().unwrap().terminated.as_ref().unwrap();
+        assert_eq!((last.exit_code, last.reason.as_deref()), (1, Some("Error")));
+        assert_eq!(last.container_id.as_deref(), Some("containerd://a3"));
+        assert_eq!(status.phase.as_deref(), Some("Running"));
+    }
+
+    #[test]
+    fn phases_follow_the_restart_policy() {
+        let p = pod("job", &[("a", "busybox")]);
+        let rt = |code| PodRuntimeStatus {
+            sandboxes: vec![],
+            containers: vec![rc("a", 0, RunState::Exited, code)],
+        };
+        let w = HashMap::new();
+        let statuses = |code| container_statuses(&p, &inputs(&rt(code), &w));
+        assert_eq!(phase("Never", &statuses(0)), "Succeeded");
+        assert_eq!(phase("Never", &statuses(2)), "Failed");
+        assert_eq!(phase("OnFailure", &statuses(0)), "Succeeded");
+        assert_eq!(phase("OnFailure", &statuses(2)), "Running");
+        assert_eq!(phase("Always", &statuses(0)), "Running");
+    }
+
+    #[test]
+    fn transition_times_are_kept_while_a_condition_holds() {
+        let old = vec![PodCondition {
+            type_: "Ready".into(),
+            status: "True".into(),
+            last_transition_time: Some(Time(Timestamp::from_second(5).unwrap())),
+            ..Default::default()
+        }];
+        let now = Timestamp::from_second(100).unwrap();
+        let kept = condition(&old, "Ready", true, None, None, now);
+        assert_eq!(
+            kept.last_transition_time,
+            Some(Time(Timestamp::from_second(5).unwrap()))
+        );
+        let flipped = condition(&old, "Ready", false, Some("R".into()), None, now);
+        assert_eq!(flipped.last_transition_time, Some(Time(now)));
+        assert_eq!(flipped.reason.as_deref(), Some("R"));
+    }
+}

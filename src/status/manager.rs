@@ -1,0 +1,237 @@
+//! The status manager: the only writer of `pods/status`. Pod workers hand it the status
+//! they computed and go on; one task sends each changed status to the API, coalescing
+//! bursts (only the newest status of a pod is sent), and retries failures. It also makes
+//! the final `DELETE` of a terminated pod, with grace period 0 and a UID precondition, as
+//! the kubelet's status manager does.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Pod, PodStatus};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+
+use crate::pod::PodId;
+
+/// How many status patches are in flight at once.
+const PARALLEL_PATCHES: usize = 16;
+
+/// Errors of one API write.
+#[derive(Debug, thiserror::Error)]
+pub enum StatusError {
+    /// The patch of `pods/status` failed.
+    #[error("patching the status of pod {pod}: {source}")]
+    Patch {
+        /// The pod.
+        pod: PodId,
+        /// The API error.
+        source: kube::Error,
+    },
+    /// The final delete failed.
+    #[error("deleting pod {pod}: {source}")]
+    Delete {
+        /// The pod.
+        pod: PodId,
+        /// The API error.
+        source: kube::Error,
+    },
+}
+
+#[derive(Debug)]
+struct Entry {
+    id: PodId,
+    status: PodStatus,
+    sent: Option<PodStatus>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    pods: HashMap<String, Entry>,
+    dirty: HashSet<String>,
+}
+
+/// The status manager. Cheap to clone.
+#[derive(Clone)]
+pub struct StatusManager {
+    client: kube::Client,
+    state: Arc<Mutex<State>>,
+    notify: Arc<tokio::sync::Notify>,
+}
+
+impl std::fmt::Debug for StatusManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StatusManager")
+            .field("pods", &self.lock().pods.len())
+            .finish_non_exhaustive()
+    }
+}
+
+fn is_gone(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 404 || s.code == 409)
+}
+
+impl StatusManager {
+    /// A manager writing through `client`.
+    #[must_use]
+    pub fn new(client: kube::Client) -> Self {
+        Self {
+            client,
+            state: Arc::default(),
+            notify: Arc::default(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Records the newest status of a pod; it is sent soon if it differs from the last
+    /// one sent. Never blocks on the API.
+    pub fn set_pod_status(&self, id: &PodId, status: PodStatus) {
+        let mut state = self.lock();
+        let entry = state.pods.entry(id.uid.clone()).or_insert_with(|| Entry {
+            id: id.clone(),
+            status: PodStatus::default(),
+            sent: None,
+        });
+        if entry.sent.as_ref() == Some(&status) {
+            entry.status = status;
+            return;
+        }
+        entry.status = status;
+        state.dirty.insert(id.uid.clone());
+        drop(state);
+        self.notify.notify_one();
+    }
+
+    /// The newest status recorded for a pod.
+    #[must_use]
+    pub fn get(&self, uid: &str) -> Option<PodStatus> {
+        self.lock().pods.get(uid).map(|e| e.status.clone())
+    }
+
+    /// Forgets a pod that is gone.
+    pub fn forget(&self, uid: &str) {
+        let mut state = self.lock();
+        state.pods.remove(uid);
+        state.dirty.remove(uid);
+    }
+
+    async fn patch(&self, id: &PodId, status: &PodStatus) -> Result<(), StatusError> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &id.namespace);
+        // The uid in the patch is a precondition: a pod re-created under the same name is
+        // never given the old pod's status.
+        let body = serde_json::json!({ "metadata": { "uid": id.uid }, "status": status });
+        api.patch_status(&id.name, &PatchParams::default(), &Patch::Strategic(body))
+            .await
+            .map(drop)
+            .map_err(|source| StatusError::Patch {
+                pod: id.clone(),
+                source,
+            })
+    }
+
+    /// Sends the status of a pod now, waiting for the API (for the final status of a pod
+    /// before it is deleted).
+    ///
+    /// # Errors
+    /// The API refused or could not be reached; a pod already gone is not an error.
+    pub async fn flush(&self, id: &PodId) -> Result<(), StatusError> {
+        let status = {
+            let mut state = self.lock();
+            state.dirty.remove(&id.uid);
+            state.pods.get(&id.uid).map(|e| e.status.clone())
+        };
+        let Some(status) = status else { return Ok(()) };
+        match self.patch(id, &status).await {
+            Err(StatusError::Patch { source, .. }) if is_gone(&source) => Ok(()),
+            other => other,
+        }
+    }
+
+    /// The final delete of a pod whose containers are all gone: grace period 0 and the
+    /// pod's UID as precondition, so a new pod of the same name is never deleted.
+    ///
+    /// # Errors
+    /// The API refused or could not be reached; a pod already gone is not an error.
+    pub async fn delete_pod(&self, id: &PodId) -> Result<(), StatusError> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &id.namespace);
+        let params = DeleteParams {
+            grace_period_seconds: Some(0),
+            preconditions: Some(Preconditions {
+                uid: Some(id.uid.clone()),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match api.delete(&id.name, &params).await {
+            Ok(_) => {
+                tracing::info!(pod = %id, "pod deleted from the API");
+                self.forget(&id.uid);
+                Ok(())
+            }
+            Err(e) if is_gone(&e) => {
+                self.forget(&id.uid);
+                Ok(())
+            }
+            Err(source) => Err(StatusError::Delete {
+                pod: id.clone(),
+                source,
+            }),
+        }
+    }
+
+    /// Sends dirty statuses until the process ends.
+    pub async fn run(self) {
+        loop {
+            self.notify.notified().await;
+            let batch: Vec<(PodId, PodStatus)> = {
+                let mut state = self.lock();
+                let dirty: Vec<String> = state.dirty.drain().collect();
+                dirty
+                    .into_iter()
+                    .filter_map(|uid| {
+                        state
+                            .pods
+                            .get(&uid)
+                            .map(|e| (e.id.clone(), e.status.clone()))
+                    })
+                    .collect()
+            };
+            let this = &self;
+            let results: Vec<_> = futures::stream::iter(batch)
+                .map(|(id, status)| async move {
+                    let outcome = this.patch(&id, &status).await;
+                    (id, status, outcome)
+                })
+                .buffer_unordered(PARALLEL_PATCHES)
+                .collect()
+                .await;
+            let mut retry = false;
+            for (id, status, outcome) in results {
+                match outcome {
+                    Ok(()) => {
+                        if let Some(e) = self.lock().pods.get_mut(&id.uid) {
+                            e.sent = Some(status);
+                        }
+                    }
+                    Err(StatusError::Patch { source, .. }) if is_gone(&source) => {
+                        tracing::debug!(pod = %id, "pod gone before its status was sent");
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "status update failed; will retry");
+                        self.lock().dirty.insert(id.uid.clone());
+                        retry = true;
+                    }
+                }
+            }
+            if retry {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                self.notify.notify_one();
+            }
+        }
+    }
+}

@@ -1,0 +1,228 @@
+//! Errors of the volume manager: each names the pod (`namespace/name`, or its UID where only
+//! that is known) and the volume, so the pod worker can turn it into a `FailedMount` event.
+
+use std::io;
+use std::path::PathBuf;
+
+/// A volume that could not be set up or torn down.
+#[derive(Debug, thiserror::Error)]
+pub enum VolumeError {
+    /// The volume's type is not one this agent supports (persistentVolumeClaim, csi, nfs, ...).
+    /// Retrying does not help: the pod spec is immutable.
+    #[error("pod {pod}: volume {volume:?}: volume type {kind} is not supported by this node")]
+    Unsupported {
+        /// The pod, `namespace/name`.
+        pod: String,
+        /// The volume's name in the pod spec.
+        volume: String,
+        /// The volume source as the API names it (`persistentVolumeClaim`, `csi`, ...).
+        kind: String,
+    },
+    /// A secret or config map the volume needs does not exist, and the volume does not
+    /// mark it optional. The worker retries with back-off: it may be created later.
+    #[error("pod {pod}: volume {volume:?}: {kind} {name:?} not found")]
+    NotFound {
+        /// The pod, `namespace/name`.
+        pod: String,
+        /// The volume's name in the pod spec.
+        volume: String,
+        /// `secret` or `configmap`.
+        kind: &'static str,
+        /// The object's name.
+        name: String,
+    },
+    /// An item names a key the secret or config map does not have, and the source is not
+    /// optional.
+    #[error("pod {pod}: volume {volume:?}: {kind} {name:?} has no key {key:?}")]
+    MissingKey {
+        /// The pod, `namespace/name`.
+        pod: String,
+        /// The volume's name in the pod spec.
+        volume: String,
+        /// `secret` or `configmap`.
+        kind: &'static str,
+        /// The object's name.
+        name: String,
+        /// The missing key.
+        key: String,
+    },
+    /// Reading a secret or config map from the API failed (other than "not found"); a
+    /// `403` usually means the Node authorizer does not (yet) see the pod on this node.
+    #[error("pod {pod}: volume {volume:?}: getting {kind} {name:?}: {source}")]
+    Api {
+        /// The pod, `namespace/name`.
+        pod: String,
+        /// The volume's name in the pod spec.
+        volume: String,
+        /// `secret` or `configmap`.
+        kind: &'static str,
+        /// The object's name.
+        name: String,
+        /// The client's error.
+        #[source]
+        source: Box<kube::Error>,
+    },
+    /// The TokenRequest for a projected service account token failed.
+    #[error(
+        "pod {pod}: volume {volume:?}: requesting a token for service account {service_account:?}: {source}"
+    )]
+    TokenRequest {
+        /// The pod, `namespace/name`.
+        pod: String,
+        /// The volume's name in the pod spec.
+        volume: String,
+        /// The pod's service account.
+        service_account: String,
+        /// The client's error.
+        #[source]
+        source: Box<kube::Error>,
+    },
+    /// The volume's spec cannot be carried out as written (a bad item path or mode, an
+    /// unsupported downward API field, a missing secret name, ...).
+    #[error("pod {pod}: volume {volume:?}: {reason}")]
+    InvalidSpec {
+        /// The pod, `namespace/name`.
+        pod: String,
+        /// The volume's name in the pod spec.
+        volume: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A hostPath volume's path is not of the `type` the spec demands.
+    #[error("pod {pod}: volume {volume:?}: hostPath {path:?} is not a {expected}: {reason}")]
+    HostPathType {
+        /// The pod, `namespace/name`.
+        pod: String,
+        /// The volume's name in the pod spec.
+        volume: String,
+        /// The host path.
+        path: PathBuf,
+        /// The hostPath `type`.
+        expected: String,
+        /// What was found instead.
+        reason: String,
+    },
+    /// A volumeMount's subPath cannot be used.
+    #[error("pod {pod}: volumeMount of volume {volume:?} at {mount_path:?}: {reason}")]
+    SubPath {
+        /// The pod, `namespace/name`.
+        pod: String,
+        /// The volume the mount names.
+        volume: String,
+        /// The mount's path in the container.
+        mount_path: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A volumeMount names a volume the pod does not have.
+    #[error(
+        "pod {pod}: volumeMount at {mount_path:?} names volume {volume:?}, which the pod does not have"
+    )]
+    UnknownVolume {
+        /// The pod, `namespace/name`.
+        pod: String,
+        /// The volume the mount names.
+        volume: String,
+        /// The mount's path in the container.
+        mount_path: String,
+    },
+    /// The pod object cannot be used (no UID, or a UID that is not a plain path segment).
+    #[error("pod {pod}: {reason}")]
+    InvalidPod {
+        /// The pod, `namespace/name` or its UID.
+        pod: String,
+        /// What is wrong.
+        reason: &'static str,
+    },
+    /// A file system or mount operation failed while setting up a volume.
+    #[error("pod {pod}: volume {volume:?}: {action} {path}: {source}")]
+    Io {
+        /// The pod, `namespace/name`.
+        pod: String,
+        /// The volume's name in the pod spec.
+        volume: String,
+        /// What was being done, e.g. `mounting tmpfs on`.
+        action: &'static str,
+        /// The path it was done to.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// The directory of pod directories could not be read while looking for orphans.
+    #[error("reading the pods directory {path}: {source}")]
+    ReadPodsDir {
+        /// `<root_dir>/pods`.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// A file system or mount operation failed while tearing down a pod's volumes.
+    #[error("pod uid {pod_uid}: tearing down volumes: {action} {path}: {source}")]
+    Teardown {
+        /// The pod's UID.
+        pod_uid: String,
+        /// What was being done, e.g. `unmounting`.
+        action: &'static str,
+        /// The path it was done to.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Result of a volume operation.
+pub type Result<T, E = VolumeError> = std::result::Result<T, E>;
+
+/// A failed file system step, before the pod and volume are attached to it.
+#[derive(Debug)]
+pub(super) struct FsError {
+    pub(super) action: &'static str,
+    pub(super) path: PathBuf,
+    pub(super) source: io::Error,
+}
+
+impl FsError {
+    /// A closure for `map_err` that records `action` on `path`.
+    pub(super) fn at(
+        action: &'static str,
+        path: impl Into<PathBuf>,
+    ) -> impl FnOnce(io::Error) -> Self {
+        let path = path.into();
+        move |source| Self {
+            action,
+            path,
+            source,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_name_pod_volume_and_object() {
+        let err = VolumeError::NotFound {
+            pod: "default/web".into(),
+            volume: "certs".into(),
+            kind: "secret",
+            name: "tls".into(),
+        };
+        assert_eq!(
+            err.to_string(),
+            r#"pod default/web: volume "certs": secret "tls" not found"#
+        );
+        let err = VolumeError::Unsupported {
+            pod: "default/db".into(),
+            volume: "data".into(),
+            kind: "persistentVolumeClaim".into(),
+        };
+        assert_eq!(
+            err.to_string(),
+            r#"pod default/db: volume "data": volume type persistentVolumeClaim is not supported by this node"#
+        );
+    }
+}

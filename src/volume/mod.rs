@@ -1,0 +1,1022 @@
+//! The volume manager: a pod's volumes on the host, set up before its containers are
+//! created and torn down when it is gone (the kubelet's `volumemanager` and its in-tree
+//! plugins, simplified).
+//!
+//! Layout, as the kubelet's: `<root_dir>/pods/<uid>/volumes/<plugin dir>/<volume name>`,
+//! with plugin dirs `kubernetes.io~empty-dir`, `kubernetes.io~secret`,
+//! `kubernetes.io~configmap`, `kubernetes.io~projected` and `kubernetes.io~downward-api`.
+//! hostPath volumes are the host path itself.
+//!
+//! - emptyDir: a directory (mode 0777), or a tmpfs for `medium: Memory` (`sizeLimit` as
+//!   its size).
+//! - secret, downwardAPI, projected: a tmpfs, so secrets and tokens never reach the disk;
+//!   configMap: a directory. Their files are written by the kubelet's atomic writer
+//!   (`..<timestamp>` directory, `..data` symlink swapped by rename, user-visible names as
+//!   symlinks into `..data`) with the items' modes (`defaultMode` 0644). A repeated
+//!   [`VolumeManager::setup`] rewrites what changed; nothing watches the sources.
+//! - projected service account tokens come from the TokenRequest API, bound to the pod, and
+//!   are reused until 80 % of their lifetime.
+//!
+//! Every other volume type is refused with [`VolumeError::Unsupported`].
+//!
+//! The two boundaries are traits: [`VolumeApi`] (the API server; [`KubeVolumeApi`]) and
+//! [`Mounter`] (tmpfs mounts and the mount table; [`LinuxMounter`]). File system work runs
+//! on blocking threads, never on the async runtime.
+
+mod api;
+mod atomic_writer;
+mod downward_api;
+mod error;
+mod host_path;
+mod mounter;
+mod payload;
+mod quantity;
+#[cfg(test)]
+pub(crate) mod testing;
+mod token;
+
+use std::collections::{BTreeMap, HashSet};
+use std::fs;
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{
+    ConfigMapVolumeSource, EmptyDirVolumeSource, Pod, ProjectedVolumeSource, SecretVolumeSource,
+    ServiceAccountTokenProjection, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity as ApiQuantity;
+use tracing::Instrument;
+
+pub use api::{KubeVolumeApi, VolumeApi};
+pub use error::{Result, VolumeError};
+pub use mounter::{LinuxMounter, Mounter};
+
+use error::FsError;
+use payload::{FileProjection, KeyPayloadError, Payload};
+use quantity::Quantity;
+use token::{DEFAULT_EXPIRATION_SECONDS, TokenKey, TokenManager};
+
+/// The volume plugins, named by their directory under a pod's `volumes/`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Plugin {
+    EmptyDir,
+    Secret,
+    ConfigMap,
+    Projected,
+    DownwardApi,
+}
+
+impl Plugin {
+    fn dir(self) -> &'static str {
+        match self {
+            Self::EmptyDir => "kubernetes.io~empty-dir",
+            Self::Secret => "kubernetes.io~secret",
+            Self::ConfigMap => "kubernetes.io~configmap",
+            Self::Projected => "kubernetes.io~projected",
+            Self::DownwardApi => "kubernetes.io~downward-api",
+        }
+    }
+}
+
+/// Mode of the pod, `volumes` and plugin directories.
+const POD_DIR_MODE: u32 = 0o750;
+/// Mode of disk-backed volume directories (the kubelet's emptyDir `0777`).
+const VOLUME_DIR_MODE: u32 = 0o777;
+
+/// A host path to bind-mount into containers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostMount {
+    /// The path on the host.
+    pub host_path: PathBuf,
+    /// Mount it read-only. Secret, configMap, downwardAPI and projected volumes always are,
+    /// as with the kubelet; other volumes when the volumeMount says so.
+    pub read_only: bool,
+}
+
+/// A pod's volumes once set up: where each one is on the host.
+#[derive(Debug, Clone, Default)]
+pub struct PodVolumes {
+    /// The pod, `namespace/name`, for errors.
+    pod: String,
+    volumes: BTreeMap<String, HostMount>,
+}
+
+impl PodVolumes {
+    /// The host directory (or, for hostPath, file) of the volume named `volume_name`.
+    #[must_use]
+    pub fn host_path(&self, volume_name: &str) -> Option<&Path> {
+        self.volumes.get(volume_name).map(|v| v.host_path.as_path())
+    }
+
+    /// The volume named `volume_name`, with whether it is read-only by nature.
+    #[must_use]
+    pub fn get(&self, volume_name: &str) -> Option<&HostMount> {
+        self.volumes.get(volume_name)
+    }
+
+    /// The host path and read-only flag for a container's volumeMount. A `subPath` is
+    /// resolved inside the volume: it must be relative without `..`, is created as a
+    /// directory (with the volume's mode) when missing, and must not lead out of the volume
+    /// through a symlink. `subPathExpr` is not supported.
+    ///
+    /// # Errors
+    /// [`VolumeError::UnknownVolume`], [`VolumeError::SubPath`] or [`VolumeError::Io`].
+    pub async fn resolve_mount(&self, mount: &VolumeMount) -> Result<HostMount> {
+        let volume = self
+            .volumes
+            .get(&mount.name)
+            .ok_or_else(|| VolumeError::UnknownVolume {
+                pod: self.pod.clone(),
+                volume: mount.name.clone(),
+                mount_path: mount.mount_path.clone(),
+            })?;
+        let read_only = volume.read_only || mount.read_only.unwrap_or(false);
+        let sub_path_error = |reason: String| VolumeError::SubPath {
+            pod: self.pod.clone(),
+            volume: mount.name.clone(),
+            mount_path: mount.mount_path.clone(),
+            reason,
+        };
+        if mount
+            .sub_path_expr
+            .as_deref()
+            .is_some_and(|e| !e.is_empty())
+        {
+            return Err(sub_path_error(
+                "subPathExpr is not supported by this node".into(),
+            ));
+        }
+        let Some(sub_path) = mount.sub_path.as_deref().filter(|s| !s.is_empty()) else {
+            return Ok(HostMount {
+                host_path: volume.host_path.clone(),
+                read_only,
+            });
+        };
+        check_sub_path(sub_path).map_err(|why| sub_path_error(why.into()))?;
+        let root = volume.host_path.clone();
+        let sub_path = sub_path.to_owned();
+        let host_path = blocking(move || resolve_sub_path(&root, &sub_path))
+            .await
+            .map_err(|e| match e {
+                SubPathError::Escapes(path) => sub_path_error(format!(
+                    "subPath resolves to {}, outside the volume",
+                    path.display()
+                )),
+                SubPathError::Fs(e) => VolumeError::Io {
+                    pod: self.pod.clone(),
+                    volume: mount.name.clone(),
+                    action: e.action,
+                    path: e.path,
+                    source: e.source,
+                },
+            })?;
+        Ok(HostMount {
+            host_path,
+            read_only,
+        })
+    }
+}
+
+/// A subPath must be a relative path without `..` elements.
+fn check_sub_path(sub_path: &str) -> Result<(), &'static str> {
+    let path = Path::new(sub_path);
+    if path.is_absolute() {
+        return Err("subPath must be a relative path");
+    }
+    if path.components().any(|c| c == Component::ParentDir) {
+        return Err("subPath must not contain '..'");
+    }
+    Ok(())
+}
+
+#[derive(Debug)]
+enum SubPathError {
+    Escapes(PathBuf),
+    Fs(FsError),
+}
+
+impl From<FsError> for SubPathError {
+    fn from(e: FsError) -> Self {
+        Self::Fs(e)
+    }
+}
+
+/// `root/sub_path` with symlinks resolved, created as a directory first when missing.
+fn resolve_sub_path(root: &Path, sub_path: &str) -> Result<PathBuf, SubPathError> {
+    let root = fs::canonicalize(root).map_err(FsError::at("resolving", root))?;
+    let target = root.join(sub_path);
+    if let Err(e) = fs::symlink_metadata(&target) {
+        if e.kind() != io::ErrorKind::NotFound {
+            return Err(FsError::at("inspecting", &target)(e).into());
+        }
+        let mode = fs::metadata(&root)
+            .map_err(FsError::at("inspecting", &root))?
+            .permissions()
+            .mode()
+            & 0o7777;
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(mode)
+            .create(&target)
+            .map_err(FsError::at("creating the subPath", &target))?;
+        fs::set_permissions(&target, fs::Permissions::from_mode(mode))
+            .map_err(FsError::at("setting the mode of", &target))?;
+    }
+    let resolved = fs::canonicalize(&target).map_err(FsError::at("resolving", &target))?;
+    if resolved.starts_with(&root) {
+        Ok(resolved)
+    } else {
+        Err(SubPathError::Escapes(resolved))
+    }
+}
+
+/// Sets up and tears down the volumes of the pods of this node. Share one per node
+/// (behind an `Arc`): it caches service account tokens across pods.
+pub struct VolumeManager<A = KubeVolumeApi, M = LinuxMounter> {
+    root_dir: PathBuf,
+    api: A,
+    mounter: Arc<M>,
+    allocatable: BTreeMap<String, ApiQuantity>,
+    tokens: TokenManager,
+}
+
+impl<A, M> std::fmt::Debug for VolumeManager<A, M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VolumeManager")
+            .field("root_dir", &self.root_dir)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One pod as the volume manager uses it.
+struct PodRef<'a> {
+    pod: &'a Pod,
+    /// `namespace/name`.
+    key: String,
+    namespace: &'a str,
+    name: &'a str,
+    uid: &'a str,
+}
+
+impl<'a> PodRef<'a> {
+    fn new(pod: &'a Pod) -> Result<Self> {
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+        let name = pod.metadata.name.as_deref().unwrap_or_default();
+        let key = format!("{namespace}/{name}");
+        let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+        check_uid(uid).map_err(|reason| VolumeError::InvalidPod {
+            pod: key.clone(),
+            reason,
+        })?;
+        Ok(Self {
+            pod,
+            key,
+            namespace,
+            name,
+            uid,
+        })
+    }
+
+    fn invalid(&self, volume: &str, reason: impl Into<String>) -> VolumeError {
+        VolumeError::InvalidSpec {
+            pod: self.key.clone(),
+            volume: volume.to_owned(),
+            reason: reason.into(),
+        }
+    }
+
+    /// The service account the pod runs as (`default` when unset).
+    fn service_account(&self) -> &'a str {
+        self.pod
+            .spec
+            .as_ref()
+            .and_then(|s| {
+                s.service_account_name
+                    .as_deref()
+                    .or(s.service_account.as_deref())
+            })
+            .filter(|s| !s.is_empty())
+            .unwrap_or("default")
+    }
+}
+
+/// A pod UID must be usable as one path element.
+fn check_uid(uid: &str) -> Result<(), &'static str> {
+    if uid.is_empty() {
+        Err("the pod has no UID")
+    } else if matches!(uid, "." | "..") || uid.contains(['/', '\0']) {
+        Err("the pod UID is not a plain path element")
+    } else {
+        Ok(())
+    }
+}
+
+/// Where a directory volume's data lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Medium {
+    Disk,
+    Memory { size_bytes: Option<u64> },
+}
+
+/// A directory volume to make, once everything it needs from the API is known.
+struct DirVolume {
+    plugin: Plugin,
+    medium: Medium,
+    /// The files to write (secret, configMap, downwardAPI, projected).
+    payload: Option<Payload>,
+}
+
+impl<A: VolumeApi, M: Mounter> VolumeManager<A, M> {
+    /// A manager keeping pod directories under `root_dir` (the kubelet's `--root-dir`).
+    #[must_use]
+    pub fn new(root_dir: impl Into<PathBuf>, api: A, mounter: M) -> Self {
+        Self {
+            root_dir: root_dir.into(),
+            api,
+            mounter: Arc::new(mounter),
+            allocatable: BTreeMap::new(),
+            tokens: TokenManager::default(),
+        }
+    }
+
+    /// The node's allocatable resources (`Node.status.allocatable`): downward API volumes
+    /// report them for `limits.cpu`, `limits.memory` and `limits.ephemeral-storage` of a
+    /// container that sets no such limit, as the kubelet does. Without them, such a file is
+    /// an error.
+    #[must_use]
+    pub fn with_node_allocatable(mut self, allocatable: BTreeMap<String, ApiQuantity>) -> Self {
+        self.allocatable = allocatable;
+        self
+    }
+
+    /// `<root_dir>/pods/<pod_uid>`: the pod's directory.
+    #[must_use]
+    pub fn pod_dir(&self, pod_uid: &str) -> PathBuf {
+        self.root_dir.join("pods").join(pod_uid)
+    }
+
+    fn volume_dir(&self, pod_uid: &str, plugin: Plugin, volume: &str) -> PathBuf {
+        self.pod_dir(pod_uid)
+            .join("volumes")
+            .join(plugin.dir())
+            .join(volume)
+    }
+
+    /// Sets up every volume of `pod` and tells where each one is on the host. Idempotent:
+    /// a volume already set up is reused (its files rewritten if their source changed), so
+    /// the worker may call it on every sync and after an agent restart.
+    ///
+    /// # Errors
+    /// The first volume that cannot be set up: [`VolumeError::Unsupported`] for a volume
+    /// type this node does not support, [`VolumeError::NotFound`] for a missing, non-optional
+    /// secret or config map (retry with back-off), and others naming pod and volume.
+    pub async fn setup(&self, pod: &Pod) -> Result<PodVolumes> {
+        let p = PodRef::new(pod)?;
+        let span = tracing::info_span!("volumes_setup", pod = %p.key, pod_uid = %p.uid);
+        async {
+            let mut volumes = BTreeMap::new();
+            for volume in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()) {
+                let mount = self.setup_volume(&p, volume).await?;
+                tracing::debug!(
+                    volume = %volume.name,
+                    path = %mount.host_path.display(),
+                    "volume set up"
+                );
+                volumes.insert(volume.name.clone(), mount);
+            }
+            Ok(PodVolumes {
+                pod: p.key.clone(),
+                volumes,
+            })
+        }
+        .instrument(span)
+        .await
+    }
+
+    async fn setup_volume(&self, p: &PodRef<'_>, volume: &Volume) -> Result<HostMount> {
+        let name = volume.name.as_str();
+        if check_uid(name).is_err() || name.starts_with("..") {
+            return Err(p.invalid(name, "the volume name is not a plain path element"));
+        }
+        if let Some(source) = &volume.host_path {
+            return self
+                .setup_host_path(p, name, &source.path, source.type_.clone())
+                .await;
+        }
+        let plan = if let Some(source) = &volume.empty_dir {
+            empty_dir(p, name, source)?
+        } else if let Some(source) = &volume.secret {
+            self.secret_volume(p, name, source).await?
+        } else if let Some(source) = &volume.config_map {
+            self.config_map_volume(p, name, source).await?
+        } else if let Some(source) = &volume.downward_api {
+            let mode =
+                payload::default_mode(source.default_mode).map_err(|e| p.invalid(name, e))?;
+            let items = source.items.as_deref().unwrap_or_default();
+            let files = downward_api::render(p.pod, items, mode, &self.allocatable)
+                .map_err(|e| p.invalid(name, e))?;
+            DirVolume {
+                plugin: Plugin::DownwardApi,
+                medium: Medium::Memory { size_bytes: None },
+                payload: Some(files),
+            }
+        } else if let Some(source) = &volume.projected {
+            self.projected_volume(p, name, source).await?
+        } else {
+            return Err(VolumeError::Unsupported {
+                pod: p.key.clone(),
+                volume: name.to_owned(),
+                kind: volume_kind(volume),
+            });
+        };
+        let dir = self.volume_dir(p.uid, plan.plugin, name);
+        let read_only = plan.plugin != Plugin::EmptyDir;
+        let mounter = Arc::clone(&self.mounter);
+        let host_path = blocking(move || make_dir_volume(&*mounter, &dir, &plan).map(|()| dir))
+            .await
+            .map_err(|e| VolumeError::Io {
+                pod: p.key.clone(),
+                volume: name.to_owned(),
+                action: e.action,
+                path: e.path,
+                source: e.source,
+            })?;
+        Ok(HostMount {
+            host_path,
+            read_only,
+        })
+    }
+
+    async fn setup_host_path(
+        &self,
+        p: &PodRef<'_>,
+        name: &str,
+        path: &str,
+        kind: Option<String>,
+    ) -> Result<HostMount> {
+        let host_path = PathBuf::from(path);
+        if !host_path.is_absolute() {
+            return Err(p.invalid(name, format!("hostPath {path:?} is not absolute")));
+        }
+        let checked = host_path.clone();
+        let expected = kind.clone().unwrap_or_default();
+        let outcome =
+            blocking(move || Ok::<_, FsError>(host_path::check_type(&checked, kind.as_deref())))
+                .await
+                .map_err(|e| VolumeError::Io {
+                    pod: p.key.clone(),
+                    volume: name.to_owned(),
+                    action: e.action,
+                    path: e.path,
+                    source: e.source,
+                })?;
+        outcome.map_err(|e| match e {
+            host_path::TypeError::UnknownType => {
+                p.invalid(name, format!("unknown hostPath type {expected:?}"))
+            }
+            host_path::TypeError::Mismatch(reason) => VolumeError::HostPathType {
+                pod: p.key.clone(),
+                volume: name.to_owned(),
+                path: host_path.clone(),
+                expected,
+                reason,
+            },
+        })?;
+        Ok(HostMount {
+            host_path,
+            read_only: false,
+        })
+    }
+
+    async fn secret_volume(
+        &self,
+        p: &PodRef<'_>,
+        volume: &str,
+        source: &SecretVolumeSource,
+    ) -> Result<DirVolume> {
+        let name = source
+            .secret_name
+            .as_deref()
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| p.invalid(volume, "secret volume without secretName"))?;
+        let mode = payload::default_mode(source.default_mode).map_err(|e| p.invalid(volume, e))?;
+        let files = self
+            .secret_files(
+                p,
+                volume,
+                name,
+                source.items.as_deref().unwrap_or_default(),
+                mode,
+                source.optional.unwrap_or(false),
+            )
+            .await?;
+        Ok(DirVolume {
+            plugin: Plugin::Secret,
+            medium: Medium::Memory { size_bytes: None },
+            payload: Some(files),
+        })
+    }
+
+    async fn config_map_volume(
+        &self,
+        p: &PodRef<'_>,
+        volume: &str,
+        source: &ConfigMapVolumeSource,
+    ) -> Result<DirVolume> {
+        let mode = payload::default_mode(source.default_mode).map_err(|e| p.invalid(volume, e))?;
+        let files = self
+            .config_map_files(
+                p,
+                volume,
+                &source.name,
+                source.items.as_deref().unwrap_or_default(),
+                mode,
+                source.optional.unwrap_or(false),
+            )
+            .await?;
+        Ok(DirVolume {
+            plugin: Plugin::ConfigMap,
+            medium: Medium::Disk,
+            payload: Some(files),
+        })
+    }
+
+    async fn projected_volume(
+        &self,
+        p: &PodRef<'_>,
+        volume: &str,
+        source: &ProjectedVolumeSource,
+    ) -> Result<DirVolume> {
+        let mode = payload::default_mode(source.default_mode).map_err(|e| p.invalid(volume, e))?;
+        let mut files = Payload::new();
+        for projection in source.sources.iter().flatten() {
+            // Later sources win on a path clash, as in the kubelet.
+            if let Some(s) = &projection.secret {
+                let items = s.items.as_deref().unwrap_or_default();
+                let optional = s.optional.unwrap_or(false);
+                files.extend(
+                    self.secret_files(p, volume, &s.name, items, mode, optional)
+                        .await?,
+                );
+            } else if let Some(c) = &projection.config_map {
+                let items = c.items.as_deref().unwrap_or_default();
+                let optional = c.optional.unwrap_or(false);
+                files.extend(
+                    self.config_map_files(p, volume, &c.name, items, mode, optional)
+                        .await?,
+                );
+            } else if let Some(d) = &projection.downward_api {
+                let items = d.items.as_deref().unwrap_or_default();
+                files.extend(
+                    downward_api::render(p.pod, items, mode, &self.allocatable)
+                        .map_err(|e| p.invalid(volume, e))?,
+                );
+            } else if let Some(t) = &projection.service_account_token {
+                let (path, file) = self.token_file(p, volume, t, mode).await?;
+                files.insert(path, file);
+            } else {
+                let kind = if projection.cluster_trust_bundle.is_some() {
+                    "projected clusterTrustBundle"
+                } else {
+                    "projected source of an unknown kind"
+                };
+                return Err(VolumeError::Unsupported {
+                    pod: p.key.clone(),
+                    volume: volume.to_owned(),
+                    kind: kind.into(),
+                });
+            }
+        }
+        Ok(DirVolume {
+            plugin: Plugin::Projected,
+            medium: Medium::Memory { size_bytes: None },
+            payload: Some(files),
+        })
+    }
+
+    async fn token_file(
+        &self,
+        p: &PodRef<'_>,
+        volume: &str,
+        projection: &ServiceAccountTokenProjection,
+        mode: u32,
+    ) -> Result<(String, FileProjection)> {
+        payload::validate_path(&projection.path).map_err(|e| p.invalid(volume, e))?;
+        let key = TokenKey {
+            namespace: p.namespace.to_owned(),
+            service_account: p.service_account().to_owned(),
+            audience: projection.audience.clone().filter(|a| !a.is_empty()),
+            expiration_seconds: projection
+                .expiration_seconds
+                .unwrap_or(DEFAULT_EXPIRATION_SECONDS),
+            pod_name: p.name.to_owned(),
+            pod_uid: p.uid.to_owned(),
+        };
+        let token = self.tokens.token(&self.api, &key).await.map_err(|source| {
+            VolumeError::TokenRequest {
+                pod: p.key.clone(),
+                volume: volume.to_owned(),
+                service_account: key.service_account.clone(),
+                source: Box::new(source),
+            }
+        })?;
+        Ok((
+            projection.path.clone(),
+            FileProjection {
+                data: token.into_bytes(),
+                mode,
+            },
+        ))
+    }
+
+    async fn secret_files(
+        &self,
+        p: &PodRef<'_>,
+        volume: &str,
+        name: &str,
+        items: &[k8s_openapi::api::core::v1::KeyToPath],
+        mode: u32,
+        optional: bool,
+    ) -> Result<Payload> {
+        const KIND: &str = "secret";
+        let secret = self
+            .api
+            .get_secret(p.namespace, name)
+            .await
+            .map_err(|source| VolumeError::Api {
+                pod: p.key.clone(),
+                volume: volume.to_owned(),
+                kind: KIND,
+                name: name.to_owned(),
+                source: Box::new(source),
+            })?;
+        let Some(secret) = secret else {
+            return missing(p, volume, KIND, name, optional);
+        };
+        let data = secret
+            .data
+            .iter()
+            .flatten()
+            .map(|(k, v)| (k.as_str(), v.0.as_slice()))
+            .collect();
+        key_files(p, volume, KIND, name, &data, items, mode, optional)
+    }
+
+    async fn config_map_files(
+        &self,
+        p: &PodRef<'_>,
+        volume: &str,
+        name: &str,
+        items: &[k8s_openapi::api::core::v1::KeyToPath],
+        mode: u32,
+        optional: bool,
+    ) -> Result<Payload> {
+        const KIND: &str = "configmap";
+        let config_map = self
+            .api
+            .get_config_map(p.namespace, name)
+            .await
+            .map_err(|source| VolumeError::Api {
+                pod: p.key.clone(),
+                volume: volume.to_owned(),
+                kind: KIND,
+                name: name.to_owned(),
+                source: Box::new(source),
+            })?;
+        let Some(config_map) = config_map else {
+            return missing(p, volume, KIND, name, optional);
+        };
+        let text = config_map
+            .data
+            .iter()
+            .flatten()
+            .map(|(k, v)| (k.as_str(), v.as_bytes()));
+        let binary = config_map
+            .binary_data
+            .iter()
+            .flatten()
+            .map(|(k, v)| (k.as_str(), v.0.as_slice()));
+        let data = text.chain(binary).collect();
+        key_files(p, volume, KIND, name, &data, items, mode, optional)
+    }
+
+    /// Unmounts every mount under the pod's directory (also those an earlier agent run left),
+    /// then removes its `volumes` directory, and the pod directory when nothing else is in
+    /// it. Nothing is removed while anything under the pod directory is still mounted, and
+    /// removal never crosses into another file system. Safe to call again.
+    ///
+    /// # Errors
+    /// [`VolumeError::Teardown`] naming the step; the worker retries.
+    pub async fn teardown(&self, pod_uid: &str) -> Result<()> {
+        self.teardown_dir(pod_uid, false).await
+    }
+
+    /// Tears down, like [`teardown`](Self::teardown), every pod directory under
+    /// `<root_dir>/pods/` whose UID is not in `known_uids`, and removes the whole pod
+    /// directory. Call it once the pods of this node are known (after the first full list),
+    /// with the UIDs of all pods the agent still has. Returns the UIDs cleaned up.
+    ///
+    /// # Errors
+    /// [`VolumeError::ReadPodsDir`], or the first pod whose teardown failed (the others are
+    /// still attempted, and logged).
+    pub async fn cleanup_orphans(&self, known_uids: &HashSet<String>) -> Result<Vec<String>> {
+        let pods_dir = self.root_dir.join("pods");
+        let read_error = |source| VolumeError::ReadPodsDir {
+            path: pods_dir.clone(),
+            source,
+        };
+        let mut entries = match tokio::fs::read_dir(&pods_dir).await {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(read_error(e)),
+        };
+        let mut orphans = Vec::new();
+        while let Some(entry) = entries.next_entry().await.map_err(read_error)? {
+            let is_dir = entry.file_type().await.map_err(read_error)?.is_dir();
+            match entry.file_name().into_string() {
+                Ok(uid) if is_dir && check_uid(&uid).is_ok() && !known_uids.contains(&uid) => {
+                    orphans.push(uid);
+                }
+                _ => {}
+            }
+        }
+        let mut removed = Vec::new();
+        let mut first_error = None;
+        for uid in orphans {
+            match self.teardown_dir(&uid, true).await {
+                Ok(()) => removed.push(uid),
+                Err(e) => {
+                    tracing::warn!(pod_uid = %uid, error = %e, "cleaning up an orphaned pod directory");
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        first_error.map_or(Ok(removed), Err)
+    }
+
+    async fn teardown_dir(&self, pod_uid: &str, whole: bool) -> Result<()> {
+        check_uid(pod_uid).map_err(|reason| VolumeError::InvalidPod {
+            pod: pod_uid.to_owned(),
+            reason,
+        })?;
+        self.tokens.forget_pod(pod_uid);
+        let pod_dir = self.pod_dir(pod_uid);
+        let mounter = Arc::clone(&self.mounter);
+        let span = tracing::info_span!("volumes_teardown", pod_uid = %pod_uid);
+        blocking(move || teardown_pod_dir(&*mounter, &pod_dir, whole))
+            .instrument(span)
+            .await
+            .map_err(|e| VolumeError::Teardown {
+                pod_uid: pod_uid.to_owned(),
+                action: e.action,
+                path: e.path,
+                source: e.source,
+            })
+    }
+}
+
+fn missing(
+    p: &PodRef<'_>,
+    volume: &str,
+    kind: &'static str,
+    name: &str,
+    optional: bool,
+) -> Result<Payload> {
+    if optional {
+        return Ok(Payload::new());
+    }
+    Err(VolumeError::NotFound {
+        pod: p.key.clone(),
+        volume: volume.to_owned(),
+        kind,
+        name: name.to_owned(),
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn key_files(
+    p: &PodRef<'_>,
+    volume: &str,
+    kind: &'static str,
+    name: &str,
+    data: &BTreeMap<&str, &[u8]>,
+    items: &[k8s_openapi::api::core::v1::KeyToPath],
+    mode: u32,
+    optional: bool,
+) -> Result<Payload> {
+    payload::key_payload(data, items, mode, optional).map_err(|e| match e {
+        KeyPayloadError::MissingKey(key) => VolumeError::MissingKey {
+            pod: p.key.clone(),
+            volume: volume.to_owned(),
+            kind,
+            name: name.to_owned(),
+            key,
+        },
+        KeyPayloadError::Invalid(reason) => p.invalid(volume, format!("{kind} {name:?}: {reason}")),
+    })
+}
+
+fn empty_dir(p: &PodRef<'_>, volume: &str, source: &EmptyDirVolumeSource) -> Result<DirVolume> {
+    let medium = match source.medium.as_deref().unwrap_or_default() {
+        "" => Medium::Disk,
+        "Memory" => {
+            let size_bytes = source
+                .size_limit
+                .as_ref()
+                .map(|q| Quantity::parse(&q.0).map(Quantity::value))
+                .transpose()
+                .map_err(|e| p.invalid(volume, format!("sizeLimit: {e}")))?
+                // A zero limit means none: tmpfs reads size=0 as unlimited anyway.
+                .filter(|size| *size > 0)
+                .map(|size| u64::try_from(size).unwrap_or(u64::MAX));
+            Medium::Memory { size_bytes }
+        }
+        other => {
+            return Err(VolumeError::Unsupported {
+                pod: p.key.clone(),
+                volume: volume.to_owned(),
+                kind: format!("emptyDir with medium {other:?}"),
+            });
+        }
+    };
+    Ok(DirVolume {
+        plugin: Plugin::EmptyDir,
+        medium,
+        payload: None,
+    })
+}
+
+/// The API's name of a volume's source (`persistentVolumeClaim`, `csi`, ...): the key of
+/// its JSON form that is not `name`. Also names sources newer than this client's types do
+/// not know only as `unknown`.
+fn volume_kind(volume: &Volume) -> String {
+    serde_json::to_value(volume)
+        .ok()
+        .and_then(|v| {
+            v.as_object()?
+                .keys()
+                .find(|k| k.as_str() != "name")
+                .cloned()
+        })
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// Creates a directory volume: its directory, the tmpfs on it when memory-backed (unless
+/// already mounted), and its files.
+fn make_dir_volume<M: Mounter>(mounter: &M, dir: &Path, plan: &DirVolume) -> Result<(), FsError> {
+    if let Some(parent) = dir.parent() {
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(POD_DIR_MODE)
+            .create(parent)
+            .map_err(FsError::at("creating", parent))?;
+    }
+    match fs::DirBuilder::new().mode(POD_DIR_MODE).create(dir) {
+        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => {
+            return Err(FsError::at("creating", dir)(e));
+        }
+        _ => {}
+    }
+    match plan.medium {
+        Medium::Disk => {
+            fs::set_permissions(dir, fs::Permissions::from_mode(VOLUME_DIR_MODE))
+                .map_err(FsError::at("setting the mode of", dir))?;
+        }
+        Medium::Memory { size_bytes } => {
+            let canonical = fs::canonicalize(dir).map_err(FsError::at("resolving", dir))?;
+            let mounted = mounter
+                .mount_points()
+                .map_err(FsError::at("reading the mount table for", dir))?
+                .contains(&canonical);
+            if !mounted {
+                mounter
+                    .mount_tmpfs(dir, size_bytes)
+                    .map_err(FsError::at("mounting tmpfs on", dir))?;
+                tracing::debug!(path = %dir.display(), ?size_bytes, "mounted tmpfs");
+            }
+        }
+    }
+    if let Some(files) = &plan.payload
+        && atomic_writer::write(dir, files)?
+    {
+        tracing::debug!(path = %dir.display(), files = files.len(), "wrote volume files");
+    }
+    Ok(())
+}
+
+/// Unmounts everything under `pod_dir`, deepest first, then removes its `volumes`
+/// directory, and `pod_dir` itself (`whole`) or only if empty.
+fn teardown_pod_dir<M: Mounter>(mounter: &M, pod_dir: &Path, whole: bool) -> Result<(), FsError> {
+    let pod_dir = match fs::canonicalize(pod_dir) {
+        Ok(dir) => dir,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(FsError::at("resolving", pod_dir)(e)),
+    };
+    let mounts_under = || -> Result<Vec<PathBuf>, FsError> {
+        Ok(mounter
+            .mount_points()
+            .map_err(FsError::at("reading the mount table for", &pod_dir))?
+            .into_iter()
+            .filter(|m| m.starts_with(&pod_dir))
+            .collect())
+    };
+    let mut mounts = mounts_under()?;
+    mounts.sort_by_key(|m| std::cmp::Reverse(m.components().count()));
+    for mount in &mounts {
+        match mounter.unmount(mount) {
+            Ok(()) => tracing::debug!(path = %mount.display(), "unmounted"),
+            // Gone in the meantime: the check below tells.
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(nix::libc::EINVAL | nix::libc::ENOENT)
+                ) => {}
+            Err(e) => return Err(FsError::at("unmounting", mount)(e)),
+        }
+    }
+    if let Some(left) = mounts_under()?.into_iter().next() {
+        return Err(FsError::at("still mounted after unmounting:", left)(
+            nix::errno::Errno::EBUSY.into(),
+        ));
+    }
+    remove_all_one_filesystem(&pod_dir.join("volumes"))?;
+    if whole {
+        remove_all_one_filesystem(&pod_dir)?;
+    } else {
+        match fs::remove_dir(&pod_dir) {
+            Err(e)
+                if !matches!(
+                    e.kind(),
+                    io::ErrorKind::NotFound | io::ErrorKind::DirectoryNotEmpty
+                ) =>
+            {
+                return Err(FsError::at("removing", &pod_dir)(e));
+            }
+            _ => {}
+        }
+    }
+    tracing::info!(unmounted = mounts.len(), "pod volumes torn down");
+    Ok(())
+}
+
+/// Removes `path` and everything under it without following symlinks or entering another
+/// file system (the kubelet's `RemoveAllOneFilesystem`): a mount point that is somehow still
+/// there stops the removal instead of losing the mounted data.
+fn remove_all_one_filesystem(path: &Path) -> Result<(), FsError> {
+    let meta = match fs::symlink_metadata(path) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(FsError::at("inspecting", path)(e)),
+    };
+    if !meta.is_dir() {
+        return fs::remove_file(path).map_err(FsError::at("removing", path));
+    }
+    let device = meta.dev();
+    let mut stack = vec![(path.to_path_buf(), false)];
+    while let Some((dir, emptied)) = stack.pop() {
+        if emptied {
+            fs::remove_dir(&dir).map_err(FsError::at("removing", &dir))?;
+            continue;
+        }
+        stack.push((dir.clone(), true));
+        for entry in fs::read_dir(&dir).map_err(FsError::at("reading", &dir))? {
+            let entry = entry.map_err(FsError::at("reading", &dir))?;
+            let child = entry.path();
+            let meta = fs::symlink_metadata(&child).map_err(FsError::at("inspecting", &child))?;
+            if !meta.is_dir() {
+                fs::remove_file(&child).map_err(FsError::at("removing", &child))?;
+            } else if meta.dev() == device {
+                stack.push((child, false));
+            } else {
+                return Err(FsError::at(
+                    "refusing to remove another file system at",
+                    child,
+                )(nix::errno::Errno::EXDEV.into()));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs file system work on a blocking thread.
+async fn blocking<T, E>(work: impl FnOnce() -> Result<T, E> + Send + 'static) -> Result<T, E>
+where
+    T: Send + 'static,
+    E: From<FsError> + Send + 'static,
+{
+    // Keep the caller's span (pod, pod_uid) on what the work logs.
+    let span = tracing::Span::current();
+    match tokio::task::spawn_blocking(move || span.in_scope(work)).await {
+        Ok(outcome) => outcome,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(e) => Err(FsError::at("running file system work for", PathBuf::new())(
+            io::Error::other(e),
+        )
+        .into()),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,669 @@
+//! The volume manager against a fake API server and a recording mounter, in a temporary
+//! root directory: no root, no cluster.
+
+use std::collections::HashSet;
+use std::os::unix::fs::{MetadataExt, symlink};
+
+use k8s_openapi::api::core::v1::{Pod, VolumeMount};
+use serde_json::json;
+
+use super::testing::{FakeApi, FakeMounter, MountCall, TempDir};
+use super::*;
+
+const UID: &str = "5c1f-uid";
+
+fn pod(volumes: serde_json::Value) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": "web", "namespace": "shop", "uid": UID, "labels": {"app": "web"}},
+        "spec": {
+            "serviceAccountName": "builder",
+            "containers": [{
+                "name": "app",
+                "resources": {"limits": {"memory": "128Mi"}}
+            }],
+            "volumes": volumes,
+        }
+    }))
+    .expect("a valid pod")
+}
+
+fn api() -> FakeApi {
+    FakeApi::default()
+        .with_secret("shop", "db", &[("user", "admin"), ("pass", "s3cret")])
+        .with_secret(
+            "shop",
+            "default-token-x7k2p",
+            &[
+                ("token", "legacy-jwt"),
+                ("ca.crt", "CA"),
+                ("namespace", "shop"),
+            ],
+        )
+        .with_config_map(
+            "shop",
+            "settings",
+            &[("app.yaml", "x: 1")],
+            &[("logo.png", b"\x89PNG")],
+        )
+        .with_config_map("shop", "kube-root-ca.crt", &[("ca.crt", "CA")], &[])
+        .forbid("other-secret")
+}
+
+struct Fixture {
+    _tmp: TempDir,
+    /// The temporary root dir, resolved (as the mount table shows it).
+    root: PathBuf,
+    mounter: FakeMounter,
+    api: FakeApi,
+    manager: VolumeManager<FakeApi, FakeMounter>,
+}
+
+fn fixture() -> Fixture {
+    let tmp = TempDir::new("volumes");
+    let root = fs::canonicalize(tmp.path()).expect("canonical root");
+    let mounter = FakeMounter::default();
+    let api = api();
+    let manager = VolumeManager::new(&root, api.clone(), mounter.clone());
+    Fixture {
+        _tmp: tmp,
+        root,
+        mounter,
+        api,
+        manager,
+    }
+}
+
+impl Fixture {
+    fn volume_dir(&self, plugin: &str, name: &str) -> PathBuf {
+        self.root
+            .join("pods")
+            .join(UID)
+            .join("volumes")
+            .join(plugin)
+            .join(name)
+    }
+
+    fn tmpfs_mounts(&self) -> Vec<PathBuf> {
+        self.mounter
+            .calls()
+            .into_iter()
+            .filter_map(|c| match c {
+                MountCall::Tmpfs { target, .. } => Some(target),
+                MountCall::Unmount { .. } => None,
+            })
+            .collect()
+    }
+}
+
+fn read(path: &Path) -> String {
+    fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
+}
+
+fn mode(path: &Path) -> u32 {
+    fs::metadata(path).expect("stat").mode() & 0o7777
+}
+
+#[tokio::test]
+async fn volumes_are_laid_out_like_the_kubelet() {
+    let f = fixture();
+    let host = TempDir::new("hostpath");
+    let pod = pod(json!([
+        {"name": "scratch", "emptyDir": {}},
+        {"name": "cache", "emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"}},
+        {"name": "creds", "secret": {"secretName": "db"}},
+        {"name": "config", "configMap": {"name": "settings"}},
+        {"name": "info", "downwardAPI": {"items": [
+            {"path": "name", "fieldRef": {"fieldPath": "metadata.name"}}]}},
+        {"name": "kube-api-access-abcde", "projected": {"sources": [
+            {"configMap": {"name": "kube-root-ca.crt"}}]}},
+        {"name": "host", "hostPath": {"path": host.path().to_str().expect("utf-8")}},
+    ]));
+    let volumes = f.manager.setup(&pod).await.expect("setup");
+
+    for (name, plugin) in [
+        ("scratch", "kubernetes.io~empty-dir"),
+        ("cache", "kubernetes.io~empty-dir"),
+        ("creds", "kubernetes.io~secret"),
+        ("config", "kubernetes.io~configmap"),
+        ("info", "kubernetes.io~downward-api"),
+        ("kube-api-access-abcde", "kubernetes.io~projected"),
+    ] {
+        let dir = f.volume_dir(plugin, name);
+        assert_eq!(volumes.host_path(name), Some(dir.as_path()), "{name}");
+        assert!(dir.is_dir(), "{}", dir.display());
+    }
+    assert_eq!(volumes.host_path("host"), Some(host.path()));
+    assert_eq!(volumes.host_path("nope"), None);
+    assert_eq!(f.manager.pod_dir(UID), f.root.join("pods").join(UID));
+
+    // Memory-backed: the Memory emptyDir (with its size), secret, downwardAPI, projected.
+    assert_eq!(
+        f.mounter.calls(),
+        [
+            MountCall::Tmpfs {
+                target: f.volume_dir("kubernetes.io~empty-dir", "cache"),
+                size: Some(64 << 20)
+            },
+            MountCall::Tmpfs {
+                target: f.volume_dir("kubernetes.io~secret", "creds"),
+                size: None
+            },
+            MountCall::Tmpfs {
+                target: f.volume_dir("kubernetes.io~downward-api", "info"),
+                size: None
+            },
+            MountCall::Tmpfs {
+                target: f.volume_dir("kubernetes.io~projected", "kube-api-access-abcde"),
+                size: None
+            },
+        ]
+    );
+    assert_eq!(
+        mode(&f.volume_dir("kubernetes.io~empty-dir", "scratch")),
+        0o777
+    );
+    assert_eq!(
+        mode(&f.volume_dir("kubernetes.io~configmap", "config")),
+        0o777
+    );
+
+    // Read-only by nature: everything the agent writes; not emptyDir or hostPath.
+    let read_only = |name: &str| volumes.get(name).expect("volume").read_only;
+    assert!(!read_only("scratch") && !read_only("host"));
+    assert!(read_only("creds") && read_only("config") && read_only("info"));
+    assert!(read_only("kube-api-access-abcde"));
+
+    // Setting up again mounts nothing new and keeps the paths.
+    let again = f.manager.setup(&pod).await.expect("setup again");
+    assert_eq!(again.host_path("creds"), volumes.host_path("creds"));
+    assert_eq!(f.tmpfs_mounts().len(), 4);
+}
+
+#[tokio::test]
+async fn secret_items_modes_and_default_mode() {
+    let f = fixture();
+    let pod = pod(json!([
+        {"name": "all", "secret": {"secretName": "db", "defaultMode": 0o400}},
+        {"name": "some", "secret": {"secretName": "db", "items": [
+            {"key": "user", "path": "conf/username", "mode": 0o600},
+            {"key": "pass", "path": "password"}]}},
+        {"name": "default-token-x7k2p", "secret": {"secretName": "default-token-x7k2p"}},
+    ]));
+    f.manager.setup(&pod).await.expect("setup");
+
+    let all = f.volume_dir("kubernetes.io~secret", "all");
+    assert_eq!(read(&all.join("user")), "admin");
+    assert_eq!(read(&all.join("pass")), "s3cret");
+    assert_eq!(mode(&all.join("user")), 0o400);
+    assert_eq!(
+        fs::read_link(all.join("user")).expect("symlink"),
+        Path::new("..data/user")
+    );
+
+    let some = f.volume_dir("kubernetes.io~secret", "some");
+    assert_eq!(read(&some.join("conf/username")), "admin");
+    assert_eq!(mode(&some.join("conf/username")), 0o600);
+    assert_eq!(read(&some.join("password")), "s3cret");
+    assert_eq!(mode(&some.join("password")), 0o644);
+    assert!(!some.join("user").exists());
+
+    // The service account token volume of a v1.20 pod is a plain secret volume.
+    let legacy = f.volume_dir("kubernetes.io~secret", "default-token-x7k2p");
+    assert_eq!(read(&legacy.join("token")), "legacy-jwt");
+    assert_eq!(read(&legacy.join("namespace")), "shop");
+    assert_eq!(mode(&legacy.join("ca.crt")), 0o644);
+}
+
+#[tokio::test]
+async fn config_maps_hold_data_and_binary_data() {
+    let f = fixture();
+    let pod = pod(json!([
+        {"name": "all", "configMap": {"name": "settings"}},
+        {"name": "logo", "configMap": {"name": "settings", "defaultMode": 0o440,
+            "items": [{"key": "logo.png", "path": "img/logo.png"}]}},
+    ]));
+    f.manager.setup(&pod).await.expect("setup");
+    let all = f.volume_dir("kubernetes.io~configmap", "all");
+    assert_eq!(read(&all.join("app.yaml")), "x: 1");
+    assert_eq!(fs::read(all.join("logo.png")).expect("read"), b"\x89PNG");
+    let logo = f
+        .volume_dir("kubernetes.io~configmap", "logo")
+        .join("img/logo.png");
+    assert_eq!(fs::read(&logo).expect("read"), b"\x89PNG");
+    assert_eq!(mode(&logo), 0o440);
+    assert!(f.tmpfs_mounts().is_empty(), "config maps live on disk");
+}
+
+#[tokio::test]
+async fn optional_sources_may_be_missing_and_required_ones_may_not() {
+    let f = fixture();
+    let optional = pod(json!([
+        {"name": "maybe", "secret": {"secretName": "absent", "optional": true}},
+        {"name": "maybe-cm", "configMap": {"name": "absent", "optional": true}},
+        {"name": "partial", "secret": {"secretName": "db", "optional": true,
+            "items": [{"key": "user", "path": "u"}, {"key": "token", "path": "t"}]}},
+    ]));
+    let volumes = f.manager.setup(&optional).await.expect("setup");
+    let maybe = volumes.host_path("maybe").expect("volume");
+    assert!(maybe.join(atomic_writer::DATA_DIR).is_dir());
+    assert_eq!(
+        fs::read_dir(maybe).expect("read").count(),
+        2,
+        "..data and its target only"
+    );
+    let partial = volumes.host_path("partial").expect("volume");
+    assert_eq!(read(&partial.join("u")), "admin");
+    assert!(!partial.join("t").exists());
+
+    let required = pod(json!([{"name": "creds", "secret": {"secretName": "absent"}}]));
+    match f.manager.setup(&required).await {
+        Err(VolumeError::NotFound {
+            pod,
+            volume,
+            kind,
+            name,
+        }) => {
+            assert_eq!((pod.as_str(), volume.as_str()), ("shop/web", "creds"));
+            assert_eq!((kind, name.as_str()), ("secret", "absent"));
+        }
+        other => panic!("expected NotFound, got {other:?}"),
+    }
+    let required_cm = pod(json!([{"name": "cfg", "configMap": {"name": "absent"}}]));
+    assert!(matches!(
+        f.manager.setup(&required_cm).await,
+        Err(VolumeError::NotFound {
+            kind: "configmap",
+            ..
+        })
+    ));
+    let missing_key = pod(json!([{"name": "creds", "secret": {"secretName": "db",
+        "items": [{"key": "token", "path": "t"}]}}]));
+    match f.manager.setup(&missing_key).await {
+        Err(VolumeError::MissingKey { key, name, .. }) => {
+            assert_eq!((key.as_str(), name.as_str()), ("token", "db"));
+        }
+        other => panic!("expected MissingKey, got {other:?}"),
+    }
+    // A secret that is missing mounts no tmpfs: it is looked up first.
+    assert!(
+        !f.tmpfs_mounts()
+            .contains(&f.volume_dir("kubernetes.io~secret", "creds"))
+    );
+}
+
+#[tokio::test]
+async fn a_forbidden_secret_is_an_api_error() {
+    let f = fixture();
+    let pod = pod(json!([{"name": "x", "secret": {"secretName": "other-secret"}}]));
+    match f.manager.setup(&pod).await {
+        Err(VolumeError::Api {
+            kind: "secret",
+            name,
+            source,
+            ..
+        }) => {
+            assert_eq!(name, "other-secret");
+            assert!(matches!(*source, kube::Error::Api(status) if status.code == 403));
+        }
+        other => panic!("expected a 403, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn downward_api_volumes_render_metadata_and_resources() {
+    let fixture = fixture();
+    let f = VolumeManager::new(&fixture.root, fixture.api.clone(), FakeMounter::default())
+        .with_node_allocatable([("cpu".to_owned(), ApiQuantity("4".into()))].into());
+    let info = pod(
+        json!([{"name": "info", "downwardAPI": {"defaultMode": 0o444, "items": [
+            {"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}},
+            {"path": "uid", "fieldRef": {"fieldPath": "metadata.uid"}, "mode": 0o400},
+            {"path": "mem", "resourceFieldRef": {"containerName": "app",
+                "resource": "limits.memory", "divisor": "1Mi"}},
+            {"path": "cpu", "resourceFieldRef": {"containerName": "app", "resource": "limits.cpu"}},
+        ]}}]),
+    );
+    let volumes = f.setup(&info).await.expect("setup");
+    let dir = volumes.host_path("info").expect("volume");
+    assert_eq!(read(&dir.join("labels")), "app=\"web\"");
+    assert_eq!(read(&dir.join("uid")), UID);
+    assert_eq!(mode(&dir.join("uid")), 0o400);
+    assert_eq!(read(&dir.join("mem")), "128");
+    assert_eq!(mode(&dir.join("mem")), 0o444);
+    assert_eq!(
+        read(&dir.join("cpu")),
+        "4",
+        "no limit: the node's allocatable"
+    );
+
+    let bad = pod(json!([{"name": "info", "downwardAPI": {"items": [
+        {"path": "ip", "fieldRef": {"fieldPath": "status.podIP"}}]}}]));
+    match f.setup(&bad).await {
+        Err(VolumeError::InvalidSpec { volume, reason, .. }) => {
+            assert_eq!(volume, "info");
+            assert!(reason.contains("status.podIP"), "{reason}");
+        }
+        other => panic!("expected InvalidSpec, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn projected_volumes_merge_all_sources_and_a_bound_token() {
+    let f = fixture();
+    let pod = pod(json!([{"name": "kube-api-access-abcde", "projected": {
+    "defaultMode": 0o420,
+    "sources": [
+        {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}},
+        {"serviceAccountToken": {"path": "vault-token", "audience": "vault"}},
+        {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+        {"downwardAPI": {"items": [{"path": "namespace",
+            "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}},
+        {"secret": {"name": "db", "items": [{"key": "user", "path": "db/user", "mode": 0o400}]}},
+        {"secret": {"name": "absent", "optional": true}},
+    ]}}]));
+    let volumes = f.manager.setup(&pod).await.expect("setup");
+    let dir = volumes.host_path("kube-api-access-abcde").expect("volume");
+    assert_eq!(read(&dir.join("token")), "token-1-builder");
+    assert_eq!(read(&dir.join("vault-token")), "token-2-builder");
+    assert_eq!(read(&dir.join("ca.crt")), "CA");
+    assert_eq!(read(&dir.join("namespace")), "shop");
+    assert_eq!(read(&dir.join("db/user")), "admin");
+    for file in ["token", "vault-token", "ca.crt", "namespace"] {
+        assert_eq!(mode(&dir.join(file)), 0o420, "{file}");
+    }
+    assert_eq!(mode(&dir.join("db/user")), 0o400);
+
+    let requests = f.api.token_requests();
+    assert_eq!(requests.len(), 2);
+    let (namespace, service_account, request) = &requests[0];
+    assert_eq!(
+        (namespace.as_str(), service_account.as_str()),
+        ("shop", "builder")
+    );
+    assert!(
+        request.spec.audiences.is_empty(),
+        "the API server's audience"
+    );
+    assert_eq!(request.spec.expiration_seconds, Some(3607));
+    let bound = request.spec.bound_object_ref.as_ref().expect("bound");
+    assert_eq!(bound.kind.as_deref(), Some("Pod"));
+    assert_eq!(bound.name.as_deref(), Some("web"));
+    assert_eq!(bound.uid.as_deref(), Some(UID));
+    let (_, _, vault) = &requests[1];
+    assert_eq!(vault.spec.audiences, ["vault"]);
+    assert_eq!(vault.spec.expiration_seconds, Some(3600));
+
+    // A resync reuses the tokens; after teardown the pod's tokens are forgotten.
+    f.manager.setup(&pod).await.expect("setup again");
+    assert_eq!(f.api.token_requests().len(), 2);
+    f.manager.teardown(UID).await.expect("teardown");
+    f.manager.setup(&pod).await.expect("setup after teardown");
+    assert_eq!(f.api.token_requests().len(), 4);
+}
+
+#[tokio::test]
+async fn unsupported_volume_types_are_named() {
+    let f = fixture();
+    for (source, kind) in [
+        (
+            json!({"persistentVolumeClaim": {"claimName": "data"}}),
+            "persistentVolumeClaim",
+        ),
+        (json!({"csi": {"driver": "x"}}), "csi"),
+        (json!({"nfs": {"server": "s", "path": "/"}}), "nfs"),
+        (
+            json!({"emptyDir": {"medium": "HugePages"}}),
+            "emptyDir with medium \"HugePages\"",
+        ),
+        (
+            json!({"projected": {"sources": [{"clusterTrustBundle": {"path": "b", "name": "x"}}]}}),
+            "projected clusterTrustBundle",
+        ),
+        (json!({}), "unknown"),
+    ] {
+        let mut volume = source;
+        volume["name"] = json!("data");
+        match f.manager.setup(&pod(json!([volume]))).await {
+            Err(VolumeError::Unsupported {
+                pod,
+                volume,
+                kind: got,
+            }) => {
+                assert_eq!((pod.as_str(), volume.as_str()), ("shop/web", "data"));
+                assert_eq!(got, kind);
+            }
+            other => panic!("expected Unsupported for {kind}, got {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn host_path_types_are_enforced() {
+    let f = fixture();
+    let host = TempDir::new("hostpath");
+    let made = host.path().join("made");
+    let pod_with = |path: &Path, kind: &str| {
+        pod(json!([{"name": "h", "hostPath": {"path": path, "type": kind}}]))
+    };
+    let volumes = f
+        .manager
+        .setup(&pod_with(&made, "DirectoryOrCreate"))
+        .await
+        .expect("setup");
+    assert_eq!(volumes.host_path("h"), Some(made.as_path()));
+    assert!(made.is_dir());
+    match f.manager.setup(&pod_with(&made, "File")).await {
+        Err(VolumeError::HostPathType { expected, .. }) => assert_eq!(expected, "File"),
+        other => panic!("expected HostPathType, got {other:?}"),
+    }
+    assert!(matches!(
+        f.manager.setup(&pod_with(Path::new("relative"), "")).await,
+        Err(VolumeError::InvalidSpec { .. })
+    ));
+}
+
+#[tokio::test]
+async fn sub_paths_resolve_inside_the_volume() {
+    let f = fixture();
+    let pod = pod(json!([
+        {"name": "scratch", "emptyDir": {}},
+        {"name": "creds", "secret": {"secretName": "db"}},
+    ]));
+    let volumes = f.manager.setup(&pod).await.expect("setup");
+    let scratch = fs::canonicalize(volumes.host_path("scratch").expect("volume")).expect("canon");
+    let mount = |name: &str, sub_path: Option<&str>, read_only: Option<bool>| VolumeMount {
+        name: name.into(),
+        mount_path: "/mnt".into(),
+        sub_path: sub_path.map(Into::into),
+        read_only,
+        ..VolumeMount::default()
+    };
+
+    let whole = volumes
+        .resolve_mount(&mount("scratch", None, None))
+        .await
+        .expect("resolve");
+    assert!(!whole.read_only);
+    let ro = volumes
+        .resolve_mount(&mount("scratch", Some(""), Some(true)))
+        .await
+        .expect("resolve");
+    assert!(ro.read_only);
+
+    let sub = volumes
+        .resolve_mount(&mount("scratch", Some("logs/app"), None))
+        .await
+        .expect("resolve");
+    assert_eq!(sub.host_path, scratch.join("logs/app"));
+    assert!(sub.host_path.is_dir(), "created");
+    assert_eq!(mode(&sub.host_path), 0o777, "the volume's mode");
+
+    let secret_file = volumes
+        .resolve_mount(&mount("creds", Some("user"), None))
+        .await
+        .expect("resolve");
+    assert!(secret_file.read_only, "secrets are always read-only");
+    assert_eq!(read(&secret_file.host_path), "admin");
+
+    for bad in ["../x", "a/../../x", "/etc"] {
+        match volumes
+            .resolve_mount(&mount("scratch", Some(bad), None))
+            .await
+        {
+            Err(VolumeError::SubPath { reason, .. }) => {
+                assert!(
+                    reason.contains("..") || reason.contains("relative"),
+                    "{reason}"
+                );
+            }
+            other => panic!("{bad:?} accepted: {other:?}"),
+        }
+    }
+    symlink("/etc", scratch.join("escape")).expect("symlink");
+    match volumes
+        .resolve_mount(&mount("scratch", Some("escape"), None))
+        .await
+    {
+        Err(VolumeError::SubPath { reason, .. }) => assert!(reason.contains("outside"), "{reason}"),
+        other => panic!("symlink escape accepted: {other:?}"),
+    }
+    assert!(matches!(
+        volumes.resolve_mount(&mount("nope", None, None)).await,
+        Err(VolumeError::UnknownVolume { .. })
+    ));
+    let mut expr = mount("scratch", None, None);
+    expr.sub_path_expr = Some("$(POD_NAME)".into());
+    assert!(matches!(
+        volumes.resolve_mount(&expr).await,
+        Err(VolumeError::SubPath { .. })
+    ));
+}
+
+#[tokio::test]
+async fn teardown_unmounts_everything_under_the_pod_and_removes_its_dirs() {
+    let f = fixture();
+    let pod = pod(json!([
+        {"name": "scratch", "emptyDir": {}},
+        {"name": "cache", "emptyDir": {"medium": "Memory"}},
+        {"name": "creds", "secret": {"secretName": "db"}},
+    ]));
+    let volumes = f.manager.setup(&pod).await.expect("setup");
+    // A tmpfs an earlier agent run left, and a mount that is none of this pod's business.
+    let pod_dir = fs::canonicalize(f.manager.pod_dir(UID)).expect("canon");
+    let leftover = pod_dir.join("volumes/kubernetes.io~projected/old");
+    fs::create_dir_all(&leftover).expect("mkdir");
+    f.mounter.add_existing(&leftover);
+    let elsewhere = f.root.join("pods/other-uid/volumes/x");
+    f.mounter.add_existing(&elsewhere);
+    fs::write(pod_dir.join("etc-hosts"), "127.0.0.1 localhost").expect("write");
+
+    f.manager.teardown(UID).await.expect("teardown");
+    let unmounted: HashSet<_> = f
+        .mounter
+        .calls()
+        .into_iter()
+        .filter_map(|c| match c {
+            MountCall::Unmount { target } => Some(target),
+            MountCall::Tmpfs { .. } => None,
+        })
+        .collect();
+    let canon = |name: &str| {
+        let dir = volumes.host_path(name).expect("volume");
+        pod_dir.join(
+            dir.strip_prefix(f.manager.pod_dir(UID))
+                .expect("under pod dir"),
+        )
+    };
+    assert_eq!(
+        unmounted,
+        HashSet::from([canon("cache"), canon("creds"), leftover])
+    );
+    assert_eq!(f.mounter.mount_points().expect("table"), [elsewhere]);
+    assert!(!pod_dir.join("volumes").exists(), "volumes dir removed");
+    assert!(
+        pod_dir.join("etc-hosts").exists(),
+        "other files of the pod are not ours"
+    );
+
+    fs::remove_file(pod_dir.join("etc-hosts")).expect("rm");
+    f.manager.teardown(UID).await.expect("teardown again");
+    assert!(!pod_dir.exists(), "an empty pod dir is removed");
+    f.manager.teardown(UID).await.expect("teardown of nothing");
+}
+
+#[tokio::test]
+async fn orphaned_pod_dirs_are_torn_down_and_known_ones_kept() {
+    let f = fixture();
+    let known = pod(json!([{"name": "creds", "secret": {"secretName": "db"}}]));
+    f.manager.setup(&known).await.expect("setup");
+    let orphan_dir = f.root.join("pods/dead-uid");
+    let orphan_mount = orphan_dir.join("volumes/kubernetes.io~secret/creds");
+    fs::create_dir_all(&orphan_mount).expect("mkdir");
+    fs::write(orphan_dir.join("etc-hosts"), "").expect("write");
+    f.mounter
+        .add_existing(&fs::canonicalize(&orphan_mount).expect("canon"));
+    fs::write(f.root.join("pods/not-a-dir"), "").expect("write");
+
+    let removed = f
+        .manager
+        .cleanup_orphans(&HashSet::from([UID.to_owned()]))
+        .await
+        .expect("cleanup");
+    assert_eq!(removed, ["dead-uid"]);
+    assert!(!orphan_dir.exists(), "the whole orphan dir is removed");
+    assert!(
+        f.manager.pod_dir(UID).join("volumes").is_dir(),
+        "known pod kept"
+    );
+    assert_eq!(f.mounter.mount_points().expect("table").len(), 1);
+    assert!(f.root.join("pods/not-a-dir").exists());
+
+    let empty = VolumeManager::new(
+        f.root.join("nothing-here"),
+        FakeApi::default(),
+        FakeMounter::default(),
+    );
+    assert!(
+        empty
+            .cleanup_orphans(&HashSet::new())
+            .await
+            .expect("cleanup")
+            .is_empty()
+    );
+}
+
+#[tokio::test]
+async fn pods_without_a_usable_uid_are_refused() {
+    let f = fixture();
+    for uid in [None, Some(""), Some(".."), Some("a/b")] {
+        let mut p = pod(json!([]));
+        p.metadata.uid = uid.map(Into::into);
+        assert!(
+            matches!(
+                f.manager.setup(&p).await,
+                Err(VolumeError::InvalidPod { .. })
+            ),
+            "{uid:?}"
+        );
+    }
+    assert!(matches!(
+        f.manager.teardown("../..").await,
+        Err(VolumeError::InvalidPod { .. })
+    ));
+}
+
+#[test]
+fn removal_stays_on_one_file_system() {
+    let tmp = TempDir::new("rm");
+    let tree = tmp.path().join("tree");
+    fs::create_dir_all(tree.join("a/b")).expect("mkdir");
+    fs::write(tree.join("a/b/f"), "x").expect("write");
+    let outside = tmp.path().join("outside");
+    fs::create_dir(&outside).expect("mkdir");
+    fs::write(outside.join("keep"), "x").expect("write");
+    symlink(&outside, tree.join("a/link")).expect("symlink");
+    remove_all_one_filesystem(&tree).expect("remove");
+    assert!(!tree.exists());
+    assert!(outside.join("keep").exists(), "symlinks are not followed");
+    remove_all_one_filesystem(&tree).expect("removing nothing");
+}

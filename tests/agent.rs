@@ -1,0 +1,429 @@
+//! The node agent end to end, against the local cluster: `rkubelet run` with only its node
+//! identity, the seed's Deployment through the real scheduler and controllers, deletion
+//! that leaves nothing behind, a crash in the middle of a rollout, a missing image, both
+//! network owners, and the Node's readiness.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::agent::{AgentProcess, Owner};
+use common::{cri, kube_client, node_name, unique};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Event, Node, Pod};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use rkubelet::cri::{Cri, api};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// The tests share one node: they run one at a time.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = probe().await {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn root_dir(test: &str) -> PathBuf {
+    std::env::temp_dir().join(unique(&format!("rkubelet-it-{test}")))
+}
+
+async fn admin() -> kube::Client {
+    kube_client("admin.kubeconfig").await
+}
+
+async fn create_deployment(name: &str, image: &str, replicas: i32) {
+    let deployment: Deployment = serde_json::from_value(serde_json::json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": { "name": name, "namespace": "default" },
+        "spec": {
+            "replicas": replicas,
+            "selector": { "matchLabels": { "app": name } },
+            "template": {
+                "metadata": { "labels": { "app": name } },
+                "spec": {
+                    "nodeSelector": { "kubernetes.io/hostname": node_name() },
+                    "terminationGracePeriodSeconds": 30,
+                    "containers": [{ "name": "web", "image": image }]
+                }
+            }
+        }
+    }))
+    .expect("deployment");
+    Api::<Deployment>::namespaced(admin().await, "default")
+        .create(&PostParams::default(), &deployment)
+        .await
+        .expect("create deployment");
+}
+
+async fn pods(app: &str) -> Vec<Pod> {
+    Api::<Pod>::namespaced(admin().await, "default")
+        .list(&ListParams::default().labels(&format!("app={app}")))
+        .await
+        .expect("list pods")
+        .items
+}
+
+fn ready(p: &Pod) -> bool {
+    let conditions = p.status.as_ref().and_then(|s| s.conditions.as_ref());
+    conditions.is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+async fn all_ready(app: &str, n: usize, timeout: Duration) -> Vec<Pod> {
+    eventually(&format!("{n} ready pods of {app}"), timeout, || async {
+        let all = pods(app).await;
+        (all.len() == n && all.iter().all(ready)).then_some(all)
+    })
+    .await
+}
+
+async fn delete_deployment(name: &str) {
+    let _ = Api::<Deployment>::namespaced(admin().await, "default")
+        .delete(name, &DeleteParams::foreground())
+        .await;
+}
+
+async fn http_get(ip: &str) -> String {
+    let mut stream = tokio::net::TcpStream::connect((ip, 80))
+        .await
+        .expect("connect to pod");
+    stream
+        .write_all(b"GET / HTTP/1.0\r\nHost: pod\r\n\r\n")
+        .await
+        .expect("request");
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.expect("answer");
+    answer
+}
+
+fn pod_cidr_contains(cidr: &str, ip: Ipv4Addr) -> bool {
+    let (base, bits) = cidr.split_once('/').expect("a CIDR");
+    let base: Ipv4Addr = base.parse().expect("IPv4 base");
+    let bits: u32 = bits.parse().expect("prefix length");
+    let mask = u32::MAX.checked_shl(32 - bits).unwrap_or(0);
+    u32::from(base) & mask == u32::from(ip) & mask
+}
+
+/// The pod sandboxes of an app in the runtime (pod labels are copied onto sandboxes).
+async fn sandboxes(app: &str, ready_only: bool) -> Vec<api::PodSandbox> {
+    let state = ready_only.then(|| api::PodSandboxStateValue {
+        state: api::PodSandboxState::SandboxReady.into(),
+    });
+    cri()
+        .list_pod_sandbox(api::ListPodSandboxRequest {
+            filter: Some(api::PodSandboxFilter {
+                label_selector: [("app".to_owned(), app.to_owned())].into(),
+                state,
+                ..Default::default()
+            }),
+        })
+        .await
+        .expect("ListPodSandbox")
+        .items
+}
+
+/// host-local's reservations for the agent's network: one file per IP.
+fn reserved_ips() -> BTreeSet<String> {
+    let dir = Path::new("/var/lib/cni/networks/rkubelet");
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.parse::<std::net::IpAddr>().is_ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Ports of the agent's bridge: one veth per pod.
+fn bridge_ports() -> usize {
+    std::fs::read_dir("/sys/class/net/rk0/brif")
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+async fn node_pod_cidr() -> String {
+    eventually("the node's pod CIDR", Duration::from_secs(30), || async {
+        let node = Api::<Node>::all(admin().await)
+            .get_opt(&node_name())
+            .await
+            .ok()
+            .flatten()?;
+        node.spec?.pod_cidr
+    })
+    .await
+}
+
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn seed_deployment_runs_serves_http_and_is_removed_without_leaks() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let agent = AgentProcess::start(Owner::Agent, root_dir("seed"));
+    let app = unique("nginx");
+    create_deployment(&app, "nginx", 3).await;
+    let running = all_ready(&app, 3, Duration::from_secs(60)).await;
+    let cidr = node_pod_cidr().await;
+    let mut ips = BTreeSet::new();
+    for p in &running {
+        let status = p.status.as_ref().expect("status");
+        assert_eq!(status.phase.as_deref(), Some("Running"));
+        assert_eq!(status.host_ip.as_deref(), Some(common::agent::NODE_IP));
+        let ip: Ipv4Addr = status
+            .pod_ip
+            .as_deref()
+            .expect("a pod IP")
+            .parse()
+            .expect("IPv4");
+        assert!(
+            pod_cidr_contains(&cidr, ip),
+            "{ip} outside the node's pod CIDR {cidr}"
+        );
+        ips.insert(ip);
+        let cs = &status
+            .container_statuses
+            .as_ref()
+            .expect("container statuses")[0];
+        assert!(
+            cs.container_id
+                .as_deref()
+                .is_some_and(|id| id.starts_with("containerd://")),
+            "{cs:?}"
+        );
+        assert!(cs.image_id.contains("sha256:"), "{cs:?}");
+        let answer = http_get(&ip.to_string()).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(answer.contains("Welcome to nginx!"), "{answer}");
+    }
+    assert_eq!(ips.len(), 3, "three distinct pod IPs: {ips:?}");
+    assert_eq!(sandboxes(&app, true).await.len(), 3);
+    assert_eq!(
+        reserved_ips().len(),
+        3,
+        "one reservation per pod: {:?}",
+        reserved_ips()
+    );
+    assert_eq!(bridge_ports(), 3, "one veth per pod");
+    let events = Api::<Event>::namespaced(admin().await, "default")
+        .list(&ListParams::default())
+        .await
+        .expect("events");
+    let reasons: BTreeSet<String> = events
+        .items
+        .iter()
+        .filter(|e| e.involved_object.name.as_deref() == running[0].metadata.name.as_deref())
+        .filter_map(|e| e.reason.clone())
+        .collect();
+    for reason in ["Pulling", "Pulled", "Created", "Started"] {
+        assert!(
+            reasons.contains(reason),
+            "event {reason} missing: {reasons:?}"
+        );
+    }
+
+    let started = Instant::now();
+    delete_deployment(&app).await;
+    eventually(
+        "every pod, sandbox, veth and reservation gone",
+        Duration::from_secs(35),
+        || async {
+            let gone = pods(&app).await.is_empty()
+                && sandboxes(&app, false).await.is_empty()
+                && reserved_ips().is_empty()
+                && bridge_ports() == 0;
+            gone.then_some(())
+        },
+    )
+    .await;
+    let elapsed = started.elapsed();
+    assert!(
+        !agent
+            .root_dir
+            .join("pods")
+            .read_dir()
+            .is_ok_and(|mut d| d.next().is_some()),
+        "pod dirs left"
+    );
+    eprintln!("3 pods removed with everything they had in {elapsed:?}");
+    agent.stop();
+}
+
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn a_crash_mid_rollout_then_restart_adopts_instead_of_duplicating() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let root = root_dir("crash");
+    let agent = AgentProcess::start(Owner::Agent, root.clone());
+    // Let the node register first, so the rollout is really under way at the crash.
+    node_pod_cidr().await;
+    let app = unique("rollout");
+    create_deployment(&app, "nginx", 10).await;
+    eventually(
+        "some sandboxes of the rollout",
+        Duration::from_secs(30),
+        || async { (!sandboxes(&app, false).await.is_empty()).then_some(()) },
+    )
+    .await;
+    agent.crash();
+    let agent = AgentProcess::start(Owner::Agent, root);
+    let running = all_ready(&app, 10, Duration::from_secs(90)).await;
+    let ips: BTreeSet<_> = running
+        .iter()
+        .filter_map(|p| p.status.as_ref()?.pod_ip.clone())
+        .collect();
+    assert_eq!(ips.len(), 10, "ten distinct IPs: {ips:?}");
+    // Sandboxes a crashed RunPodSandbox may have left are cleaned up shortly.
+    eventually(
+        "exactly ten sandboxes and ten reservations",
+        Duration::from_secs(20),
+        || async {
+            let all = sandboxes(&app, false).await;
+            (all.len() == 10 && reserved_ips().len() == 10).then_some(())
+        },
+    )
+    .await;
+    let reserved = reserved_ips();
+    assert_eq!(reserved, ips, "every reservation belongs to a running pod");
+    delete_deployment(&app).await;
+    eventually("rollout removed", Duration::from_secs(40), || async {
+        (pods(&app).await.is_empty() && reserved_ips().is_empty()).then_some(())
+    })
+    .await;
+    if sandboxes(&app, false).await.len() > 0 {
+        panic!("sandboxes left:\n{}", agent.log_tail());
+    }
+    agent.stop();
+}
+
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn a_missing_image_reports_err_image_pull_then_back_off() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let agent = AgentProcess::start(Owner::Agent, root_dir("badimage"));
+    let app = unique("badimage");
+    create_deployment(&app, "docker.io/library/does-not-exist:1", 1).await;
+    let reasons = eventually("ImagePullBackOff", Duration::from_secs(60), || async {
+        let p = pods(&app).await.into_iter().next()?;
+        let status = p.status?.container_statuses?.into_iter().next()?;
+        let reason = status.state?.waiting?.reason?;
+        (reason == "ImagePullBackOff").then_some(p.metadata.name)
+    })
+    .await;
+    let name = reasons.expect("pod name");
+    let events = eventually(
+        "Failed and BackOff events",
+        Duration::from_secs(20),
+        || async {
+            let all = Api::<Event>::namespaced(admin().await, "default")
+                .list(&ListParams::default())
+                .await
+                .ok()?;
+            let mine: BTreeSet<String> = all
+                .items
+                .into_iter()
+                .filter(|e| e.involved_object.name.as_deref() == Some(name.as_str()))
+                .filter_map(|e| e.reason)
+                .collect();
+            (mine.contains("Failed") && mine.contains("BackOff")).then_some(mine)
+        },
+    )
+    .await;
+    assert!(events.contains("Pulling"), "{events:?}");
+    delete_deployment(&app).await;
+    eventually("pod removed", Duration::from_secs(40), || async {
+        pods(&app).await.is_empty().then_some(())
+    })
+    .await;
+    assert!(sandboxes(&app, false).await.is_empty());
+    agent.stop();
+}
+
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn runtime_owned_networking_takes_the_ip_from_the_sandbox_status() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let agent = AgentProcess::start(Owner::Runtime, root_dir("runtime-net"));
+    let app = unique("rtnet");
+    create_deployment(&app, "nginx", 1).await;
+    let running = all_ready(&app, 1, Duration::from_secs(60)).await;
+    let ip = running[0]
+        .status
+        .as_ref()
+        .and_then(|s| s.pod_ip.clone())
+        .expect("pod IP");
+    assert!(http_get(&ip).await.starts_with("HTTP/1.1 200"));
+    assert!(
+        reserved_ips().is_empty(),
+        "the agent's own network is not used"
+    );
+    delete_deployment(&app).await;
+    eventually("pod removed", Duration::from_secs(40), || async {
+        pods(&app).await.is_empty().then_some(())
+    })
+    .await;
+    agent.stop();
+}
+
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn the_node_is_ready_and_turns_not_ready_once_its_lease_expires() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let agent = AgentProcess::start(Owner::Agent, root_dir("ready"));
+    let nodes = Api::<Node>::all(admin().await);
+    let condition = |n: &Node| {
+        n.status
+            .as_ref()?
+            .conditions
+            .as_ref()?
+            .iter()
+            .find(|c| c.type_ == "Ready")
+            .map(|c| c.status.clone())
+    };
+    let heartbeat = |n: &Node| {
+        let ready = n
+            .status
+            .as_ref()?
+            .conditions
+            .as_ref()?
+            .iter()
+            .find(|c| c.type_ == "Ready")?;
+        ready.last_heartbeat_time.clone()
+    };
+    let started = k8s_openapi::jiff::Timestamp::now();
+    // Ready, as posted by this agent (a heartbeat newer than its start).
+    eventually("node Ready", Duration::from_secs(30), || async {
+        let n = nodes.get_opt(&node_name()).await.ok().flatten()?;
+        let fresh =
+            heartbeat(&n).is_some_and(|t| t.0 >= started - std::time::Duration::from_secs(1));
+        (fresh && condition(&n).as_deref() == Some("True")).then_some(())
+    })
+    .await;
+    agent.stop();
+    let stopped = Instant::now();
+    // kube-controller-manager sees the lease expire (40 s) and marks Ready Unknown.
+    eventually("node Ready=Unknown", Duration::from_secs(90), || async {
+        let n = nodes.get_opt(&node_name()).await.ok().flatten()?;
+        (condition(&n).as_deref() == Some("Unknown")).then_some(())
+    })
+    .await;
+    eprintln!(
+        "node NotReady (Unknown) {:?} after the agent stopped",
+        stopped.elapsed()
+    );
+}

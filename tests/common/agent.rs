@@ -1,0 +1,141 @@
+//! A real `rkubelet run` process for integration tests, with only the node's identity.
+//! Stopped with SIGTERM when dropped (so it removes its thin-plugin conflist), or killed
+//! with SIGKILL by a test that wants a crash.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+use super::state_dir;
+
+/// How the agent wires pod networks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Owner {
+    /// `--network-owner=agent`.
+    Agent,
+    /// `--network-owner=runtime`.
+    Runtime,
+}
+
+/// A running agent.
+pub struct AgentProcess {
+    child: Option<Child>,
+    /// Its root dir.
+    pub root_dir: PathBuf,
+    /// Its log file.
+    pub log: PathBuf,
+}
+
+/// The node IP the cluster put on the host (scripts/common.sh `NODE_IP`).
+pub const NODE_IP: &str = "198.18.0.1";
+
+impl AgentProcess {
+    /// Starts `rkubelet run` for node `rk-node1` with the cluster's dirs.
+    pub fn start(owner: Owner, root_dir: PathBuf) -> Self {
+        let state = state_dir();
+        std::fs::create_dir_all(&root_dir).expect("root dir");
+        let log = root_dir.with_extension("log");
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .expect("log file");
+        let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let child = Command::new(env!("CARGO_BIN_EXE_rkubelet"))
+            .args(["--log-level", "info,rkubelet=debug", "run"])
+            .arg("--kubeconfig")
+            .arg(
+                state
+                    .join("pki")
+                    .join(format!("node-{}.kubeconfig", super::node_name())),
+            )
+            .args([
+                "--hostname-override",
+                &super::node_name(),
+                "--node-ip",
+                NODE_IP,
+            ])
+            .arg("--root-dir")
+            .arg(&root_dir)
+            .arg("--pod-logs-dir")
+            .arg(root_dir.join("logs"))
+            .args([
+                "--network-owner",
+                if owner == Owner::Agent {
+                    "agent"
+                } else {
+                    "runtime"
+                },
+            ])
+            .arg("--cni-conf-dir")
+            .arg(repo.join("cni-config"))
+            .arg("--cni-bin-dir")
+            .arg("/usr/lib/cni")
+            .arg("--runtime-cni-conf-dir")
+            .arg(state.join("cni/net.d"))
+            .arg("--runtime-cni-bin-dir")
+            .arg(state.join("cni/bin"))
+            .args(["--resolv-conf", ""])
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().expect("log fd"))
+            .stderr(out)
+            .spawn()
+            .expect("start rkubelet");
+        Self {
+            child: Some(child),
+            root_dir,
+            log,
+        }
+    }
+
+    /// Its PID.
+    pub fn pid(&self) -> Pid {
+        Pid::from_raw(i32::try_from(self.child.as_ref().expect("running").id()).expect("pid"))
+    }
+
+    /// SIGKILL: a crash, leaving whatever it was doing half done.
+    pub fn crash(mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill().expect("SIGKILL");
+            child.wait().expect("reap");
+        }
+    }
+
+    /// SIGTERM, then wait up to 10 s for a clean exit.
+    pub fn stop(mut self) {
+        self.terminate();
+    }
+
+    fn terminate(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        let pid = Pid::from_raw(i32::try_from(child.id()).expect("pid"));
+        let _ = kill(pid, Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    /// The agent's log so far, for failure messages.
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+}
+
+impl Drop for AgentProcess {
+    fn drop(&mut self) {
+        self.terminate();
+    }
+}

@@ -1,0 +1,426 @@
+//! The volume manager for real: tmpfs mounts as root in a scratch root dir, and secret,
+//! configMap and projected token volumes read with only the node's identity from the local
+//! v1.20 cluster. Everything a test creates (mounts, dirs, API objects) is removed also
+//! when it fails.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::MetadataExt;
+use std::panic::AssertUnwindSafe;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::{kube_client, node_name, unique};
+use futures::FutureExt;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenReview, TokenReviewSpec};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use kube::api::{Api, DeleteParams, PostParams};
+use rkubelet::volume::{KubeVolumeApi, LinuxMounter, VolumeApi, VolumeError, VolumeManager};
+use serde_json::json;
+
+/// A scratch `--root-dir` under the temp dir. On drop, whatever is still mounted under it
+/// is detached and the directory removed, so a failing test leaves nothing behind.
+struct ScratchRoot(PathBuf);
+
+impl ScratchRoot {
+    fn new(prefix: &str) -> Self {
+        let path = std::env::temp_dir().join(unique(prefix));
+        std::fs::create_dir_all(&path).expect("create scratch root");
+        Self(std::fs::canonicalize(&path).expect("canonical scratch root"))
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for ScratchRoot {
+    fn drop(&mut self) {
+        let mut left = mounts_under(&self.0);
+        left.sort_by_key(|m| std::cmp::Reverse(m.mount_point.components().count()));
+        for m in left {
+            let _ = nix::mount::umount2(&m.mount_point, nix::mount::MntFlags::MNT_DETACH);
+        }
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// One line of /proc/self/mountinfo, the parts the tests look at.
+#[derive(Debug)]
+struct MountEntry {
+    mount_point: PathBuf,
+    options: String,
+    fs_type: String,
+    super_options: String,
+}
+
+fn mounts_under(dir: &Path) -> Vec<MountEntry> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").expect("read mountinfo");
+    text.lines()
+        .filter_map(|line| {
+            let (left, right) = line.split_once(" - ")?;
+            let left: Vec<_> = left.split(' ').collect();
+            let right: Vec<_> = right.split(' ').collect();
+            Some(MountEntry {
+                mount_point: PathBuf::from(left.get(4)?),
+                options: (*left.get(5)?).to_owned(),
+                fs_type: (*right.first()?).to_owned(),
+                super_options: right.get(2).copied().unwrap_or_default().to_owned(),
+            })
+        })
+        .filter(|m| m.mount_point.starts_with(dir))
+        .collect()
+}
+
+fn tmpfs_at<'a>(mounts: &'a [MountEntry], dir: &Path) -> &'a MountEntry {
+    mounts
+        .iter()
+        .find(|m| m.mount_point == dir)
+        .unwrap_or_else(|| panic!("no mount at {}: {mounts:?}", dir.display()))
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
+}
+
+fn mode(path: &Path) -> u32 {
+    std::fs::metadata(path).expect("stat").mode() & 0o7777
+}
+
+/// An API server with one secret, for the root-only test.
+struct OneSecret;
+
+impl VolumeApi for OneSecret {
+    async fn get_secret(&self, _namespace: &str, name: &str) -> kube::Result<Option<Secret>> {
+        Ok((name == "db").then(|| Secret {
+            data: Some(BTreeMap::from([
+                ("user".to_owned(), ByteString(b"admin".to_vec())),
+                ("pass".to_owned(), ByteString(b"s3cret".to_vec())),
+            ])),
+            ..Secret::default()
+        }))
+    }
+
+    async fn get_config_map(&self, _: &str, _: &str) -> kube::Result<Option<ConfigMap>> {
+        Ok(None)
+    }
+
+    async fn create_token(&self, _: &str, _: &str, _: &TokenRequest) -> kube::Result<TokenRequest> {
+        unreachable!("no token volumes in this test")
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn secret_and_memory_volumes_are_tmpfs_and_teardown_leaves_nothing() {
+    let root = ScratchRoot::new("rk-volumes");
+    let manager = VolumeManager::new(root.path(), OneSecret, LinuxMounter);
+    let uid = "6b3c0d4e-0000-4000-8000-000000000001";
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "web", "namespace": "default", "uid": uid},
+        "spec": {
+            "containers": [{"name": "app", "image": "busybox"}],
+            "volumes": [
+                {"name": "creds", "secret": {"secretName": "db", "defaultMode": 0o440,
+                    "items": [{"key": "user", "path": "username", "mode": 0o400},
+                              {"key": "pass", "path": "conf/password"}]}},
+                {"name": "cache", "emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"}},
+                {"name": "scratch", "emptyDir": {}},
+            ]
+        }
+    }))
+    .expect("pod");
+
+    let volumes = manager.setup(&pod).await.expect("setup");
+    let creds = volumes.host_path("creds").expect("creds").to_owned();
+    let cache = volumes.host_path("cache").expect("cache").to_owned();
+    let pod_dir = root.path().join("pods").join(uid);
+    assert_eq!(
+        creds,
+        pod_dir.join("volumes/kubernetes.io~secret/creds"),
+        "kubelet layout"
+    );
+    let mounts = mounts_under(root.path());
+    assert_eq!(mounts.len(), 2, "{mounts:?}");
+    let secret_mount = tmpfs_at(&mounts, &creds);
+    assert_eq!(secret_mount.fs_type, "tmpfs");
+    assert!(secret_mount.options.contains("nosuid") && secret_mount.options.contains("nodev"));
+    let cache_mount = tmpfs_at(&mounts, &cache);
+    assert_eq!(cache_mount.fs_type, "tmpfs");
+    assert!(
+        cache_mount.super_options.contains("size=65536k"),
+        "{cache_mount:?}"
+    );
+
+    assert_eq!(read(&creds.join("username")), "admin");
+    assert_eq!(mode(&creds.join("username")), 0o400);
+    assert_eq!(read(&creds.join("conf/password")), "s3cret");
+    assert_eq!(mode(&creds.join("conf/password")), 0o440);
+    let data = std::fs::read_link(creds.join("..data")).expect("..data symlink");
+    assert!(data.to_string_lossy().starts_with("..20"), "{data:?}");
+    assert_eq!(
+        std::fs::metadata(creds.join("username"))
+            .expect("stat")
+            .dev(),
+        std::fs::metadata(&creds).expect("stat").dev(),
+        "the files live on the tmpfs"
+    );
+
+    // Setting up again (a resync, or a restarted agent) mounts nothing twice.
+    manager.setup(&pod).await.expect("setup again");
+    assert_eq!(mounts_under(root.path()).len(), 2);
+
+    manager.teardown(uid).await.expect("teardown");
+    assert!(
+        mounts_under(root.path()).is_empty(),
+        "{:?}",
+        mounts_under(root.path())
+    );
+    assert!(!pod_dir.exists(), "pod dir removed");
+
+    // A tmpfs left by a crashed agent is found through the mount table.
+    manager.setup(&pod).await.expect("setup");
+    let restarted = VolumeManager::new(root.path(), OneSecret, LinuxMounter);
+    let removed = restarted
+        .cleanup_orphans(&Default::default())
+        .await
+        .expect("cleanup orphans");
+    assert_eq!(removed, [uid]);
+    assert!(mounts_under(root.path()).is_empty());
+    assert!(!pod_dir.exists());
+}
+
+/// The objects the cluster test creates, deleted again whatever happens.
+struct Objects {
+    admin: kube::Client,
+    name: String,
+}
+
+impl Objects {
+    fn unreferenced(&self) -> String {
+        format!("{}-unref", self.name)
+    }
+
+    async fn delete_all(&self) {
+        let ns = "default";
+        let pods = Api::<Pod>::namespaced(self.admin.clone(), ns);
+        let _ = pods
+            .delete(&self.name, &DeleteParams::default().grace_period(0))
+            .await;
+        let secrets = Api::<Secret>::namespaced(self.admin.clone(), ns);
+        for name in [self.name.clone(), self.unreferenced()] {
+            let _ = secrets.delete(&name, &DeleteParams::default()).await;
+        }
+        let config_maps = Api::<ConfigMap>::namespaced(self.admin.clone(), ns);
+        let _ = config_maps
+            .delete(&self.name, &DeleteParams::default())
+            .await;
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn node_identity_sets_up_the_volumes_of_a_pod_bound_to_it() {
+    let objects = Objects {
+        admin: kube_client("admin.kubeconfig").await,
+        name: unique("rk-vol"),
+    };
+    let root = ScratchRoot::new("rk-volumes-node");
+    let outcome = AssertUnwindSafe(node_scenario(&objects, root.path()))
+        .catch_unwind()
+        .await;
+    objects.delete_all().await;
+    drop(root);
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+async fn node_scenario(objects: &Objects, root: &Path) {
+    let ns = "default";
+    let name = objects.name.as_str();
+    let admin = objects.admin.clone();
+    let node = kube_client(&format!("node-{}.kubeconfig", node_name())).await;
+    let pp = PostParams::default();
+
+    let secrets = Api::<Secret>::namespaced(admin.clone(), ns);
+    for secret_name in [name.to_owned(), objects.unreferenced()] {
+        let secret: Secret = serde_json::from_value(json!({
+            "metadata": {"name": secret_name},
+            "stringData": {"user": "admin", "pass": "s3cret"}
+        }))
+        .expect("secret");
+        secrets.create(&pp, &secret).await.expect("create secret");
+    }
+    let config_map: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "data": {"app.yaml": "x: 1"}
+    }))
+    .expect("config map");
+    Api::<ConfigMap>::namespaced(admin.clone(), ns)
+        .create(&pp, &config_map)
+        .await
+        .expect("create config map");
+
+    // Bound to the node from the start: nothing schedules it, and no agent needs to run it.
+    // The Node authorizer keys its graph on spec.nodeName alone, so no Node object is needed.
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"app": "rk-volume-test"}},
+        "spec": {
+            "nodeName": node_name(),
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{
+                "name": "app",
+                "image": "docker.io/library/busybox:latest",
+                "command": ["sleep", "3600"],
+            }],
+            "volumes": [
+                {"name": "creds", "secret": {"secretName": name,
+                    "items": [{"key": "user", "path": "username", "mode": 0o400}]}},
+                {"name": "config", "configMap": {"name": name}},
+                {"name": "bound-token", "projected": {"sources": [
+                    {"serviceAccountToken": {"path": "token", "expirationSeconds": 3600}},
+                    {"configMap": {"name": name, "items": [{"key": "app.yaml", "path": "app.yaml"}]}},
+                    {"downwardAPI": {"items": [{"path": "namespace",
+                        "fieldRef": {"fieldPath": "metadata.namespace"}}]}},
+                ]}},
+            ]
+        }
+    }))
+    .expect("pod");
+    let pod = create_pod(&Api::namespaced(admin.clone(), ns), &pod).await;
+    let uid = pod.metadata.uid.clone().expect("uid");
+
+    let manager = VolumeManager::new(root, KubeVolumeApi::new(node.clone()), LinuxMounter);
+    let volumes = setup_with_retry(&manager, &pod).await;
+
+    let creds = volumes.host_path("creds").expect("creds");
+    assert_eq!(read(&creds.join("username")), "admin");
+    assert_eq!(mode(&creds.join("username")), 0o400);
+    let config = volumes.host_path("config").expect("config");
+    assert_eq!(read(&config.join("app.yaml")), "x: 1");
+    let projected = volumes.host_path("bound-token").expect("projected");
+    assert_eq!(read(&projected.join("app.yaml")), "x: 1");
+    assert_eq!(read(&projected.join("namespace")), ns);
+    let token = read(&projected.join("token"));
+    assert_eq!(token.split('.').count(), 3, "a JWT");
+    assert_eq!(mode(&projected.join("token")), 0o644);
+
+    // The token is bound to this pod.
+    let review = TokenReview {
+        spec: TokenReviewSpec {
+            token: Some(token),
+            ..TokenReviewSpec::default()
+        },
+        ..TokenReview::default()
+    };
+    let review = Api::<TokenReview>::all(admin.clone())
+        .create(&pp, &review)
+        .await
+        .expect("token review");
+    let status = review.status.expect("review status");
+    assert_eq!(status.authenticated, Some(true), "{status:?}");
+    let user = status.user.expect("user");
+    assert_eq!(
+        user.username.as_deref(),
+        Some("system:serviceaccount:default:default")
+    );
+    let extra = user.extra.unwrap_or_default();
+    assert_eq!(
+        extra.get("authentication.kubernetes.io/pod-uid"),
+        Some(&vec![uid.clone()]),
+        "{extra:?}"
+    );
+
+    // The service account volume the API server added: a `default-token-*` secret on
+    // v1.20, a `kube-api-access-*` projection on newer servers.
+    let sa_volume = pod
+        .spec
+        .iter()
+        .flat_map(|s| s.volumes.iter().flatten())
+        .find(|v| v.name.starts_with("default-token-") || v.name.starts_with("kube-api-access-"))
+        .expect("a service account token volume");
+    let sa_dir = volumes.host_path(&sa_volume.name).expect("sa volume");
+    assert!(!read(&sa_dir.join("token")).is_empty());
+    assert_eq!(read(&sa_dir.join("namespace")), ns);
+
+    let mounts = mounts_under(root);
+    for dir in [creds, projected, sa_dir] {
+        assert_eq!(tmpfs_at(&mounts, dir).fs_type, "tmpfs");
+    }
+
+    // A secret no pod of this node references is forbidden to the node.
+    match KubeVolumeApi::new(node.clone())
+        .get_secret(ns, &objects.unreferenced())
+        .await
+    {
+        Err(kube::Error::Api(status)) => assert_eq!(status.code, 403, "{status:?}"),
+        other => panic!("the node read an unreferenced secret: {other:?}"),
+    }
+    let mut stranger = pod.clone();
+    stranger.metadata.uid = Some(format!("{uid}-stranger"));
+    stranger.spec.as_mut().expect("spec").volumes = Some(vec![
+        serde_json::from_value(
+            json!({"name": "x", "secret": {"secretName": objects.unreferenced()}}),
+        )
+        .expect("volume"),
+    ]);
+    match manager.setup(&stranger).await {
+        Err(VolumeError::Api { source, .. }) => {
+            assert!(
+                matches!(&*source, kube::Error::Api(s) if s.code == 403),
+                "{source:?}"
+            );
+        }
+        other => panic!("expected a 403, got {other:?}"),
+    }
+
+    manager.teardown(&uid).await.expect("teardown");
+    assert!(mounts_under(root).is_empty(), "{:?}", mounts_under(root));
+    assert!(!root.join("pods").join(&uid).exists());
+}
+
+/// Creates the pod, retrying while the service account or (on v1.20) its token secret is
+/// not made yet by the controller manager.
+async fn create_pod(pods: &Api<Pod>, pod: &Pod) -> Pod {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match pods.create(&PostParams::default(), pod).await {
+            Ok(created) => return created,
+            Err(kube::Error::Api(status))
+                if Instant::now() < deadline && status.message.contains("service account") =>
+            {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(e) => panic!("create pod: {e}"),
+        }
+    }
+}
+
+/// Sets the pod's volumes up, retrying while the Node authorizer's graph (fed by an
+/// informer) has not seen the new pod yet.
+async fn setup_with_retry(
+    manager: &VolumeManager<KubeVolumeApi, LinuxMounter>,
+    pod: &Pod,
+) -> rkubelet::volume::PodVolumes {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match manager.setup(pod).await {
+            Ok(volumes) => return volumes,
+            Err(e) if Instant::now() < deadline && is_forbidden(&e) => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("setup with the node identity: {e}"),
+        }
+    }
+}
+
+fn is_forbidden(e: &VolumeError) -> bool {
+    let source = match e {
+        VolumeError::Api { source, .. } | VolumeError::TokenRequest { source, .. } => source,
+        _ => return false,
+    };
+    matches!(&**source, kube::Error::Api(s) if s.code == 403)
+}
