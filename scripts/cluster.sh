@@ -33,6 +33,8 @@ NODE_LINK="rk-node0"              # host end of the node-address veth
 NODE_PEER="rk-node0-peer"         # peer end, moved into $NODE_NETNS
 NODE_NETNS="rk-nodepeer"
 POD_BRIDGE="rkbr0"                # bridge made by the CNI template
+AGENT_BRIDGE="rk0"                # bridge of the agent's own conflist (cni-config/10-rkubelet.conflist)
+AGENT_NET_NAME="rkubelet"         # its network name: host-local keeps IPs under /var/lib/cni/networks/<name>
 FWD_CHAIN="RKUBELET-FWD"
 BENCH_NET="198.18.0.0/15"
 
@@ -780,14 +782,17 @@ teardown_network() {
       delete_netns "$n"
     done
   fi
-  # The pod bridge and any veth still attached to it.
-  if ip link show "$POD_BRIDGE" >/dev/null 2>&1; then
-    for l in $(ip -o link show master "$POD_BRIDGE" | awk -F': ' '{print $2}' | cut -d@ -f1); do
-      ip link delete "$l" 2>/dev/null || true
-    done
-    log "removing bridge $POD_BRIDGE"
-    ip link delete "$POD_BRIDGE" 2>/dev/null || true
-  fi
+  # The pod bridges (the runtime's and the agent's) and any veth still attached to them.
+  local bridge
+  for bridge in "$POD_BRIDGE" "$AGENT_BRIDGE"; do
+    if ip link show "$bridge" >/dev/null 2>&1; then
+      for l in $(ip -o link show master "$bridge" | awk -F': ' '{print $2}' | cut -d@ -f1); do
+        ip link delete "$l" 2>/dev/null || true
+      done
+      log "removing bridge $bridge"
+      ip link delete "$bridge" 2>/dev/null || true
+    fi
+  done
   # The node-address veth and its netns (dedicated names).
   if ip link show "$NODE_LINK" >/dev/null 2>&1; then
     log "removing $NODE_LINK"
@@ -800,7 +805,7 @@ teardown_network() {
     rmdir /run/netns 2>/dev/null || true
   fi
   # CNI IPAM leases of our network and libcni results cached while our containerd ran.
-  rm -rf "${CNI_VAR:?}/networks/$CNI_NET_NAME"
+  rm -rf "${CNI_VAR:?}/networks/$CNI_NET_NAME" "${CNI_VAR:?}/networks/$AGENT_NET_NAME"
   if [[ -f $REC/containerd-started && -d $CNI_VAR/results ]]; then
     find "$CNI_VAR/results" -type f -newer "$REC/containerd-started" -delete
   fi
@@ -812,6 +817,9 @@ cmd_down() {
   local t0=$SECONDS c pid
   [[ -d $RKUBELET_STATE ]] || log "no state in $RKUBELET_STATE: cleaning up leftovers only"
 
+  # 0. An agent started on this cluster (scripts/run.sh records it like a component):
+  #    stopped first, so it does not re-create what is removed next.
+  if pid=$(comp_pid rkubelet); then stop_pid rkubelet "$pid"; fi
   # 1. Containers first, while containerd still runs.
   remove_containers
   # 2. Processes, by recorded PID, in reverse start order.
@@ -871,8 +879,17 @@ case "${1:-}" in
     [[ -n ${2:-} ]] || die "usage: $0 node-credentials NAME [IP]"
     node_credentials "$2" "${3:-}"
     ;;
+  start-agent)
+    # start-agent BINARY ARGS...: run an agent on this cluster, recorded like a component
+    # so that `down` stops it (first). Its log is logs/rkubelet.log.
+    need_root
+    [[ -x ${2:-} ]] || die "usage: $0 start-agent BINARY [ARGS...]"
+    comp_pid rkubelet >/dev/null && die "an agent already runs (pid $(comp_pid rkubelet))"
+    shift
+    start_proc rkubelet "$@"
+    ;;
   *)
-    echo "usage: $0 {up|down|status|node-credentials NAME [IP]}" >&2
+    echo "usage: $0 {up|down|status|node-credentials NAME [IP]|start-agent BINARY [ARGS...]}" >&2
     exit 2
     ;;
 esac

@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2034  # sourced: the variables are used by the scripts
 # Shared settings for rkubelet's scripts. Source it; do not run it.
 # Every path the scripts write lives under $RKUBELET_STATE (cluster state, removed by
 # `cluster.sh down`) or $RKUBELET_CACHE (slow-to-make artefacts kept across runs:

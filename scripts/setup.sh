@@ -81,8 +81,8 @@ build_kubernetes() {
   mkdir -p "$work"
   log "downloading Debian's kubernetes source package"
   (cd "$work" && apt-get source --download-only -qq kubernetes >/dev/null)
-  local dsc
-  dsc=$(ls "$work"/kubernetes_*.dsc | head -n1)
+  local dscs=("$work"/kubernetes_*.dsc) dsc
+  dsc=${dscs[0]}
   (cd "$work" && dpkg-source --no-check -x "$dsc" src >/dev/null)
   local tree="$work/src"
   log "building ${K8S_TOOLS[*]} (several minutes)"

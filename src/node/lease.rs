@@ -63,7 +63,11 @@ impl LeaseController {
     pub async fn run(mut self, cancel: CancellationToken) {
         tracing::info!(interval = ?self.renew_interval, "renewing the node lease");
         loop {
-            match self.sync(&cancel).await {
+            let outcome = tokio::select! {
+                () = cancel.cancelled() => break,
+                outcome = self.sync(&cancel) => outcome,
+            };
+            match outcome {
                 Ok(lease) => tracing::debug!(
                     resource_version = lease.metadata.resource_version.as_deref(),
                     "node lease renewed"

@@ -57,7 +57,14 @@ impl NodeAgent {
         let mut delay = REGISTER_BACKOFF_INITIAL;
         loop {
             tracing::info!("attempting to register node");
-            match self.try_register().await {
+            let attempt = tokio::select! {
+                () = cancel.cancelled() => None,
+                result = self.try_register() => Some(result),
+            };
+            let Some(attempt) = attempt else {
+                return Err(self.cancelled("register Node"));
+            };
+            match attempt {
                 Ok(node) => {
                     tracing::info!(
                         uid = node.metadata.uid.as_deref(),
@@ -73,10 +80,7 @@ impl NodeAgent {
                 ),
             }
             if !sleep_or_cancel(cancel, delay).await {
-                return Err(NodeError::Cancelled {
-                    operation: "register Node",
-                    node: self.config.name.clone(),
-                });
+                return Err(self.cancelled("register Node"));
             }
             delay = (delay * 2).min(REGISTER_BACKOFF_MAX);
         }
@@ -143,6 +147,13 @@ impl NodeAgent {
             )
             .await
             .map_err(|e| self.api_error("patch Node labels", e))
+    }
+
+    fn cancelled(&self, operation: &'static str) -> NodeError {
+        NodeError::Cancelled {
+            operation,
+            node: self.config.name.clone(),
+        }
     }
 
     fn api_error(&self, operation: &'static str, source: kube::Error) -> NodeError {
