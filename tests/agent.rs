@@ -305,7 +305,7 @@ async fn a_crash_mid_rollout_then_restart_adopts_instead_of_duplicating() {
         (pods(&app).await.is_empty() && reserved_ips().is_empty()).then_some(())
     })
     .await;
-    if sandboxes(&app, false).await.len() > 0 {
+    if !sandboxes(&app, false).await.is_empty() {
         panic!("sandboxes left:\n{}", agent.log_tail());
     }
     agent.stop();
@@ -410,7 +410,7 @@ async fn the_node_is_ready_and_turns_not_ready_once_its_lease_expires() {
     eventually("node Ready", Duration::from_secs(30), || async {
         let n = nodes.get_opt(&node_name()).await.ok().flatten()?;
         let fresh =
-            heartbeat(&n).is_some_and(|t| t.0 >= started - std::time::Duration::from_secs(1));
+            heartbeat(&n).is_some_and(|t| t.0 >= started - Duration::from_secs(1));
         (fresh && condition(&n).as_deref() == Some("True")).then_some(())
     })
     .await;

@@ -186,7 +186,9 @@ fn is_forbidden<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> bool {
 #[ignore = "needs root and the local cluster: run scripts/test.sh"]
 async fn registers_the_node_with_labels_addresses_capacity_conditions_and_node_info() {
     with_clean_node(|cancel| async move {
-        let agent = agent(node_client().await, config());
+        let mut config = config();
+        config.node_status_report_frequency = Duration::from_secs(2);
+        let agent = agent(node_client().await, config);
         let started = Instant::now();
         let registered = agent.register(&cancel).await.expect("registration");
         let registration = started.elapsed();
@@ -198,10 +200,35 @@ async fn registers_the_node_with_labels_addresses_capacity_conditions_and_node_i
             registration.as_millis(),
             first_update.as_millis()
         );
-        // The server gives back exactly what was computed: nothing to send.
+        // The server gives back exactly what was computed: nothing to send...
         assert_eq!(update, StatusUpdate::Unchanged);
-
+        let heartbeat = |node: &Node| {
+            status(node)
+                .conditions
+                .iter()
+                .flatten()
+                .find(|c| c.type_ == "Ready")
+                .and_then(|c| c.last_heartbeat_time.clone())
+        };
+        let reported = heartbeat(&admin_get_node().await).expect("a heartbeat time");
+        // ... until the report frequency has passed: then the same status is sent again.
+        tokio::time::sleep(Duration::from_millis(2100)).await;
+        assert_eq!(
+            agent.update_node_status().await.expect("status update"),
+            StatusUpdate::Patched
+        );
         let node = admin_get_node().await;
+        assert!(heartbeat(&node).expect("a heartbeat time") > reported);
+        let ready = status(&node)
+            .conditions
+            .iter()
+            .flatten()
+            .find(|c| c.type_ == "Ready");
+        assert!(
+            ready.and_then(|c| c.last_transition_time.clone()) <= Some(reported),
+            "the transition time did not move: {ready:?}"
+        );
+
         assert_eq!(node.metadata.uid, registered.metadata.uid);
         let labels = node.metadata.labels.clone().unwrap_or_default();
         for (key, value) in [

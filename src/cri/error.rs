@@ -68,6 +68,18 @@ impl CriError {
 /// Result of a CRI call.
 pub type Result<T, E = CriError> = std::result::Result<T, E>;
 
+/// A call whose object may already be gone: `NotFound` counts as done (stop and remove
+/// are idempotent in the kubelet).
+///
+/// # Errors
+/// Any other failure.
+pub fn ok_if_not_found<T>(result: Result<T>) -> Result<()> {
+    match result {
+        Err(e) if !e.is_not_found() => Err(e),
+        _ => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

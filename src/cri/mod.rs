@@ -10,7 +10,7 @@ mod error;
 mod health;
 
 pub use client::{Cri, CriClient, Endpoint};
-pub use error::{CriError, Result};
+pub use error::{CriError, Result, ok_if_not_found};
 pub use health::{Condition, RuntimeHealth};
 
 /// Messages and clients generated from the vendored `runtime.v1` api.proto.

@@ -16,7 +16,7 @@ use super::container::{ContainerContext, container_config};
 use super::runtime_status::{PodRuntimeStatus, RunState};
 use super::sandbox::{SandboxSettings, pod_log_dir, sandbox_config};
 use crate::backoff::Backoff;
-use crate::cri::{Cri, api};
+use crate::cri::{Cri, api, ok_if_not_found};
 use crate::events::EventRecorder;
 use crate::images::ImageManager;
 use crate::pod::PodId;
@@ -430,18 +430,12 @@ impl<C: Cri> RuntimeManager<C> {
         why: String,
     ) {
         self.events.normal(id, Some(name), "Killing", why);
-        let stopped = self
-            .cri
-            .stop_container(api::StopContainerRequest {
-                container_id: container_id.into(),
-                timeout: grace,
-            })
-            .await;
-        match stopped {
-            Err(e) if !e.is_not_found() => {
-                tracing::warn!(container = name, error = %e, "could not stop container")
-            }
-            _ => {}
+        let req = api::StopContainerRequest {
+            container_id: container_id.into(),
+            timeout: grace,
+        };
+        if let Err(e) = ok_if_not_found(self.cri.stop_container(req).await) {
+            tracing::warn!(container = name, error = %e, "could not stop container");
         }
     }
 
@@ -472,14 +466,10 @@ impl<C: Cri> RuntimeManager<C> {
         });
         futures::future::join_all(stops).await;
         for sandbox in &status.sandboxes {
-            if let Err(e) = self
-                .cri
-                .stop_pod_sandbox(api::StopPodSandboxRequest {
-                    pod_sandbox_id: sandbox.id.clone(),
-                })
-                .await
-                && !e.is_not_found()
-            {
+            let req = api::StopPodSandboxRequest {
+                pod_sandbox_id: sandbox.id.clone(),
+            };
+            if let Err(e) = ok_if_not_found(self.cri.stop_pod_sandbox(req).await) {
                 tracing::warn!(sandbox = %sandbox.id, error = %e, "could not stop pod sandbox");
             }
         }
@@ -495,28 +485,16 @@ impl<C: Cri> RuntimeManager<C> {
         status: &PodRuntimeStatus,
     ) -> Result<(), crate::cri::CriError> {
         for c in &status.containers {
-            match self
-                .cri
-                .remove_container(api::RemoveContainerRequest {
-                    container_id: c.id.clone(),
-                })
-                .await
-            {
-                Err(e) if !e.is_not_found() => return Err(e),
-                _ => {}
-            }
+            let req = api::RemoveContainerRequest {
+                container_id: c.id.clone(),
+            };
+            ok_if_not_found(self.cri.remove_container(req).await)?;
         }
         for s in &status.sandboxes {
-            match self
-                .cri
-                .remove_pod_sandbox(api::RemovePodSandboxRequest {
-                    pod_sandbox_id: s.id.clone(),
-                })
-                .await
-            {
-                Err(e) if !e.is_not_found() => return Err(e),
-                _ => {}
-            }
+            let req = api::RemovePodSandboxRequest {
+                pod_sandbox_id: s.id.clone(),
+            };
+            ok_if_not_found(self.cri.remove_pod_sandbox(req).await)?;
         }
         self.images.forget_pod(&id.uid);
         self.crash_backoff

@@ -292,6 +292,13 @@ mod tests {
         }
     }
 
+    fn namespaces(config: api::PodSandboxConfig) -> api::NamespaceOption {
+        let security = config.linux.and_then(|l| l.security_context);
+        security
+            .and_then(|s| s.namespace_options)
+            .expect("namespace options")
+    }
+
     #[test]
     fn resolv_conf_is_parsed() {
         let dns = HostDns::parse(
@@ -370,13 +377,7 @@ mod tests {
         );
         assert_eq!(config.port_mappings.len(), 1);
         assert_eq!(config.port_mappings[0].host_port, 8080);
-        let ns = config
-            .linux
-            .unwrap()
-            .security_context
-            .unwrap()
-            .namespace_options
-            .unwrap();
+        let ns = namespaces(config);
         assert_eq!(ns.network(), api::NamespaceMode::Pod);
         assert_eq!(ns.pid(), api::NamespaceMode::Container);
     }
@@ -388,13 +389,7 @@ mod tests {
         let id = PodId::of(&p).unwrap();
         let config = sandbox_config(&p, &id, 0, &settings());
         assert_eq!(config.hostname, "");
-        let ns = config
-            .linux
-            .unwrap()
-            .security_context
-            .unwrap()
-            .namespace_options
-            .unwrap();
+        let ns = namespaces(config);
         assert_eq!(ns.network(), api::NamespaceMode::Node);
     }
 

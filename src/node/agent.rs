@@ -58,7 +58,7 @@ pub(super) struct StatusState {
 /// API server accepts the Node), [`wait_for_pod_cidr`](super::wait_for_pod_cidr) if the pod
 /// network needs it, then [`spawn`](NodeAgent::spawn) the heartbeats.
 pub struct NodeAgent {
-    pub(super) client: kube::Client,
+    client: kube::Client,
     pub(super) nodes: Api<Node>,
     pub(super) config: NodeConfig,
     machine: Arc<dyn MachineInfo>,

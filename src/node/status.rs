@@ -489,6 +489,10 @@ pub(crate) fn status_patch(status: &NodeStatus) -> serde_json::Value {
     if let Some(images) = &status.images {
         patch["images"] = serde_json::json!(images);
     }
+    // In a merge patch null deletes: send nothing rather than null for what is unknown.
+    if let Some(fields) = patch.as_object_mut() {
+        fields.retain(|_, value| !value.is_null());
+    }
     serde_json::json!({ "status": patch })
 }
 
@@ -731,6 +735,16 @@ mod tests {
         );
         assert_eq!(patch["status"]["addresses"][1]["address"], "198.18.0.1");
         assert!(patch["status"].get("images").is_none());
+    }
+
+    #[test]
+    fn unknown_capacity_is_left_out_of_the_patch() {
+        let mut obs = observation();
+        obs.capacity = None;
+        let patch = status_patch(&computed(&NodeStatus::default(), &config(), &obs, 0));
+        assert!(patch["status"].get("capacity").is_none(), "{patch}");
+        assert!(patch["status"].get("allocatable").is_none(), "{patch}");
+        assert!(patch["status"].get("nodeInfo").is_some(), "{patch}");
     }
 
     #[test]

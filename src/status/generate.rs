@@ -307,6 +307,10 @@ mod tests {
         }
     }
 
+    fn waiting_reason(cs: &ContainerStatus) -> Option<&str> {
+        cs.state.as_ref()?.waiting.as_ref()?.reason.as_deref()
+    }
+
     fn inputs<'a>(
         runtime: &'a PodRuntimeStatus,
         waiting: &'a HashMap<String, Waiting>,
@@ -328,17 +332,7 @@ mod tests {
         let status = generate_pod_status(&p, &inputs(&rt, &w));
         assert_eq!(status.phase.as_deref(), Some("Pending"));
         let cs = &status.container_statuses.unwrap()[0];
-        assert_eq!(
-            cs.state
-                .as_ref()
-                .unwrap()
-                .waiting
-                .as_ref()
-                .unwrap()
-                .reason
-                .as_deref(),
-            Some("ContainerCreating")
-        );
+        assert_eq!(waiting_reason(cs), Some("ContainerCreating"));
         assert!(!cs.ready);
         let ready = status
             .conditions
@@ -396,17 +390,7 @@ mod tests {
         )]);
         let status = generate_pod_status(&p, &inputs(&rt, &w));
         let cs = &status.container_statuses.unwrap()[0];
-        assert_eq!(
-            cs.state
-                .as_ref()
-                .unwrap()
-                .waiting
-                .as_ref()
-                .unwrap()
-                .reason
-                .as_deref(),
-            Some("ImagePullBackOff")
-        );
+        assert_eq!(waiting_reason(cs), Some("ImagePullBackOff"));
         assert_eq!(status.phase.as_deref(), Some("Pending"));
     }
 
@@ -430,17 +414,7 @@ mod tests {
         let status = generate_pod_status(&p, &inputs(&rt, &w));
         let cs = &status.container_statuses.unwrap()[0];
         assert_eq!(cs.restart_count, 3);
-        assert_eq!(
-            cs.state
-                .as_ref()
-                .unwrap()
-                .waiting
-                .as_ref()
-                .unwrap()
-                .reason
-                .as_deref(),
-            Some("CrashLoopBackOff")
-        );
+        assert_eq!(waiting_reason(cs), Some("CrashLoopBackOff"));
         let last = cs.last_state.as_ref().unwrap().terminated.as_ref().unwrap();
         assert_eq!((last.exit_code, last.reason.as_deref()), (1, Some("Error")));
         assert_eq!(last.container_id.as_deref(), Some("containerd://a3"));

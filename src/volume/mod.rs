@@ -31,6 +31,8 @@ mod host_path;
 mod mounter;
 mod payload;
 mod quantity;
+mod subpath;
+mod teardown;
 #[cfg(test)]
 pub(crate) mod testing;
 mod token;
@@ -38,8 +40,8 @@ mod token;
 use std::collections::{BTreeMap, HashSet};
 use std::fs;
 use std::io;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
-use std::path::{Component, Path, PathBuf};
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{
@@ -56,6 +58,8 @@ pub use mounter::{LinuxMounter, Mounter};
 use error::FsError;
 use payload::{FileProjection, KeyPayloadError, Payload};
 use quantity::Quantity;
+use subpath::{SubPathError, check_sub_path, resolve_sub_path};
+use teardown::teardown_pod_dir;
 use token::{DEFAULT_EXPIRATION_SECONDS, TokenKey, TokenManager};
 
 /// The volume plugins, named by their directory under a pod's `volumes/`.
@@ -176,59 +180,6 @@ impl PodVolumes {
             host_path,
             read_only,
         })
-    }
-}
-
-/// A subPath must be a relative path without `..` elements.
-fn check_sub_path(sub_path: &str) -> Result<(), &'static str> {
-    let path = Path::new(sub_path);
-    if path.is_absolute() {
-        return Err("subPath must be a relative path");
-    }
-    if path.components().any(|c| c == Component::ParentDir) {
-        return Err("subPath must not contain '..'");
-    }
-    Ok(())
-}
-
-#[derive(Debug)]
-enum SubPathError {
-    Escapes(PathBuf),
-    Fs(FsError),
-}
-
-impl From<FsError> for SubPathError {
-    fn from(e: FsError) -> Self {
-        Self::Fs(e)
-    }
-}
-
-/// `root/sub_path` with symlinks resolved, created as a directory first when missing.
-fn resolve_sub_path(root: &Path, sub_path: &str) -> Result<PathBuf, SubPathError> {
-    let root = fs::canonicalize(root).map_err(FsError::at("resolving", root))?;
-    let target = root.join(sub_path);
-    if let Err(e) = fs::symlink_metadata(&target) {
-        if e.kind() != io::ErrorKind::NotFound {
-            return Err(FsError::at("inspecting", &target)(e).into());
-        }
-        let mode = fs::metadata(&root)
-            .map_err(FsError::at("inspecting", &root))?
-            .permissions()
-            .mode()
-            & 0o7777;
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(mode)
-            .create(&target)
-            .map_err(FsError::at("creating the subPath", &target))?;
-        fs::set_permissions(&target, fs::Permissions::from_mode(mode))
-            .map_err(FsError::at("setting the mode of", &target))?;
-    }
-    let resolved = fs::canonicalize(&target).map_err(FsError::at("resolving", &target))?;
-    if resolved.starts_with(&root) {
-        Ok(resolved)
-    } else {
-        Err(SubPathError::Escapes(resolved))
     }
 }
 
@@ -902,100 +853,6 @@ fn make_dir_volume<M: Mounter>(mounter: &M, dir: &Path, plan: &DirVolume) -> Res
         && atomic_writer::write(dir, files)?
     {
         tracing::debug!(path = %dir.display(), files = files.len(), "wrote volume files");
-    }
-    Ok(())
-}
-
-/// Unmounts everything under `pod_dir`, deepest first, then removes its `volumes`
-/// directory, and `pod_dir` itself (`whole`) or only if empty.
-fn teardown_pod_dir<M: Mounter>(mounter: &M, pod_dir: &Path, whole: bool) -> Result<(), FsError> {
-    let pod_dir = match fs::canonicalize(pod_dir) {
-        Ok(dir) => dir,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(FsError::at("resolving", pod_dir)(e)),
-    };
-    let mounts_under = || -> Result<Vec<PathBuf>, FsError> {
-        Ok(mounter
-            .mount_points()
-            .map_err(FsError::at("reading the mount table for", &pod_dir))?
-            .into_iter()
-            .filter(|m| m.starts_with(&pod_dir))
-            .collect())
-    };
-    let mut mounts = mounts_under()?;
-    mounts.sort_by_key(|m| std::cmp::Reverse(m.components().count()));
-    for mount in &mounts {
-        match mounter.unmount(mount) {
-            Ok(()) => tracing::debug!(path = %mount.display(), "unmounted"),
-            // Gone in the meantime: the check below tells.
-            Err(e)
-                if matches!(
-                    e.raw_os_error(),
-                    Some(nix::libc::EINVAL | nix::libc::ENOENT)
-                ) => {}
-            Err(e) => return Err(FsError::at("unmounting", mount)(e)),
-        }
-    }
-    if let Some(left) = mounts_under()?.into_iter().next() {
-        return Err(FsError::at("still mounted after unmounting:", left)(
-            nix::errno::Errno::EBUSY.into(),
-        ));
-    }
-    remove_all_one_filesystem(&pod_dir.join("volumes"))?;
-    if whole {
-        remove_all_one_filesystem(&pod_dir)?;
-    } else {
-        match fs::remove_dir(&pod_dir) {
-            Err(e)
-                if !matches!(
-                    e.kind(),
-                    io::ErrorKind::NotFound | io::ErrorKind::DirectoryNotEmpty
-                ) =>
-            {
-                return Err(FsError::at("removing", &pod_dir)(e));
-            }
-            _ => {}
-        }
-    }
-    tracing::info!(unmounted = mounts.len(), "pod volumes torn down");
-    Ok(())
-}
-
-/// Removes `path` and everything under it without following symlinks or entering another
-/// file system (the kubelet's `RemoveAllOneFilesystem`): a mount point that is somehow still
-/// there stops the removal instead of losing the mounted data.
-fn remove_all_one_filesystem(path: &Path) -> Result<(), FsError> {
-    let meta = match fs::symlink_metadata(path) {
-        Ok(meta) => meta,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(FsError::at("inspecting", path)(e)),
-    };
-    if !meta.is_dir() {
-        return fs::remove_file(path).map_err(FsError::at("removing", path));
-    }
-    let device = meta.dev();
-    let mut stack = vec![(path.to_path_buf(), false)];
-    while let Some((dir, emptied)) = stack.pop() {
-        if emptied {
-            fs::remove_dir(&dir).map_err(FsError::at("removing", &dir))?;
-            continue;
-        }
-        stack.push((dir.clone(), true));
-        for entry in fs::read_dir(&dir).map_err(FsError::at("reading", &dir))? {
-            let entry = entry.map_err(FsError::at("reading", &dir))?;
-            let child = entry.path();
-            let meta = fs::symlink_metadata(&child).map_err(FsError::at("inspecting", &child))?;
-            if !meta.is_dir() {
-                fs::remove_file(&child).map_err(FsError::at("removing", &child))?;
-            } else if meta.dev() == device {
-                stack.push((child, false));
-            } else {
-                return Err(FsError::at(
-                    "refusing to remove another file system at",
-                    child,
-                )(nix::errno::Errno::EXDEV.into()));
-            }
-        }
     }
     Ok(())
 }

@@ -651,19 +651,3 @@ async fn pods_without_a_usable_uid_are_refused() {
         Err(VolumeError::InvalidPod { .. })
     ));
 }
-
-#[test]
-fn removal_stays_on_one_file_system() {
-    let tmp = TempDir::new("rm");
-    let tree = tmp.path().join("tree");
-    fs::create_dir_all(tree.join("a/b")).expect("mkdir");
-    fs::write(tree.join("a/b/f"), "x").expect("write");
-    let outside = tmp.path().join("outside");
-    fs::create_dir(&outside).expect("mkdir");
-    fs::write(outside.join("keep"), "x").expect("write");
-    symlink(&outside, tree.join("a/link")).expect("symlink");
-    remove_all_one_filesystem(&tree).expect("remove");
-    assert!(!tree.exists());
-    assert!(outside.join("keep").exists(), "symlinks are not followed");
-    remove_all_one_filesystem(&tree).expect("removing nothing");
-}
