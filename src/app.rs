@@ -7,13 +7,13 @@
 
 use std::net::IpAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
 use crate::cni::{self, Cni, ProcessExec};
-use crate::cri::{Cri, CriClient, api};
+use crate::cri::{Cri, CriClient, RuntimeHealth, api};
 use crate::events::{self, EventRecorder};
 use crate::kubelet::{Kubelet, SyncSettings, housekeeping};
 use crate::kuberuntime::RuntimeManager;
@@ -151,6 +151,25 @@ impl ReadinessCheck for PlegCheck {
     }
 }
 
+/// Waits up to `timeout` for the runtime to report NetworkReady (containerd notices a new
+/// CNI config asynchronously).
+async fn wait_for_network_ready(cri: &CriClient, timeout: Duration) {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let ready = cri
+            .status(api::StatusRequest { verbose: false })
+            .await
+            .is_ok_and(|s| RuntimeHealth::from(&s).network.ready);
+        if ready || tokio::time::Instant::now() >= deadline {
+            if !ready {
+                tracing::warn!("the runtime does not report NetworkReady yet");
+            }
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Sets up pod networking for the chosen owner.
 async fn setup_network(
     config: &Config,
@@ -244,27 +263,15 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
         host_dns,
         pod_logs_dir: config.pod_logs_dir.clone(),
     };
-    let volumes = VolumeManager::new(
-        config.root_dir.clone(),
-        KubeVolumeApi::new(client.clone()),
-        LinuxMounter,
-    );
-    let kubelet = Arc::new(Kubelet::new(
-        SyncSettings {
-            node_name: config.node_name.clone(),
-            node_ip: config.node_ip,
-            root_dir: config.root_dir.clone(),
-            pod_logs_dir: config.pod_logs_dir.clone(),
-            runtime_name,
-        },
-        RuntimeManager::new(config.cri.clone(), sandbox_settings, events),
-        volumes,
-        status,
-    ));
-    let workers = PodWorkers::new(kubelet.clone());
-    let wake = workers.clone();
     // The PLEG runs before the node registers, so the first status it reports is Ready.
-    tokio::spawn(pleg.clone().run(cri, move |uid| wake.wake(uid)));
+    // Its wake-ups reach the pod workers once they exist.
+    let wake: Arc<OnceLock<PodWorkers<Kubelet<CriClient>>>> = Arc::default();
+    let wake_workers = wake.clone();
+    tokio::spawn(pleg.clone().run(cri, move |uid| {
+        if let Some(workers) = wake_workers.get() {
+            workers.wake(uid);
+        }
+    }));
     pleg.wait_for_first_relist(Duration::from_secs(10)).await;
 
     let mut node_config = NodeConfig::new(config.node_name.clone(), config.node_ip);
@@ -279,10 +286,38 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
         Arc::new(config.cri.clone()),
         checks,
     )?);
-    node.register(&cancel).await?;
+    let registered = node.register(&cancel).await?;
     let pod_cidr = wait_for_pod_cidr(&client, &config.node_name, Duration::from_secs(120)).await?;
     setup_network(&config, &pod_cidr, &cancel).await?;
+    wait_for_network_ready(&config.cri, Duration::from_secs(5)).await;
     let heartbeats = node.clone().spawn(cancel.clone());
+    // The network was set up after the first status: report it now, not in 10 s.
+    heartbeats.status_trigger().update_now();
+
+    let allocatable = registered
+        .status
+        .and_then(|s| s.allocatable)
+        .unwrap_or_default();
+    let volumes = VolumeManager::new(
+        config.root_dir.clone(),
+        KubeVolumeApi::new(client.clone()),
+        LinuxMounter,
+    )
+    .with_node_allocatable(allocatable);
+    let kubelet = Arc::new(Kubelet::new(
+        SyncSettings {
+            node_name: config.node_name.clone(),
+            node_ip: config.node_ip,
+            root_dir: config.root_dir.clone(),
+            pod_logs_dir: config.pod_logs_dir.clone(),
+            runtime_name,
+        },
+        RuntimeManager::new(config.cri.clone(), sandbox_settings, events),
+        volumes,
+        status,
+    ));
+    let workers = PodWorkers::new(kubelet.clone());
+    let _ = wake.set(workers.clone());
 
     let (store, feed) = crate::pod::source::start(client, &config.node_name, workers.clone());
     tokio::spawn(feed);

@@ -409,8 +409,7 @@ async fn the_node_is_ready_and_turns_not_ready_once_its_lease_expires() {
     // Ready, as posted by this agent (a heartbeat newer than its start).
     eventually("node Ready", Duration::from_secs(30), || async {
         let n = nodes.get_opt(&node_name()).await.ok().flatten()?;
-        let fresh =
-            heartbeat(&n).is_some_and(|t| t.0 >= started - Duration::from_secs(1));
+        let fresh = heartbeat(&n).is_some_and(|t| t.0 >= started - Duration::from_secs(1));
         (fresh && condition(&n).as_deref() == Some("True")).then_some(())
     })
     .await;

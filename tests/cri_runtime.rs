@@ -11,7 +11,7 @@ use common::{NEEDS_CLUSTER, cri, state_dir, unique};
 use rkubelet::cri::{Cri, RuntimeHealth, api};
 
 /// The pod CIDR the tests hand to containerd (runtime-owned networking renders its CNI
-/// template with it).
+/// template with the first one it is given).
 const TEST_POD_CIDR: &str = "10.244.250.0/24";
 
 async fn configure_network() {

@@ -283,36 +283,11 @@ impl<E: PluginExec> Cni<E> {
         self.add_list(&lo).await?;
         let attached = async {
             let raw = self.add_list(&run).await?;
-            let result = CniResult::from_json(raw.clone()).map_err(|reason| CniError::BadResult {
-                plugin: self
-                    .network
-                    .plugin_types()
-                    .last()
-                    .unwrap_or_default()
-                    .to_owned(),
-                command: Command::Add,
-                reason,
-            });
-            let stored = match result {
-                Ok(result) => {
-                    let entry = CacheEntry::new(
-                        &att.container_id,
-                        &att.ifname,
-                        &netns,
-                        self.network.clone(),
-                        cni_args.clone(),
-                        port_mappings.clone(),
-                        result.clone(),
-                    );
-                    self.cache.store(&entry).await.map(|()| result)
-                }
-                Err(e) => Err(e),
-            };
-            if stored.is_err() {
-                self.rollback(&run, self.network.plugins(), Some(&raw))
-                    .await;
+            let recorded = self.record(&run, raw.clone()).await;
+            if recorded.is_err() {
+                self.rollback(&run, run.list.plugins(), Some(&raw)).await;
             }
-            stored
+            recorded
         };
         match attached.await {
             Ok(result) => {
@@ -450,6 +425,31 @@ impl<E: PluginExec> Cni<E> {
         self.cache.remove(&current).await?;
         tracing::info!(container_id = %att.container_id, network = run.list.name(), "CNI DEL done");
         Ok(())
+    }
+
+    /// Reads the chain's final result and caches it with what the run was made of.
+    async fn record(&self, run: &Run<'_>, raw: Value) -> Result<CniResult, CniError> {
+        let result = CniResult::from_json(raw).map_err(|reason| CniError::BadResult {
+            plugin: run
+                .list
+                .plugin_types()
+                .last()
+                .unwrap_or_default()
+                .to_owned(),
+            command: Command::Add,
+            reason,
+        })?;
+        let entry = CacheEntry::new(
+            run.container_id,
+            run.ifname,
+            run.netns,
+            run.list.clone(),
+            run.cni_args.to_owned(),
+            run.port_mappings.to_vec(),
+            result.clone(),
+        );
+        self.cache.store(&entry).await?;
+        Ok(result)
     }
 
     /// Runs `ADD` of every plugin of the list in order; on a failure, rolls back the
