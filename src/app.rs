@@ -170,6 +170,33 @@ async fn wait_for_network_ready(cri: &CriClient, timeout: Duration) {
     }
 }
 
+/// How often, and after what age, leaked pod network attachments are released.
+const NETWORK_GC: Duration = Duration::from_secs(30);
+
+async fn collect_network_garbage(cri: &CriClient, cni: &Cni, min_age: Duration) {
+    let listed = cri
+        .list_pod_sandbox(api::ListPodSandboxRequest { filter: None })
+        .await;
+    match listed {
+        Ok(resp) => {
+            let live = resp.items.into_iter().map(|s| s.id).collect();
+            cni.garbage_collect(&live, min_age).await;
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot list sandboxes; network garbage collection skipped")
+        }
+    }
+}
+
+async fn network_gc_loop(cri: CriClient, cni: Arc<Cni>, cancel: CancellationToken) {
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            () = tokio::time::sleep(NETWORK_GC) => collect_network_garbage(&cri, &cni, NETWORK_GC).await,
+        }
+    }
+}
+
 /// Sets up pod networking for the chosen owner.
 async fn setup_network(
     config: &Config,
@@ -193,6 +220,9 @@ async fn setup_network(
         }
         NetworkOwner::Agent => {
             let network = cni::load_conflist(&config.cni_conf_dir, pod_cidr).await?;
+            for bridge in network.bridges() {
+                cni::reconcile_bridge(&cni::IpBridgeOps, bridge, pod_cidr).await?;
+            }
             let cni = Arc::new(Cni::new(
                 network,
                 config.cni_bin_dirs.clone(),
@@ -200,6 +230,14 @@ async fn setup_network(
                 ProcessExec::new(Duration::from_secs(60)),
             ));
             cni.verify_plugins().await?;
+            // Before the socket serves, no ADD of ours is under way: every attachment whose
+            // sandbox is gone leaked (an agent crash in the middle of an ADD).
+            collect_network_garbage(&config.cri, &cni, Duration::ZERO).await;
+            tokio::spawn(network_gc_loop(
+                config.cri.clone(),
+                cni.clone(),
+                cancel.clone(),
+            ));
             let socket = config.root_dir.join("cni.sock");
             let listener = cni::shim::bind(&socket)?;
             let serve = listener.serve(cni);

@@ -164,14 +164,24 @@ impl<'a> Run<'a> {
 /// concurrently. Do not cancel a running `add` (run it in its own task): a chain dropped
 /// half-way cannot roll itself back.
 pub struct Cni<E = ProcessExec> {
-    network: NetworkConfigList,
+    pub(super) network: NetworkConfigList,
     loopback: NetworkConfigList,
     bin_dirs: Vec<PathBuf>,
     cni_path: String,
-    cache: ResultCache,
+    pub(super) cache: ResultCache,
     /// Visible to the module's tests, which inspect their fake.
     pub(super) exec: E,
     locks: Mutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>,
+}
+
+impl<E> Cni<E> {
+    /// Whether an operation on this container is under way.
+    pub(super) fn in_flight(&self, container_id: &str) -> bool {
+        let locks = self.locks.lock().unwrap_or_else(PoisonError::into_inner);
+        locks
+            .get(container_id)
+            .is_some_and(|m| m.strong_count() > 0)
+    }
 }
 
 impl<E: PluginExec> Cni<E> {

@@ -125,6 +125,33 @@ impl NetworkConfigList {
         &self.cni_version
     }
 
+    /// The host bridges the `bridge` plugins of the chain attach pods to (`cni0` when a
+    /// bridge plugin names none, the plugin's default).
+    pub fn bridges(&self) -> impl Iterator<Item = &str> {
+        self.plugins
+            .iter()
+            .filter(|p| p.get("type").and_then(Value::as_str) == Some("bridge"))
+            .map(|p| p.get("bridge").and_then(Value::as_str).unwrap_or("cni0"))
+    }
+
+    /// The directories where the chain's host-local IPAM keeps this network's
+    /// reservations (`<dataDir>/<network name>`, dataDir defaulting to
+    /// `/var/lib/cni/networks`).
+    pub fn host_local_dirs(&self) -> Vec<PathBuf> {
+        self.plugins
+            .iter()
+            .filter_map(|p| p.get("ipam"))
+            .filter(|ipam| ipam.get("type").and_then(Value::as_str) == Some("host-local"))
+            .map(|ipam| {
+                let data = ipam
+                    .get("dataDir")
+                    .and_then(Value::as_str)
+                    .unwrap_or("/var/lib/cni/networks");
+                Path::new(data).join(&self.name)
+            })
+            .collect()
+    }
+
     /// The plugin types, in chain order.
     pub fn plugin_types(&self) -> impl Iterator<Item = &str> {
         self.plugins

@@ -31,6 +31,21 @@ pub enum CniError {
         /// The plugin's details, often empty.
         details: String,
     },
+    /// The agent's bridge carries an address from another pod CIDR (the Node was
+    /// re-created and got a new one) while pods are still attached to it.
+    #[error(
+        "bridge {bridge} has address {address} outside the node's pod CIDR {pod_cidr} and {ports} pod(s) still attached; remove those pods or the bridge"
+    )]
+    StaleBridge {
+        /// The bridge.
+        bridge: String,
+        /// Its address.
+        address: String,
+        /// The node's pod CIDR now.
+        pod_cidr: String,
+        /// How many interfaces are attached.
+        ports: usize,
+    },
     /// No executable file named like the plugin type in any bin dir.
     #[error("CNI plugin {plugin:?} not found in {}", paths(searched))]
     PluginNotFound {
@@ -185,7 +200,8 @@ impl CniError {
             Self::PluginNotFound { .. }
             | Self::Exec { .. }
             | Self::BadResult { .. }
-            | Self::InvalidCache { .. } => CODE_RKUBELET,
+            | Self::InvalidCache { .. }
+            | Self::StaleBridge { .. } => CODE_RKUBELET,
         }
     }
 }

@@ -16,14 +16,17 @@
 //! The process boundary is the [`PluginExec`] trait: [`ProcessExec`] runs the binaries,
 //! and the unit tests use a fake, so all chain logic is tested without root.
 
+mod bridge;
 mod cache;
 mod chain;
 mod config;
 mod error;
 mod exec;
+mod gc;
 mod result;
 pub mod shim;
 
+pub use bridge::{BridgeOps, IpBridgeOps, reconcile_bridge};
 pub use chain::{Attachment, Cni, PodNetworkRef, PortMapping, Protocol};
 pub use config::{NetworkConfigList, POD_CIDR_PLACEHOLDER, load_conflist};
 pub use error::CniError;
