@@ -23,6 +23,8 @@ cargo test --locked --no-run
 bash scripts/cluster.sh down
 trap 'bash scripts/cluster.sh down' EXIT
 bash scripts/cluster.sh up
+# A second node identity on this host, for runtime-owned networking beside agent-owned.
+bash scripts/cluster.sh node-credentials rk-node2 "$NODE_IP"
 
 log "unit and integration tests"
 cargo test --locked -- --include-ignored --test-threads=2

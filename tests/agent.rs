@@ -40,15 +40,25 @@ where
     }
 }
 
-fn root_dir(test: &str) -> PathBuf {
-    std::env::temp_dir().join(unique(&format!("rkubelet-it-{test}")))
+/// The agent's root dir for a node: one per node across tests, as on a real node, under
+/// the cluster's state dir so that `scripts/cluster.sh down` removes whatever is left.
+fn root_dir(node: &str) -> PathBuf {
+    common::state_dir().join("test-agents").join(node)
 }
 
 async fn admin() -> kube::Client {
     kube_client("admin.kubeconfig").await
 }
 
+/// The second node identity (`scripts/test.sh` mints it): the same host as another node,
+/// with a pod CIDR of its own, for runtime-owned networking next to the agent-owned one.
+const SECOND_NODE: &str = "rk-node2";
+
 async fn create_deployment(name: &str, image: &str, replicas: i32) {
+    create_deployment_on(name, image, replicas, &node_name()).await;
+}
+
+async fn create_deployment_on(name: &str, image: &str, replicas: i32, node: &str) {
     let deployment: Deployment = serde_json::from_value(serde_json::json!({
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -59,7 +69,7 @@ async fn create_deployment(name: &str, image: &str, replicas: i32) {
             "template": {
                 "metadata": { "labels": { "app": name } },
                 "spec": {
-                    "nodeSelector": { "kubernetes.io/hostname": node_name() },
+                    "nodeSelector": { "kubernetes.io/hostname": node },
                     "terminationGracePeriodSeconds": 30,
                     "containers": [{ "name": "web", "image": image }]
                 }
@@ -208,7 +218,7 @@ async fn node_pod_cidr() -> String {
 #[ignore = "needs root and the local cluster: run scripts/test.sh"]
 async fn seed_deployment_runs_serves_http_and_is_removed_without_leaks() {
     let _turn = ONE_AT_A_TIME.lock().await;
-    let agent = AgentProcess::start(Owner::Agent, root_dir("seed"));
+    let agent = AgentProcess::start(Owner::Agent, &node_name(), root_dir(&node_name()));
     let app = unique("nginx");
     create_deployment(&app, "nginx", 3).await;
     let _cleanup = Cleanup(app.clone());
@@ -302,8 +312,8 @@ async fn seed_deployment_runs_serves_http_and_is_removed_without_leaks() {
 #[ignore = "needs root and the local cluster: run scripts/test.sh"]
 async fn a_crash_mid_rollout_then_restart_adopts_instead_of_duplicating() {
     let _turn = ONE_AT_A_TIME.lock().await;
-    let root = root_dir("crash");
-    let agent = AgentProcess::start(Owner::Agent, root.clone());
+    let root = root_dir(&node_name());
+    let agent = AgentProcess::start(Owner::Agent, &node_name(), root.clone());
     // Let the node register first, so the rollout is really under way at the crash.
     node_pod_cidr().await;
     let app = unique("rollout");
@@ -316,7 +326,7 @@ async fn a_crash_mid_rollout_then_restart_adopts_instead_of_duplicating() {
     )
     .await;
     agent.crash();
-    let agent = AgentProcess::start(Owner::Agent, root);
+    let agent = AgentProcess::start(Owner::Agent, &node_name(), root);
     let running = all_ready(&app, 10, Duration::from_secs(90)).await;
     let ips: BTreeSet<_> = running
         .iter()
@@ -351,7 +361,7 @@ async fn a_crash_mid_rollout_then_restart_adopts_instead_of_duplicating() {
 #[ignore = "needs root and the local cluster: run scripts/test.sh"]
 async fn a_missing_image_reports_err_image_pull_then_back_off() {
     let _turn = ONE_AT_A_TIME.lock().await;
-    let agent = AgentProcess::start(Owner::Agent, root_dir("badimage"));
+    let agent = AgentProcess::start(Owner::Agent, &node_name(), root_dir(&node_name()));
     let app = unique("badimage");
     create_deployment(&app, "docker.io/library/does-not-exist:1", 1).await;
     let _cleanup = Cleanup(app.clone());
@@ -395,9 +405,11 @@ async fn a_missing_image_reports_err_image_pull_then_back_off() {
 #[ignore = "needs root and the local cluster: run scripts/test.sh"]
 async fn runtime_owned_networking_takes_the_ip_from_the_sandbox_status() {
     let _turn = ONE_AT_A_TIME.lock().await;
-    let agent = AgentProcess::start(Owner::Runtime, root_dir("runtime-net"));
+    // Two network owners cannot share one node's pod CIDR on one host (their bridges would
+    // route the same subnet): the runtime-owned agent is a second node with its own CIDR.
+    let agent = AgentProcess::start(Owner::Runtime, SECOND_NODE, root_dir(SECOND_NODE));
     let app = unique("rtnet");
-    create_deployment(&app, "nginx", 1).await;
+    create_deployment_on(&app, "nginx", 1, SECOND_NODE).await;
     let _cleanup = Cleanup(app.clone());
     let running = all_ready(&app, 1, Duration::from_secs(60)).await;
     let ip = running[0]
@@ -416,13 +428,17 @@ async fn runtime_owned_networking_takes_the_ip_from_the_sandbox_status() {
     })
     .await;
     agent.stop();
+    // The second node is this test's alone.
+    let _ = Api::<Node>::all(admin().await)
+        .delete(SECOND_NODE, &DeleteParams::default())
+        .await;
 }
 
 #[tokio::test]
 #[ignore = "needs root and the local cluster: run scripts/test.sh"]
 async fn the_node_is_ready_and_turns_not_ready_once_its_lease_expires() {
     let _turn = ONE_AT_A_TIME.lock().await;
-    let agent = AgentProcess::start(Owner::Agent, root_dir("ready"));
+    let agent = AgentProcess::start(Owner::Agent, &node_name(), root_dir(&node_name()));
     let nodes = Api::<Node>::all(admin().await);
     let condition = |n: &Node| {
         n.status

@@ -33,8 +33,8 @@ pub struct AgentProcess {
 pub const NODE_IP: &str = "198.18.0.1";
 
 impl AgentProcess {
-    /// Starts `rkubelet run` for node `rk-node1` with the cluster's dirs.
-    pub fn start(owner: Owner, root_dir: PathBuf) -> Self {
+    /// Starts `rkubelet run` as node `node` with the cluster's dirs.
+    pub fn start(owner: Owner, node: &str, root_dir: PathBuf) -> Self {
         let state = state_dir();
         std::fs::create_dir_all(&root_dir).expect("root dir");
         let log = root_dir.with_extension("log");
@@ -47,17 +47,8 @@ impl AgentProcess {
         let child = Command::new(env!("CARGO_BIN_EXE_rkubelet"))
             .args(["--log-level", "info,rkubelet=debug", "run"])
             .arg("--kubeconfig")
-            .arg(
-                state
-                    .join("pki")
-                    .join(format!("node-{}.kubeconfig", super::node_name())),
-            )
-            .args([
-                "--hostname-override",
-                &super::node_name(),
-                "--node-ip",
-                NODE_IP,
-            ])
+            .arg(state.join("pki").join(format!("node-{node}.kubeconfig")))
+            .args(["--hostname-override", node, "--node-ip", NODE_IP])
             .arg("--root-dir")
             .arg(&root_dir)
             .arg("--pod-logs-dir")
