@@ -168,8 +168,9 @@ impl<C: Cri> Kubelet<C> {
             }
             return Next::ResyncAfter(RESYNC);
         }
+        // Pending (or whatever the runtime shows) at once, before a slow pull or sandbox.
+        self.publish_status(pod, id, Some(&runtime));
         if let Some(wait) = self.backing_off(&id.uid) {
-            self.publish_status(pod, id, Some(&runtime));
             return Next::ResyncAfter(wait);
         }
         let pod_dir = self.volumes.pod_dir(&id.uid);

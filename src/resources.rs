@@ -1,86 +1,106 @@
-//! Compute resources: Kubernetes quantities (`500m`, `64Mi`, `1G`), their cgroup
-//! settings (CPU shares and quota, as the kubelet's `MilliCPUToShares`/`MilliCPUToQuota`),
+//! Compute resources: Kubernetes quantities (`500m`, `64Mi`, `1G`), parsed exactly as
+//! `resource.Quantity` does, their cgroup settings (CPU shares and quota, as the kubelet's `MilliCPUToShares`/`MilliCPUToQuota`),
 //! and the pod's QoS class.
 
 use k8s_openapi::api::core::v1::{Container, PodSpec};
 
-/// A parsed quantity, exact to the milli-unit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+/// An exact, non-negative quantity `numerator / denominator`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Quantity {
-    millis: i128,
+    numerator: u128,
+    denominator: u128,
 }
+
+/// Largest decimal exponent accepted; beyond it the value does not fit a node's resources.
+const MAX_EXPONENT: u32 = 30;
 
 impl Quantity {
-    /// The quantity in thousandths (millicores for CPU).
-    #[must_use]
-    pub fn millis(self) -> i64 {
-        i64::try_from(self.millis).unwrap_or(i64::MAX)
+    /// Parses `<number><suffix>`: a decimal number, then a binary (`Ki`..`Ei`), decimal
+    /// (`n`, `u`, `m`, `k`, `M`..`E`) or exponent (`e3`, `E-2`) suffix.
+    ///
+    /// # Errors
+    /// What is wrong with the text.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let bad = |why: &str| format!("invalid quantity {text:?}: {why}");
+        let s = text.trim();
+        let s = s.strip_prefix('+').unwrap_or(s);
+        if s.starts_with('-') {
+            return Err(bad("negative"));
+        }
+        let split = s
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(s.len());
+        let (number, suffix) = s.split_at(split);
+        let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+        if whole.is_empty() && fraction.is_empty() {
+            return Err(bad("no digits"));
+        }
+        let digits = format!("{whole}{fraction}");
+        let mut numerator: u128 = digits.parse().map_err(|_| bad("too many digits"))?;
+        let fraction_len = u32::try_from(fraction.len()).map_err(|_| bad("too many digits"))?;
+        let mut denominator = pow10(fraction_len).ok_or_else(|| bad("too many digits"))?;
+        let (binary_shift, decimal_exp): (u32, i64) = match suffix {
+            "" => (0, 0),
+            "Ki" => (10, 0),
+            "Mi" => (20, 0),
+            "Gi" => (30, 0),
+            "Ti" => (40, 0),
+            "Pi" => (50, 0),
+            "Ei" => (60, 0),
+            "n" => (0, -9),
+            "u" => (0, -6),
+            "m" => (0, -3),
+            "k" => (0, 3),
+            "M" => (0, 6),
+            "G" => (0, 9),
+            "T" => (0, 12),
+            "P" => (0, 15),
+            "E" => (0, 18),
+            exp if exp.starts_with(['e', 'E']) => {
+                (0, exp[1..].parse().map_err(|_| bad("bad exponent"))?)
+            }
+            _ => return Err(bad("unknown suffix")),
+        };
+        numerator = numerator
+            .checked_mul(1u128 << binary_shift)
+            .ok_or_else(|| bad("too large"))?;
+        let scale = u32::try_from(decimal_exp.unsigned_abs())
+            .ok()
+            .filter(|e| *e <= MAX_EXPONENT)
+            .and_then(pow10)
+            .ok_or_else(|| bad("exponent out of range"))?;
+        if decimal_exp >= 0 {
+            numerator = numerator
+                .checked_mul(scale)
+                .ok_or_else(|| bad("too large"))?;
+        } else {
+            denominator = denominator
+                .checked_mul(scale)
+                .ok_or_else(|| bad("too many digits"))?;
+        }
+        Ok(Self {
+            numerator,
+            denominator,
+        })
     }
 
-    /// The quantity rounded up to a whole unit (bytes for memory).
+    /// The value in whole units, rounded up (`Quantity.Value()`).
     #[must_use]
-    pub fn value(self) -> i64 {
-        i64::try_from((self.millis + 999).div_euclid(1000)).unwrap_or(i64::MAX)
+    pub fn value(self) -> u128 {
+        self.numerator.div_ceil(self.denominator)
+    }
+
+    /// The value in thousandths, rounded up (`Quantity.MilliValue()`).
+    #[must_use]
+    pub fn milli_value(self) -> u128 {
+        self.numerator
+            .saturating_mul(1000)
+            .div_ceil(self.denominator)
     }
 }
 
-impl std::str::FromStr for Quantity {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        let s = s.trim();
-        let split = s
-            .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+' || c == '-'))
-            .unwrap_or(s.len());
-        let (number, suffix) = s.split_at(split);
-        // (numerator, denominator) of the suffix's multiplier, in milli-units.
-        let (mul, div): (i128, i128) = match suffix {
-            "" => (1000, 1),
-            "m" => (1, 1),
-            "k" => (1000 * 1000, 1),
-            "M" => (1000 * 1000_i128.pow(2), 1),
-            "G" => (1000 * 1000_i128.pow(3), 1),
-            "T" => (1000 * 1000_i128.pow(4), 1),
-            "P" => (1000 * 1000_i128.pow(5), 1),
-            "E" => (1000 * 1000_i128.pow(6), 1),
-            "Ki" => (1000 << 10, 1),
-            "Mi" => (1000 << 20, 1),
-            "Gi" => (1000 << 30, 1),
-            "Ti" => (1000 << 40, 1),
-            "Pi" => (1000 << 50, 1),
-            "Ei" => (1000 << 60, 1),
-            "n" => (1, 1_000_000),
-            "u" => (1, 1000),
-            _ if suffix.starts_with(['e', 'E']) => {
-                let exp: u32 = suffix[1..]
-                    .parse()
-                    .map_err(|_| format!("bad quantity {s:?}"))?;
-                (1000 * 10_i128.pow(exp), 1)
-            }
-            _ => return Err(format!("bad quantity {s:?}: unknown suffix {suffix:?}")),
-        };
-        let (whole, frac) = number.split_once('.').unwrap_or((number, ""));
-        let negative = whole.starts_with('-');
-        let whole = whole.trim_start_matches(['+', '-']);
-        if whole.is_empty() && frac.is_empty() {
-            return Err(format!("bad quantity {s:?}"));
-        }
-        let parse = |d: &str| -> Result<i128, String> {
-            if d.is_empty() {
-                Ok(0)
-            } else {
-                d.parse::<i128>().map_err(|_| format!("bad quantity {s:?}"))
-            }
-        };
-        let scale =
-            10_i128.pow(u32::try_from(frac.len()).map_err(|_| format!("bad quantity {s:?}"))?);
-        let scaled = parse(whole)? * scale + parse(frac)?;
-        // Round up, as the API does for fractions of the smallest unit.
-        let millis = (scaled * mul + scale * div - 1).div_euclid(scale * div);
-        Ok(Self {
-            millis: if negative { -millis } else { millis },
-        })
-    }
+fn pow10(exp: u32) -> Option<u128> {
+    10u128.checked_pow(exp)
 }
 
 /// CPU shares for a CPU request in millicores: 1024 per core, at least 2.
@@ -116,8 +136,9 @@ pub fn qos_class(spec: &PodSpec) -> &'static str {
             let request = requests.get(name).or_else(|| limits.get(name));
             let limit = limits.get(name);
             let parse = |q: Option<&k8s_openapi::apimachinery::pkg::api::resource::Quantity>| {
-                q.and_then(|q| q.0.parse::<Quantity>().ok())
-                    .filter(|q| q.millis > 0)
+                q.and_then(|q| Quantity::parse(&q.0).ok())
+                    .map(Quantity::milli_value)
+                    .filter(|m| *m > 0)
             };
             let (request, limit) = (parse(request), parse(limit));
             any |= request.is_some() || limit.is_some();
@@ -140,21 +161,32 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity as Q;
 
     fn q(s: &str) -> Quantity {
-        s.parse().unwrap()
+        Quantity::parse(s).unwrap_or_else(|e| panic!("{e}"))
     }
 
     #[test]
-    fn parses_the_usual_forms() {
-        assert_eq!(q("500m").millis(), 500);
-        assert_eq!(q("2").millis(), 2000);
-        assert_eq!(q("0.5").millis(), 500);
+    fn values_round_up_like_the_go_quantity() {
+        assert_eq!(q("1").milli_value(), 1000);
+        assert_eq!(q("250m").milli_value(), 250);
+        assert_eq!(q("250m").value(), 1);
+        assert_eq!(q("1.5").milli_value(), 1500);
+        assert_eq!(q("0.0001").milli_value(), 1);
         assert_eq!(q("64Mi").value(), 64 << 20);
-        assert_eq!(q("1G").value(), 1_000_000_000);
-        assert_eq!(q("1.5Gi").value(), 3 << 29);
+        assert_eq!(q("1Gi").value(), 1 << 30);
+        assert_eq!(q("2k").value(), 2000);
+        assert_eq!(q("1M").value(), 1_000_000);
         assert_eq!(q("1e3").value(), 1000);
-        assert_eq!(q("100k").value(), 100_000);
-        assert!("12x".parse::<Quantity>().is_err());
-        assert!("".parse::<Quantity>().is_err());
+        assert_eq!(q("5E-1").milli_value(), 500);
+        assert_eq!(q("100n").value(), 1);
+        assert_eq!(q(".5").milli_value(), 500);
+        assert_eq!(q("1Ei").value(), 1 << 60);
+    }
+
+    #[test]
+    fn rejects_what_is_not_a_quantity() {
+        for bad in ["", "-1", "1Xi", "abc", "1e", "1e99", "."] {
+            assert!(Quantity::parse(bad).is_err(), "{bad:?} parsed");
+        }
     }
 
     #[test]

@@ -403,6 +403,100 @@ async fn a_missing_image_reports_err_image_pull_then_back_off() {
 
 #[tokio::test]
 #[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn a_failing_cni_plugin_reports_failed_create_pod_sandbox_and_retries_without_leaks() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    // host-local refuses a rangeStart outside the subnet: every ADD fails after the bridge
+    // plugin made its veth, so the agent must roll the chain back each time.
+    let conf_dir = root_dir("broken-cni");
+    std::fs::create_dir_all(&conf_dir).expect("conf dir");
+    let shipped = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/cni-config/10-rkubelet.conflist"
+    ))
+    .expect("conflist");
+    let broken = shipped.replace(
+        r#"{"subnet": "{{.PodCIDR}}"}"#,
+        r#"{"subnet": "{{.PodCIDR}}", "rangeStart": "10.255.255.5"}"#,
+    );
+    assert_ne!(shipped, broken, "the conflist has the expected range");
+    std::fs::write(conf_dir.join("10-broken.conflist"), broken).expect("write conflist");
+    let agent = AgentProcess::start_with_cni_conf(
+        Owner::Agent,
+        &node_name(),
+        root_dir(&node_name()),
+        &conf_dir,
+    );
+    let app = unique("badcni");
+    create_deployment(&app, "nginx", 1).await;
+    let _cleanup = Cleanup(app.clone());
+    let pod = eventually("a pod", Duration::from_secs(30), || async {
+        pods(&app).await.into_iter().next()
+    })
+    .await;
+    let name = pod.metadata.name.clone().expect("name");
+    let failures = eventually(
+        "FailedCreatePodSandBox seen at least twice",
+        Duration::from_secs(60),
+        || async {
+            let all = Api::<Event>::namespaced(admin().await, "default")
+                .list(&ListParams::default())
+                .await
+                .ok()?;
+            let mine: Vec<Event> = all
+                .items
+                .into_iter()
+                .filter(|e| e.involved_object.name.as_deref() == Some(name.as_str()))
+                .filter(|e| e.reason.as_deref() == Some("FailedCreatePodSandBox"))
+                .collect();
+            let seen: i32 = mine.iter().map(|e| e.count.unwrap_or(1)).sum();
+            (seen >= 2).then_some(mine)
+        },
+    )
+    .await;
+    let message = failures[0].message.clone().unwrap_or_default();
+    assert!(
+        message.contains("RangeStart 10.255.255.5"),
+        "the plugin's own error reaches the event: {message}"
+    );
+    let status = pods(&app)
+        .await
+        .into_iter()
+        .next()
+        .and_then(|p| p.status)
+        .expect("status");
+    assert_eq!(status.phase.as_deref(), Some("Pending"));
+    let waiting = status
+        .container_statuses
+        .and_then(|c| c.into_iter().next()?.state?.waiting?.reason);
+    assert_eq!(waiting.as_deref(), Some("ContainerCreating"));
+    assert!(sandboxes(&app, true).await.is_empty(), "no sandbox runs");
+    assert!(
+        reserved_ips().is_empty(),
+        "no IP is kept: {:?}",
+        reserved_ips()
+    );
+    assert_eq!(bridge_ports(), 0, "no veth is kept");
+
+    // The broken config breaks DEL too, so the failed sandboxes cannot be removed and the
+    // pod stays Terminating, as with the kubelet. Fixing the config (an agent restart with
+    // the good one) lets everything go.
+    delete_deployment(&app).await;
+    agent.stop();
+    let agent = AgentProcess::start(Owner::Agent, &node_name(), root_dir(&node_name()));
+    eventually(
+        "pod and every sandbox removed after the fix",
+        Duration::from_secs(60),
+        || async {
+            (pods(&app).await.is_empty() && sandboxes(&app, false).await.is_empty()).then_some(())
+        },
+    )
+    .await;
+    assert!(reserved_ips().is_empty() && bridge_ports() == 0);
+    agent.stop();
+}
+
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
 async fn runtime_owned_networking_takes_the_ip_from_the_sandbox_status() {
     let _turn = ONE_AT_A_TIME.lock().await;
     // Two network owners cannot share one node's pod CIDR on one host (their bridges would

@@ -108,3 +108,67 @@ impl<E: PluginExec> Cni<E> {
         released
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cni::testutil::{FakeExec, TempDir, bin_dir};
+    use crate::cni::{NetworkConfigList, PodNetworkRef};
+
+    fn attachment(id: &str) -> Attachment {
+        Attachment {
+            container_id: id.into(),
+            netns: PathBuf::new(),
+            ifname: "eth0".into(),
+            pod: PodNetworkRef::default(),
+            port_mappings: Vec::new(),
+        }
+    }
+
+    #[tokio::test]
+    async fn releases_attachments_of_gone_sandboxes_only() {
+        let bin = bin_dir(&["loopback", "bridge"]);
+        let cache = TempDir::new("gc-cache");
+        let ipam = TempDir::new("gc-ipam");
+        let conflist = serde_json::json!({
+            "cniVersion": "0.4.0", "name": "gcnet",
+            "plugins": [{"type": "bridge", "bridge": "rk0",
+                         "ipam": {"type": "host-local", "dataDir": ipam.path()}}]
+        });
+        let list = NetworkConfigList::parse("test", conflist.to_string().as_bytes()).unwrap();
+        let cni = Cni::new(
+            list,
+            vec![bin.path().to_owned()],
+            cache.path().to_owned(),
+            FakeExec::default(),
+        );
+        cni.add(&attachment("live")).await.unwrap();
+        cni.add(&attachment("dead")).await.unwrap();
+        // A reservation an interrupted ADD left without a cache entry.
+        let reservations = ipam.path().join("gcnet");
+        std::fs::create_dir_all(&reservations).unwrap();
+        std::fs::write(reservations.join("10.244.1.77"), "orphan\r\neth0").unwrap();
+        std::fs::write(reservations.join("last_reserved_ip.0"), "10.244.1.77").unwrap();
+
+        let live: HashSet<String> = ["live".to_owned()].into();
+        assert!(
+            cni.garbage_collect(&live, Duration::from_secs(3600))
+                .await
+                .is_empty(),
+            "too young to collect"
+        );
+        let released = cni.garbage_collect(&live, Duration::ZERO).await;
+        assert_eq!(released, ["dead", "orphan"]);
+        let deleted: Vec<String> = cni
+            .exec
+            .calls()
+            .into_iter()
+            .filter(|c| c.command() == "DEL" && c.plugin == "bridge")
+            .map(|c| c.env["CNI_CONTAINERID"].clone())
+            .collect();
+        assert_eq!(deleted, ["dead", "orphan"]);
+        // DEL removed dead's cache entry; the fake host-local leaves its file, so only the
+        // reservation is found again.
+        assert_eq!(cni.garbage_collect(&live, Duration::ZERO).await, ["orphan"]);
+    }
+}

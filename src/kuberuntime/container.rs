@@ -203,6 +203,11 @@ pub fn environment(
     Ok(envs)
 }
 
+/// A quantity in thousandths, for cgroup arithmetic.
+fn millis(q: Quantity) -> i64 {
+    i64::try_from(q.milli_value()).unwrap_or(i64::MAX)
+}
+
 fn resources(container: &Container) -> Result<api::LinuxContainerResources, ConfigError> {
     let bad = |reason: String| ConfigError::BadResource {
         container: container.name.clone(),
@@ -217,10 +222,7 @@ fn resources(container: &Container) -> Result<api::LinuxContainerResources, Conf
                name: &str| {
         which
             .and_then(|m| m.get(name))
-            .map(|q| {
-                q.0.parse::<Quantity>()
-                    .map_err(|e| bad(format!("resources {name}: {e}")))
-            })
+            .map(|q| Quantity::parse(&q.0).map_err(|e| bad(format!("resources {name}: {e}"))))
             .transpose()
     };
     let req = container.resources.as_ref();
@@ -231,15 +233,15 @@ fn resources(container: &Container) -> Result<api::LinuxContainerResources, Conf
     let cpu_request = get(requests, "cpu")?.or(cpu_limit);
     let memory_limit = get(limits, "memory")?;
     let mut out = api::LinuxContainerResources {
-        cpu_shares: cpu_shares(cpu_request.map(Quantity::millis)),
+        cpu_shares: cpu_shares(cpu_request.map(millis)),
         ..Default::default()
     };
     if let Some(limit) = cpu_limit {
         out.cpu_period = 100_000;
-        out.cpu_quota = cpu_quota(limit.millis(), out.cpu_period);
+        out.cpu_quota = cpu_quota(millis(limit), out.cpu_period);
     }
     if let Some(limit) = memory_limit {
-        out.memory_limit_in_bytes = limit.value();
+        out.memory_limit_in_bytes = i64::try_from(limit.value()).unwrap_or(i64::MAX);
     }
     Ok(out)
 }

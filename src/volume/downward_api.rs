@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as ApiQuantity;
 
 use super::payload::{FileProjection, Payload, file_mode, validate_path};
-use super::quantity::Quantity;
+use crate::resources::Quantity;
 
 /// Renders the items of a downwardAPI volume or projection of `pod`. Container limits that
 /// are not set fall back to `allocatable` (the node's), as in the kubelet.

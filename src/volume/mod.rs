@@ -30,7 +30,6 @@ mod error;
 mod host_path;
 mod mounter;
 mod payload;
-mod quantity;
 mod subpath;
 mod teardown;
 #[cfg(test)]
@@ -55,9 +54,9 @@ pub use api::{KubeVolumeApi, VolumeApi};
 pub use error::{Result, VolumeError};
 pub use mounter::{LinuxMounter, Mounter};
 
+use crate::resources::Quantity;
 use error::FsError;
 use payload::{FileProjection, KeyPayloadError, Payload};
-use quantity::Quantity;
 use subpath::{SubPathError, check_sub_path, resolve_sub_path};
 use teardown::teardown_pod_dir;
 use token::{DEFAULT_EXPIRATION_SECONDS, TokenKey, TokenManager};

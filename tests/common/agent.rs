@@ -33,8 +33,20 @@ pub struct AgentProcess {
 pub const NODE_IP: &str = "198.18.0.1";
 
 impl AgentProcess {
-    /// Starts `rkubelet run` as node `node` with the cluster's dirs.
+    /// Starts `rkubelet run` as node `node` with the cluster's dirs and the repository's
+    /// CNI config.
     pub fn start(owner: Owner, node: &str, root_dir: PathBuf) -> Self {
+        let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        Self::start_with_cni_conf(owner, node, root_dir, &repo.join("cni-config"))
+    }
+
+    /// Starts `rkubelet run` with the agent's CNI config from `cni_conf_dir`.
+    pub fn start_with_cni_conf(
+        owner: Owner,
+        node: &str,
+        root_dir: PathBuf,
+        cni_conf_dir: &std::path::Path,
+    ) -> Self {
         let state = state_dir();
         std::fs::create_dir_all(&root_dir).expect("root dir");
         let log = root_dir.with_extension("log");
@@ -43,7 +55,6 @@ impl AgentProcess {
             .append(true)
             .open(&log)
             .expect("log file");
-        let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
         let child = Command::new(env!("CARGO_BIN_EXE_rkubelet"))
             .args(["--log-level", "info,rkubelet=debug", "run"])
             .arg("--kubeconfig")
@@ -62,7 +73,7 @@ impl AgentProcess {
                 },
             ])
             .arg("--cni-conf-dir")
-            .arg(repo.join("cni-config"))
+            .arg(cni_conf_dir)
             .arg("--cni-bin-dir")
             .arg("/usr/lib/cni")
             .arg("--runtime-cni-conf-dir")
