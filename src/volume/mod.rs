@@ -278,6 +278,22 @@ struct DirVolume {
     payload: Option<Payload>,
 }
 
+/// Turns an API error reading `kind/name` for a volume into a [`VolumeError::Api`].
+fn api_error<'a>(
+    p: &'a PodRef<'_>,
+    volume: &'a str,
+    kind: &'static str,
+    name: &'a str,
+) -> impl FnOnce(kube::Error) -> VolumeError + 'a {
+    move |source| VolumeError::Api {
+        pod: p.key.clone(),
+        volume: volume.to_owned(),
+        kind,
+        name: name.to_owned(),
+        source: Box::new(source),
+    }
+}
+
 impl<A: VolumeApi, M: Mounter> VolumeManager<A, M> {
     /// A manager keeping pod directories under `root_dir` (the kubelet's `--root-dir`).
     #[must_use]
@@ -595,13 +611,7 @@ impl<A: VolumeApi, M: Mounter> VolumeManager<A, M> {
             .api
             .get_secret(p.namespace, name)
             .await
-            .map_err(|source| VolumeError::Api {
-                pod: p.key.clone(),
-                volume: volume.to_owned(),
-                kind: KIND,
-                name: name.to_owned(),
-                source: Box::new(source),
-            })?;
+            .map_err(api_error(p, volume, KIND, name))?;
         let Some(secret) = secret else {
             return missing(p, volume, KIND, name, optional);
         };
@@ -628,13 +638,7 @@ impl<A: VolumeApi, M: Mounter> VolumeManager<A, M> {
             .api
             .get_config_map(p.namespace, name)
             .await
-            .map_err(|source| VolumeError::Api {
-                pod: p.key.clone(),
-                volume: volume.to_owned(),
-                kind: KIND,
-                name: name.to_owned(),
-                source: Box::new(source),
-            })?;
+            .map_err(api_error(p, volume, KIND, name))?;
         let Some(config_map) = config_map else {
             return missing(p, volume, KIND, name, optional);
         };
