@@ -85,6 +85,13 @@ fn mount(container_path: &str, host_path: &Path, readonly: bool) -> api::Mount {
     }
 }
 
+/// A pod feature the agent cannot honour yet, if the pod uses one.
+fn unsupported(pod: &Pod) -> Option<String> {
+    let spec = pod.spec.as_ref()?;
+    let init = spec.init_containers.as_ref().is_some_and(|i| !i.is_empty());
+    init.then(|| "init containers are not supported by rkubelet yet".to_owned())
+}
+
 /// The kubelet-managed `/etc/hosts` of a pod with its own network.
 fn hosts_file(hostname: &str, ips: &[IpAddr]) -> String {
     let mut text = String::from(
@@ -127,9 +134,23 @@ impl<C: Cri> RuntimeManager<C> {
         status: &PodRuntimeStatus,
         ctx: &PodContext,
     ) -> SyncOutcome {
+        let mut outcome = SyncOutcome::default();
+        if let Some(refusal) = unsupported(pod) {
+            // Better a clear refusal than running the app containers without what the
+            // spec says must come first.
+            self.events
+                .warning(id, None, "Failed", format!("Error: {refusal}"));
+            for c in pod.spec.iter().flat_map(|s| s.containers.iter()) {
+                let waiting = Waiting {
+                    reason: "CreateContainerConfigError".into(),
+                    message: refusal.clone(),
+                };
+                outcome.waiting.insert(c.name.clone(), waiting);
+            }
+            return outcome;
+        }
         let actions = compute_pod_actions(pod, status);
         tracing::debug!(?actions, "computed pod actions");
-        let mut outcome = SyncOutcome::default();
         if actions.kill_pod {
             if !status.sandboxes.is_empty() {
                 self.events.normal(
@@ -540,6 +561,20 @@ impl<C: Cri> RuntimeManager<C> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pods_with_init_containers_are_refused_clearly() {
+        let mut p = crate::pod::testing::pod("web", &[("c", "nginx")]);
+        assert_eq!(unsupported(&p), None);
+        p.spec.as_mut().unwrap().init_containers = Some(vec![Container {
+            name: "setup".into(),
+            ..Default::default()
+        }]);
+        assert_eq!(
+            unsupported(&p).as_deref(),
+            Some("init containers are not supported by rkubelet yet")
+        );
+    }
 
     #[test]
     fn hosts_file_names_the_pod() {
