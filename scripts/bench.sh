@@ -1,0 +1,164 @@
+#!/usr/bin/env bash
+# Benchmarks rkubelet side by side with the real kubelet v1.20.2, one after the other, on
+# the same node set-up (same control plane, containerd and CNI plugins), and writes a
+# Markdown table, the raw JSON results and a PNG plot of the latency distributions to the
+# directory it names (default out/bench-<date>). Not a test: it asserts nothing.
+#
+#   bash scripts/bench.sh [OUT_DIR]
+#
+# Agents: rkubelet with runtime-owned networking (the same CNI path as the kubelet:
+# containerd runs bridge + host-local + portmap), rkubelet with agent-owned networking (as
+# a second node of its own pod CIDR: two owners cannot route one CIDR), and the kubelet
+# with its v1.20 API defaults (QPS 5, burst 10) and with the newer ones (50/100).
+# Scenarios per agent: footprint idle; bursts of 1, 10, 30, 100 pods bound to the node;
+# Deployments of 3 and 30 replicas; footprint with 100 pods. Then the CRI floor.
+set -euo pipefail
+# shellcheck source=scripts/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+cd "$RKUBELET_REPO"
+
+OUT="${1:-$RKUBELET_REPO/out/bench-$(date +%Y%m%d-%H%M%S)}"
+mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
+read -ra BURSTS <<<"${BENCH_BURSTS:-1 10 30 100}"
+FOOTPRINT_SECONDS="${BENCH_FOOTPRINT_SECONDS:-60}"
+SECOND_NODE=rk-node2
+
+bash scripts/setup.sh
+if ! command -v gnuplot >/dev/null; then
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gnuplot-nox >/dev/null
+fi
+log "building (release)"
+cargo build --locked --release --bins
+RK="$RKUBELET_REPO/target/release/rkubelet"
+BENCH="$RKUBELET_REPO/target/release/bench"
+export KUBECONFIG="$KUBECONFIG_ADMIN"
+k() { kubectl "$@" 2> >(grep -v 'version difference' >&2); }
+
+# What the real kubelet changes on the host, put back at the end.
+SYSCTLS=(vm.overcommit_memory kernel.panic kernel.panic_on_oops)
+declare -A SYSCTL_BEFORE
+for s in "${SYSCTLS[@]}"; do SYSCTL_BEFORE[$s]=$(sysctl -n "$s"); done
+LOG_DIRS_BEFORE=()
+for d in /var/log/pods /var/log/containers; do [[ -e $d ]] && LOG_DIRS_BEFORE+=("$d"); done
+
+AGENT_PID=""
+stop_agent() {
+  [[ -n $AGENT_PID ]] || return 0
+  kill -TERM "$AGENT_PID" 2>/dev/null || true
+  for _ in $(seq 100); do kill -0 "$AGENT_PID" 2>/dev/null || break; sleep 0.1; done
+  kill -KILL "$AGENT_PID" 2>/dev/null || true
+  wait "$AGENT_PID" 2>/dev/null || true
+  AGENT_PID=""
+}
+cleanup() {
+  stop_agent
+  bash scripts/cluster.sh down || true
+  for s in "${SYSCTLS[@]}"; do sysctl -qw "$s=${SYSCTL_BEFORE[$s]}" || true; done
+  for d in /var/log/pods /var/log/containers; do
+    [[ " ${LOG_DIRS_BEFORE[*]} " == *" $d "* ]] || rm -rf "$d"
+  done
+}
+trap cleanup EXIT
+
+bash scripts/cluster.sh down
+bash scripts/cluster.sh up
+bash scripts/cluster.sh node-credentials "$SECOND_NODE" "$NODE_IP"
+
+start_agent() { # NAME NODE COMMAND...
+  local name=$1 node=$2; shift 2
+  log "starting $name as node $node"
+  "$@" >"$OUT/$name.log" 2>&1 &
+  AGENT_PID=$!
+  k wait --for=condition=Ready "node/$node" --timeout=120s >/dev/null
+}
+
+rkubelet_cmd() { # NODE OWNER
+  local node=$1 owner=$2
+  echo "$RK" run --kubeconfig "$RKUBELET_STATE/pki/node-$node.kubeconfig" \
+    --hostname-override "$node" --node-ip "$NODE_IP" \
+    --root-dir "$RKUBELET_STATE/bench/rkubelet-$node" --pod-logs-dir "$RKUBELET_STATE/bench/logs-$node" \
+    --network-owner "$owner" --cni-conf-dir "$RKUBELET_REPO/cni-config" --cni-bin-dir /usr/lib/cni \
+    --runtime-cni-conf-dir "$RKUBELET_STATE/cni/net.d" --runtime-cni-bin-dir "$RKUBELET_STATE/cni/bin" \
+    --resolv-conf=
+}
+
+kubelet_cmd() { # QPS BURST
+  echo "$K8S_BIN/kubelet" --kubeconfig "$RKUBELET_STATE/pki/node-$NODE_NAME.kubeconfig" \
+    --hostname-override "$NODE_NAME" --node-ip "$NODE_IP" --root-dir "$RKUBELET_STATE/bench/kubelet" \
+    --container-runtime=remote --container-runtime-endpoint="unix://$CONTAINERD_SOCK" \
+    --cgroup-driver=cgroupfs --cgroups-per-qos=false --enforce-node-allocatable= --fail-swap-on=false \
+    --eviction-hard= --image-gc-high-threshold=100 --resolv-conf= --read-only-port=0 \
+    --anonymous-auth=false --client-ca-file="$RKUBELET_STATE/pki/ca.crt" \
+    --tls-cert-file="$RKUBELET_STATE/pki/node-$NODE_NAME-serving.crt" \
+    --tls-private-key-file="$RKUBELET_STATE/pki/node-$NODE_NAME-serving.key" \
+    --kube-api-qps="$1" --kube-api-burst="$2"
+}
+
+footprint() { # AGENT STATE
+  "$BENCH" footprint --pid "$AGENT_PID" --seconds "$FOOTPRINT_SECONDS" --agent "$1" --state "$2" >>"$OUT/footprint.json"
+}
+
+scenarios() { # AGENT NODE
+  local agent=$1 node=$2 n
+  footprint "$agent" idle
+  for n in "${BURSTS[@]}"; do
+    log "$agent: burst of $n"
+    "$BENCH" burst --kubeconfig "$KUBECONFIG_ADMIN" --node "$node" --count "$n" --agent "$agent" >>"$OUT/burst.json"
+  done
+  for n in 3 30; do
+    log "$agent: deployment of $n"
+    "$BENCH" deployment --kubeconfig "$KUBECONFIG_ADMIN" --node "$node" --count "$n" --agent "$agent" >>"$OUT/deployment.json"
+  done
+  log "$agent: footprint with 100 pods"
+  k create deployment steady --image=127.0.0.1:5000/rkubelet/busybox:1.35 --replicas=100 -- sh -c "trap 'exit 0' TERM; sleep 3600 & wait" >/dev/null
+  k patch deployment steady --type=merge -p "{\"spec\":{\"template\":{\"spec\":{\"nodeSelector\":{\"kubernetes.io/hostname\":\"$node\"}}}}}" >/dev/null
+  k rollout status deployment/steady --timeout=600s >/dev/null
+  footprint "$agent" "100 pods"
+  k delete deployment steady --wait=true >/dev/null
+  while [[ -n $(k get pods -o name) ]]; do sleep 1; done
+}
+
+run_agent() { # NAME NODE COMMAND...
+  local name=$1 node=$2; shift 2
+  start_agent "$name" "$node" "$@"
+  scenarios "$name" "$node"
+  stop_agent
+}
+
+# shellcheck disable=SC2046  # the commands are word lists on purpose
+{
+  run_agent "rkubelet" "$NODE_NAME" $(rkubelet_cmd "$NODE_NAME" runtime)
+  run_agent "rkubelet (agent CNI)" "$SECOND_NODE" $(rkubelet_cmd "$SECOND_NODE" agent)
+  run_agent "kubelet QPS 5" "$NODE_NAME" $(kubelet_cmd 5 10)
+  run_agent "kubelet QPS 50" "$NODE_NAME" $(kubelet_cmd 50 100)
+}
+
+# The floor, with containerd's own network (rendered from rk-node1's pod CIDR by now).
+for n in 1 30 100; do
+  best=""
+  for c in 1 5 10 20 50; do
+    ((c <= n)) || continue
+    log "CRI floor: $n sandboxes, $c at a time"
+    "$BENCH" floor --count "$n" --concurrency "$c" >"$OUT/floor-$n-$c.tmp"
+    wall=$(jq .all_ready "$OUT/floor-$n-$c.tmp")
+    if [[ -z $best ]] || (($(echo "$wall < $(jq .all_ready "$best")" | bc))); then best="$OUT/floor-$n-$c.tmp"; fi
+  done
+  cp "$best" "$OUT/floor-$n.json"
+done
+rm -f "$OUT"/*.tmp
+
+machine="$(date -u +%Y-%m-%d), $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB, $(uname -r), containerd $(containerd --version | awk '{print $3}')"
+"$BENCH" report "$OUT" --machine "($machine)" >/dev/null
+gnuplot <<EOF
+set terminal pngcairo size 1000,600
+set output "$OUT/latency.png"
+set title "Pod create → Ready (cumulative), $machine"
+set xlabel "seconds after create"
+set ylabel "fraction of pods Ready"
+set key bottom right
+set grid
+plot for [i=0:*] "$OUT/latency.dat" index i using 1:2 with steps title columnheader(1)
+EOF
+cat "$OUT/report.md"
+log "results in $OUT (report.md, latency.png, *.json, agent logs)"

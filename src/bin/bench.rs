@@ -1,0 +1,642 @@
+//! `bench`: the measurements behind `scripts/bench.sh`, which runs rkubelet and the
+//! real kubelet one after the other on the same node set-up. Each subcommand measures one
+//! thing and prints one JSON object; `report` turns a directory of them into a Markdown
+//! table and gnuplot data. It is a benchmark, not a test: it asserts nothing.
+//!
+//! - `burst`: N pods created at once, bound to the node; create → Running and create → Ready
+//!   per pod as seen through a watch, then the time until all are deleted and gone.
+//! - `deployment`: the same through a Deployment, the scheduler and the controllers.
+//! - `floor`: sandbox + network + create + start straight over CRI, no agent, no API server,
+//!   and the teardown likewise — the physical limit the agents are compared with.
+//! - `footprint`: resident memory and CPU seconds of a process over a window.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::runtime::watcher::{self, Event};
+use rkubelet::cri::{Cri, CriClient, api};
+use serde_json::{Value, json};
+
+#[derive(Debug, Parser)]
+#[command(name = "rkubelet-bench", about = "Measurements for scripts/bench.sh")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// N pods bound to the node at once: start-up latencies, then deletion.
+    Burst(ApiArgs),
+    /// A Deployment of N replicas through the scheduler: start-up latencies, then deletion.
+    Deployment(ApiArgs),
+    /// The CRI floor: N sandboxes with one container each, straight over CRI.
+    Floor(FloorArgs),
+    /// Resident memory and CPU seconds of a process over a window.
+    Footprint(FootprintArgs),
+    /// A Markdown table and plot data from a directory of results.
+    Report(ReportArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct ApiArgs {
+    /// Admin kubeconfig.
+    #[arg(long)]
+    kubeconfig: PathBuf,
+    /// The node the pods are for.
+    #[arg(long)]
+    node: String,
+    /// How many pods.
+    #[arg(long)]
+    count: usize,
+    /// The agent under test, for the report.
+    #[arg(long)]
+    agent: String,
+    /// The container image (present on the node: pulls are not measured).
+    #[arg(long, default_value = "127.0.0.1:5000/rkubelet/busybox:1.35")]
+    image: String,
+    /// How long to wait for all pods, in seconds.
+    #[arg(long, default_value_t = 600)]
+    timeout: u64,
+}
+
+#[derive(Debug, clap::Args)]
+struct FloorArgs {
+    /// The CRI endpoint.
+    #[arg(long, default_value = "unix:///run/containerd/containerd.sock")]
+    endpoint: String,
+    /// How many sandboxes.
+    #[arg(long)]
+    count: usize,
+    /// How many sandboxes are set up at once.
+    #[arg(long)]
+    concurrency: usize,
+    /// The container image (present in the runtime).
+    #[arg(long, default_value = "127.0.0.1:5000/rkubelet/busybox:1.35")]
+    image: String,
+    /// Where sandbox logs go.
+    #[arg(long, default_value = "/tmp/rkubelet-bench-floor")]
+    log_dir: PathBuf,
+}
+
+#[derive(Debug, clap::Args)]
+struct FootprintArgs {
+    /// The process.
+    #[arg(long)]
+    pid: u32,
+    /// The window, in seconds.
+    #[arg(long, default_value_t = 60)]
+    seconds: u64,
+    /// The agent, for the report.
+    #[arg(long)]
+    agent: String,
+    /// What the agent was doing (`idle`, `100 pods`).
+    #[arg(long)]
+    state: String,
+}
+
+#[derive(Debug, clap::Args)]
+struct ReportArgs {
+    /// The directory of `*.json` results; the report is written there.
+    dir: PathBuf,
+    /// A line on the machine and date, for the table's heading.
+    #[arg(long, default_value = "")]
+    machine: String,
+}
+
+fn seconds(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1000.0).round() / 1000.0
+}
+
+fn print(v: &Value) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{v}")?;
+    Ok(())
+}
+
+async fn client(kubeconfig: &Path) -> anyhow::Result<kube::Client> {
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig)?;
+    let config =
+        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+            .await?;
+    Ok(kube::Client::try_from(config)?)
+}
+
+/// The bench pods' container: exits at once on SIGTERM, so deletion measures the agents,
+/// not a grace period.
+fn container(image: &str) -> Value {
+    json!({
+        "name": "c",
+        "image": image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["sh", "-c", "trap 'exit 0' TERM; sleep 3600 & wait"]
+    })
+}
+
+fn is_ready(p: &Pod) -> bool {
+    let conditions = p.status.as_ref().and_then(|s| s.conditions.as_ref());
+    conditions.is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+fn is_running(p: &Pod) -> bool {
+    p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+}
+
+/// Start-up and deletion of the pods labelled `bench=<run>`, timed through a watch that is
+/// open before the first create. `create` makes them; it returns the create time of each
+/// pod by name prefix (a Deployment's pods share the Deployment's create time).
+struct Timings {
+    running: Vec<f64>,
+    ready: Vec<f64>,
+    all_ready: f64,
+    all_gone: f64,
+}
+
+async fn time_pods<F, Fut>(
+    pods: Api<Pod>,
+    run: &str,
+    count: usize,
+    timeout: Duration,
+    create: F,
+    delete: impl Future<Output = anyhow::Result<()>>,
+) -> anyhow::Result<Timings>
+where
+    F: FnOnce() -> Fut,
+    Fut: Future<Output = anyhow::Result<Instant>>,
+{
+    let selector = format!("bench={run}");
+    let stream = watcher::watcher(pods.clone(), watcher::Config::default().labels(&selector));
+    let mut stream = std::pin::pin!(stream);
+    // The watch is established (its initial list is done) before anything is created.
+    while let Some(event) = stream.try_next().await? {
+        if matches!(event, Event::InitDone) {
+            break;
+        }
+    }
+    let started = create().await?;
+    let mut running: HashMap<String, f64> = HashMap::new();
+    let mut ready: HashMap<String, f64> = HashMap::new();
+    let deadline = started + timeout;
+    while ready.len() < count {
+        let event = tokio::time::timeout_at(deadline.into(), stream.try_next())
+            .await
+            .with_context(|| {
+                format!("{} of {count} pods ready after {timeout:?}", ready.len())
+            })??;
+        let Some(Event::Apply(pod) | Event::InitApply(pod)) = event else {
+            continue;
+        };
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let at = seconds(started.elapsed());
+        if is_running(&pod) {
+            running.entry(name.clone()).or_insert(at);
+        }
+        if is_ready(&pod) {
+            ready.entry(name).or_insert(at);
+        }
+    }
+    let all_ready = seconds(started.elapsed());
+    let deleting = Instant::now();
+    delete.await?;
+    let mut gone = 0;
+    while gone < count {
+        let event = tokio::time::timeout_at((deleting + timeout).into(), stream.try_next())
+            .await
+            .with_context(|| format!("{gone} of {count} pods gone after {timeout:?}"))??;
+        if let Some(Event::Delete(_)) = event {
+            gone += 1;
+        }
+    }
+    Ok(Timings {
+        running: running.into_values().collect(),
+        ready: ready.into_values().collect(),
+        all_ready,
+        all_gone: seconds(deleting.elapsed()),
+    })
+}
+
+fn timings_json(kind: &str, args: &ApiArgs, t: &Timings) -> Value {
+    json!({
+        "kind": kind, "agent": args.agent, "count": args.count,
+        "running": t.running, "ready": t.ready,
+        "all_ready": t.all_ready, "all_gone": t.all_gone,
+    })
+}
+
+fn run_id() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    format!("b{:x}", nanos % 0xffff_ffff)
+}
+
+async fn burst(args: ApiArgs) -> anyhow::Result<Value> {
+    let client = client(&args.kubeconfig).await?;
+    let pods: Api<Pod> = Api::namespaced(client, "default");
+    let run = run_id();
+    let create = || async {
+        let started = Instant::now();
+        let bodies = (0..args.count).map(|i| {
+            let pod: Pod = serde_json::from_value(json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": { "name": format!("{run}-{i}"), "labels": { "bench": run } },
+                "spec": { "nodeName": args.node, "containers": [container(&args.image)] }
+            }))
+            .expect("a valid pod");
+            let pods = pods.clone();
+            async move { pods.create(&PostParams::default(), &pod).await }
+        });
+        // "At once": every create is in flight together (the API server's own limits apply).
+        let results: Vec<_> = futures::stream::iter(bodies)
+            .buffer_unordered(args.count.max(1))
+            .collect()
+            .await;
+        for r in results {
+            r?;
+        }
+        Ok(started)
+    };
+    let delete = async {
+        pods.delete_collection(
+            &DeleteParams::default(),
+            &ListParams::default().labels(&format!("bench={run}")),
+        )
+        .await?;
+        Ok(())
+    };
+    let t = time_pods(
+        pods.clone(),
+        &run,
+        args.count,
+        Duration::from_secs(args.timeout),
+        create,
+        delete,
+    )
+    .await?;
+    Ok(timings_json("burst", &args, &t))
+}
+
+async fn deployment(args: ApiArgs) -> anyhow::Result<Value> {
+    let client = client(&args.kubeconfig).await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let deployments: Api<Deployment> = Api::namespaced(client, "default");
+    let run = run_id();
+    let create = || async {
+        let d: Deployment = serde_json::from_value(json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": { "name": run },
+            "spec": {
+                "replicas": args.count,
+                "selector": { "matchLabels": { "bench": run } },
+                "template": {
+                    "metadata": { "labels": { "bench": run } },
+                    "spec": {
+                        "nodeSelector": { "kubernetes.io/hostname": args.node },
+                        "containers": [container(&args.image)]
+                    }
+                }
+            }
+        }))?;
+        let started = Instant::now();
+        deployments.create(&PostParams::default(), &d).await?;
+        Ok(started)
+    };
+    let delete = async {
+        deployments
+            .delete(&run, &DeleteParams::foreground())
+            .await?;
+        Ok(())
+    };
+    let t = time_pods(
+        pods,
+        &run,
+        args.count,
+        Duration::from_secs(args.timeout),
+        create,
+        delete,
+    )
+    .await?;
+    Ok(timings_json("deployment", &args, &t))
+}
+
+fn floor_sandbox(i: usize, run: &str, log_dir: &Path) -> api::PodSandboxConfig {
+    let name = format!("{run}-{i}");
+    let uid = format!("{run}-uid-{i}");
+    api::PodSandboxConfig {
+        metadata: Some(api::PodSandboxMetadata {
+            name: name.clone(),
+            uid: uid.clone(),
+            namespace: "bench".into(),
+            attempt: 0,
+        }),
+        hostname: name.clone(),
+        log_directory: log_dir.join(&name).to_string_lossy().into_owned(),
+        labels: [("bench".to_owned(), run.to_owned())].into(),
+        linux: Some(api::LinuxPodSandboxConfig::default()),
+        ..Default::default()
+    }
+}
+
+/// One sandbox and its container, up and running; returns the sandbox id.
+async fn floor_up(
+    cri: &CriClient,
+    config: api::PodSandboxConfig,
+    image: &str,
+) -> anyhow::Result<String> {
+    std::fs::create_dir_all(&config.log_directory)?;
+    let sandbox = cri
+        .run_pod_sandbox(api::RunPodSandboxRequest {
+            config: Some(config.clone()),
+            runtime_handler: String::new(),
+        })
+        .await?
+        .pod_sandbox_id;
+    let container = cri
+        .create_container(api::CreateContainerRequest {
+            pod_sandbox_id: sandbox.clone(),
+            config: Some(api::ContainerConfig {
+                metadata: Some(api::ContainerMetadata {
+                    name: "c".into(),
+                    attempt: 0,
+                }),
+                image: Some(api::ImageSpec {
+                    image: image.into(),
+                    ..Default::default()
+                }),
+                command: vec![
+                    "sh".into(),
+                    "-c".into(),
+                    "trap 'exit 0' TERM; sleep 3600 & wait".into(),
+                ],
+                log_path: "c.log".into(),
+                linux: Some(api::LinuxContainerConfig::default()),
+                ..Default::default()
+            }),
+            sandbox_config: Some(config),
+        })
+        .await?
+        .container_id;
+    cri.start_container(api::StartContainerRequest {
+        container_id: container,
+    })
+    .await?;
+    Ok(sandbox)
+}
+
+/// Stops the sandbox's containers (with a grace period, as an agent does) and removes it.
+async fn floor_down(cri: &CriClient, sandbox: String) -> anyhow::Result<()> {
+    let containers = cri
+        .list_containers(api::ListContainersRequest {
+            filter: Some(api::ContainerFilter {
+                pod_sandbox_id: sandbox.clone(),
+                ..Default::default()
+            }),
+        })
+        .await?
+        .containers;
+    for c in containers {
+        cri.stop_container(api::StopContainerRequest {
+            container_id: c.id,
+            timeout: 30,
+        })
+        .await?;
+    }
+    cri.stop_pod_sandbox(api::StopPodSandboxRequest {
+        pod_sandbox_id: sandbox.clone(),
+    })
+    .await?;
+    cri.remove_pod_sandbox(api::RemovePodSandboxRequest {
+        pod_sandbox_id: sandbox,
+    })
+    .await?;
+    Ok(())
+}
+
+async fn floor(args: FloorArgs) -> anyhow::Result<Value> {
+    let endpoint = args.endpoint.parse()?;
+    let cri = CriClient::new(endpoint, Duration::from_secs(120), Duration::from_secs(300));
+    let run = run_id();
+    let started = Instant::now();
+    let ups = (0..args.count).map(|i| {
+        let cri = &cri;
+        let config = floor_sandbox(i, &run, &args.log_dir);
+        let image = args.image.as_str();
+        async move {
+            let t = Instant::now();
+            floor_up(cri, config, image)
+                .await
+                .map(|id| (id, seconds(t.elapsed())))
+        }
+    });
+    let results: Vec<_> = futures::stream::iter(ups)
+        .buffer_unordered(args.concurrency.max(1))
+        .collect()
+        .await;
+    let up_wall = seconds(started.elapsed());
+    let mut sandboxes = Vec::new();
+    let mut each = Vec::new();
+    for r in results {
+        let (id, secs) = r?;
+        sandboxes.push(id);
+        each.push(secs);
+    }
+    let tearing = Instant::now();
+    let downs = sandboxes.into_iter().map(|id| floor_down(&cri, id));
+    let results: Vec<_> = futures::stream::iter(downs)
+        .buffer_unordered(args.concurrency.max(1))
+        .collect()
+        .await;
+    for r in results {
+        r?;
+    }
+    let _ = std::fs::remove_dir_all(&args.log_dir);
+    Ok(json!({
+        "kind": "floor", "agent": "CRI floor", "count": args.count, "concurrency": args.concurrency,
+        "ready": each, "all_ready": up_wall, "all_gone": seconds(tearing.elapsed()),
+    }))
+}
+
+/// Resident set size (kB) and CPU seconds (user + system) of a process.
+fn sample(pid: u32) -> anyhow::Result<(u64, f64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let rss = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .context("VmRSS")?;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let after = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .context("stat")?;
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks: u64 = fields
+        .get(11)
+        .zip(fields.get(12))
+        .and_then(|(u, s)| Some(u.parse::<u64>().ok()? + s.parse::<u64>().ok()?))
+        .context("utime/stime")?;
+    // The kernel's USER_HZ is 100 on Linux.
+    #[allow(clippy::cast_precision_loss)]
+    Ok((rss, ticks as f64 / 100.0))
+}
+
+async fn footprint(args: FootprintArgs) -> anyhow::Result<Value> {
+    let (_, cpu_start) = sample(args.pid)?;
+    let mut rss_max = 0;
+    let mut rss_sum = 0;
+    let mut n = 0;
+    let end = Instant::now() + Duration::from_secs(args.seconds);
+    while Instant::now() < end {
+        let (rss, _) = sample(args.pid)?;
+        rss_max = rss_max.max(rss);
+        rss_sum += rss;
+        n += 1;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let (_, cpu_end) = sample(args.pid)?;
+    Ok(json!({
+        "kind": "footprint", "agent": args.agent, "state": args.state, "seconds": args.seconds,
+        "rss_max_mb": rss_max / 1024, "rss_mean_mb": rss_sum / n.max(1) / 1024,
+        "cpu_seconds": (cpu_end - cpu_start) * 1000.0 / 1000.0,
+    }))
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss
+    )]
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil().max(1.0) as usize;
+    sorted[rank.min(sorted.len()) - 1]
+}
+
+fn latencies(v: &Value, key: &str) -> Vec<f64> {
+    let mut all: Vec<f64> = v[key]
+        .as_array()
+        .map(|a| a.iter().filter_map(Value::as_f64).collect())
+        .unwrap_or_default();
+    all.sort_by(f64::total_cmp);
+    all
+}
+
+fn report(args: &ReportArgs) -> anyhow::Result<Value> {
+    let mut results = Vec::new();
+    for entry in std::fs::read_dir(&args.dir)? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "json") {
+            for line in std::fs::read_to_string(&path)?
+                .lines()
+                .filter(|l| !l.trim().is_empty())
+            {
+                results.push(
+                    serde_json::from_str::<Value>(line)
+                        .with_context(|| format!("{}", path.display()))?,
+                );
+            }
+        }
+    }
+    let mut md = String::new();
+    md.push_str(&format!("### Benchmark {}\n\n", args.machine));
+    md.push_str("| scenario | agent | pods | Ready p50 | p90 | p99 | max | Running p50 | all Ready | all gone after delete |\n|---|---|---|---|---|---|---|---|---|---|\n");
+    let mut rows: Vec<&Value> = results
+        .iter()
+        .filter(|r| r["kind"] != "footprint")
+        .collect();
+    rows.sort_by_key(|r| {
+        (
+            r["kind"].as_str().unwrap_or_default().to_owned(),
+            r["count"].as_u64().unwrap_or(0),
+            r["agent"].as_str().unwrap_or_default().to_owned(),
+        )
+    });
+    let mut plot: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    for r in &rows {
+        let ready = latencies(r, "ready");
+        let running = latencies(r, "running");
+        let scenario = match r["kind"].as_str() {
+            Some("floor") => format!("CRI floor (concurrency {})", r["concurrency"]),
+            Some(kind) => kind.to_owned(),
+            None => String::new(),
+        };
+        md.push_str(&format!(
+            "| {scenario} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {:.2} s | {:.2} s |\n",
+            r["agent"].as_str().unwrap_or_default(),
+            r["count"],
+            percentile(&ready, 50.0),
+            percentile(&ready, 90.0),
+            percentile(&ready, 99.0),
+            percentile(&ready, 100.0),
+            if running.is_empty() {
+                "—".to_owned()
+            } else {
+                format!("{:.2}", percentile(&running, 50.0))
+            },
+            r["all_ready"].as_f64().unwrap_or(f64::NAN),
+            r["all_gone"].as_f64().unwrap_or(f64::NAN),
+        ));
+        if r["count"].as_u64() == Some(100) || r["count"].as_u64() == Some(30) {
+            plot.insert(
+                format!(
+                    "{} {} x{}",
+                    scenario,
+                    r["agent"].as_str().unwrap_or_default(),
+                    r["count"]
+                ),
+                ready,
+            );
+        }
+    }
+    md.push_str("\n| agent | state | resident memory (max / mean) | CPU seconds over the window |\n|---|---|---|---|\n");
+    for r in results.iter().filter(|r| r["kind"] == "footprint") {
+        md.push_str(&format!(
+            "| {} | {} | {} / {} MB | {:.2} s in {} s |\n",
+            r["agent"].as_str().unwrap_or_default(),
+            r["state"].as_str().unwrap_or_default(),
+            r["rss_max_mb"],
+            r["rss_mean_mb"],
+            r["cpu_seconds"].as_f64().unwrap_or(f64::NAN),
+            r["seconds"],
+        ));
+    }
+    std::fs::write(args.dir.join("report.md"), &md)?;
+    // Plot data: one column pair (rank fraction, seconds) per series, for gnuplot.
+    let mut data = String::new();
+    for (name, values) in &plot {
+        data.push_str(&format!("\"{name}\"\n"));
+        for (i, v) in values.iter().enumerate() {
+            #[allow(clippy::cast_precision_loss)]
+            let fraction = (i + 1) as f64 / values.len() as f64;
+            data.push_str(&format!("{v} {fraction}\n"));
+        }
+        data.push_str("\n\n");
+    }
+    std::fs::write(args.dir.join("latency.dat"), data)?;
+    Ok(json!({ "kind": "report", "rows": rows.len(), "series": plot.len() }))
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Burst(a) => burst(a).await?,
+        Command::Deployment(a) => deployment(a).await?,
+        Command::Floor(a) => floor(a).await?,
+        Command::Footprint(a) => footprint(a).await?,
+        Command::Report(a) => report(&a)?,
+    };
+    print(&result)
+}
