@@ -24,7 +24,10 @@ bash scripts/cluster.sh start-agent "$rk" run \
   --network-owner agent \
   --cni-conf-dir "$RKUBELET_REPO/cni-config" --cni-bin-dir /usr/lib/cni \
   --runtime-cni-conf-dir "$RKUBELET_STATE/cni/net.d" --runtime-cni-bin-dir "$RKUBELET_STATE/cni/bin" \
-  --resolv-conf ""
+  --resolv-conf "" \
+  --client-ca-file "$RKUBELET_STATE/pki/ca.crt" \
+  --tls-cert-file "$RKUBELET_STATE/pki/node-$NODE_NAME-serving.crt" \
+  --tls-private-key-file "$RKUBELET_STATE/pki/node-$NODE_NAME-serving.key"
 
 export KUBECONFIG="$KUBECONFIG_ADMIN"
 k() { kubectl "$@" 2> >(grep -v 'version difference' >&2); }

@@ -69,6 +69,8 @@ pub struct Config {
     pub node_labels: std::collections::BTreeMap<String, String>,
     /// `--max-pods`.
     pub max_pods: u32,
+    /// The kubelet API server; `None` when disabled (`--port 0`).
+    pub server: Option<crate::server::ServerConfig>,
 }
 
 /// Start-up failures.
@@ -91,6 +93,9 @@ pub enum AppError {
     /// A runtime call at start-up failed.
     #[error(transparent)]
     Cri(#[from] crate::cri::CriError),
+    /// The kubelet API server could not start.
+    #[error(transparent)]
+    Server(#[from] crate::server::ServerError),
     /// A file could not be read.
     #[error("{what}: {source}")]
     Io {
@@ -316,6 +321,9 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
     node_config.root_dir = config.root_dir.clone();
     node_config.max_pods = config.max_pods;
     node_config.labels = config.node_labels.clone();
+    if let Some(server) = &config.server {
+        node_config.daemon_port = server.port;
+    }
     let checks: Vec<Arc<dyn ReadinessCheck>> = vec![Arc::new(PlegCheck(pleg.clone()))];
     let node = Arc::new(NodeAgent::new(
         client.clone(),
@@ -357,8 +365,19 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
     let workers = PodWorkers::new(kubelet.clone());
     let _ = wake.set(workers.clone());
 
-    let (store, feed) = crate::pod::source::start(client, &config.node_name, workers.clone());
+    let (store, feed) =
+        crate::pod::source::start(client.clone(), &config.node_name, workers.clone());
     tokio::spawn(feed);
+    if let Some(server) = config.server.clone() {
+        crate::server::start(
+            server,
+            client,
+            config.cri.clone(),
+            store.clone(),
+            cancel.clone(),
+        )
+        .await?;
+    }
     tokio::spawn(housekeeping(store, workers, pleg, kubelet, cancel.clone()));
     tracing::info!(node = %config.node_name, "rkubelet running");
     cancel.cancelled().await;

@@ -97,8 +97,17 @@ impl<C: Cri> Kubelet<C> {
             runtime_name: &self.settings.runtime_name,
             now: Timestamp::now(),
         };
-        self.status
-            .set_pod_status(id, generate_pod_status(&base, &inputs));
+        let status = generate_pod_status(&base, &inputs);
+        // The pod start latency: from acknowledgement (startTime) to the first Running.
+        let was_running = base.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
+        if !was_running
+            && status.phase.as_deref() == Some("Running")
+            && let Some(start) = &status.start_time
+        {
+            let elapsed = Timestamp::now().duration_since(start.0);
+            crate::server::metrics::observe_pod_start(elapsed.try_into().unwrap_or_default());
+        }
+        self.status.set_pod_status(id, status);
     }
 
     /// Waits out a pod's back-off, if any: `Some(remaining)` while waiting.

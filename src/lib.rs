@@ -18,5 +18,6 @@ pub mod observability;
 pub mod pleg;
 pub mod pod;
 pub mod resources;
+pub mod server;
 pub mod status;
 pub mod volume;

@@ -11,6 +11,7 @@ use clap::{Parser, Subcommand};
 use rkubelet::app;
 use rkubelet::cri::{self, Cri, CriClient, Endpoint, RuntimeHealth};
 use rkubelet::observability::{self, LogFormat};
+use rkubelet::server::{ServerConfig, ServingCertificateSource};
 
 /// A kubelet-compatible node agent.
 #[derive(Debug, Parser)]
@@ -100,6 +101,73 @@ struct RunArgs {
     /// The most pods this node runs.
     #[arg(long, default_value_t = 110)]
     max_pods: u32,
+    #[command(flatten)]
+    server: ServerFlags,
+}
+
+/// Flags of the kubelet API server, named like the kubelet's.
+#[derive(Debug, clap::Args)]
+struct ServerFlags {
+    /// The IP address the kubelet API listens on.
+    #[arg(long, default_value = "0.0.0.0")]
+    address: IpAddr,
+    /// The kubelet API's HTTPS port; 0 disables the server.
+    #[arg(long, default_value_t = 10250)]
+    port: u16,
+    /// The IP address of the plain-HTTP healthz endpoint.
+    #[arg(long, default_value = "127.0.0.1")]
+    healthz_bind_address: IpAddr,
+    /// The healthz port; 0 disables it.
+    #[arg(long, default_value_t = 10248)]
+    healthz_port: u16,
+    /// The serving certificate (chain, PEM). Without it, the certificate is requested from
+    /// the cluster (--rotate-server-certificates) or self-signed in --cert-dir.
+    #[arg(long, requires = "tls_private_key_file")]
+    tls_cert_file: Option<PathBuf>,
+    /// The serving certificate's private key (PEM).
+    #[arg(long, requires = "tls_cert_file")]
+    tls_private_key_file: Option<PathBuf>,
+    /// CA bundle that client certificates are verified against (the cluster CA).
+    /// Without it, clients can only authenticate with bearer tokens.
+    #[arg(long)]
+    client_ca_file: Option<PathBuf>,
+    /// Request the serving certificate from the certificates API (signer
+    /// kubernetes.io/kubelet-serving) and renew it before it expires.
+    #[arg(long, conflicts_with = "tls_cert_file")]
+    rotate_server_certificates: bool,
+    /// Where generated or requested serving certificates are kept (default:
+    /// <root-dir>/pki).
+    #[arg(long)]
+    cert_dir: Option<PathBuf>,
+}
+
+impl ServerFlags {
+    fn config(
+        self,
+        node_name: &str,
+        node_ip: IpAddr,
+        root_dir: &std::path::Path,
+    ) -> Option<ServerConfig> {
+        if self.port == 0 {
+            return None;
+        }
+        let cert_dir = self.cert_dir.unwrap_or_else(|| root_dir.join("pki"));
+        let serving_certificate = match (self.tls_cert_file, self.tls_private_key_file) {
+            (Some(cert), Some(key)) => ServingCertificateSource::Files { cert, key },
+            _ if self.rotate_server_certificates => ServingCertificateSource::Rotate { cert_dir },
+            _ => ServingCertificateSource::SelfSigned { cert_dir },
+        };
+        Some(ServerConfig {
+            address: self.address,
+            port: self.port,
+            healthz_address: self.healthz_bind_address,
+            healthz_port: self.healthz_port,
+            serving_certificate,
+            client_ca_file: self.client_ca_file,
+            node_name: node_name.to_owned(),
+            node_ip,
+        })
+    }
 }
 
 /// Flags shared by every command that talks to the container runtime.
@@ -170,6 +238,7 @@ async fn run_command(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
             .with_context(|| format!("--node-labels: {label:?} is not key=value"))?;
         node_labels.insert(k.to_owned(), v.to_owned());
     }
+    let server = args.server.config(&node_name, args.node_ip, &args.root_dir);
     let config = app::Config {
         kubeconfig: args.kubeconfig,
         node_name,
@@ -190,6 +259,7 @@ async fn run_command(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
         resolv_conf: (!args.resolv_conf.is_empty()).then(|| args.resolv_conf.into()),
         node_labels,
         max_pods: args.max_pods,
+        server,
     };
     let cancel = tokio_util::sync::CancellationToken::new();
     let stop = cancel.clone();

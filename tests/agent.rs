@@ -6,13 +6,12 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::future::Future;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::agent::{AgentProcess, Owner};
-use common::{cri, kube_client, node_name, unique};
+use common::{cri, eventually, kube_client, node_name, unique};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
@@ -21,24 +20,6 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// The tests share one node: they run one at a time.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = probe().await {
-            return v;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
 
 /// The agent's root dir for a node: one per node across tests, as on a real node, under
 /// the cluster's state dir so that `scripts/cluster.sh down` removes whatever is left.
@@ -111,29 +92,21 @@ struct Cleanup(String);
 impl Drop for Cleanup {
     fn drop(&mut self) {
         let app = self.0.clone();
-        let run = move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime");
-            rt.block_on(async {
-                delete_deployment(&app).await;
-                let deadline = Instant::now() + Duration::from_secs(30);
-                while !pods(&app).await.is_empty() && Instant::now() < deadline {
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-                let api = Api::<Pod>::namespaced(admin().await, "default");
-                let force = DeleteParams {
-                    grace_period_seconds: Some(0),
-                    ..DeleteParams::default()
-                };
-                let _ = api
-                    .delete_collection(&force, &ListParams::default().labels(&format!("app={app}")))
-                    .await;
-            });
-        };
-        // A thread of its own: Drop may run inside the test's runtime.
-        let _ = std::thread::spawn(run).join();
+        common::cleanup_blocking(move || async move {
+            delete_deployment(&app).await;
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while !pods(&app).await.is_empty() && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            let api = Api::<Pod>::namespaced(admin().await, "default");
+            let force = DeleteParams {
+                grace_period_seconds: Some(0),
+                ..DeleteParams::default()
+            };
+            let _ = api
+                .delete_collection(&force, &ListParams::default().labels(&format!("app={app}")))
+                .await;
+        });
     }
 }
 

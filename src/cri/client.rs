@@ -116,6 +116,8 @@ impl CriClient {
         let started = std::time::Instant::now();
         let outcome = tokio::time::timeout(deadline, send(request)).await;
         tracing::trace!(rpc, elapsed_ms = started.elapsed().as_millis(), "CRI call");
+        let failed = !matches!(outcome, Ok(Ok(_)));
+        crate::server::metrics::observe_runtime_operation(rpc, started.elapsed(), failed);
         match outcome {
             Err(_) => Err(CriError::Timeout {
                 rpc,
@@ -202,6 +204,16 @@ unary_rpcs! {
     list_containers => runtime."ListContainers"(ListContainersRequest) -> ListContainersResponse within timeout;
     /// `ContainerStatus`: state, exit code, timestamps of one container.
     container_status => runtime."ContainerStatus"(ContainerStatusRequest) -> ContainerStatusResponse within timeout;
+    /// `Exec`: prepares a streaming exec session; answers the runtime's URL for it.
+    exec => runtime."Exec"(ExecRequest) -> ExecResponse within timeout;
+    /// `Attach`: prepares a streaming attach session; answers the runtime's URL for it.
+    attach => runtime."Attach"(AttachRequest) -> AttachResponse within timeout;
+    /// `PortForward`: prepares a port-forward session to a sandbox; answers its URL.
+    port_forward => runtime."PortForward"(PortForwardRequest) -> PortForwardResponse within timeout;
+    /// `ContainerStats`: CPU, memory and writable layer usage of one container.
+    container_stats => runtime."ContainerStats"(ContainerStatsRequest) -> ContainerStatsResponse within timeout;
+    /// `ListContainerStats`: the usage of the containers matching a filter.
+    list_container_stats => runtime."ListContainerStats"(ListContainerStatsRequest) -> ListContainerStatsResponse within timeout;
     /// `PullImage`: pulls an image into the runtime's store.
     pull_image => image."PullImage"(PullImageRequest) -> PullImageResponse within pull_timeout;
     /// `ImageStatus`: whether an image is present, and its id.

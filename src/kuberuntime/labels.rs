@@ -46,6 +46,15 @@ pub fn pod_labels(pod: &PodId) -> HashMap<String, String> {
     ])
 }
 
+/// The label selector of a pod's containers of one name (all its restarts).
+#[must_use]
+pub fn container_selector(pod_uid: &str, container: &str) -> HashMap<String, String> {
+    HashMap::from([
+        (POD_UID.to_owned(), pod_uid.to_owned()),
+        (CONTAINER_NAME.to_owned(), container.to_owned()),
+    ])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -112,8 +112,20 @@ impl<S: PodSyncer> PodWorkers<S> {
     }
 
     async fn run_worker(self, uid: String, mut rx: watch::Receiver<PodWork>, wake: Arc<Notify>) {
+        let mut first = true;
         loop {
             let work = rx.borrow_and_update().clone();
+            let operation = match &work {
+                PodWork::Sync(p) if !super::is_terminating(p) => {
+                    if std::mem::take(&mut first) {
+                        "create"
+                    } else {
+                        "sync"
+                    }
+                }
+                _ => "kill",
+            };
+            let started = std::time::Instant::now();
             let (namespace, name) = match &work {
                 PodWork::Sync(p) => (
                     p.metadata.namespace.clone().unwrap_or_default(),
@@ -123,6 +135,7 @@ impl<S: PodSyncer> PodWorkers<S> {
             };
             let span = tracing::info_span!("sync_pod", pod_uid = %uid, pod = %format!("{namespace}/{name}"));
             let next = self.syncer.sync(&work).instrument(span).await;
+            crate::server::metrics::observe_pod_worker(operation, started.elapsed());
             match next {
                 Next::Done => break,
                 Next::ResyncAfter(after) => {

@@ -47,6 +47,36 @@ impl AgentProcess {
         root_dir: PathBuf,
         cni_conf_dir: &std::path::Path,
     ) -> Self {
+        Self::spawn(
+            owner,
+            node,
+            root_dir,
+            cni_conf_dir,
+            &serving_args(node, true),
+        )
+    }
+
+    /// Starts `rkubelet run` whose kubelet API has the cluster CA for client certificates
+    /// and, instead of the node's minted serving certificate, `server_args`.
+    pub fn start_with_server_args(
+        owner: Owner,
+        node: &str,
+        root_dir: PathBuf,
+        server_args: &[std::ffi::OsString],
+    ) -> Self {
+        let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let mut args = serving_args(node, false);
+        args.extend_from_slice(server_args);
+        Self::spawn(owner, node, root_dir, &repo.join("cni-config"), &args)
+    }
+
+    fn spawn(
+        owner: Owner,
+        node: &str,
+        root_dir: PathBuf,
+        cni_conf_dir: &std::path::Path,
+        server_args: &[std::ffi::OsString],
+    ) -> Self {
         let state = state_dir();
         std::fs::create_dir_all(&root_dir).expect("root dir");
         let log = root_dir.with_extension("log");
@@ -81,6 +111,7 @@ impl AgentProcess {
             .arg("--runtime-cni-bin-dir")
             .arg(state.join("cni/bin"))
             .args(["--resolv-conf", ""])
+            .args(server_args)
             .stdin(Stdio::null())
             .stdout(out.try_clone().expect("log fd"))
             .stderr(out)
@@ -134,6 +165,26 @@ impl AgentProcess {
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(40)..].join("\n")
     }
+}
+
+/// The kubelet API's flags: on the node IP, client certificates checked against the
+/// cluster CA, and (with `minted`) the serving certificate `cluster.sh node-credentials`
+/// made for the node.
+fn serving_args(node: &str, minted: bool) -> Vec<std::ffi::OsString> {
+    let pki = state_dir().join("pki");
+    let mut args: Vec<std::ffi::OsString> = vec![
+        "--address".into(),
+        NODE_IP.into(),
+        "--client-ca-file".into(),
+        pki.join("ca.crt").into(),
+    ];
+    if minted {
+        args.push("--tls-cert-file".into());
+        args.push(pki.join(format!("node-{node}-serving.crt")).into());
+        args.push("--tls-private-key-file".into());
+        args.push(pki.join(format!("node-{node}-serving.key")).into());
+    }
+    args
 }
 
 impl Drop for AgentProcess {

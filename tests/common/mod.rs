@@ -46,6 +46,42 @@ pub async fn kube_client(kubeconfig: &str) -> kube::Client {
     kube::Client::try_from(config).expect("kube client")
 }
 
+/// Polls `probe` every 200 ms until it gives a value; panics naming `what` after `timeout`.
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        if let Some(v) = probe().await {
+            return v;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Runs async clean-up from a `Drop`: on a thread of its own with its own runtime, since
+/// `Drop` may run inside a test's runtime.
+pub fn cleanup_blocking<F, Fut>(work: F)
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: Future<Output = ()>,
+{
+    let run = move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(work());
+    };
+    let _ = std::thread::spawn(run).join();
+}
+
 /// A name unique to this test run, for sandboxes and other objects tests create.
 pub fn unique(prefix: &str) -> String {
     let nanos = std::time::SystemTime::now()

@@ -1,0 +1,824 @@
+//! Container logs, as `kubectl logs` reads them through the kubelet API: the CRI log file of
+//! the container (`<pod-log-dir>/<container>/<restart>.log`, one line
+//! `<RFC3339Nano> <stdout|stderr> <P|F> <text>` per write, `P` for a partial line continued
+//! by the next), with partial lines joined, and the kubelet's options: `tailLines`,
+//! `sinceSeconds`/`sinceTime`, `limitBytes`, `timestamps`, `previous` (the container before
+//! the current one) and `follow` (new lines until the client goes away or the container
+//! has exited and its log is read to the end).
+//!
+//! `tailLines` counts joined lines. The file is read once from its start; only the last
+//! `tailLines` lines are kept in memory.
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use hyper::body::Bytes;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::sync::mpsc;
+
+use super::Query;
+use crate::cri::{Cri, CriError, api};
+use crate::kuberuntime::labels;
+
+/// How often a followed log is checked for new lines.
+const FOLLOW_POLL: Duration = Duration::from_millis(100);
+/// How often a followed container is checked for having exited.
+const STATE_POLL: Duration = Duration::from_secs(1);
+/// Output is sent in chunks of about this size.
+const CHUNK: usize = 32 * 1024;
+
+/// Log request failures.
+#[derive(Debug, thiserror::Error)]
+pub enum LogError {
+    /// A query parameter is malformed: 400.
+    #[error("invalid log options: {0}")]
+    Options(String),
+    /// The container (or its previous instance) does not exist: 400, as for the kubelet.
+    #[error("{0}")]
+    NoContainer(String),
+    /// The runtime could not be asked: 500.
+    #[error(transparent)]
+    Cri(#[from] CriError),
+    /// The log file could not be read.
+    #[error("reading {path}: {source}")]
+    Io {
+        /// The log file.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+/// The kubelet's `PodLogOptions`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LogOptions {
+    /// Stream new lines.
+    pub follow: bool,
+    /// The previous instance of the container.
+    pub previous: bool,
+    /// Prefix each line with its timestamp.
+    pub timestamps: bool,
+    /// Only lines at or after this time.
+    pub since: Option<Timestamp>,
+    /// Only the last this many lines.
+    pub tail_lines: Option<u64>,
+    /// At most this many bytes.
+    pub limit_bytes: Option<u64>,
+}
+
+/// Go's `strconv.ParseBool`, which the API's query decoding uses.
+pub fn parse_bool(v: &str) -> Option<bool> {
+    match v {
+        "1" | "t" | "T" | "true" | "TRUE" | "True" => Some(true),
+        "0" | "f" | "F" | "false" | "FALSE" | "False" => Some(false),
+        _ => None,
+    }
+}
+
+impl LogOptions {
+    /// Options from the query of a `/containerLogs` request, with `now` for `sinceSeconds`.
+    ///
+    /// # Errors
+    /// A malformed or out-of-range value.
+    pub fn from_query(query: &Query, now: Timestamp) -> Result<Self, LogError> {
+        let bad = |k: &str, v: &str| LogError::Options(format!("{k}={v:?}"));
+        let flag = |k: &str| match query.get(k) {
+            None | Some("") => Ok(false),
+            Some(v) => parse_bool(v).ok_or_else(|| bad(k, v)),
+        };
+        let positive = |k: &str, min: i64| -> Result<Option<i64>, LogError> {
+            match query.get(k) {
+                None | Some("") => Ok(None),
+                Some(v) => match v.parse::<i64>() {
+                    Ok(n) if n >= min => Ok(Some(n)),
+                    _ => Err(bad(k, v)),
+                },
+            }
+        };
+        let since_seconds = positive("sinceSeconds", 1)?;
+        let since_time = match query.get("sinceTime") {
+            None | Some("") => None,
+            Some(v) => Some(v.parse::<Timestamp>().map_err(|_| bad("sinceTime", v))?),
+        };
+        if since_seconds.is_some() && since_time.is_some() {
+            return Err(LogError::Options(
+                "at most one of sinceTime or sinceSeconds may be specified".into(),
+            ));
+        }
+        let since = since_time.or_else(|| {
+            since_seconds.map(|s| {
+                now.checked_sub(SignedDuration::from_secs(s))
+                    .unwrap_or(Timestamp::MIN)
+            })
+        });
+        let to_u64 = |v: Option<i64>| v.map(|n| u64::try_from(n).unwrap_or(0));
+        Ok(Self {
+            follow: flag("follow")?,
+            previous: flag("previous")?,
+            timestamps: flag("timestamps")?,
+            since,
+            tail_lines: to_u64(positive("tailLines", 0)?),
+            limit_bytes: to_u64(positive("limitBytes", 1)?),
+        })
+    }
+}
+
+/// One line of a CRI log file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CriLine<'a> {
+    /// The timestamp as written.
+    pub timestamp: &'a str,
+    /// The timestamp.
+    pub time: Timestamp,
+    /// `stdout` or `stderr`.
+    pub stream: &'a str,
+    /// `P`: the text continues in the next line.
+    pub partial: bool,
+    /// The text, without the line feed.
+    pub content: &'a [u8],
+}
+
+/// Parses one line of a CRI log file (without its line feed).
+///
+/// # Errors
+/// A line that is not in the CRI format (the text of the error says why).
+pub fn parse_cri_line(line: &[u8]) -> Result<CriLine<'_>, String> {
+    let mut fields = line.splitn(4, |b| *b == b' ');
+    let mut next = |what: &str| {
+        fields
+            .next()
+            .ok_or_else(|| format!("no {what} in log line"))
+    };
+    let timestamp =
+        std::str::from_utf8(next("timestamp")?).map_err(|_| "timestamp is not UTF-8".to_owned())?;
+    let time = timestamp
+        .parse::<Timestamp>()
+        .map_err(|e| format!("bad timestamp {timestamp:?}: {e}"))?;
+    let stream = match next("stream")? {
+        b"stdout" => "stdout",
+        b"stderr" => "stderr",
+        other => {
+            return Err(format!(
+                "unknown stream {:?}",
+                String::from_utf8_lossy(other)
+            ));
+        }
+    };
+    let tags = next("tag")?;
+    let partial = tags.split(|b| *b == b':').next() == Some(b"P");
+    let content = fields.next().unwrap_or_default();
+    Ok(CriLine {
+        timestamp,
+        time,
+        stream,
+        partial,
+        content,
+    })
+}
+
+/// One line as the user wrote it: partial lines joined.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogLine {
+    /// The timestamp of its first part, as written.
+    pub timestamp: String,
+    /// That timestamp.
+    pub time: Timestamp,
+    /// The text, with its line feed when the line is complete.
+    pub content: Vec<u8>,
+}
+
+/// Joins partial lines per stream (stdout and stderr interleave).
+#[derive(Debug, Default)]
+pub struct Joiner {
+    pending: [Option<LogLine>; 2],
+}
+
+impl Joiner {
+    /// Adds one file line; returns the joined line when it is complete.
+    pub fn push(&mut self, line: &CriLine<'_>) -> Option<LogLine> {
+        let slot = &mut self.pending[usize::from(line.stream == "stderr")];
+        let joined = slot.get_or_insert_with(|| LogLine {
+            timestamp: line.timestamp.to_owned(),
+            time: line.time,
+            content: Vec::new(),
+        });
+        joined.content.extend_from_slice(line.content);
+        if line.partial {
+            None
+        } else {
+            joined.content.push(b'\n');
+            slot.take()
+        }
+    }
+
+    /// The incomplete lines left at the end of the log, oldest first.
+    pub fn finish(&mut self) -> Vec<LogLine> {
+        let mut rest: Vec<LogLine> = self.pending.iter_mut().filter_map(Option::take).collect();
+        rest.sort_by_key(|l| l.time);
+        rest
+    }
+}
+
+/// Writes lines to the client: `since` filtering, timestamps, the byte limit, chunking.
+#[derive(Debug)]
+pub struct LogWriter {
+    since: Option<Timestamp>,
+    timestamps: bool,
+    remaining: Option<u64>,
+    buf: Vec<u8>,
+}
+
+impl LogWriter {
+    /// A writer for these options.
+    #[must_use]
+    pub fn new(opts: &LogOptions) -> Self {
+        Self {
+            since: opts.since,
+            timestamps: opts.timestamps,
+            remaining: opts.limit_bytes,
+            buf: Vec::with_capacity(CHUNK),
+        }
+    }
+
+    /// Adds a line; false once the byte limit is reached (nothing more is to be written).
+    pub fn write(&mut self, line: &LogLine) -> bool {
+        if self.remaining == Some(0) {
+            return false;
+        }
+        if self.since.is_some_and(|since| line.time < since) {
+            return true;
+        }
+        let start = self.buf.len();
+        if self.timestamps {
+            self.buf.extend_from_slice(line.timestamp.as_bytes());
+            self.buf.push(b' ');
+        }
+        self.buf.extend_from_slice(&line.content);
+        if let Some(remaining) = self.remaining.as_mut() {
+            let written = u64::try_from(self.buf.len() - start).unwrap_or(u64::MAX);
+            if written >= *remaining {
+                self.buf
+                    .truncate(start + usize::try_from(*remaining).unwrap_or(usize::MAX));
+                *remaining = 0;
+                return false;
+            }
+            *remaining -= written;
+        }
+        true
+    }
+
+    /// Whether a chunk is ready to send.
+    #[must_use]
+    pub fn full(&self) -> bool {
+        self.buf.len() >= CHUNK
+    }
+
+    /// Takes what is buffered.
+    pub fn take(&mut self) -> Option<Bytes> {
+        (!self.buf.is_empty()).then(|| Bytes::from(std::mem::take(&mut self.buf)))
+    }
+}
+
+/// The container whose log is asked for, and its log file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogSource {
+    /// The runtime's container id.
+    pub container_id: String,
+    /// Its CRI log file.
+    pub path: PathBuf,
+}
+
+/// Finds the current (or previous) instance of a pod's container in the runtime.
+///
+/// # Errors
+/// [`LogError::NoContainer`] with the kubelet's message, or a failed CRI call.
+pub async fn find_container<C: Cri>(
+    cri: &C,
+    pod_uid: &str,
+    pod_name: &str,
+    container: &str,
+    previous: bool,
+) -> Result<LogSource, LogError> {
+    let mut found = cri
+        .list_containers(api::ListContainersRequest {
+            filter: Some(api::ContainerFilter {
+                label_selector: labels::container_selector(pod_uid, container),
+                ..Default::default()
+            }),
+        })
+        .await?
+        .containers;
+    found.sort_by_key(|c| {
+        std::cmp::Reverse((c.metadata.as_ref().map_or(0, |m| m.attempt), c.created_at))
+    });
+    let chosen = if previous {
+        found.get(1).ok_or_else(|| {
+            LogError::NoContainer(format!(
+                "previous terminated container {container:?} in pod {pod_name:?} not found"
+            ))
+        })?
+    } else {
+        found.first().ok_or_else(|| {
+            LogError::NoContainer(format!(
+                "container {container:?} in pod {pod_name:?} is waiting to start: ContainerCreating"
+            ))
+        })?
+    };
+    let status = cri
+        .container_status(api::ContainerStatusRequest {
+            container_id: chosen.id.clone(),
+            verbose: false,
+        })
+        .await?
+        .status
+        .ok_or_else(|| LogError::NoContainer(format!("container {container:?} has no status")))?;
+    if status.log_path.is_empty() {
+        return Err(LogError::NoContainer(format!(
+            "container {container:?} in pod {pod_name:?} has no log file"
+        )));
+    }
+    Ok(LogSource {
+        container_id: chosen.id.clone(),
+        path: status.log_path.into(),
+    })
+}
+
+async fn is_running<C: Cri>(cri: &C, id: &str) -> bool {
+    let status = cri
+        .container_status(api::ContainerStatusRequest {
+            container_id: id.to_owned(),
+            verbose: false,
+        })
+        .await;
+    match status {
+        Ok(resp) => resp
+            .status
+            .is_some_and(|s| s.state() == api::ContainerState::ContainerRunning),
+        // Gone: nothing more will be written.
+        Err(e) if e.is_not_found() => false,
+        // The runtime is slow or restarting: keep following.
+        Err(_) => true,
+    }
+}
+
+/// Reads file lines; a last line without its line feed is held back while following
+/// (the runtime may be writing it).
+struct LineReader {
+    reader: BufReader<tokio::fs::File>,
+    path: PathBuf,
+    pending: Vec<u8>,
+}
+
+impl LineReader {
+    async fn open(path: &Path) -> Result<Self, LogError> {
+        let file = tokio::fs::File::open(path)
+            .await
+            .map_err(|source| LogError::Io {
+                path: path.to_owned(),
+                source,
+            })?;
+        Ok(Self {
+            reader: BufReader::with_capacity(64 * 1024, file),
+            path: path.to_owned(),
+            pending: Vec::new(),
+        })
+    }
+
+    /// The next complete line (without its line feed); `None` at the end for now. At the
+    /// real end (`at_end`), a last unterminated line is returned too.
+    async fn next(&mut self, at_end: bool) -> Result<Option<Vec<u8>>, LogError> {
+        self.reader
+            .read_until(b'\n', &mut self.pending)
+            .await
+            .map_err(|source| LogError::Io {
+                path: self.path.clone(),
+                source,
+            })?;
+        if self.pending.last() == Some(&b'\n') {
+            self.pending.pop();
+            return Ok(Some(std::mem::take(&mut self.pending)));
+        }
+        // No line feed: the end of the file. Final only when the writer is done.
+        if at_end && !self.pending.is_empty() {
+            return Ok(Some(std::mem::take(&mut self.pending)));
+        }
+        Ok(None)
+    }
+}
+
+fn joined(joiner: &mut Joiner, raw: &[u8], path: &Path) -> Option<LogLine> {
+    match parse_cri_line(raw) {
+        Ok(line) => joiner.push(&line),
+        Err(e) => {
+            tracing::debug!(log = %path.display(), error = %e, "skipping a malformed log line");
+            None
+        }
+    }
+}
+
+/// Streams the log of `source` to `tx` with `opts`. Returns when the log is read (to its
+/// end, or to the byte limit), or — when following — once the container is no longer
+/// running and its log is read to the end, or the client has gone (`tx` closed).
+///
+/// # Errors
+/// The log file cannot be read.
+pub async fn stream<C: Cri>(
+    cri: C,
+    source: LogSource,
+    opts: LogOptions,
+    tx: mpsc::Sender<Bytes>,
+) -> Result<(), LogError> {
+    let path = &source.path;
+    let mut reader = LineReader::open(path).await?;
+    let mut joiner = Joiner::default();
+    let mut out = LogWriter::new(&opts);
+    let send = |out: &mut LogWriter| {
+        let chunk = out.take();
+        let tx = tx.clone();
+        async move {
+            match chunk {
+                Some(c) => tx.send(c).await.is_ok(),
+                None => !tx.is_closed(),
+            }
+        }
+    };
+
+    // What is in the file now; with a tail, only its last lines are written.
+    let mut tail: Option<VecDeque<LogLine>> = opts
+        .tail_lines
+        .map(|n| VecDeque::with_capacity(usize::try_from(n.min(4096)).unwrap_or(4096)));
+    let tail_max = opts.tail_lines.unwrap_or(0);
+    let final_end = !opts.follow;
+    while let Some(raw) = reader.next(final_end).await? {
+        let Some(line) = joined(&mut joiner, &raw, path) else {
+            continue;
+        };
+        match tail.as_mut() {
+            Some(t) => {
+                if tail_max > 0 {
+                    if t.len() as u64 >= tail_max {
+                        t.pop_front();
+                    }
+                    t.push_back(line);
+                }
+            }
+            None => {
+                let more = out.write(&line);
+                if (!more || out.full()) && !send(&mut out).await {
+                    return Ok(());
+                }
+                if !more {
+                    return Ok(());
+                }
+            }
+        }
+    }
+    // Without following, a last line with no end (the container exited mid-line) counts
+    // as a line; a followed one may still be completed.
+    let unfinished = if opts.follow {
+        Vec::new()
+    } else {
+        joiner.finish()
+    };
+    let lines = match tail.take() {
+        Some(mut t) => {
+            for line in unfinished {
+                if t.len() as u64 >= tail_max {
+                    t.pop_front();
+                }
+                if tail_max > 0 {
+                    t.push_back(line);
+                }
+            }
+            t.into_iter().collect()
+        }
+        None => unfinished,
+    };
+    for line in lines {
+        if !out.write(&line) {
+            send(&mut out).await;
+            return Ok(());
+        }
+    }
+    if !opts.follow {
+        send(&mut out).await;
+        return Ok(());
+    }
+
+    // Following: poll for new lines; check now and then whether the container still runs.
+    let mut last_check = tokio::time::Instant::now();
+    let mut running = true;
+    loop {
+        if !send(&mut out).await {
+            tracing::debug!(log = %path.display(), "log follower gone");
+            return Ok(());
+        }
+        let mut read_any = false;
+        while let Some(raw) = reader.next(!running).await? {
+            read_any = true;
+            if let Some(line) = joined(&mut joiner, &raw, path) {
+                if !out.write(&line) {
+                    send(&mut out).await;
+                    return Ok(());
+                }
+                if out.full() && !send(&mut out).await {
+                    return Ok(());
+                }
+            }
+        }
+        if !running {
+            // The container had exited before this last read: its log is complete.
+            tracing::debug!(log = %path.display(), "followed container exited; log complete");
+            for line in joiner.finish() {
+                if !out.write(&line) {
+                    break;
+                }
+            }
+            send(&mut out).await;
+            return Ok(());
+        }
+        if read_any {
+            continue;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(FOLLOW_POLL) => {}
+            () = tx.closed() => {
+                tracing::debug!(log = %path.display(), "log follower gone");
+                return Ok(());
+            }
+        }
+        if last_check.elapsed() >= STATE_POLL {
+            last_check = tokio::time::Instant::now();
+            running = is_running(&cri, &source.container_id).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn query(pairs: &[(&str, &str)]) -> Query {
+        Query::from_pairs(
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+        )
+    }
+
+    fn now() -> Timestamp {
+        "2024-05-01T12:00:00Z".parse().unwrap()
+    }
+
+    #[test]
+    fn options_as_the_apiserver_sends_them() {
+        let opts = LogOptions::from_query(
+            &query(&[
+                ("follow", "true"),
+                ("previous", "1"),
+                ("timestamps", "true"),
+                ("sinceSeconds", "30"),
+                ("tailLines", "3"),
+                ("limitBytes", "100"),
+            ]),
+            now(),
+        )
+        .unwrap();
+        assert_eq!(
+            opts,
+            LogOptions {
+                follow: true,
+                previous: true,
+                timestamps: true,
+                since: Some("2024-05-01T11:59:30Z".parse().unwrap()),
+                tail_lines: Some(3),
+                limit_bytes: Some(100),
+            }
+        );
+        let opts = LogOptions::from_query(&query(&[("sinceTime", "2024-05-01T10:00:00Z")]), now())
+            .unwrap();
+        assert_eq!(opts.since, Some("2024-05-01T10:00:00Z".parse().unwrap()));
+        assert_eq!(
+            LogOptions::from_query(&query(&[]), now()).unwrap(),
+            LogOptions::default()
+        );
+        for bad in [
+            ("tailLines", "-1"),
+            ("limitBytes", "0"),
+            ("sinceSeconds", "x"),
+            ("follow", "yes"),
+            ("sinceTime", "yesterday"),
+        ] {
+            assert!(
+                LogOptions::from_query(&query(&[bad]), now()).is_err(),
+                "{bad:?}"
+            );
+        }
+        assert!(
+            LogOptions::from_query(
+                &query(&[("sinceSeconds", "1"), ("sinceTime", "2024-05-01T10:00:00Z")]),
+                now()
+            )
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn parses_cri_lines() {
+        let line = parse_cri_line(b"2016-10-06T00:17:09.669794202Z stdout F hello world").unwrap();
+        assert_eq!(line.timestamp, "2016-10-06T00:17:09.669794202Z");
+        assert_eq!(line.stream, "stdout");
+        assert!(!line.partial);
+        assert_eq!(line.content, b"hello world");
+        let partial = parse_cri_line(b"2016-10-06T00:17:09.669794202Z stderr P part").unwrap();
+        assert!(partial.partial);
+        let empty = parse_cri_line(b"2016-10-06T00:17:09Z stdout F ").unwrap();
+        assert_eq!(empty.content, b"");
+        let bare = parse_cri_line(b"2016-10-06T00:17:09Z stdout F").unwrap();
+        assert_eq!(bare.content, b"");
+        assert!(parse_cri_line(b"garbage").is_err());
+        assert!(parse_cri_line(b"2016-10-06T00:17:09Z stdin F x").is_err());
+    }
+
+    #[test]
+    fn partial_lines_are_joined_per_stream() {
+        let mut j = Joiner::default();
+        let lines = [
+            "2024-01-01T00:00:01Z stdout P hel",
+            "2024-01-01T00:00:02Z stderr F err",
+            "2024-01-01T00:00:03Z stdout F lo",
+            "2024-01-01T00:00:04Z stdout P tail",
+        ];
+        let out: Vec<LogLine> = lines
+            .iter()
+            .filter_map(|l| j.push(&parse_cri_line(l.as_bytes()).unwrap()))
+            .collect();
+        assert_eq!(out.len(), 2);
+        assert_eq!(out[0].content, b"err\n");
+        assert_eq!(out[1].content, b"hello\n");
+        assert_eq!(
+            out[1].timestamp, "2024-01-01T00:00:01Z",
+            "the first part's time"
+        );
+        let rest = j.finish();
+        assert_eq!(rest.len(), 1);
+        assert_eq!(rest[0].content, b"tail", "incomplete: no line feed");
+    }
+
+    fn line(ts: &str, text: &str) -> LogLine {
+        LogLine {
+            timestamp: ts.into(),
+            time: ts.parse().unwrap(),
+            content: format!("{text}\n").into_bytes(),
+        }
+    }
+
+    #[test]
+    fn writer_applies_since_timestamps_and_the_byte_limit() {
+        let opts = LogOptions {
+            timestamps: true,
+            since: Some("2024-01-01T00:00:02Z".parse().unwrap()),
+            limit_bytes: Some(30),
+            ..LogOptions::default()
+        };
+        let mut w = LogWriter::new(&opts);
+        assert!(w.write(&line("2024-01-01T00:00:01Z", "old")));
+        assert!(w.write(&line("2024-01-01T00:00:02Z", "a")));
+        assert!(!w.write(&line("2024-01-01T00:00:03Z", "bcdef")));
+        let out = w.take().unwrap();
+        assert_eq!(&out[..], b"2024-01-01T00:00:02Z a\n2024-01");
+        assert_eq!(out.len(), 30);
+        assert!(!w.write(&line("2024-01-01T00:00:04Z", "more")));
+        assert!(w.take().is_none());
+    }
+
+    struct NoRuntime;
+    impl Cri for NoRuntime {}
+
+    async fn read_all(content: &str, opts: LogOptions) -> String {
+        let dir = std::env::temp_dir().join(format!(
+            "rkubelet-logs-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("0.log");
+        std::fs::write(&path, content).unwrap();
+        let (tx, mut rx) = mpsc::channel(8);
+        let source = LogSource {
+            container_id: "c".into(),
+            path,
+        };
+        let task = tokio::spawn(stream(NoRuntime, source, opts, tx));
+        let mut out = Vec::new();
+        while let Some(chunk) = rx.recv().await {
+            out.extend_from_slice(&chunk);
+        }
+        task.await.unwrap().unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        String::from_utf8(out).unwrap()
+    }
+
+    const LOG: &str = "2024-01-01T00:00:01Z stdout F one\n\
+                       2024-01-01T00:00:02Z stdout P tw\n\
+                       2024-01-01T00:00:02.5Z stdout F o\n\
+                       not a cri line\n\
+                       2024-01-01T00:00:03Z stderr F three\n\
+                       2024-01-01T00:00:04Z stdout F four";
+
+    #[tokio::test]
+    async fn reads_a_whole_log_with_tail_and_limit() {
+        assert_eq!(
+            read_all(LOG, LogOptions::default()).await,
+            "one\ntwo\nthree\nfour\n"
+        );
+        let tail = LogOptions {
+            tail_lines: Some(2),
+            ..LogOptions::default()
+        };
+        assert_eq!(read_all(LOG, tail).await, "three\nfour\n");
+        let unfinished = format!("{LOG}\n2024-01-01T00:00:05Z stdout P no end");
+        let last = LogOptions {
+            tail_lines: Some(1),
+            ..LogOptions::default()
+        };
+        assert_eq!(read_all(&unfinished, last).await, "no end");
+        let none = LogOptions {
+            tail_lines: Some(0),
+            ..LogOptions::default()
+        };
+        assert_eq!(read_all(LOG, none).await, "");
+        let limited = LogOptions {
+            limit_bytes: Some(6),
+            ..LogOptions::default()
+        };
+        assert_eq!(read_all(LOG, limited).await, "one\ntw");
+        let stamped = LogOptions {
+            timestamps: true,
+            tail_lines: Some(3),
+            since: Some("2024-01-01T00:00:03Z".parse().unwrap()),
+            ..LogOptions::default()
+        };
+        assert_eq!(
+            read_all(LOG, stamped).await,
+            "2024-01-01T00:00:03Z three\n2024-01-01T00:00:04Z four\n"
+        );
+    }
+
+    #[tokio::test]
+    async fn follow_ends_when_the_container_is_gone_and_the_log_is_read() {
+        // The fake runtime answers Unimplemented: treated as "still running" for a
+        // transient error, so use one that says NotFound.
+        struct Gone;
+        impl Cri for Gone {
+            async fn container_status(
+                &self,
+                _: api::ContainerStatusRequest,
+            ) -> crate::cri::Result<api::ContainerStatusResponse> {
+                Err(CriError::Rpc {
+                    rpc: "ContainerStatus",
+                    code: tonic::Code::NotFound,
+                    message: "gone".into(),
+                })
+            }
+        }
+        let dir = std::env::temp_dir().join(format!("rkubelet-follow-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("0.log");
+        std::fs::write(
+            &path,
+            "2024-01-01T00:00:01Z stdout F one\n2024-01-01T00:00:02Z stdout F par",
+        )
+        .unwrap();
+        let (tx, mut rx) = mpsc::channel(8);
+        let opts = LogOptions {
+            follow: true,
+            ..LogOptions::default()
+        };
+        let source = LogSource {
+            container_id: "c".into(),
+            path: path.clone(),
+        };
+        let task = tokio::spawn(stream(Gone, source, opts, tx));
+        assert_eq!(&rx.recv().await.unwrap()[..], b"one\n");
+        // The rest of the half-written line arrives, then the container is found gone.
+        {
+            use std::io::Write;
+            let mut f = std::fs::OpenOptions::new()
+                .append(true)
+                .open(&path)
+                .unwrap();
+            f.write_all(b"t\n2024-01-01T00:00:03Z stdout F two\n")
+                .unwrap();
+        }
+        let mut rest = Vec::new();
+        while let Some(chunk) = rx.recv().await {
+            rest.extend_from_slice(&chunk);
+        }
+        assert_eq!(String::from_utf8(rest).unwrap(), "part\ntwo\n");
+        task.await.unwrap().unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,829 @@
+//! The kubelet API: an HTTPS server on the node's port 10250 that the kube-apiserver's
+//! kubelet proxy (and monitoring) talks to, and a plain-HTTP `/healthz` on
+//! 127.0.0.1:10248.
+//!
+//! | path | what | authorized as |
+//! |---|---|---|
+//! | `/healthz` | `ok` | `nodes/proxy` |
+//! | `/pods` | the pods bound to this node (`PodList`) | `nodes/proxy` |
+//! | `/containerLogs/{ns}/{pod}/{container}` | container logs ([`logs`]) | `nodes/proxy` |
+//! | `/exec/{ns}/{pod}[/{uid}]/{container}` | exec through CRI ([`streaming`]) | `nodes/proxy` |
+//! | `/attach/{ns}/{pod}[/{uid}]/{container}` | attach through CRI | `nodes/proxy` |
+//! | `/portForward/{ns}/{pod}[/{uid}]` | port-forward through CRI | `nodes/proxy` |
+//! | `/metrics` | Prometheus text ([`metrics`]) | `nodes/metrics` |
+//! | `/stats/summary` | CPU and memory of node and pods ([`stats`]) | `nodes/stats` |
+//!
+//! Every request on 10250 is authenticated (client certificate, else bearer token, else
+//! 401) and authorized with a `SubjectAccessReview` ([`auth`]). The serving certificate
+//! comes from files, from the certificates API with rotation ([`certificate`]), or is
+//! self-signed ([`tls`]).
+
+pub mod auth;
+pub mod certificate;
+pub mod logs;
+pub mod metrics;
+pub mod stats;
+pub mod streaming;
+pub mod tls;
+pub mod x509;
+
+use std::convert::Infallible;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use http_body_util::{BodyExt, Full, StreamBody, combinators::BoxBody};
+use hyper::body::{Bytes, Frame, Incoming};
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+use kube::runtime::reflector::ObjectRef;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::cri::{Cri, CriClient, api};
+use crate::node::LinuxMachine;
+use crate::pod::source::PodStore;
+use auth::{ApiReviews, Auth, UserInfo};
+use certificate::{CertificateError, CertificateManager, NodeIdentity};
+use logs::{LogError, LogOptions};
+use streaming::{StreamOptions, StreamingError};
+use tls::{CertStore, TlsError};
+
+/// The body of every response.
+pub type Body = BoxBody<Bytes, std::io::Error>;
+
+/// A complete body.
+pub fn full(data: impl Into<Bytes>) -> Body {
+    Full::new(data.into())
+        .map_err(|never: Infallible| match never {})
+        .boxed()
+}
+
+/// An empty body.
+#[must_use]
+pub fn empty() -> Body {
+    full(Bytes::new())
+}
+
+/// How long a TLS handshake may take.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a request head may take to arrive (and a kept-alive connection may idle).
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Where the serving certificate comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ServingCertificateSource {
+    /// `--tls-cert-file` and `--tls-private-key-file`.
+    Files {
+        /// The certificate chain.
+        cert: PathBuf,
+        /// Its key.
+        key: PathBuf,
+    },
+    /// `--rotate-server-certificates`: from the certificates API, kept in `cert_dir`.
+    Rotate {
+        /// `--cert-dir`.
+        cert_dir: PathBuf,
+    },
+    /// Neither: self-signed, kept in `cert_dir`.
+    SelfSigned {
+        /// `--cert-dir`.
+        cert_dir: PathBuf,
+    },
+}
+
+/// The server's configuration.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// `--address`: where 10250 listens.
+    pub address: IpAddr,
+    /// `--port`.
+    pub port: u16,
+    /// `--healthz-bind-address`.
+    pub healthz_address: IpAddr,
+    /// `--healthz-port`; 0 disables it.
+    pub healthz_port: u16,
+    /// The serving certificate.
+    pub serving_certificate: ServingCertificateSource,
+    /// `--client-ca-file`: without it, client certificates are not accepted.
+    pub client_ca_file: Option<PathBuf>,
+    /// The node's name.
+    pub node_name: String,
+    /// The node's IP (a SAN of a requested certificate).
+    pub node_ip: IpAddr,
+}
+
+/// Start-up failures of the server.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// A port could not be bound.
+    #[error("listening on {address}: {source}")]
+    Bind {
+        /// The address.
+        address: SocketAddr,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// TLS could not be set up.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    /// The serving certificate could not be made.
+    #[error(transparent)]
+    Certificate(#[from] CertificateError),
+}
+
+/// A request's query: decoded pairs, repeated keys kept in order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Query(Vec<(String, String)>);
+
+impl Query {
+    /// Decodes a URL query (`a=1&b=x%20y`).
+    #[must_use]
+    pub fn parse(query: Option<&str>) -> Self {
+        Self::from_pairs(form_urlencoded::parse(query.unwrap_or_default().as_bytes()).into_owned())
+    }
+
+    /// A query from decoded pairs.
+    pub fn from_pairs(pairs: impl IntoIterator<Item = (String, String)>) -> Self {
+        Self(pairs.into_iter().collect())
+    }
+
+    /// The first value of `key`.
+    #[must_use]
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// Every value of `key`.
+    pub fn all<'a>(&'a self, key: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+        self.0
+            .iter()
+            .filter(move |(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+fn text(status: StatusCode, body: impl Into<String>) -> Response<Body> {
+    let mut body = body.into();
+    if !body.ends_with('\n') {
+        body.push('\n');
+    }
+    Response::builder()
+        .status(status)
+        .header("content-type", "text/plain; charset=utf-8")
+        .body(full(body))
+        .unwrap_or_else(|_| Response::new(empty()))
+}
+
+fn json(value: &impl serde::Serialize) -> Response<Body> {
+    match serde_json::to_vec(value) {
+        Ok(bytes) => Response::builder()
+            .header("content-type", "application/json")
+            .body(full(bytes))
+            .unwrap_or_else(|_| Response::new(empty())),
+        Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+/// The route of a path, as a metrics label.
+fn route(path: &str) -> &'static str {
+    let first = path.trim_start_matches('/').split('/').next().unwrap_or("");
+    match first {
+        "healthz" => "/healthz",
+        "pods" => "/pods",
+        "metrics" => "/metrics",
+        "stats" => "/stats",
+        "containerLogs" => "/containerLogs",
+        "exec" => "/exec",
+        "attach" => "/attach",
+        "portForward" => "/portForward",
+        _ => "other",
+    }
+}
+
+/// A request refused with a status and a message.
+struct Refusal {
+    status: StatusCode,
+    message: String,
+}
+
+impl Refusal {
+    fn not_found(message: String) -> Self {
+        Self {
+            status: StatusCode::NOT_FOUND,
+            message,
+        }
+    }
+
+    fn response(self) -> Response<Body> {
+        text(self.status, self.message)
+    }
+}
+
+/// A pod, its namespace and name, and the UID in the path if any.
+struct PodPath<'a> {
+    namespace: &'a str,
+    name: &'a str,
+    uid: Option<&'a str>,
+}
+
+impl<'a> PodPath<'a> {
+    /// `{namespace}/{pod}/{container}` or `{namespace}/{pod}/{uid}/{container}`, as the
+    /// kubelet routes `/exec` and `/attach`.
+    fn with_container(
+        namespace: &'a str,
+        name: &'a str,
+        rest: &[&'a str],
+    ) -> Option<(Self, &'a str)> {
+        let (uid, container) = match rest {
+            [container] => (None, *container),
+            [uid, container] => (Some(*uid), *container),
+            _ => return None,
+        };
+        Some((
+            Self {
+                namespace,
+                name,
+                uid,
+            },
+            container,
+        ))
+    }
+}
+
+/// What the request handlers share.
+struct Server {
+    node_name: String,
+    cri: CriClient,
+    pods: PodStore,
+    auth: Auth<ApiReviews>,
+    stats: stats::StatsProvider,
+}
+
+impl Server {
+    async fn handle(
+        self: Arc<Self>,
+        req: Request<Incoming>,
+        certificate_user: Option<UserInfo>,
+    ) -> Response<Body> {
+        let method = req.method().as_str().to_owned();
+        let path = req.uri().path().to_owned();
+        metrics::global().count_http_request(&method, route(&path));
+        let authorization = req
+            .headers()
+            .get(hyper::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        let user = match self
+            .auth
+            .authenticate(certificate_user, authorization)
+            .await
+        {
+            Ok(user) => user,
+            Err(e) => {
+                tracing::debug!(%path, error = %e, "request not authenticated");
+                return text(StatusCode::UNAUTHORIZED, "Unauthorized");
+            }
+        };
+        if let Err(e) = self.auth.authorize(&user, &method, &path).await {
+            tracing::debug!(%path, user = %user.name, error = %e, "request not authorized");
+            let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::FORBIDDEN);
+            return text(status, e.to_string());
+        }
+        tracing::debug!(%method, %path, user = %user.name, "request");
+        self.route(req).await
+    }
+
+    async fn route(&self, req: Request<Incoming>) -> Response<Body> {
+        let path = req.uri().path().to_owned();
+        let query = Query::parse(req.uri().query());
+        let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+        let get = matches!(*req.method(), hyper::Method::GET | hyper::Method::HEAD);
+        let stream = get || *req.method() == hyper::Method::POST;
+        match segments.as_slice() {
+            ["healthz"] if get => text(StatusCode::OK, "ok"),
+            ["pods"] | ["pods", ""] if get => self.pods_list(),
+            ["metrics"] if get => self.metrics().await,
+            ["stats", "summary"] if get => self.summary().await,
+            ["containerLogs", ns, pod, container] if get => {
+                self.container_logs(ns, pod, container, &query).await
+            }
+            ["exec", ns, pod, rest @ ..] if stream => {
+                match PodPath::with_container(ns, pod, rest) {
+                    Some((p, container)) => self.exec(req, &p, container, &query).await,
+                    None => text(StatusCode::NOT_FOUND, "404 page not found"),
+                }
+            }
+            ["attach", ns, pod, rest @ ..] if stream => {
+                match PodPath::with_container(ns, pod, rest) {
+                    Some((p, container)) => self.attach(req, &p, container, &query).await,
+                    None => text(StatusCode::NOT_FOUND, "404 page not found"),
+                }
+            }
+            ["portForward", ns, pod, rest @ ..] if stream && rest.len() <= 1 => {
+                let p = PodPath {
+                    namespace: ns,
+                    name: pod,
+                    uid: rest.first().copied(),
+                };
+                self.port_forward(req, &p, &query).await
+            }
+            _ => text(StatusCode::NOT_FOUND, "404 page not found"),
+        }
+    }
+
+    fn pod(&self, p: &PodPath<'_>) -> Result<Arc<Pod>, Refusal> {
+        self.pods
+            .store
+            .get(&ObjectRef::new(p.name).within(p.namespace))
+            .filter(|pod| p.uid.is_none() || pod.metadata.uid.as_deref() == p.uid)
+            .ok_or_else(|| {
+                Refusal::not_found(format!("pod {}/{} does not exist", p.namespace, p.name))
+            })
+    }
+
+    fn pods_list(&self) -> Response<Body> {
+        let mut pods = self.pods.store.state();
+        pods.sort_by(|a, b| {
+            (&a.metadata.namespace, &a.metadata.name)
+                .cmp(&(&b.metadata.namespace, &b.metadata.name))
+        });
+        json(&serde_json::json!({
+            "kind": "PodList",
+            "apiVersion": "v1",
+            "metadata": {},
+            "items": pods.iter().map(|p| p.as_ref()).collect::<Vec<&Pod>>(),
+        }))
+    }
+
+    async fn metrics(&self) -> Response<Body> {
+        let counts = runtime_counts(&self.cri).await;
+        if counts.is_none() {
+            tracing::warn!(
+                "metrics without running pods and containers: the runtime did not answer"
+            );
+        }
+        let body = metrics::global().render(&self.node_name, counts.as_ref());
+        Response::builder()
+            .header("content-type", "text/plain; version=0.0.4; charset=utf-8")
+            .body(full(body))
+            .unwrap_or_else(|_| Response::new(empty()))
+    }
+
+    async fn summary(&self) -> Response<Body> {
+        match self
+            .stats
+            .summary(&self.node_name, &self.cri, &LinuxMachine)
+            .await
+        {
+            Ok(summary) => json(&summary),
+            Err(e) => text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("Internal Error: {e}"),
+            ),
+        }
+    }
+
+    async fn container_logs(
+        &self,
+        ns: &str,
+        name: &str,
+        container: &str,
+        query: &Query,
+    ) -> Response<Body> {
+        let opts = match LogOptions::from_query(query, Timestamp::now()) {
+            Ok(o) => o,
+            Err(e) => return text(StatusCode::BAD_REQUEST, e.to_string()),
+        };
+        let pod = match self.pod(&PodPath {
+            namespace: ns,
+            name,
+            uid: None,
+        }) {
+            Ok(p) => p,
+            Err(refusal) => return refusal.response(),
+        };
+        if !has_container(&pod, container) {
+            return text(
+                StatusCode::NOT_FOUND,
+                format!("container {container:?} not found in pod {name:?}"),
+            );
+        }
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let source =
+            match logs::find_container(&self.cri, &uid, name, container, opts.previous).await {
+                Ok(s) => s,
+                Err(e @ LogError::NoContainer(_)) => {
+                    return text(StatusCode::BAD_REQUEST, e.to_string());
+                }
+                Err(e) => return text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+            };
+        let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(16);
+        let cri = self.cri.clone();
+        let log = source.path.clone();
+        tokio::spawn(async move {
+            if let Err(e) = logs::stream(cri, source, opts, tx).await {
+                tracing::warn!(log = %log.display(), error = %e, "log stream failed");
+            }
+        });
+        let body = StreamBody::new(
+            tokio_stream_from(rx).map(|chunk| Ok::<_, std::io::Error>(Frame::data(chunk))),
+        );
+        Response::builder()
+            .header("content-type", "text/plain")
+            .body(BodyExt::boxed(body))
+            .unwrap_or_else(|_| Response::new(empty()))
+    }
+
+    fn streaming_pod(
+        &self,
+        p: &PodPath<'_>,
+        container: Option<&str>,
+    ) -> Result<(Arc<Pod>, String), Refusal> {
+        let pod = self.pod(p)?;
+        if let Some(c) = container
+            && !has_container(&pod, c)
+        {
+            return Err(Refusal::not_found(format!(
+                "container {c:?} not found in pod {:?}",
+                p.name
+            )));
+        }
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        Ok((pod, uid))
+    }
+
+    async fn exec(
+        &self,
+        req: Request<Incoming>,
+        p: &PodPath<'_>,
+        container: &str,
+        query: &Query,
+    ) -> Response<Body> {
+        let (_, uid) = match self.streaming_pod(p, Some(container)) {
+            Ok(v) => v,
+            Err(refusal) => return refusal.response(),
+        };
+        self.container_session(req, &uid, container, query, |cri, id, opts| async move {
+            let cmd = streaming::command(query)?;
+            let req = api::ExecRequest {
+                container_id: id,
+                cmd,
+                tty: opts.tty,
+                stdin: opts.stdin,
+                stdout: opts.stdout,
+                stderr: opts.stderr,
+            };
+            Ok(cri.exec(req).await?.url)
+        })
+        .await
+    }
+
+    async fn attach(
+        &self,
+        req: Request<Incoming>,
+        p: &PodPath<'_>,
+        container: &str,
+        query: &Query,
+    ) -> Response<Body> {
+        let (pod, uid) = match self.streaming_pod(p, Some(container)) {
+            Ok(v) => v,
+            Err(refusal) => return refusal.response(),
+        };
+        // The terminal setting is the container's own: it cannot change after start.
+        let tty = pod
+            .spec
+            .iter()
+            .flat_map(|s| s.containers.iter())
+            .find(|c| c.name == container)
+            .and_then(|c| c.tty)
+            .unwrap_or(false);
+        self.container_session(req, &uid, container, query, |cri, id, opts| async move {
+            let req = api::AttachRequest {
+                container_id: id,
+                stdin: opts.stdin,
+                tty,
+                stdout: opts.stdout,
+                stderr: opts.stderr && !tty,
+            };
+            Ok(cri.attach(req).await?.url)
+        })
+        .await
+    }
+
+    /// A streaming session with a running container: `open` asks the runtime for the
+    /// streaming URL of the container with the request's options, and the client's
+    /// upgraded connection is then proxied to it.
+    async fn container_session<'s, F, Fut>(
+        &'s self,
+        req: Request<Incoming>,
+        uid: &str,
+        container: &str,
+        query: &'s Query,
+        open: F,
+    ) -> Response<Body>
+    where
+        F: FnOnce(&'s CriClient, String, StreamOptions) -> Fut,
+        Fut: Future<Output = Result<String, StreamingError>>,
+    {
+        let session = async {
+            let opts = StreamOptions::from_query(query)?;
+            let id = streaming::running_container(&self.cri, uid, container).await?;
+            let url = open(&self.cri, id, opts).await?;
+            streaming::proxy(req, &url).await
+        };
+        session.await.unwrap_or_else(streaming_error)
+    }
+
+    async fn port_forward(
+        &self,
+        req: Request<Incoming>,
+        p: &PodPath<'_>,
+        query: &Query,
+    ) -> Response<Body> {
+        let (_, uid) = match self.streaming_pod(p, None) {
+            Ok(v) => v,
+            Err(refusal) => return refusal.response(),
+        };
+        let session = async {
+            let port = streaming::ports(query)?;
+            let sandbox = streaming::ready_sandbox(&self.cri, &uid).await?;
+            let url = self
+                .cri
+                .port_forward(api::PortForwardRequest {
+                    pod_sandbox_id: sandbox,
+                    port,
+                })
+                .await?
+                .url;
+            streaming::proxy(req, &url).await
+        };
+        session.await.unwrap_or_else(streaming_error)
+    }
+}
+
+fn streaming_error(e: StreamingError) -> Response<Body> {
+    tracing::info!(error = %e, "streaming request failed");
+    text(e.status(), e.to_string())
+}
+
+/// A stream over an mpsc receiver.
+fn tokio_stream_from<T: Send + 'static>(
+    mut rx: tokio::sync::mpsc::Receiver<T>,
+) -> impl futures::Stream<Item = T> + Send + Sync {
+    futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
+
+fn has_container(pod: &Pod, name: &str) -> bool {
+    pod.spec.as_ref().is_some_and(|s| {
+        s.containers
+            .iter()
+            .chain(s.init_containers.iter().flatten())
+            .any(|c| c.name == name)
+            || s.ephemeral_containers
+                .iter()
+                .flatten()
+                .any(|c| c.name == name)
+    })
+}
+
+/// Running pods and containers by state, as the runtime reports them now.
+async fn runtime_counts(cri: &CriClient) -> Option<metrics::RuntimeCounts> {
+    let sandboxes = cri
+        .list_pod_sandbox(api::ListPodSandboxRequest { filter: None })
+        .await
+        .ok()?
+        .items;
+    let containers = cri
+        .list_containers(api::ListContainersRequest { filter: None })
+        .await
+        .ok()?
+        .containers;
+    let mut counts = metrics::RuntimeCounts::default();
+    let mut pods = std::collections::HashSet::new();
+    for s in &sandboxes {
+        if s.state() == api::PodSandboxState::SandboxReady
+            && let Some(id) = crate::kuberuntime::labels::pod_of(&s.labels)
+        {
+            pods.insert(id.uid);
+        }
+    }
+    counts.running_pods = pods.len() as u64;
+    for c in &containers {
+        let state = match c.state() {
+            api::ContainerState::ContainerRunning => "running",
+            api::ContainerState::ContainerExited => "exited",
+            api::ContainerState::ContainerCreated => "created",
+            api::ContainerState::ContainerUnknown => "unknown",
+        };
+        *counts.containers.entry(state).or_default() += 1;
+    }
+    Some(counts)
+}
+
+/// The serving certificate store, filled per the configured source. A rotating source
+/// gets its manager started (it fills the store once the certificate is issued).
+async fn serving_certificates(
+    config: &ServerConfig,
+    client: &kube::Client,
+    cancel: &CancellationToken,
+) -> Result<Arc<CertStore>, ServerError> {
+    let store = Arc::new(CertStore::default());
+    let node = NodeIdentity {
+        name: config.node_name.clone(),
+        ips: vec![config.node_ip],
+    };
+    match &config.serving_certificate {
+        ServingCertificateSource::Files { cert, key } => store.set(tls::load_files(cert, key)?),
+        ServingCertificateSource::SelfSigned { cert_dir } => {
+            store.set(certificate::self_signed(cert_dir, &node)?);
+        }
+        ServingCertificateSource::Rotate { cert_dir } => {
+            let manager =
+                CertificateManager::new(client.clone(), node, cert_dir.clone(), store.clone());
+            tokio::spawn(manager.run(cancel.clone()));
+        }
+    }
+    Ok(store)
+}
+
+async fn bind(address: SocketAddr) -> Result<TcpListener, ServerError> {
+    TcpListener::bind(address)
+        .await
+        .map_err(|source| ServerError::Bind { address, source })
+}
+
+/// Starts the kubelet API on `--address:--port` and `/healthz` on
+/// `--healthz-bind-address:--healthz-port`; both stop accepting when `cancel` fires.
+///
+/// # Errors
+/// A port cannot be bound, or TLS cannot be set up.
+pub async fn start(
+    config: ServerConfig,
+    client: kube::Client,
+    cri: CriClient,
+    pods: PodStore,
+    cancel: CancellationToken,
+) -> Result<(), ServerError> {
+    let store = serving_certificates(&config, &client, &cancel).await?;
+    let tls = tls::server_config(store, config.client_ca_file.as_deref())?;
+    if config.client_ca_file.is_none() {
+        tracing::warn!("no --client-ca-file: client certificates are not accepted");
+    }
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+    let address = SocketAddr::new(config.address, config.port);
+    let listener = bind(address).await?;
+    let healthz = if config.healthz_port == 0 {
+        None
+    } else {
+        Some(bind(SocketAddr::new(config.healthz_address, config.healthz_port)).await?)
+    };
+    let server = Arc::new(Server {
+        node_name: config.node_name.clone(),
+        cri,
+        pods,
+        auth: Auth::new(ApiReviews(client), config.node_name.clone()),
+        stats: stats::StatsProvider::default(),
+    });
+    tracing::info!(%address, "kubelet API serving");
+    tokio::spawn(serve_tls(listener, acceptor, server, cancel.clone()));
+    if let Some(listener) = healthz {
+        tracing::info!(address = %listener.local_addr().map_or_else(|e| e.to_string(), |a| a.to_string()), "healthz serving");
+        tokio::spawn(serve_healthz(listener, cancel));
+    }
+    Ok(())
+}
+
+async fn serve_tls(
+    listener: TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+    server: Arc<Server>,
+    cancel: CancellationToken,
+) {
+    loop {
+        let (stream, peer) = tokio::select! {
+            () = cancel.cancelled() => return,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let acceptor = acceptor.clone();
+        let server = server.clone();
+        tokio::spawn(async move {
+            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                Ok(Ok(tls)) => tls,
+                Ok(Err(e)) => {
+                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    tracing::debug!(%peer, "TLS handshake timed out");
+                    return;
+                }
+            };
+            let user = tls
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|chain| chain.first())
+                .and_then(|leaf| x509::parse(leaf).ok())
+                .and_then(|info| UserInfo::from_certificate(&info));
+            let service = hyper::service::service_fn(move |req| {
+                let server = server.clone();
+                let user = user.clone();
+                async move { Ok::<_, Infallible>(server.handle(req, user).await) }
+            });
+            if let Err(e) = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT)
+                .serve_connection(TokioIo::new(tls), service)
+                .with_upgrades()
+                .await
+            {
+                tracing::debug!(%peer, error = %e, "connection ended with an error");
+            }
+        });
+    }
+}
+
+async fn serve_healthz(listener: TcpListener, cancel: CancellationToken) {
+    loop {
+        let stream = tokio::select! {
+            () = cancel.cancelled() => return,
+            accepted = listener.accept() => match accepted {
+                Ok((s, _)) => s,
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(|req: Request<Incoming>| async move {
+                Ok::<_, Infallible>(if req.uri().path() == "/healthz" {
+                    text(StatusCode::OK, "ok")
+                } else {
+                    text(StatusCode::NOT_FOUND, "404 page not found")
+                })
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queries_decode_and_keep_repeated_keys() {
+        let q = Query::parse(Some(
+            "command=sh&command=-c&command=echo+a%26b&tty=1&empty=",
+        ));
+        assert_eq!(
+            q.all("command").collect::<Vec<_>>(),
+            ["sh", "-c", "echo a&b"]
+        );
+        assert_eq!(q.get("tty"), Some("1"));
+        assert_eq!(q.get("empty"), Some(""));
+        assert_eq!(q.get("missing"), None);
+        assert_eq!(Query::parse(None), Query::default());
+    }
+
+    #[test]
+    fn routes_are_small_label_sets() {
+        assert_eq!(route("/containerLogs/ns/p/c"), "/containerLogs");
+        assert_eq!(route("/stats/summary"), "/stats");
+        assert_eq!(route("/anything/else"), "other");
+    }
+
+    #[test]
+    fn containers_of_every_kind_count() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p"},
+            "spec": {
+                "containers": [{"name": "web"}],
+                "initContainers": [{"name": "init"}],
+                "ephemeralContainers": [{"name": "debug"}]
+            }
+        }))
+        .unwrap();
+        for name in ["web", "init", "debug"] {
+            assert!(has_container(&pod, name), "{name}");
+        }
+        assert!(!has_container(&pod, "nope"));
+    }
+}
