@@ -80,7 +80,9 @@ rkubelet_cmd() { # NODE OWNER
     --root-dir "$RKUBELET_STATE/bench/rkubelet-$node" --pod-logs-dir "$RKUBELET_STATE/bench/logs-$node" \
     --network-owner "$owner" --cni-conf-dir "$RKUBELET_REPO/cni-config" --cni-bin-dir /usr/lib/cni \
     --runtime-cni-conf-dir "$RKUBELET_STATE/cni/net.d" --runtime-cni-bin-dir "$RKUBELET_STATE/cni/bin" \
-    --resolv-conf=
+    --resolv-conf= --address "$NODE_IP" --client-ca-file "$RKUBELET_STATE/pki/ca.crt" \
+    --tls-cert-file "$RKUBELET_STATE/pki/node-$node-serving.crt" \
+    --tls-private-key-file "$RKUBELET_STATE/pki/node-$node-serving.key"
 }
 
 kubelet_cmd() { # QPS BURST
@@ -89,7 +91,7 @@ kubelet_cmd() { # QPS BURST
     --container-runtime=remote --container-runtime-endpoint="unix://$CONTAINERD_SOCK" \
     --cgroup-driver=cgroupfs --cgroups-per-qos=false --enforce-node-allocatable= --fail-swap-on=false \
     --eviction-hard= --image-gc-high-threshold=100 --resolv-conf= --read-only-port=0 \
-    --anonymous-auth=false --client-ca-file="$RKUBELET_STATE/pki/ca.crt" \
+    --address="$NODE_IP" --anonymous-auth=false --client-ca-file="$RKUBELET_STATE/pki/ca.crt" \
     --tls-cert-file="$RKUBELET_STATE/pki/node-$NODE_NAME-serving.crt" \
     --tls-private-key-file="$RKUBELET_STATE/pki/node-$NODE_NAME-serving.key" \
     --kube-api-qps="$1" --kube-api-burst="$2"

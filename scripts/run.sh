@@ -25,7 +25,7 @@ bash scripts/cluster.sh start-agent "$rk" run \
   --cni-conf-dir "$RKUBELET_REPO/cni-config" --cni-bin-dir /usr/lib/cni \
   --runtime-cni-conf-dir "$RKUBELET_STATE/cni/net.d" --runtime-cni-bin-dir "$RKUBELET_STATE/cni/bin" \
   --resolv-conf "" \
-  --client-ca-file "$RKUBELET_STATE/pki/ca.crt" \
+  --address "$NODE_IP" --client-ca-file "$RKUBELET_STATE/pki/ca.crt" \
   --tls-cert-file "$RKUBELET_STATE/pki/node-$NODE_NAME-serving.crt" \
   --tls-private-key-file "$RKUBELET_STATE/pki/node-$NODE_NAME-serving.key"
 
