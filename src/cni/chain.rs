@@ -226,22 +226,14 @@ impl<E: PluginExec> Cni<E> {
     pub async fn verify_plugins(&self) -> Result<(), CniError> {
         for list in [&self.loopback, &self.network] {
             for plugin in list.plugin_types() {
-                let path = find_plugin(plugin, &self.bin_dirs).await?;
                 let env = [
                     ("CNI_COMMAND".to_owned(), Command::Version.to_string()),
                     ("CNI_PATH".to_owned(), self.cni_path.clone()),
                 ];
                 let stdin = json!({"cniVersion": list.cni_version()}).to_string();
-                let output = self
-                    .exec
-                    .exec(&path, &env, stdin.as_bytes())
-                    .await
-                    .map_err(|source| CniError::Exec {
-                        plugin: path.clone(),
-                        command: Command::Version,
-                        source,
-                    })?;
-                let out = plugin_answer(output, plugin, Command::Version, "")?;
+                let out = self
+                    .run_binary(plugin, Command::Version, &env, &stdin, "")
+                    .await?;
                 let bad = |reason: String| CniError::BadResult {
                     plugin: plugin.to_owned(),
                     command: Command::Version,
@@ -539,20 +531,34 @@ impl<E: PluginExec> Cni<E> {
         prev: Option<&Value>,
     ) -> Result<Vec<u8>, CniError> {
         let ty = plugin_type(plugin);
-        let path = find_plugin(ty, &self.bin_dirs).await?;
         let stdin = plugin_config(run, plugin, prev).to_string();
         let env = self.env(run, command);
         tracing::debug!(plugin = ty, %command, container_id = run.container_id, ifname = run.ifname, "running CNI plugin");
+        self.run_binary(ty, command, &env, &stdin, run.container_id)
+            .await
+    }
+
+    /// Finds the plugin binary of type `ty`, runs it with `env` and `stdin`, and returns
+    /// its successful answer (a CNI error result or a failed exit becomes an error).
+    async fn run_binary(
+        &self,
+        ty: &str,
+        command: Command,
+        env: &[(String, String)],
+        stdin: &str,
+        container_id: &str,
+    ) -> Result<Vec<u8>, CniError> {
+        let path = find_plugin(ty, &self.bin_dirs).await?;
         let output = self
             .exec
-            .exec(&path, &env, stdin.as_bytes())
+            .exec(&path, env, stdin.as_bytes())
             .await
             .map_err(|source| CniError::Exec {
                 plugin: path.clone(),
                 command,
                 source,
             })?;
-        plugin_answer(output, ty, command, run.container_id)
+        plugin_answer(output, ty, command, container_id)
     }
 
     /// The CNI environment of one plugin run.
