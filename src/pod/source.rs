@@ -28,17 +28,6 @@ pub struct PodStore {
     pub synced: watch::Receiver<bool>,
 }
 
-impl PodStore {
-    /// The pod with this UID, if the API has it.
-    #[must_use]
-    pub fn get_by_uid(&self, uid: &str) -> Option<Arc<Pod>> {
-        self.store
-            .state()
-            .into_iter()
-            .find(|p| p.metadata.uid.as_deref() == Some(uid))
-    }
-}
-
 /// Starts the watch; returns the store, and the task that feeds the workers until the
 /// process ends. Watch errors are retried with the watcher's default back-off.
 pub fn start<S: PodSyncer>(
