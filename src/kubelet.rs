@@ -55,7 +55,14 @@ pub struct Kubelet<C> {
     reasons: Mutex<HashMap<String, HashMap<String, Waiting>>>,
     /// Back-off of failed sandbox creations and volume set-ups, per pod UID.
     backoff: Mutex<HashMap<String, Backoff>>,
+    /// Each pod's container mounts and when its volumes were last set up. Syncs come with
+    /// every runtime change; the volume sources (secrets, configMaps, tokens) are read
+    /// again at most once per resync period, not on each of them.
+    mounts: Mutex<HashMap<String, (Instant, Mounts)>>,
 }
+
+/// Each container's mounts, by container name.
+type Mounts = HashMap<String, Vec<api::Mount>>;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -76,6 +83,7 @@ impl<C: Cri> Kubelet<C> {
             status,
             reasons: Mutex::default(),
             backoff: Mutex::default(),
+            mounts: Mutex::default(),
         }
     }
 
@@ -128,11 +136,7 @@ impl<C: Cri> Kubelet<C> {
     }
 
     /// The volume mounts of each container, resolved to host paths.
-    async fn container_mounts(
-        &self,
-        pod: &Pod,
-        id: &PodId,
-    ) -> Result<HashMap<String, Vec<api::Mount>>, String> {
+    async fn container_mounts(&self, pod: &Pod, id: &PodId) -> Result<Mounts, String> {
         let volumes = self.volumes.setup(pod).await.map_err(|e| e.to_string())?;
         let mut all = HashMap::new();
         for c in pod.spec.iter().flat_map(|s| s.containers.iter()) {
@@ -196,11 +200,21 @@ impl<C: Cri> Kubelet<C> {
             );
             return Next::ResyncAfter(self.failed(&id.uid));
         }
-        let volume_mounts = match self
-            .container_mounts(pod, id)
-            .instrument(tracing::info_span!("mount_volumes"))
-            .await
-        {
+        let fresh = lock(&self.mounts)
+            .get(&id.uid)
+            .filter(|(at, _)| at.elapsed() < RESYNC)
+            .map(|(_, m)| m.clone());
+        let prepared = match fresh {
+            Some(m) => Ok(m),
+            None => self
+                .container_mounts(pod, id)
+                .instrument(tracing::info_span!("mount_volumes"))
+                .await
+                .inspect(|m| {
+                    lock(&self.mounts).insert(id.uid.clone(), (Instant::now(), m.clone()));
+                }),
+        };
+        let volume_mounts = match prepared {
             Ok(m) => m,
             Err(message) => {
                 self.runtime
@@ -283,6 +297,7 @@ impl<C: Cri> Kubelet<C> {
         }
         lock(&self.reasons).remove(&id.uid);
         lock(&self.backoff).remove(&id.uid);
+        lock(&self.mounts).remove(&id.uid);
         if pod.is_some() {
             if let Err(e) = self.status.flush(id).await {
                 tracing::warn!(error = %e, "could not send the final status");
