@@ -6,7 +6,7 @@
 //! kubelet, and are adopted by the next start.
 
 use std::net::IpAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -106,9 +106,13 @@ pub enum AppError {
     },
 }
 
-async fn kube_client(path: &PathBuf) -> Result<kube::Client, AppError> {
+/// A Kubernetes client from a kubeconfig file.
+///
+/// # Errors
+/// [`AppError::Kubeconfig`] when the file cannot be read or used.
+pub async fn kube_client(path: &Path) -> Result<kube::Client, AppError> {
     let err = |reason: String| AppError::Kubeconfig {
-        path: path.clone(),
+        path: path.to_owned(),
         reason,
     };
     let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(|e| err(e.to_string()))?;

@@ -123,11 +123,7 @@ fn print(v: &Value) -> anyhow::Result<()> {
 }
 
 async fn client(kubeconfig: &Path) -> anyhow::Result<kube::Client> {
-    let kc = kube::config::Kubeconfig::read_from(kubeconfig)?;
-    let config =
-        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-            .await?;
-    Ok(kube::Client::try_from(config)?)
+    Ok(rkubelet::app::kube_client(kubeconfig).await?)
 }
 
 /// The bench pods' container: exits at once on SIGTERM, so deletion measures the agents,

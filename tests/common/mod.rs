@@ -37,13 +37,9 @@ pub fn cri() -> CriClient {
 /// A Kubernetes client from a kubeconfig file under the cluster's pki directory.
 pub async fn kube_client(kubeconfig: &str) -> kube::Client {
     let path = state_dir().join("pki").join(kubeconfig);
-    let kc = kube::config::Kubeconfig::read_from(&path)
-        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-    let config =
-        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-            .await
-            .expect("kubeconfig to client config");
-    kube::Client::try_from(config).expect("kube client")
+    rkubelet::app::kube_client(&path)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Polls `probe` every 200 ms until it gives a value; panics naming `what` after `timeout`.
