@@ -63,6 +63,8 @@ pub struct Config {
     pub cluster_dns: Vec<IpAddr>,
     /// The cluster's DNS domain.
     pub cluster_domain: String,
+    /// How many pods are set up in the runtime at once.
+    pub parallel_pod_starts: usize,
     /// The host resolv.conf for `dnsPolicy: Default` pods; `None` gives them no resolver.
     pub resolv_conf: Option<PathBuf>,
     /// Node labels besides the defaults.
@@ -181,6 +183,8 @@ async fn wait_for_network_ready(cri: &CriClient, timeout: Duration) {
 
 /// How often, and after what age, leaked pod network attachments are released.
 const NETWORK_GC: Duration = Duration::from_secs(30);
+/// How often freed heap pages go back to the kernel.
+const TRIM_PERIOD: Duration = Duration::from_secs(10);
 
 async fn collect_network_garbage(cri: &CriClient, cni: &Cni, min_age: Duration) {
     let listed = cri
@@ -362,7 +366,12 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
             pod_logs_dir: config.pod_logs_dir.clone(),
             runtime_name,
         },
-        RuntimeManager::new(config.cri.clone(), sandbox_settings, events),
+        RuntimeManager::new(
+            config.cri.clone(),
+            sandbox_settings,
+            events,
+            config.parallel_pod_starts,
+        ),
         volumes,
         status,
     ));
@@ -383,6 +392,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
         .await?;
     }
     tokio::spawn(housekeeping(store, workers, pleg, kubelet, cancel.clone()));
+    tokio::spawn(crate::allocator::trim_every(TRIM_PERIOD));
     tracing::info!(node = %config.node_name, "rkubelet running");
     cancel.cancelled().await;
     heartbeats.join().await;

@@ -68,58 +68,60 @@ pub struct ImageManager {
 }
 
 impl ImageManager {
-    /// Makes sure the container's image is present; returns the runtime's image reference.
+    /// The policy's verdict on the image already on the machine: its reference when it can
+    /// be used as it is, `None` when it must be pulled ([`Self::pull`]).
     ///
     /// # Errors
-    /// The waiting reason to show when the image is not there.
-    pub async fn ensure_image<C: Cri>(
+    /// The waiting reason when the image cannot be used (no image; Never and absent).
+    pub async fn present<C: Cri>(
+        &self,
+        cri: &C,
+        pod: &PodId,
+        container: &Container,
+        events: &EventRecorder,
+    ) -> Result<Option<String>, ImageError> {
+        let image = image_of(container)?;
+        let policy = pull_policy(container);
+        if policy == "Always" {
+            return Ok(None);
+        }
+        let name = Some(container.name.as_str());
+        if let Some(present) = image_status(cri, &image).await {
+            events.normal(
+                pod,
+                name,
+                "Pulled",
+                format!("Container image {image:?} already present on machine"),
+            );
+            return Ok(Some(present.id));
+        }
+        if policy == "Never" {
+            events.warning(
+                pod,
+                name,
+                "ErrImageNeverPull",
+                format!("Container image {image:?} is not present with pull policy of Never"),
+            );
+            return Err(ImageError::NeverPull(image));
+        }
+        Ok(None)
+    }
+
+    /// Pulls the container's image, unless a failed pull backs off; returns the runtime's
+    /// image reference. One pull per image at a time: with IfNotPresent, pods that waited
+    /// for another pod's pull use the image it brought.
+    ///
+    /// # Errors
+    /// The waiting reason when the image is not there.
+    pub async fn pull<C: Cri>(
         &self,
         cri: &C,
         pod: &PodId,
         container: &Container,
         events: &EventRecorder,
     ) -> Result<String, ImageError> {
-        let image = container
-            .image
-            .clone()
-            .filter(|i| !i.is_empty())
-            .ok_or(ImageError::Missing)?;
-        let policy = pull_policy(container);
-        let spec = || {
-            Some(api::ImageSpec {
-                image: image.clone(),
-                ..Default::default()
-            })
-        };
+        let image = image_of(container)?;
         let name = Some(container.name.as_str());
-        if policy != "Always" {
-            let present = cri
-                .image_status(api::ImageStatusRequest {
-                    image: spec(),
-                    verbose: false,
-                })
-                .await
-                .ok()
-                .and_then(|s| s.image);
-            if let Some(present) = present {
-                events.normal(
-                    pod,
-                    name,
-                    "Pulled",
-                    format!("Container image {image:?} already present on machine"),
-                );
-                return Ok(present.id);
-            }
-            if policy == "Never" {
-                events.warning(
-                    pod,
-                    name,
-                    "ErrImageNeverPull",
-                    format!("Container image {image:?} is not present with pull policy of Never"),
-                );
-                return Err(ImageError::NeverPull(image));
-            }
-        }
         let key = (pod.uid.clone(), image.clone());
         if self
             .lock_backoff()
@@ -134,18 +136,20 @@ impl ImageManager {
             );
             return Err(ImageError::BackOff(image));
         }
-        // One pull per image at a time; the others wait for it, then find the image.
         let gate = self
             .lock_in_flight()
             .entry(image.clone())
             .or_default()
             .clone();
         let _turn = gate.lock().await;
+        if let Some(present) = self.present(cri, pod, container, events).await? {
+            return Ok(present);
+        }
         events.normal(pod, name, "Pulling", format!("Pulling image {image:?}"));
         let started = Instant::now();
         let pulled = cri
             .pull_image(api::PullImageRequest {
-                image: spec(),
+                image: Some(image_spec(&image)),
                 auth: None,
                 sandbox_config: None,
             })
@@ -196,6 +200,32 @@ impl ImageManager {
     }
 }
 
+fn image_of(container: &Container) -> Result<String, ImageError> {
+    container
+        .image
+        .clone()
+        .filter(|i| !i.is_empty())
+        .ok_or(ImageError::Missing)
+}
+
+fn image_spec(image: &str) -> api::ImageSpec {
+    api::ImageSpec {
+        image: image.to_owned(),
+        ..Default::default()
+    }
+}
+
+/// The image as the runtime has it, if it has it.
+async fn image_status<C: Cri>(cri: &C, image: &str) -> Option<api::Image> {
+    cri.image_status(api::ImageStatusRequest {
+        image: Some(image_spec(image)),
+        verbose: false,
+    })
+    .await
+    .ok()
+    .and_then(|s| s.image)
+}
+
 /// How long a failed pull waits at first, and at most (the kubelet's 10 s and 300 s).
 pub const IMAGE_BACKOFF: (Duration, Duration) = (Duration::from_secs(10), Duration::from_secs(300));
 
@@ -233,6 +263,8 @@ mod tests {
             req: api::PullImageRequest,
         ) -> CriResult<api::PullImageResponse> {
             self.pulls.fetch_add(1, Ordering::SeqCst);
+            // A pull takes time: other pods' syncs run meanwhile.
+            tokio::time::sleep(Duration::from_millis(10)).await;
             let name = req.image.unwrap().image;
             if self.fail {
                 return Err(CriError::Rpc {
@@ -254,6 +286,19 @@ mod tests {
             image: Some(image.into()),
             image_pull_policy: policy.map(Into::into),
             ..Default::default()
+        }
+    }
+
+    /// What the runtime manager does: the present image, else a pull.
+    async fn ensure(
+        images: &ImageManager,
+        cri: &FakeImages,
+        container: &Container,
+        events: &EventRecorder,
+    ) -> Result<String, ImageError> {
+        match images.present(cri, &pod(), container, events).await? {
+            Some(found) => Ok(found),
+            None => images.pull(cri, &pod(), container, events).await,
         }
     }
 
@@ -290,22 +335,47 @@ mod tests {
         cri.present.lock().unwrap().push("nginx:1".into());
         let (events, mut rx) = EventRecorder::channel();
         let images = ImageManager::default();
-        let id = images
-            .ensure_image(&cri, &pod(), &container("nginx:1", None), &events)
+        let id = ensure(&images, &cri, &container("nginx:1", None), &events)
             .await
             .unwrap();
         assert_eq!(id, "sha256:nginx:1");
         assert_eq!(cri.pulls.load(Ordering::SeqCst), 0);
         assert_eq!(rx.recv().await.unwrap().reason, "Pulled");
-        images
-            .ensure_image(&cri, &pod(), &container("nginx:1", Some("Always")), &events)
-            .await
-            .unwrap();
+        ensure(
+            &images,
+            &cri,
+            &container("nginx:1", Some("Always")),
+            &events,
+        )
+        .await
+        .unwrap();
         assert_eq!(cri.pulls.load(Ordering::SeqCst), 1);
         let reasons: Vec<_> = std::iter::from_fn(|| rx.try_recv().ok())
             .map(|e| e.reason)
             .collect();
         assert_eq!(reasons, ["Pulling", "Pulled"]);
+    }
+
+    #[tokio::test]
+    async fn pods_waiting_for_the_same_pull_use_its_image() {
+        let cri = FakeImages::default();
+        let (events, mut rx) = EventRecorder::channel();
+        let images = ImageManager::default();
+        let c = container("busybox:1", None);
+        let all = futures::future::join_all((0..5).map(|_| ensure(&images, &cri, &c, &events)));
+        for id in all.await {
+            assert_eq!(id.unwrap(), "sha256:busybox:1");
+        }
+        assert_eq!(
+            cri.pulls.load(Ordering::SeqCst),
+            1,
+            "one pull for five pods"
+        );
+        let reasons: Vec<_> = std::iter::from_fn(|| rx.try_recv().ok())
+            .map(|e| e.reason)
+            .collect();
+        assert_eq!(reasons.iter().filter(|r| **r == "Pulling").count(), 1);
+        assert_eq!(reasons.iter().filter(|r| **r == "Pulled").count(), 5);
     }
 
     #[tokio::test]
@@ -316,13 +386,11 @@ mod tests {
         };
         let (events, mut rx) = EventRecorder::channel();
         let images = ImageManager::default();
-        let first = images
-            .ensure_image(&cri, &pod(), &container("missing:1", None), &events)
+        let first = ensure(&images, &cri, &container("missing:1", None), &events)
             .await
             .unwrap_err();
         assert_eq!(first.reason(), "ErrImagePull");
-        let second = images
-            .ensure_image(&cri, &pod(), &container("missing:1", None), &events)
+        let second = ensure(&images, &cri, &container("missing:1", None), &events)
             .await
             .unwrap_err();
         assert_eq!(second.reason(), "ImagePullBackOff");
@@ -338,15 +406,14 @@ mod tests {
             reasons,
             [("Pulling", false), ("Failed", true), ("BackOff", false)]
         );
-        let never = images
-            .ensure_image(
-                &cri,
-                &pod(),
-                &container("missing:2", Some("Never")),
-                &events,
-            )
-            .await
-            .unwrap_err();
+        let never = ensure(
+            &images,
+            &cri,
+            &container("missing:2", Some("Never")),
+            &events,
+        )
+        .await
+        .unwrap_err();
         assert_eq!(never.reason(), "ErrImageNeverPull");
         images.forget_pod("u");
         assert!(images.lock_backoff().is_empty());

@@ -87,6 +87,17 @@ impl<C: Cri> Kubelet<C> {
         }
     }
 
+    /// Whether the pod has finished: by the status this agent last generated, else by the
+    /// API's (a pod that finished before this agent started).
+    fn is_terminal(&self, pod: &Pod, id: &PodId) -> bool {
+        let ours = self.status.get(&id.uid);
+        let status = ours.as_ref().or(pod.status.as_ref());
+        matches!(
+            status.and_then(|s| s.phase.as_deref()),
+            Some("Succeeded" | "Failed")
+        )
+    }
+
     fn publish_status(&self, pod: &Pod, id: &PodId, runtime: Option<&PodRuntimeStatus>) {
         let reasons = lock(&self.reasons)
             .get(&id.uid)
@@ -161,11 +172,11 @@ impl<C: Cri> Kubelet<C> {
 
     /// `syncPod`: one step of bringing a pod that should run to its spec.
     async fn sync_pod(&self, pod: &Pod, id: &PodId) -> Next {
-        let terminal = matches!(
-            pod.status.as_ref().and_then(|s| s.phase.as_deref()),
-            Some("Succeeded" | "Failed")
-        );
-        let runtime = match get_pod_status(self.runtime.cri(), &id.uid).await {
+        let terminal = self.is_terminal(pod, id);
+        let runtime = match get_pod_status(self.runtime.cri(), &id.uid)
+            .instrument(tracing::info_span!("runtime_status"))
+            .await
+        {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!(error = %e, "could not read the pod's runtime state");
@@ -239,13 +250,17 @@ impl<C: Cri> Kubelet<C> {
             outcome.retry_after.unwrap_or(RESYNC)
         };
         let fresh = get_pod_status(self.runtime.cri(), &id.uid)
-            .instrument(tracing::info_span!("status"))
+            .instrument(tracing::info_span!("runtime_status"))
             .await;
         match fresh {
             Ok(after) => self.publish_status(pod, id, Some(&after)),
             Err(e) => {
                 tracing::warn!(error = %e, "could not read the pod's runtime state after sync")
             }
+        }
+        if self.is_terminal(pod, id) {
+            // Finished just now: the next sync stops what is left of it (its sandbox).
+            return Next::ResyncAfter(Duration::ZERO);
         }
         Next::ResyncAfter(next)
     }
@@ -274,7 +289,12 @@ impl<C: Cri> Kubelet<C> {
             if let Some(pod) = pod {
                 self.publish_status(pod, id, Some(&stopped));
             }
-            if let Err(e) = self.runtime.remove_pod(id, &stopped).await {
+            let removed = self
+                .runtime
+                .remove_pod(id, &stopped)
+                .instrument(tracing::info_span!("remove_pod"))
+                .await;
+            if let Err(e) = removed {
                 tracing::warn!(error = %e, "could not remove the pod's sandboxes");
                 return Next::ResyncAfter(RETRY);
             }
@@ -299,11 +319,21 @@ impl<C: Cri> Kubelet<C> {
         lock(&self.backoff).remove(&id.uid);
         lock(&self.mounts).remove(&id.uid);
         if pod.is_some() {
-            if let Err(e) = self.status.flush(id).await {
+            let flushed = self
+                .status
+                .flush(id)
+                .instrument(tracing::info_span!("final_status"))
+                .await;
+            if let Err(e) = flushed {
                 tracing::warn!(error = %e, "could not send the final status");
                 return Next::ResyncAfter(RETRY);
             }
-            if let Err(e) = self.status.delete_pod(id).await {
+            let deleted = self
+                .status
+                .delete_pod(id)
+                .instrument(tracing::info_span!("delete_from_api"))
+                .await;
+            if let Err(e) = deleted {
                 tracing::warn!(error = %e, "could not delete the pod");
                 return Next::ResyncAfter(RETRY);
             }
@@ -324,6 +354,7 @@ impl<C: Cri> PodSyncer for Kubelet<C> {
                 };
                 if crate::pod::is_terminating(pod) {
                     self.terminate(&id, Some(pod), crate::pod::termination_grace_period(pod))
+                        .instrument(tracing::info_span!("terminate_pod"))
                         .await
                 } else {
                     self.sync_pod(pod, &id).await

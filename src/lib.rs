@@ -5,6 +5,7 @@
 //! their networks with the standard CNI plugins, and reports their status to the
 //! kube-apiserver. Each module owns one kubelet concept and is named after it.
 
+pub mod allocator;
 pub mod app;
 pub mod backoff;
 pub mod cni;

@@ -23,6 +23,9 @@ struct Cli {
     /// Log filter when RUST_LOG is unset (e.g. `info`, `rkubelet=debug`).
     #[arg(long, default_value = "info", global = true)]
     log_level: String,
+    /// Log every step's duration when its span closes (for `bench breakdown`).
+    #[arg(long, global = true)]
+    log_span_timings: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -92,6 +95,11 @@ struct RunArgs {
     /// The cluster's DNS domain.
     #[arg(long, default_value = "cluster.local")]
     cluster_domain: String,
+    /// How many pods are set up in the runtime at once (sandbox, create, start); the
+    /// others wait their turn, and image pulls hold none. 10 gave the shortest wall time
+    /// for 30 and 100 pods on a 2-core machine (`scripts/bench.sh` sweeps the CRI floor).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u16).range(1..))]
+    parallel_pod_starts: u16,
     /// Resolver configuration given to `dnsPolicy: Default` pods. Empty: none.
     #[arg(long, default_value = "/etc/resolv.conf")]
     resolv_conf: String,
@@ -206,6 +214,7 @@ enum CriCommand {
 }
 
 fn main() -> anyhow::Result<std::process::ExitCode> {
+    rkubelet::allocator::limit_arenas();
     // Invoked by the container runtime as the thin CNI plugin: hand the call to the agent.
     if let Some(argv0) = std::env::args_os().next()
         && rkubelet::cni::shim::invoked_as_plugin(&argv0)
@@ -213,9 +222,12 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
         return Ok(rkubelet::cni::shim::run_plugin());
     }
     let cli = Cli::parse();
-    observability::init(cli.log_format, &cli.log_level)
+    observability::init(cli.log_format, &cli.log_level, cli.log_span_timings)
         .map_err(|e| anyhow::anyhow!("setting up logging: {e}"))?;
+    // The blocking pool serves short file-system calls: a few threads are plenty, and
+    // every extra thread is resident memory.
     let runtime = tokio::runtime::Builder::new_multi_thread()
+        .max_blocking_threads(8)
         .enable_all()
         .build()?;
     runtime.block_on(async {
@@ -256,6 +268,7 @@ async fn run_command(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
         runtime_cni_bin_dir: args.runtime_cni_bin_dir,
         cluster_dns: args.cluster_dns,
         cluster_domain: args.cluster_domain,
+        parallel_pod_starts: args.parallel_pod_starts.into(),
         resolv_conf: (!args.resolv_conf.is_empty()).then(|| args.resolv_conf.into()),
         node_labels,
         max_pods: args.max_pods,

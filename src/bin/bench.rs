@@ -20,6 +20,7 @@ use clap::{Parser, Subcommand};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::watcher::{self, Event};
 use rkubelet::cri::{Cri, CriClient, api};
@@ -154,6 +155,8 @@ struct Timings {
     ready: Vec<f64>,
     all_ready: f64,
     all_gone: f64,
+    /// Wall-clock bounds of the start-up and of the deletion, for `report`'s breakdown.
+    windows: Value,
 }
 
 async fn time_pods<F, Fut>(
@@ -177,6 +180,7 @@ where
             break;
         }
     }
+    let created_at = Timestamp::now();
     let started = create().await?;
     let mut running: HashMap<String, f64> = HashMap::new();
     let mut ready: HashMap<String, f64> = HashMap::new();
@@ -200,6 +204,7 @@ where
         }
     }
     let all_ready = seconds(started.elapsed());
+    let ready_at = Timestamp::now();
     let deleting = Instant::now();
     delete.await?;
     let mut gone = 0;
@@ -216,6 +221,10 @@ where
         ready: ready.into_values().collect(),
         all_ready,
         all_gone: seconds(deleting.elapsed()),
+        windows: json!({
+            "start-up": [created_at.to_string(), ready_at.to_string()],
+            "deletion": [ready_at.to_string(), Timestamp::now().to_string()],
+        }),
     })
 }
 
@@ -223,7 +232,7 @@ fn timings_json(kind: &str, args: &ApiArgs, t: &Timings) -> Value {
     json!({
         "kind": kind, "agent": args.agent, "count": args.count,
         "running": t.running, "ready": t.ready,
-        "all_ready": t.all_ready, "all_gone": t.all_gone,
+        "all_ready": t.all_ready, "all_gone": t.all_gone, "windows": t.windows,
     })
 }
 
@@ -529,6 +538,106 @@ fn latencies(v: &Value, key: &str) -> Vec<f64> {
     all
 }
 
+/// A closed span's wall time (busy + idle) from a `--log-span-timings` JSON line, in
+/// seconds.
+fn span_seconds(line: &Value) -> Option<f64> {
+    let parse = |key: &str| -> Option<f64> {
+        let v = line[key].as_str()?;
+        let (number, scale) = [("ns", 1e-9), ("µs", 1e-6), ("ms", 1e-3), ("s", 1.0)]
+            .into_iter()
+            .find_map(|(unit, scale)| v.strip_suffix(unit).map(|n| (n, scale)))?;
+        Some(number.parse::<f64>().ok()? * scale)
+    };
+    Some(parse("time.busy")? + parse("time.idle")?)
+}
+
+/// The step a closed span stands for: its name, with the RPC or plugin and command.
+fn step_name(line: &Value) -> Option<String> {
+    let span = &line["span"];
+    let name = span["name"].as_str()?;
+    let detail: Vec<&str> = ["rpc", "plugin", "command"]
+        .iter()
+        .filter_map(|k| span[*k].as_str())
+        .collect();
+    Some(if detail.is_empty() {
+        name.to_owned()
+    } else {
+        format!("{name} {}", detail.join(" "))
+    })
+}
+
+/// The wall times of every step of an agent's log (JSON, `--log-span-timings`) whose span
+/// closed within `window` (two RFC 3339 timestamps).
+fn breakdown(log: &Path, window: &Value) -> anyhow::Result<BTreeMap<String, Vec<f64>>> {
+    let bound = |i: usize| -> anyhow::Result<Timestamp> {
+        Ok(window[i].as_str().context("window bound")?.parse()?)
+    };
+    let (from, to) = (bound(0)?, bound(1)?);
+    let mut steps: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    for line in std::fs::read_to_string(log)?.lines() {
+        let Ok(line) = serde_json::from_str::<Value>(line) else {
+            continue;
+        };
+        if line["message"] != "close" {
+            continue;
+        }
+        let at: Option<Timestamp> = line["timestamp"].as_str().and_then(|t| t.parse().ok());
+        if !at.is_some_and(|at| from <= at && at <= to) {
+            continue;
+        }
+        if let (Some(step), Some(secs)) = (step_name(&line), span_seconds(&line)) {
+            steps.entry(step).or_default().push(secs);
+        }
+    }
+    for v in steps.values_mut() {
+        v.sort_by(f64::total_cmp);
+    }
+    Ok(steps)
+}
+
+/// Markdown: where an rkubelet burst's time went, per step, from the agent's own spans.
+fn breakdown_tables(dir: &Path, rows: &[&Value]) -> anyhow::Result<String> {
+    let mut md = String::new();
+    let largest = rows
+        .iter()
+        .filter(|r| r["kind"] == "burst")
+        .filter_map(|r| r["count"].as_u64())
+        .max();
+    for r in rows
+        .iter()
+        .filter(|r| r["kind"] == "burst" && r["count"].as_u64() == largest)
+    {
+        let agent = r["agent"].as_str().unwrap_or_default();
+        let log = dir.join(format!("{agent}.log"));
+        let Some(windows) = r["windows"].as_object().filter(|_| log.exists()) else {
+            continue;
+        };
+        for (phase, window) in windows {
+            let steps = breakdown(&log, window)?;
+            if steps.is_empty() {
+                continue;
+            }
+            md.push_str(&format!(
+                "\n**{agent}, {} pods, {phase}: per step, from its spans** (seconds; a step's calls overlap across pods)\n\n| step | calls | p50 | p90 | max | sum |\n|---|---|---|---|---|---|\n",
+                r["count"]
+            ));
+            let mut by_sum: Vec<(&String, &Vec<f64>)> = steps.iter().collect();
+            by_sum.sort_by(|a, b| b.1.iter().sum::<f64>().total_cmp(&a.1.iter().sum::<f64>()));
+            for (step, v) in by_sum {
+                md.push_str(&format!(
+                    "| {step} | {} | {:.3} | {:.3} | {:.3} | {:.1} |\n",
+                    v.len(),
+                    percentile(v, 50.0),
+                    percentile(v, 90.0),
+                    percentile(v, 100.0),
+                    v.iter().sum::<f64>(),
+                ));
+            }
+        }
+    }
+    Ok(md)
+}
+
 fn report(args: &ReportArgs) -> anyhow::Result<Value> {
     let mut results = Vec::new();
     for entry in std::fs::read_dir(&args.dir)? {
@@ -608,6 +717,7 @@ fn report(args: &ReportArgs) -> anyhow::Result<Value> {
             r["seconds"],
         ));
     }
+    md.push_str(&breakdown_tables(&args.dir, &rows)?);
     std::fs::write(args.dir.join("report.md"), &md)?;
     // Plot data: one column pair (rank fraction, seconds) per series, for gnuplot.
     let mut data = String::new();

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
+use tracing::Instrument;
 
 use super::cache::{CacheEntry, ResultCache};
 use super::exec::{find_plugin, plugin_answer};
@@ -267,6 +268,7 @@ impl<E: PluginExec> Cni<E> {
     /// # Errors
     /// The first failure: [`CniError::Plugin`], [`CniError::PluginNotFound`],
     /// [`CniError::Exec`], [`CniError::BadResult`], or the cache write's error.
+    #[tracing::instrument(name = "cni_add", skip_all, fields(container_id = %att.container_id))]
     pub async fn add(&self, att: &Attachment) -> Result<CniResult, CniError> {
         att.validate()?;
         let _serial = self.lock(&att.container_id).await;
@@ -365,6 +367,7 @@ impl<E: PluginExec> Cni<E> {
     ///
     /// # Errors
     /// The first plugin failure; the cache entry is then kept, for a retry.
+    #[tracing::instrument(name = "cni_del", skip_all, fields(container_id = %att.container_id))]
     pub async fn del(&self, att: &Attachment) -> Result<(), CniError> {
         att.validate()?;
         let _serial = self.lock(&att.container_id).await;
@@ -552,6 +555,7 @@ impl<E: PluginExec> Cni<E> {
         let output = self
             .exec
             .exec(&path, env, stdin.as_bytes())
+            .instrument(tracing::info_span!("cni_plugin", plugin = ty, %command))
             .await
             .map_err(|source| CniError::Exec {
                 plugin: path.clone(),

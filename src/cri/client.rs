@@ -8,6 +8,7 @@ use std::time::Duration;
 use hyper_util::rt::TokioIo;
 use tokio::net::UnixStream;
 use tonic::transport::{Channel, Uri};
+use tracing::Instrument;
 
 use super::api::{
     self, image_service_client::ImageServiceClient, runtime_service_client::RuntimeServiceClient,
@@ -114,8 +115,9 @@ impl CriClient {
         let mut request = tonic::Request::new(req);
         request.set_timeout(deadline);
         let started = std::time::Instant::now();
-        let outcome = tokio::time::timeout(deadline, send(request)).await;
-        tracing::trace!(rpc, elapsed_ms = started.elapsed().as_millis(), "CRI call");
+        let outcome = tokio::time::timeout(deadline, send(request))
+            .instrument(tracing::info_span!("cri", rpc))
+            .await;
         let failed = !matches!(outcome, Ok(Ok(_)));
         crate::server::metrics::observe_runtime_operation(rpc, started.elapsed(), failed);
         match outcome {

@@ -1,14 +1,20 @@
 //! Carries out a pod's actions against the runtime, in the kubelet's order: sandbox (and
 //! with it the pod's network), then for each container image, create, start. Also stops
 //! pods, and prunes dead sandboxes and old containers.
+//!
+//! Pods are set up a bounded number at a time (start slots): past a handful of concurrent
+//! sandboxes the runtime only gets slower on a small machine, and a pod that holds a slot
+//! finishes sooner than a hundred that share the runtime. A pod gives its slot back while
+//! its image is pulled.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Container, Pod};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::Instrument;
 
 use super::actions::{PodActions, compute_pod_actions};
@@ -74,6 +80,28 @@ pub struct RuntimeManager<C> {
     settings: SandboxSettings,
     events: EventRecorder,
     crash_backoff: Mutex<HashMap<(String, String), Backoff>>,
+    start_slots: Arc<Semaphore>,
+}
+
+/// A pod's turn to be set up in the runtime: held from the sandbox to its last container
+/// start, given back during an image pull.
+struct StartSlot {
+    slots: Arc<Semaphore>,
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+impl StartSlot {
+    /// Waits for a turn, unless this pod holds one.
+    async fn hold(&mut self) {
+        if self.permit.is_none() {
+            // The semaphore is never closed, so acquiring fails only in theory.
+            self.permit = self.slots.clone().acquire_owned().await.ok();
+        }
+    }
+
+    fn release(&mut self) {
+        self.permit = None;
+    }
 }
 
 fn mount(container_path: &str, host_path: &Path, readonly: bool) -> api::Mount {
@@ -105,14 +133,20 @@ fn hosts_file(hostname: &str, ips: &[IpAddr]) -> String {
 }
 
 impl<C: Cri> RuntimeManager<C> {
-    /// A manager over `cri`.
-    pub fn new(cri: C, settings: SandboxSettings, events: EventRecorder) -> Self {
+    /// A manager over `cri` that sets up `parallel_starts` pods at a time.
+    pub fn new(
+        cri: C,
+        settings: SandboxSettings,
+        events: EventRecorder,
+        parallel_starts: usize,
+    ) -> Self {
         Self {
             cri,
             images: ImageManager::default(),
             settings,
             events,
             crash_backoff: Mutex::new(HashMap::new()),
+            start_slots: Arc::new(Semaphore::new(parallel_starts.max(1))),
         }
     }
 
@@ -165,6 +199,15 @@ impl<C: Cri> RuntimeManager<C> {
         }
         self.kill_containers(id, &actions, crate::pod::termination_grace_period(pod))
             .await;
+        let mut slot = StartSlot {
+            slots: self.start_slots.clone(),
+            permit: None,
+        };
+        if actions.create_sandbox.is_some() || !actions.start.is_empty() {
+            slot.hold()
+                .instrument(tracing::info_span!("wait_start_slot"))
+                .await;
+        }
         let (sandbox_id, sandbox_ips) = match self.ensure_sandbox(pod, id, status, &actions).await {
             Ok(s) => s,
             Err(message) => {
@@ -223,6 +266,7 @@ impl<C: Cri> RuntimeManager<C> {
                     &sandbox_conf,
                     &sandbox_ips,
                     ctx,
+                    &mut slot,
                 )
                 .instrument(tracing::info_span!("start_container", container = %container.name))
                 .await;
@@ -365,16 +409,35 @@ impl<C: Cri> RuntimeManager<C> {
         sandbox_conf: &api::PodSandboxConfig,
         ips: &[IpAddr],
         ctx: &PodContext,
+        slot: &mut StartSlot,
     ) -> Result<(), Waiting> {
         let name = Some(container.name.as_str());
-        let image_ref = self
+        let image_waiting = |e: crate::images::ImageError| Waiting {
+            reason: e.reason().into(),
+            message: e.to_string(),
+        };
+        let present = self
             .images
-            .ensure_image(&self.cri, id, container, &self.events)
+            .present(&self.cri, id, container, &self.events)
+            .instrument(tracing::info_span!("image_status"))
             .await
-            .map_err(|e| Waiting {
-                reason: e.reason().into(),
-                message: e.to_string(),
-            })?;
+            .map_err(image_waiting)?;
+        let image_ref = match present {
+            Some(image_ref) => image_ref,
+            None => {
+                slot.release();
+                let pulled = self
+                    .images
+                    .pull(&self.cri, id, container, &self.events)
+                    .instrument(tracing::info_span!("pull_image"))
+                    .await
+                    .map_err(image_waiting)?;
+                slot.hold()
+                    .instrument(tracing::info_span!("wait_start_slot"))
+                    .await;
+                pulled
+            }
+        };
         let mut mounts = ctx
             .volume_mounts
             .get(&container.name)

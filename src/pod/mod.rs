@@ -66,6 +66,19 @@ pub fn is_terminating(pod: &Pod) -> bool {
     pod.metadata.deletion_timestamp.is_some()
 }
 
+/// Whether an update of a pod asks for a sync: its spec, labels, annotations or deletion
+/// changed (the kubelet's `podsDifferSemantically`). A change of status alone — mostly
+/// this agent's own writes coming back through the watch — does not.
+#[must_use]
+pub fn differs_semantically(a: &Pod, b: &Pod) -> bool {
+    let (m, n) = (&a.metadata, &b.metadata);
+    a.spec != b.spec
+        || m.labels != n.labels
+        || m.annotations != n.annotations
+        || m.deletion_timestamp != n.deletion_timestamp
+        || m.deletion_grace_period_seconds != n.deletion_grace_period_seconds
+}
+
 /// The pod's restart policy: `Always` (default), `OnFailure` or `Never`.
 #[must_use]
 pub fn restart_policy(pod: &Pod) -> &str {
@@ -126,5 +139,26 @@ mod tests {
         assert!(!is_terminating(&pod));
         pod.metadata.deletion_grace_period_seconds = Some(5);
         assert_eq!(termination_grace_period(&pod), 5);
+    }
+
+    #[test]
+    fn only_spec_labels_annotations_and_deletion_ask_for_a_sync() {
+        let pod = testing::pod("web", &[("c", "nginx")]);
+        let mut status_only = pod.clone();
+        status_only.metadata.resource_version = Some("42".into());
+        status_only.status = Some(k8s_openapi::api::core::v1::PodStatus {
+            phase: Some("Running".into()),
+            ..Default::default()
+        });
+        assert!(!differs_semantically(&pod, &status_only));
+        let mut labelled = pod.clone();
+        labelled.metadata.labels = Some([("a".to_owned(), "b".to_owned())].into());
+        assert!(differs_semantically(&pod, &labelled));
+        let mut deleted = pod.clone();
+        deleted.metadata.deletion_grace_period_seconds = Some(30);
+        assert!(differs_semantically(&pod, &deleted));
+        let mut respecced = pod.clone();
+        respecced.spec.as_mut().unwrap().containers[0].image = Some("nginx:2".into());
+        assert!(differs_semantically(&pod, &respecced));
     }
 }

@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::ResourceExt;
 use kube::runtime::WatchStreamExt;
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::{self, Event};
 use tokio::sync::watch;
 
@@ -45,11 +45,12 @@ pub fn start<S: PodSyncer>(
             pod.managed_fields_mut().clear();
         })
         .reflect(writer);
+    let shared = store.clone();
     let feed = async move {
         let mut stream = std::pin::pin!(stream);
         loop {
             match stream.try_next().await {
-                Ok(Some(event)) => handle(&event, &workers, &synced_tx),
+                Ok(Some(event)) => handle(event, &shared, &workers, &synced_tx),
                 Ok(None) => break,
                 Err(e) => tracing::warn!(error = %e, "pod watch failed; retrying"),
             }
@@ -59,15 +60,27 @@ pub fn start<S: PodSyncer>(
     (PodStore { store, synced }, feed)
 }
 
-fn handle<S: PodSyncer>(event: &Event<Pod>, workers: &PodWorkers<S>, synced: &watch::Sender<bool>) {
+fn handle<S: PodSyncer>(
+    event: Event<Pod>,
+    store: &Store<Pod>,
+    workers: &PodWorkers<S>,
+    synced: &watch::Sender<bool>,
+) {
     match event {
         Event::Apply(pod) | Event::InitApply(pod) => {
-            if let Some(uid) = pod.metadata.uid.as_deref() {
-                workers.update(uid, PodWork::Sync(Arc::new(pod.clone())));
-            }
+            let Some(uid) = pod.metadata.uid.clone() else {
+                return;
+            };
+            // The worker shares the store's copy of the pod, once the store has this
+            // version (during the first list it has not yet).
+            let shared = store
+                .get(&ObjectRef::from_obj(&pod))
+                .filter(|s| s.metadata.resource_version == pod.metadata.resource_version)
+                .unwrap_or_else(|| Arc::new(pod));
+            workers.update(&uid, PodWork::Sync(shared));
         }
         Event::Delete(pod) => {
-            if let Some(id) = PodId::of(pod) {
+            if let Some(id) = PodId::of(&pod) {
                 tracing::info!(pod = %id, "pod removed from the API");
                 workers.update(&id.uid.clone(), PodWork::Remove(id));
             }

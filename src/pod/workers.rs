@@ -77,11 +77,21 @@ impl<S: PodSyncer> PodWorkers<S> {
     pub fn update(&self, uid: &str, work: PodWork) {
         let mut workers = self.lock();
         if let Some(w) = workers.get(uid) {
-            // A removal is final: a late update must not bring the pod back.
-            let removing = matches!(*w.work.borrow(), PodWork::Remove(_));
-            if !removing {
-                w.work.send_replace(work);
-            }
+            w.work.send_if_modified(|current| match (&*current, &work) {
+                // A removal is final: a late update must not bring the pod back.
+                (PodWork::Remove(_), _) => false,
+                // The next sync sees the newest pod; a new status alone wakes no one.
+                (PodWork::Sync(old), PodWork::Sync(new))
+                    if !super::differs_semantically(old, new) =>
+                {
+                    *current = work;
+                    false
+                }
+                _ => {
+                    *current = work;
+                    true
+                }
+            });
             return;
         }
         let (tx, rx) = watch::channel(work);
@@ -134,7 +144,9 @@ impl<S: PodSyncer> PodWorkers<S> {
                 PodWork::Remove(id) => (id.namespace.clone(), id.name.clone()),
             };
             let span = tracing::info_span!("sync_pod", pod_uid = %uid, pod = %format!("{namespace}/{name}"));
-            let next = self.syncer.sync(&work).instrument(span).await;
+            // Boxed: the deep state of a sync lives on the heap only while it runs, and an
+            // idle worker stays small.
+            let next = Box::pin(self.syncer.sync(&work)).instrument(span).await;
             crate::server::metrics::observe_pod_worker(operation, started.elapsed());
             match next {
                 Next::Done => break,
@@ -196,15 +208,31 @@ mod tests {
     async fn one_sync_at_a_time_per_pod_with_updates_coalesced() {
         let syncer = Arc::new(Recorder::default());
         let workers = PodWorkers::new(syncer.clone());
-        workers.update("u", PodWork::Sync(Arc::new(pod("v1", &[("c", "x")]))));
+        workers.update("u", PodWork::Sync(Arc::new(pod("v1", &[("c", "v1")]))));
         // While v1 syncs, two more updates arrive: only the newest is synced after it.
         tokio::time::sleep(Duration::from_millis(5)).await;
-        for name in ["v2", "v3"] {
-            workers.update("u", PodWork::Sync(Arc::new(pod(name, &[("c", "x")]))));
+        for v in ["v2", "v3"] {
+            workers.update("u", PodWork::Sync(Arc::new(pod(v, &[("c", v)]))));
         }
         tokio::time::sleep(Duration::from_millis(150)).await;
         assert_eq!(syncer.max_running.load(Ordering::SeqCst), 1);
         assert_eq!(*syncer.syncs.lock().unwrap(), ["sync v1", "sync v3"]);
+    }
+
+    #[tokio::test]
+    async fn a_status_only_update_syncs_nothing_but_the_next_sync_sees_it() {
+        let syncer = Arc::new(Recorder::default());
+        let workers = PodWorkers::new(syncer.clone());
+        workers.update("u", PodWork::Sync(Arc::new(pod("v1", &[("c", "x")]))));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // Same spec, labels, annotations and deletion: the name stands in for the newer
+        // object (a status written by the agent itself).
+        workers.update("u", PodWork::Sync(Arc::new(pod("v2", &[("c", "x")]))));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(*syncer.syncs.lock().unwrap(), ["sync v1"]);
+        workers.wake("u");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(*syncer.syncs.lock().unwrap(), ["sync v1", "sync v2"]);
     }
 
     #[tokio::test]

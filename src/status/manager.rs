@@ -11,6 +11,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use tracing::Instrument;
 
 use crate::pod::PodId;
 
@@ -126,6 +127,7 @@ impl StatusManager {
         // never given the old pod's status.
         let body = serde_json::json!({ "metadata": { "uid": id.uid }, "status": status });
         api.patch_status(&id.name, &PatchParams::default(), &Patch::Strategic(body))
+            .instrument(tracing::info_span!("status_patch", pod_uid = %id.uid))
             .await
             .map(drop)
             .map_err(|source| StatusError::Patch {
