@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
@@ -173,6 +174,44 @@ pub struct Cni<E = ProcessExec> {
     /// Visible to the module's tests, which inspect their fake.
     pub(super) exec: E,
     locks: Mutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>,
+    pub(super) deleted: Deleted,
+}
+
+/// How long a finished `DEL` is remembered.
+const DELETED_MEMORY: Duration = Duration::from_secs(600);
+
+/// Attachments (container id, interface) this process deleted in full, every plugin's
+/// `DEL` having succeeded, and has not added again since. containerd tears a sandbox's
+/// network down twice, in `StopPodSandbox` and again when `RemovePodSandbox` stops the
+/// sandbox once more: the second `DEL` has nothing left to undo and returns at once instead
+/// of running every plugin again. After a restart nothing is remembered and a `DEL` runs
+/// the plugins as usual, so nothing can be skipped that was not released.
+#[derive(Default)]
+pub(super) struct Deleted(Mutex<HashMap<(String, String), Instant>>);
+
+impl Deleted {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Instant>> {
+        let mut map = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        map.retain(|_, at| at.elapsed() < DELETED_MEMORY);
+        map
+    }
+
+    fn key(container_id: &str, ifname: &str) -> (String, String) {
+        (container_id.to_owned(), ifname.to_owned())
+    }
+
+    fn contains(&self, container_id: &str, ifname: &str) -> bool {
+        self.lock().contains_key(&Self::key(container_id, ifname))
+    }
+
+    fn record(&self, container_id: &str, ifname: &str) {
+        self.lock()
+            .insert(Self::key(container_id, ifname), Instant::now());
+    }
+
+    pub(super) fn forget(&self, container_id: &str, ifname: &str) {
+        self.lock().remove(&Self::key(container_id, ifname));
+    }
 }
 
 impl<E> Cni<E> {
@@ -208,6 +247,7 @@ impl<E: PluginExec> Cni<E> {
             cache: ResultCache::new(&cache_dir),
             exec,
             locks: Mutex::default(),
+            deleted: Deleted::default(),
         }
     }
 
@@ -272,6 +312,7 @@ impl<E: PluginExec> Cni<E> {
     pub async fn add(&self, att: &Attachment) -> Result<CniResult, CniError> {
         att.validate()?;
         let _serial = self.lock(&att.container_id).await;
+        self.deleted.forget(&att.container_id, &att.ifname);
         let netns = att.netns.to_string_lossy();
         let cni_args = att.cni_args();
         let port_mappings = att.host_port_mappings();
@@ -363,7 +404,9 @@ impl<E: PluginExec> Cni<E> {
     /// `ADD` (or, with no cache entry, the current config and no `prevResult`), then the
     /// loopback `DEL`, and removes the cache entry. Best-effort and idempotent: every
     /// plugin runs even if one fails, a netns that is gone is passed as an empty
-    /// `CNI_NETNS`, and a loopback failure is only logged.
+    /// `CNI_NETNS`, and a loopback failure is only logged. A repeated `DEL` of an
+    /// attachment this process already deleted in full, and has not added since, runs no
+    /// plugin.
     ///
     /// # Errors
     /// The first plugin failure; the cache entry is then kept, for a retry.
@@ -371,6 +414,10 @@ impl<E: PluginExec> Cni<E> {
     pub async fn del(&self, att: &Attachment) -> Result<(), CniError> {
         att.validate()?;
         let _serial = self.lock(&att.container_id).await;
+        if self.deleted.contains(&att.container_id, &att.ifname) {
+            tracing::debug!(container_id = %att.container_id, "CNI DEL: already deleted");
+            return Ok(());
+        }
         let found = match self
             .cache
             .find(self.network.name(), &att.container_id, &att.ifname)
@@ -428,6 +475,7 @@ impl<E: PluginExec> Cni<E> {
             .cache
             .path(self.network.name(), &att.container_id, &att.ifname);
         self.cache.remove(&current).await?;
+        self.deleted.record(&att.container_id, &att.ifname);
         tracing::info!(container_id = %att.container_id, network = run.list.name(), "CNI DEL done");
         Ok(())
     }
@@ -853,7 +901,45 @@ mod tests {
         // DEL again: no cache, the current config, nothing fails.
         new.del(&del).await.unwrap();
         let again: Vec<_> = new.exec.short_calls()[4..].to_vec();
-        assert_eq!(again, ["ptp DEL", "loopback DEL"]);
+        assert!(again.is_empty(), "already deleted: {again:?}");
+
+        // After another restart: no cache, nothing remembered, so the current config's
+        // plugins run, and nothing fails.
+        let restarted = s.cni(
+            r#"{"cniVersion":"1.0.0","name":"othernet","plugins":[{"type":"ptp"}]}"#,
+            FakeExec::default(),
+        );
+        restarted.del(&del).await.unwrap();
+        assert_eq!(restarted.exec.short_calls(), ["ptp DEL", "loopback DEL"]);
+    }
+
+    #[tokio::test]
+    async fn a_repeated_del_runs_plugins_only_after_a_failure_or_a_new_add() {
+        let s = Setup::new();
+        let exec = FakeExec::default();
+        exec.fail("portmap DEL", 11, "iptables locked");
+        let cni = s.cni(BRIDGE_PORTMAP_TUNING, exec);
+        let att = s.attachment("c7");
+        cni.add(&att).await.unwrap();
+        let added = cni.exec.calls().len();
+        let dels = |cni: &Cni<FakeExec>, from: usize| cni.exec.short_calls()[from..].to_vec();
+
+        // A failed DEL keeps its cache entry and is not remembered: the retry runs again.
+        cni.del(&att).await.unwrap_err();
+        let first = dels(&cni, added);
+        assert_eq!(first.len(), 4, "{first:?}");
+        cni.exec.heal("portmap DEL");
+        cni.del(&att).await.unwrap();
+        assert_eq!(dels(&cni, added + 4), first);
+        // containerd's second teardown of the same sandbox: nothing left to run.
+        let done = cni.exec.calls().len();
+        cni.del(&att).await.unwrap();
+        assert_eq!(cni.exec.calls().len(), done);
+        // Added again (the same id), so deleted again in full.
+        cni.add(&att).await.unwrap();
+        let readded = cni.exec.calls().len();
+        cni.del(&att).await.unwrap();
+        assert_eq!(dels(&cni, readded), first);
     }
 
     #[tokio::test]

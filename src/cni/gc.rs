@@ -85,6 +85,8 @@ impl<E: PluginExec> Cni<E> {
             if live.contains(&container_id) || age < min_age || self.in_flight(&container_id) {
                 continue;
             }
+            // A leftover shows that an earlier DEL did not release everything.
+            self.deleted.forget(&container_id, &ifname);
             let att = Attachment {
                 container_id: container_id.clone(),
                 netns: PathBuf::new(),
@@ -170,5 +172,15 @@ mod tests {
         // DEL removed dead's cache entry; the fake host-local leaves its file, so only the
         // reservation is found again.
         assert_eq!(cni.garbage_collect(&live, Duration::ZERO).await, ["orphan"]);
+        // Its earlier DEL is remembered, but the leftover shows it released nothing: the
+        // plugins run again.
+        let orphan_dels = cni
+            .exec
+            .calls()
+            .iter()
+            .filter(|c| c.command() == "DEL" && c.plugin == "bridge")
+            .filter(|c| c.env["CNI_CONTAINERID"] == "orphan")
+            .count();
+        assert_eq!(orphan_dels, 2);
     }
 }

@@ -156,6 +156,11 @@ pub(crate) mod testutil {
                 .insert(what.to_owned(), output);
         }
 
+        /// Undoes `fail`: the plugin and command succeed again.
+        pub fn heal(&self, what: &str) {
+            self.failures.lock().expect("lock").remove(what);
+        }
+
         pub fn calls(&self) -> Vec<Call> {
             self.calls.lock().expect("lock").clone()
         }
