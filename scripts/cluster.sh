@@ -666,6 +666,9 @@ remove_containers() {
       ctr_ -n "$ns" tasks kill -a -s SIGKILL "$id" >/dev/null 2>&1 || true
     done
     echo "$ns" >>"$REC/namespaces"
+    # Every container id, before any is removed: a shim that outlives its task (a sandbox
+    # whose network teardown failed) is found by it once containerd is gone.
+    ctr_ -n "$ns" containers ls -q 2>/dev/null | sed "s|^|$ns |" >>"$REC/containers"
     for id in $(ctr_ -n "$ns" tasks ls -q 2>/dev/null); do
       # CRI may delete a task itself once it exits: only a task still listed is a problem.
       if ! timeout 20 ctr_ -n "$ns" tasks rm -f "$id" >/dev/null 2>&1 &&
@@ -710,6 +713,23 @@ kill_leftover_shims() {
       if is_our_shim "$pid" "$ns"; then stop_pid "shim $ns/$id" "$pid" 5; fi
     done
     remove_task_cgroup "$d/config.json"
+  done
+}
+
+# Shims with no task left in the state dir: any containerd shim serving our socket for a
+# container id our containerd held (recorded by remove_containers).
+kill_recorded_shims() {
+  [[ -s $REC/containers ]] || return 0
+  local p pid cmd ns id
+  for p in /proc/[0-9]*; do
+    pid=${p#/proc/}
+    [[ $(readlink "$p/exe" 2>/dev/null) == */containerd-shim* ]] || continue
+    cmd=$(tr '\0' ' ' <"$p/cmdline" 2>/dev/null) || continue
+    [[ $cmd =~ -namespace\ ([^ ]+)\ .*-id\ ([0-9a-f]+)\  ]] || continue
+    ns=${BASH_REMATCH[1]} id=${BASH_REMATCH[2]}
+    if grep -qxF "$ns $id" "$REC/containers" && is_our_shim "$pid" "$ns"; then
+      stop_pid "shim $ns/$id" "$pid" 5
+    fi
   done
 }
 
@@ -825,7 +845,7 @@ cmd_down() {
   # 2. Processes, by recorded PID, in reverse start order.
   for c in "${STOP_ORDER[@]}"; do
     if pid=$(comp_pid "$c"); then stop_pid "$c" "$pid"; fi
-    if [[ $c == containerd ]]; then kill_leftover_shims; fi
+    if [[ $c == containerd ]]; then kill_leftover_shims; kill_recorded_shims; fi
   done
   remove_ns_cgroups
   # 3. Mounts under our state and containerd's run dir.

@@ -186,9 +186,10 @@ impl<C: Cri> Kubelet<C> {
         if terminal {
             // A finished pod keeps its status; whatever still runs of it is stopped.
             if runtime.ready_sandbox().is_some() {
-                self.runtime
-                    .kill_pod(id, &runtime, crate::pod::termination_grace_period(pod))
-                    .await;
+                let grace = crate::pod::termination_grace_period(pod);
+                if self.runtime.kill_pod(id, &runtime, grace).await.is_err() {
+                    return Next::ResyncAfter(RETRY);
+                }
             }
             return Next::ResyncAfter(RESYNC);
         }
@@ -249,14 +250,20 @@ impl<C: Cri> Kubelet<C> {
             lock(&self.backoff).remove(&id.uid);
             outcome.retry_after.unwrap_or(RESYNC)
         };
-        let fresh = get_pod_status(self.runtime.cri(), &id.uid)
-            .instrument(tracing::info_span!("runtime_status"))
-            .await;
-        match fresh {
-            Ok(after) => self.publish_status(pod, id, Some(&after)),
-            Err(e) => {
-                tracing::warn!(error = %e, "could not read the pod's runtime state after sync")
+        if outcome.acted {
+            let fresh = get_pod_status(self.runtime.cri(), &id.uid)
+                .instrument(tracing::info_span!("runtime_status"))
+                .await;
+            match fresh {
+                Ok(after) => self.publish_status(pod, id, Some(&after)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not read the pod's runtime state after sync")
+                }
             }
+        } else {
+            // Nothing changed in the runtime: the state read at the start still holds, and
+            // only the reasons containers wait for may be new.
+            self.publish_status(pod, id, Some(&runtime));
         }
         if self.is_terminal(pod, id) {
             // Finished just now: the next sync stops what is left of it (its sandbox).
@@ -265,10 +272,14 @@ impl<C: Cri> Kubelet<C> {
         Next::ResyncAfter(next)
     }
 
-    /// `syncTerminatingPod` and the clean-up after it: stop the containers within the
-    /// grace period, stop and remove the sandboxes (the network goes with them), remove
-    /// volumes and directories, then — for a pod still in the API — send its final status
-    /// and delete it.
+    /// `syncTerminatingPod` and the clean-up after it, in the kubelet's order: stop the
+    /// containers within the grace period and stop the sandboxes (their networks go with
+    /// them), tear the volumes down; once nothing of the pod runs or is mounted (the
+    /// kubelet's `podResourcesAreReclaimed`), send its final status and delete it from the
+    /// API. Only then are the stopped sandboxes and containers removed and the pod
+    /// directories deleted — work the kubelet leaves to its garbage collector, off the path
+    /// of a deletion. Every step is idempotent: a failed one is retried from the start, and
+    /// a pod whose API object is already gone comes back through housekeeping as an orphan.
     async fn terminate(&self, id: &PodId, pod: Option<&Pod>, grace: i64) -> Next {
         let runtime = match get_pod_status(self.runtime.cri(), &id.uid).await {
             Ok(r) => r,
@@ -277,48 +288,35 @@ impl<C: Cri> Kubelet<C> {
                 return Next::ResyncAfter(RETRY);
             }
         };
-        if !runtime.is_empty() {
-            self.runtime
+        let stopped = if runtime.is_empty() {
+            runtime
+        } else {
+            // Every sandbox must be stopped, its network torn down, before the pod may
+            // leave the API: a failed stop keeps the pod Terminating and is retried.
+            let killed = self
+                .runtime
                 .kill_pod(id, &runtime, grace)
                 .instrument(tracing::info_span!("kill_pod", grace))
                 .await;
-            let stopped = match get_pod_status(self.runtime.cri(), &id.uid).await {
-                Ok(r) => r,
-                Err(_) => return Next::ResyncAfter(RETRY),
-            };
-            if let Some(pod) = pod {
-                self.publish_status(pod, id, Some(&stopped));
-            }
-            let removed = self
-                .runtime
-                .remove_pod(id, &stopped)
-                .instrument(tracing::info_span!("remove_pod"))
-                .await;
-            if let Err(e) = removed {
-                tracing::warn!(error = %e, "could not remove the pod's sandboxes");
+            if killed.is_err() {
                 return Next::ResyncAfter(RETRY);
             }
-        }
+            match get_pod_status(self.runtime.cri(), &id.uid).await {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not read the pod's runtime state");
+                    return Next::ResyncAfter(RETRY);
+                }
+            }
+        };
         if let Err(e) = self.volumes.teardown(&id.uid).await {
             tracing::warn!(error = %e, "could not tear down the pod's volumes");
             return Next::ResyncAfter(RETRY);
         }
-        for dir in [
-            self.volumes.pod_dir(&id.uid),
-            pod_log_dir(&self.settings.pod_logs_dir, id),
-        ] {
-            match tokio::fs::remove_dir_all(&dir).await {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                    tracing::warn!(dir = %dir.display(), error = %e, "could not remove pod directory");
-                    return Next::ResyncAfter(RETRY);
-                }
-                _ => {}
+        if let Some(pod) = pod {
+            if !stopped.is_empty() {
+                self.publish_status(pod, id, Some(&stopped));
             }
-        }
-        lock(&self.reasons).remove(&id.uid);
-        lock(&self.backoff).remove(&id.uid);
-        lock(&self.mounts).remove(&id.uid);
-        if pod.is_some() {
             let flushed = self
                 .status
                 .flush(id)
@@ -340,6 +338,32 @@ impl<C: Cri> Kubelet<C> {
         } else {
             self.status.forget(&id.uid);
         }
+        if !stopped.is_empty() {
+            let removed = self
+                .runtime
+                .remove_pod(id, &stopped)
+                .instrument(tracing::info_span!("remove_pod"))
+                .await;
+            if let Err(e) = removed {
+                tracing::warn!(error = %e, "could not remove the pod's sandboxes");
+                return Next::ResyncAfter(RETRY);
+            }
+        }
+        for dir in [
+            self.volumes.pod_dir(&id.uid),
+            pod_log_dir(&self.settings.pod_logs_dir, id),
+        ] {
+            match tokio::fs::remove_dir_all(&dir).await {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    tracing::warn!(dir = %dir.display(), error = %e, "could not remove pod directory");
+                    return Next::ResyncAfter(RETRY);
+                }
+                _ => {}
+            }
+        }
+        lock(&self.reasons).remove(&id.uid);
+        lock(&self.backoff).remove(&id.uid);
+        lock(&self.mounts).remove(&id.uid);
         tracing::info!("pod terminated and cleaned up");
         Next::Done
     }

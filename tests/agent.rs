@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -187,6 +187,27 @@ async fn node_pod_cidr() -> String {
     .await
 }
 
+/// A pod's events by reason: how often each was seen (events count their repeats) and
+/// the events themselves. `None` if the API could not be read.
+async fn pod_events(pod: &str) -> Option<BTreeMap<String, (i32, Vec<Event>)>> {
+    let all = Api::<Event>::namespaced(admin().await, "default")
+        .list(&ListParams::default())
+        .await
+        .ok()?;
+    let mut by_reason: BTreeMap<String, (i32, Vec<Event>)> = BTreeMap::new();
+    for e in all.items {
+        if e.involved_object.name.as_deref() != Some(pod) {
+            continue;
+        }
+        let entry = by_reason
+            .entry(e.reason.clone().unwrap_or_default())
+            .or_default();
+        entry.0 += e.count.unwrap_or(1);
+        entry.1.push(e);
+    }
+    Some(by_reason)
+}
+
 #[tokio::test]
 #[ignore = "needs root and the local cluster: run scripts/test.sh"]
 async fn seed_deployment_runs_serves_http_and_is_removed_without_leaks() {
@@ -237,15 +258,11 @@ async fn seed_deployment_runs_serves_http_and_is_removed_without_leaks() {
         reserved_ips()
     );
     assert_eq!(bridge_ports(), 3, "one veth per pod");
-    let events = Api::<Event>::namespaced(admin().await, "default")
-        .list(&ListParams::default())
+    let pod_name = running[0].metadata.name.clone().expect("name");
+    let reasons: BTreeSet<String> = pod_events(&pod_name)
         .await
-        .expect("events");
-    let reasons: BTreeSet<String> = events
-        .items
-        .iter()
-        .filter(|e| e.involved_object.name.as_deref() == running[0].metadata.name.as_deref())
-        .filter_map(|e| e.reason.clone())
+        .expect("events")
+        .into_keys()
         .collect();
     for reason in ["Pulling", "Pulled", "Created", "Started"] {
         assert!(
@@ -321,10 +338,22 @@ async fn a_crash_mid_rollout_then_restart_adopts_instead_of_duplicating() {
     assert_eq!(reserved, ips, "every reservation belongs to a running pod");
     delete_deployment(&app).await;
     eventually("rollout removed", Duration::from_secs(40), || async {
-        (pods(&app).await.is_empty() && reserved_ips().is_empty()).then_some(())
+        pods(&app).await.is_empty().then_some(())
     })
     .await;
-    if !sandboxes(&app, false).await.is_empty() {
+    // A pod leaves the API only once its sandboxes are stopped: networks torn down, IPs
+    // released. The stopped sandboxes are removed right after, as the kubelet's GC does.
+    assert!(
+        reserved_ips().is_empty(),
+        "IPs still reserved after the pods left the API: {:?}",
+        reserved_ips()
+    );
+    let removed = tokio::time::timeout(Duration::from_secs(10), async {
+        while !sandboxes(&app, false).await.is_empty() {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+    if removed.await.is_err() {
         panic!("sandboxes left:\n{}", agent.log_tail());
     }
     agent.stop();
@@ -350,27 +379,21 @@ async fn a_missing_image_reports_err_image_pull_then_back_off() {
         "Failed and BackOff events",
         Duration::from_secs(20),
         || async {
-            let all = Api::<Event>::namespaced(admin().await, "default")
-                .list(&ListParams::default())
-                .await
-                .ok()?;
-            let mine: BTreeSet<String> = all
-                .items
-                .into_iter()
-                .filter(|e| e.involved_object.name.as_deref() == Some(name.as_str()))
-                .filter_map(|e| e.reason)
-                .collect();
+            let mine: BTreeSet<String> = pod_events(&name).await?.into_keys().collect();
             (mine.contains("Failed") && mine.contains("BackOff")).then_some(mine)
         },
     )
     .await;
     assert!(events.contains("Pulling"), "{events:?}");
     delete_deployment(&app).await;
-    eventually("pod removed", Duration::from_secs(40), || async {
-        pods(&app).await.is_empty().then_some(())
-    })
+    eventually(
+        "pod and its sandboxes removed",
+        Duration::from_secs(40),
+        || async {
+            (pods(&app).await.is_empty() && sandboxes(&app, false).await.is_empty()).then_some(())
+        },
+    )
     .await;
-    assert!(sandboxes(&app, false).await.is_empty());
     agent.stop();
 }
 
@@ -407,25 +430,30 @@ async fn a_failing_cni_plugin_reports_failed_create_pod_sandbox_and_retries_with
     })
     .await;
     let name = pod.metadata.name.clone().expect("name");
-    let failures = eventually(
-        "FailedCreatePodSandBox seen at least twice",
+    // The failed sandbox stays in containerd, NotReady, its network half made; as broken
+    // DEL cannot stop it, the agent does not make another (as the kubelet's SyncPod, which
+    // returns when killing the old sandbox fails) but retries the stop with back-off.
+    let events = eventually(
+        "FailedCreatePodSandBox, then FailedKillPod retried",
         Duration::from_secs(60),
         || async {
-            let all = Api::<Event>::namespaced(admin().await, "default")
-                .list(&ListParams::default())
-                .await
-                .ok()?;
-            let mine: Vec<Event> = all
-                .items
-                .into_iter()
-                .filter(|e| e.involved_object.name.as_deref() == Some(name.as_str()))
-                .filter(|e| e.reason.as_deref() == Some("FailedCreatePodSandBox"))
-                .collect();
-            let seen: i32 = mine.iter().map(|e| e.count.unwrap_or(1)).sum();
-            (seen >= 2).then_some(mine)
+            let by_reason = pod_events(&name).await?;
+            let kills = by_reason.get("FailedKillPod").map_or(0, |k| k.0);
+            (by_reason.contains_key("FailedCreatePodSandBox") && kills >= 2).then_some(by_reason)
         },
     )
     .await;
+    let failures = &events["FailedCreatePodSandBox"].1;
+    assert_eq!(
+        sandboxes(&app, false).await.len(),
+        1,
+        "no new sandbox while the failed one holds its network"
+    );
+    let kill = events["FailedKillPod"].1[0]
+        .message
+        .clone()
+        .unwrap_or_default();
+    assert!(kill.contains("StopPodSandbox"), "{kill}");
     let message = failures[0].message.clone().unwrap_or_default();
     assert!(
         message.contains("RangeStart 10.255.255.5"),
@@ -450,7 +478,7 @@ async fn a_failing_cni_plugin_reports_failed_create_pod_sandbox_and_retries_with
     );
     assert_eq!(bridge_ports(), 0, "no veth is kept");
 
-    // The broken config breaks DEL too, so the failed sandboxes cannot be removed and the
+    // The broken config breaks DEL too, so the failed sandbox cannot be stopped and the
     // pod stays Terminating, as with the kubelet. Fixing the config (an agent restart with
     // the good one) lets everything go.
     delete_deployment(&app).await;

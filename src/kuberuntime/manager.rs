@@ -51,6 +51,9 @@ pub struct SyncOutcome {
     pub sandbox_error: Option<String>,
     /// Sync again after this long (a back-off ends), if nothing else happens first.
     pub retry_after: Option<Duration>,
+    /// The sync asked the runtime to change something (stop, create, start): the pod's
+    /// runtime state must be read again for its status.
+    pub acted: bool,
 }
 
 impl SyncOutcome {
@@ -185,6 +188,10 @@ impl<C: Cri> RuntimeManager<C> {
         }
         let actions = compute_pod_actions(pod, status);
         tracing::debug!(?actions, "computed pod actions");
+        outcome.acted = actions.kill_pod
+            || !actions.kill.is_empty()
+            || actions.create_sandbox.is_some()
+            || !actions.start.is_empty();
         if actions.kill_pod {
             if !status.sandboxes.is_empty() {
                 self.events.normal(
@@ -194,8 +201,15 @@ impl<C: Cri> RuntimeManager<C> {
                     "Pod sandbox changed, it will be killed and re-created.".into(),
                 );
             }
-            self.kill_pod(id, status, crate::pod::termination_grace_period(pod))
-                .await;
+            let grace = crate::pod::termination_grace_period(pod);
+            if let Err(e) = self.kill_pod(id, status, grace).await {
+                // As the kubelet: no new sandbox while the old one still holds its network.
+                let message = format!("error killing pod: {e}");
+                self.events
+                    .warning(id, None, "FailedKillPod", message.clone());
+                outcome.sandbox_error = Some(message);
+                return outcome;
+            }
         }
         self.kill_containers(id, &actions, crate::pod::termination_grace_period(pod))
             .await;
@@ -532,9 +546,16 @@ impl<C: Cri> RuntimeManager<C> {
     }
 
     /// Stops every running container of the pod within `grace` seconds, then its
-    /// sandboxes (which tears their networks down). Errors are logged; the caller reads the
-    /// runtime state again to see what is left.
-    pub async fn kill_pod(&self, id: &PodId, status: &PodRuntimeStatus, grace: i64) {
+    /// sandboxes (which tears their networks down). Every failure is logged.
+    ///
+    /// # Errors
+    /// The first sandbox that could not be stopped: its network may still be attached.
+    pub async fn kill_pod(
+        &self,
+        id: &PodId,
+        status: &PodRuntimeStatus,
+        grace: i64,
+    ) -> Result<(), crate::cri::CriError> {
         let running = status
             .containers
             .iter()
@@ -549,17 +570,22 @@ impl<C: Cri> RuntimeManager<C> {
             )
         });
         futures::future::join_all(stops).await;
+        let mut first_error = None;
         for sandbox in &status.sandboxes {
             let req = api::StopPodSandboxRequest {
                 pod_sandbox_id: sandbox.id.clone(),
             };
             if let Err(e) = ok_if_not_found(self.cri.stop_pod_sandbox(req).await) {
                 tracing::warn!(sandbox = %sandbox.id, error = %e, "could not stop pod sandbox");
+                first_error.get_or_insert(e);
             }
         }
+        first_error.map_or(Ok(()), Err)
     }
 
-    /// Removes every sandbox of a pod that was killed (their containers go with them).
+    /// Removes every sandbox of a pod that was killed. The runtime removes a sandbox's
+    /// containers with it (CRI `RemovePodSandbox`); only a container whose sandbox is not
+    /// listed is removed on its own.
     ///
     /// # Errors
     /// The first failed removal; the caller retries.
@@ -568,7 +594,11 @@ impl<C: Cri> RuntimeManager<C> {
         id: &PodId,
         status: &PodRuntimeStatus,
     ) -> Result<(), crate::cri::CriError> {
-        for c in &status.containers {
+        let strays = status
+            .containers
+            .iter()
+            .filter(|c| !status.sandboxes.iter().any(|s| s.id == c.sandbox_id));
+        for c in strays {
             let req = api::RemoveContainerRequest {
                 container_id: c.id.clone(),
             };
@@ -636,6 +666,155 @@ mod tests {
         assert_eq!(
             unsupported(&p).as_deref(),
             Some("init containers are not supported by rkubelet yet")
+        );
+    }
+
+    /// Records stop and remove calls; stopping sandbox `bad` fails as a broken CNI DEL does.
+    #[derive(Default)]
+    struct Recorder {
+        calls: Mutex<Vec<String>>,
+    }
+
+    impl Recorder {
+        fn record(&self, call: String) {
+            self.calls.lock().unwrap().push(call);
+        }
+        fn calls(&self) -> Vec<String> {
+            self.calls.lock().unwrap().clone()
+        }
+    }
+
+    impl Cri for Recorder {
+        async fn stop_container(
+            &self,
+            req: api::StopContainerRequest,
+        ) -> crate::cri::Result<api::StopContainerResponse> {
+            self.record(format!("StopContainer {}", req.container_id));
+            Ok(api::StopContainerResponse {})
+        }
+        async fn stop_pod_sandbox(
+            &self,
+            req: api::StopPodSandboxRequest,
+        ) -> crate::cri::Result<api::StopPodSandboxResponse> {
+            self.record(format!("StopPodSandbox {}", req.pod_sandbox_id));
+            if req.pod_sandbox_id == "bad" {
+                return Err(crate::cri::CriError::Rpc {
+                    rpc: "StopPodSandbox",
+                    code: tonic::Code::Unknown,
+                    message: "failed to destroy network for sandbox".into(),
+                });
+            }
+            Ok(api::StopPodSandboxResponse {})
+        }
+        async fn remove_container(
+            &self,
+            req: api::RemoveContainerRequest,
+        ) -> crate::cri::Result<api::RemoveContainerResponse> {
+            self.record(format!("RemoveContainer {}", req.container_id));
+            Ok(api::RemoveContainerResponse {})
+        }
+        async fn remove_pod_sandbox(
+            &self,
+            req: api::RemovePodSandboxRequest,
+        ) -> crate::cri::Result<api::RemovePodSandboxResponse> {
+            self.record(format!("RemovePodSandbox {}", req.pod_sandbox_id));
+            Ok(api::RemovePodSandboxResponse {})
+        }
+    }
+
+    fn manager() -> RuntimeManager<Recorder> {
+        let (events, _rx) = EventRecorder::channel();
+        RuntimeManager::new(Recorder::default(), SandboxSettings::default(), events, 1)
+    }
+
+    fn sandbox(id: &str) -> crate::kuberuntime::runtime_status::SandboxState {
+        crate::kuberuntime::runtime_status::SandboxState {
+            id: id.into(),
+            attempt: 0,
+            ready: false,
+            created_at: 0,
+            ips: Vec::new(),
+        }
+    }
+
+    fn container(
+        id: &str,
+        sandbox_id: &str,
+        state: RunState,
+    ) -> crate::kuberuntime::runtime_status::ContainerState {
+        crate::kuberuntime::runtime_status::ContainerState {
+            id: id.into(),
+            name: format!("n-{id}"),
+            sandbox_id: sandbox_id.into(),
+            attempt: 0,
+            state,
+            created_at: 0,
+            started_at: 0,
+            finished_at: 0,
+            exit_code: 0,
+            reason: String::new(),
+            message: String::new(),
+            image: String::new(),
+            image_ref: String::new(),
+            hash: String::new(),
+        }
+    }
+
+    fn pod_id() -> PodId {
+        PodId {
+            uid: "u1".into(),
+            namespace: "default".into(),
+            name: "web".into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn kill_pod_stops_running_containers_then_every_sandbox_and_reports_a_failed_stop() {
+        let m = manager();
+        let status = PodRuntimeStatus {
+            sandboxes: vec![sandbox("bad"), sandbox("s1")],
+            containers: vec![
+                container("c1", "bad", RunState::Running),
+                container("c0", "s1", RunState::Exited),
+            ],
+        };
+        let err = m.kill_pod(&pod_id(), &status, 30).await.unwrap_err();
+        assert!(err.to_string().contains("StopPodSandbox"), "{err}");
+        // The failure does not stop the other sandbox from being stopped.
+        assert_eq!(
+            m.cri().calls(),
+            [
+                "StopContainer c1",
+                "StopPodSandbox bad",
+                "StopPodSandbox s1"
+            ]
+        );
+        let ok = PodRuntimeStatus {
+            sandboxes: vec![sandbox("s1")],
+            containers: Vec::new(),
+        };
+        assert!(m.kill_pod(&pod_id(), &ok, 30).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn remove_pod_leaves_a_sandboxs_containers_to_the_sandbox_removal() {
+        let m = manager();
+        let status = PodRuntimeStatus {
+            sandboxes: vec![sandbox("s2"), sandbox("s1")],
+            containers: vec![
+                container("c2", "s2", RunState::Exited),
+                container("c1", "s1", RunState::Exited),
+                container("stray", "gone", RunState::Exited),
+            ],
+        };
+        m.remove_pod(&pod_id(), &status).await.unwrap();
+        assert_eq!(
+            m.cri().calls(),
+            [
+                "RemoveContainer stray",
+                "RemovePodSandbox s2",
+                "RemovePodSandbox s1"
+            ]
         );
     }
 
