@@ -38,6 +38,12 @@ FOOTPRINT_SECONDS="${BENCH_FOOTPRINT_SECONDS:-60}"
 REPEAT="${BENCH_REPEAT:-3}"
 SECOND_NODE=rk-node2
 
+# The floor uses containerd's own network, whose config containerd renders from the pod
+# CIDR an agent with runtime-owned networking sends it (UpdateRuntimeConfig).
+if [[ ${BENCH_FLOOR:-1} == 1 && " ${AGENTS[*]} " != *" rkubelet "* && " ${AGENTS[*]} " != *" kubelet-qps"* ]]; then
+  die "the CRI floor needs containerd's CNI config, rendered once rkubelet or the kubelet ran: add one to BENCH_AGENTS, or set BENCH_FLOOR=0"
+fi
+
 bash scripts/setup.sh
 if ! command -v gnuplot >/dev/null; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gnuplot-nox >/dev/null
