@@ -104,19 +104,10 @@ pub fn compute_pod_actions(pod: &Pod, status: &PodRuntimeStatus) -> PodActions {
 
 #[cfg(test)]
 mod tests {
-    use super::super::runtime_status::{ContainerState, SandboxState};
+    use super::super::runtime_status::ContainerState;
+    use super::super::runtime_status::testing::{self, sandbox};
     use super::*;
     use crate::pod::testing::pod;
-
-    fn sandbox(id: &str, attempt: u32, ready: bool) -> SandboxState {
-        SandboxState {
-            id: id.into(),
-            attempt,
-            ready,
-            created_at: i64::from(attempt),
-            ips: vec![],
-        }
-    }
 
     fn container(
         p: &Pod,
@@ -134,20 +125,9 @@ mod tests {
             .iter()
             .find(|c| c.name == name);
         ContainerState {
-            id: format!("{name}-{attempt}"),
-            name: name.into(),
-            sandbox_id: sandbox.into(),
-            attempt,
-            state,
-            created_at: i64::from(attempt),
-            started_at: 0,
-            finished_at: 0,
             exit_code,
-            reason: String::new(),
-            message: String::new(),
-            image: String::new(),
-            image_ref: String::new(),
             hash: spec.map(container_hash).unwrap_or_default(),
+            ..testing::container(&format!("{name}-{attempt}"), name, sandbox, attempt, state)
         }
     }
 

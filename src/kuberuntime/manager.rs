@@ -654,6 +654,7 @@ impl<C: Cri> RuntimeManager<C> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kuberuntime::runtime_status::testing::{container, sandbox};
 
     #[test]
     fn pods_with_init_containers_are_refused_clearly() {
@@ -727,39 +728,6 @@ mod tests {
         RuntimeManager::new(Recorder::default(), SandboxSettings::default(), events, 1)
     }
 
-    fn sandbox(id: &str) -> crate::kuberuntime::runtime_status::SandboxState {
-        crate::kuberuntime::runtime_status::SandboxState {
-            id: id.into(),
-            attempt: 0,
-            ready: false,
-            created_at: 0,
-            ips: Vec::new(),
-        }
-    }
-
-    fn container(
-        id: &str,
-        sandbox_id: &str,
-        state: RunState,
-    ) -> crate::kuberuntime::runtime_status::ContainerState {
-        crate::kuberuntime::runtime_status::ContainerState {
-            id: id.into(),
-            name: format!("n-{id}"),
-            sandbox_id: sandbox_id.into(),
-            attempt: 0,
-            state,
-            created_at: 0,
-            started_at: 0,
-            finished_at: 0,
-            exit_code: 0,
-            reason: String::new(),
-            message: String::new(),
-            image: String::new(),
-            image_ref: String::new(),
-            hash: String::new(),
-        }
-    }
-
     fn pod_id() -> PodId {
         PodId {
             uid: "u1".into(),
@@ -772,10 +740,10 @@ mod tests {
     async fn kill_pod_stops_running_containers_then_every_sandbox_and_reports_a_failed_stop() {
         let m = manager();
         let status = PodRuntimeStatus {
-            sandboxes: vec![sandbox("bad"), sandbox("s1")],
+            sandboxes: vec![sandbox("bad", 0, false), sandbox("s1", 0, false)],
             containers: vec![
-                container("c1", "bad", RunState::Running),
-                container("c0", "s1", RunState::Exited),
+                container("c1", "c1", "bad", 0, RunState::Running),
+                container("c0", "c0", "s1", 0, RunState::Exited),
             ],
         };
         let err = m.kill_pod(&pod_id(), &status, 30).await.unwrap_err();
@@ -790,7 +758,7 @@ mod tests {
             ]
         );
         let ok = PodRuntimeStatus {
-            sandboxes: vec![sandbox("s1")],
+            sandboxes: vec![sandbox("s1", 0, false)],
             containers: Vec::new(),
         };
         assert!(m.kill_pod(&pod_id(), &ok, 30).await.is_ok());
@@ -800,11 +768,11 @@ mod tests {
     async fn remove_pod_leaves_a_sandboxs_containers_to_the_sandbox_removal() {
         let m = manager();
         let status = PodRuntimeStatus {
-            sandboxes: vec![sandbox("s2"), sandbox("s1")],
+            sandboxes: vec![sandbox("s2", 0, false), sandbox("s1", 0, false)],
             containers: vec![
-                container("c2", "s2", RunState::Exited),
-                container("c1", "s1", RunState::Exited),
-                container("stray", "gone", RunState::Exited),
+                container("c2", "c2", "s2", 0, RunState::Exited),
+                container("c1", "c1", "s1", 0, RunState::Exited),
+                container("stray", "stray", "gone", 0, RunState::Exited),
             ],
         };
         m.remove_pod(&pod_id(), &status).await.unwrap();

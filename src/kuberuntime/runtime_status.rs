@@ -218,3 +218,47 @@ pub async fn get_pod_status<C: Cri>(cri: &C, uid: &str) -> Result<PodRuntimeStat
         containers,
     })
 }
+
+#[cfg(test)]
+pub(crate) mod testing {
+    //! Runtime states for unit tests.
+    use super::{ContainerState, RunState, SandboxState};
+
+    /// A sandbox with no IPs, created at its attempt (a newer attempt is newer).
+    pub fn sandbox(id: &str, attempt: u32, ready: bool) -> SandboxState {
+        SandboxState {
+            id: id.into(),
+            attempt,
+            ready,
+            created_at: i64::from(attempt),
+            ips: Vec::new(),
+        }
+    }
+
+    /// A container created at its attempt, with no run times, exit code, image or hash:
+    /// a test sets what it needs with `..container(...)`.
+    pub fn container(
+        id: &str,
+        name: &str,
+        sandbox_id: &str,
+        attempt: u32,
+        state: RunState,
+    ) -> ContainerState {
+        ContainerState {
+            id: id.into(),
+            name: name.into(),
+            sandbox_id: sandbox_id.into(),
+            attempt,
+            state,
+            created_at: i64::from(attempt),
+            started_at: 0,
+            finished_at: 0,
+            exit_code: 0,
+            reason: String::new(),
+            message: String::new(),
+            image: String::new(),
+            image_ref: String::new(),
+            hash: String::new(),
+        }
+    }
+}

@@ -282,15 +282,11 @@ pub fn generate_pod_status(pod: &Pod, inputs: &StatusInputs<'_>) -> PodStatus {
 mod tests {
     use super::*;
     use crate::kuberuntime::runtime_status::SandboxState;
+    use crate::kuberuntime::runtime_status::testing::container;
     use crate::pod::testing::pod;
 
     fn rc(name: &str, attempt: u32, state: RunState, exit_code: i32) -> RuntimeContainer {
         RuntimeContainer {
-            id: format!("{name}{attempt}"),
-            name: name.into(),
-            sandbox_id: "s".into(),
-            attempt,
-            state,
             created_at: 1,
             started_at: 1_700_000_000_000_000_000,
             finished_at: if state == RunState::Exited {
@@ -299,11 +295,9 @@ mod tests {
                 0
             },
             exit_code,
-            reason: String::new(),
-            message: String::new(),
             image: "docker.io/library/nginx:latest".into(),
             image_ref: "docker.io/library/nginx@sha256:ab".into(),
-            hash: String::new(),
+            ..container(&format!("{name}{attempt}"), name, "s", attempt, state)
         }
     }
 
