@@ -275,7 +275,7 @@ impl Server {
     ) -> Response<Body> {
         let method = req.method().as_str().to_owned();
         let path = req.uri().path().to_owned();
-        metrics::global().count_http_request(&method, route(&path));
+        metrics::global().count_http_request(metrics::method_label(req.method()), route(&path));
         let authorization = req
             .headers()
             .get(hyper::header::AUTHORIZATION)
