@@ -11,7 +11,10 @@
 # a second node of its own pod CIDR: two owners cannot route one CIDR), and the kubelet
 # with its v1.20 API defaults (QPS 5, burst 10) and with the newer ones (50/100).
 # Scenarios per agent: footprint idle; bursts of 1, 10, 30, 100 pods bound to the node;
-# Deployments of 3 and 30 replicas; footprint with 100 pods. Then the CRI floor.
+# Deployments of 3 and 30 replicas; footprint with 100 pods; 100 pods with a readiness and
+# a liveness probe each every second (exec, httpGet and tcpSocket evenly), the agent's CPU
+# seconds and memory measured over BENCH_FOOTPRINT_SECONDS while they run. Then the CRI
+# floor.
 # rkubelet logs every step's duration (--log-span-timings), so the report breaks its
 # largest burst down per step.
 #
@@ -23,7 +26,9 @@
 #
 # For a shorter run: BENCH_AGENTS (default "rkubelet rkubelet-agent-cni kubelet-qps5
 # kubelet-qps50"), BENCH_BURSTS (default "1 10 30 100"), BENCH_REPEAT (default 3),
-# BENCH_FLOOR=0 (skip the floor), BENCH_FOOTPRINT_SECONDS (default 60).
+# BENCH_FLOOR=0 (skip the floor), BENCH_FOOTPRINT_SECONDS (default 60), BENCH_SCENARIOS
+# (default "all", or some of "idle bursts deployments steady probes"), e.g.
+#   BENCH_SCENARIOS=probes BENCH_AGENTS="rkubelet kubelet-qps50" BENCH_FLOOR=0 bash scripts/bench.sh
 set -euo pipefail
 # shellcheck source=scripts/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -36,6 +41,14 @@ read -ra BURSTS <<<"${BENCH_BURSTS:-1 10 30 100}"
 read -ra AGENTS <<<"${BENCH_AGENTS:-rkubelet rkubelet-agent-cni kubelet-qps5 kubelet-qps50}"
 FOOTPRINT_SECONDS="${BENCH_FOOTPRINT_SECONDS:-60}"
 REPEAT="${BENCH_REPEAT:-3}"
+ALL_SCENARIOS="idle bursts deployments steady probes"
+SCENARIOS="${BENCH_SCENARIOS:-all}"
+[[ $SCENARIOS != all ]] || SCENARIOS=$ALL_SCENARIOS
+for s in $SCENARIOS; do
+  [[ " $ALL_SCENARIOS " == *" $s "* ]] || die "unknown scenario in BENCH_SCENARIOS: $s (one of: all $ALL_SCENARIOS)"
+done
+want() { [[ " $SCENARIOS " == *" $1 "* ]]; }
+PROBE_PODS=100
 SECOND_NODE=rk-node2
 
 # The floor uses containerd's own network, whose config containerd renders from the pod
@@ -126,28 +139,40 @@ footprint() { # AGENT STATE
 
 scenarios() { # AGENT NODE
   local agent=$1 node=$2 n runs run
-  footprint "$agent" idle
-  for n in "${BURSTS[@]}"; do
-    runs=1
-    ((n < 30)) || runs=$REPEAT
-    for ((run = 1; run <= runs; run++)); do
-      settle
-      log "$agent: burst of $n (run $run of $runs)"
-      "$BENCH" burst --kubeconfig "$KUBECONFIG_ADMIN" --node "$node" --count "$n" --agent "$agent" >>"$OUT/burst.json"
+  if want idle; then footprint "$agent" idle; fi
+  if want bursts; then
+    for n in "${BURSTS[@]}"; do
+      runs=1
+      ((n < 30)) || runs=$REPEAT
+      for ((run = 1; run <= runs; run++)); do
+        settle
+        log "$agent: burst of $n (run $run of $runs)"
+        "$BENCH" burst --kubeconfig "$KUBECONFIG_ADMIN" --node "$node" --count "$n" --agent "$agent" >>"$OUT/burst.json"
+      done
     done
-  done
-  for n in 3 30; do
+  fi
+  if want deployments; then
+    for n in 3 30; do
+      settle
+      log "$agent: deployment of $n"
+      "$BENCH" deployment --kubeconfig "$KUBECONFIG_ADMIN" --node "$node" --count "$n" --agent "$agent" >>"$OUT/deployment.json"
+    done
+  fi
+  if want steady; then
+    log "$agent: footprint with 100 pods"
+    k create deployment steady --image=127.0.0.1:5000/rkubelet/busybox:1.35 --replicas=100 -- sh -c "trap 'exit 0' TERM; sleep 3600 & wait" >/dev/null
+    k patch deployment steady --type=merge -p "{\"spec\":{\"template\":{\"spec\":{\"nodeSelector\":{\"kubernetes.io/hostname\":\"$node\"}}}}}" >/dev/null
+    k rollout status deployment/steady --timeout=600s >/dev/null
+    footprint "$agent" "100 pods"
+    k delete deployment steady --wait=true >/dev/null
+    while [[ -n $(k get pods -o name) ]]; do sleep 1; done
+  fi
+  if want probes; then
     settle
-    log "$agent: deployment of $n"
-    "$BENCH" deployment --kubeconfig "$KUBECONFIG_ADMIN" --node "$node" --count "$n" --agent "$agent" >>"$OUT/deployment.json"
-  done
-  log "$agent: footprint with 100 pods"
-  k create deployment steady --image=127.0.0.1:5000/rkubelet/busybox:1.35 --replicas=100 -- sh -c "trap 'exit 0' TERM; sleep 3600 & wait" >/dev/null
-  k patch deployment steady --type=merge -p "{\"spec\":{\"template\":{\"spec\":{\"nodeSelector\":{\"kubernetes.io/hostname\":\"$node\"}}}}}" >/dev/null
-  k rollout status deployment/steady --timeout=600s >/dev/null
-  footprint "$agent" "100 pods"
-  k delete deployment steady --wait=true >/dev/null
-  while [[ -n $(k get pods -o name) ]]; do sleep 1; done
+    log "$agent: $PROBE_PODS pods with probes every second, $FOOTPRINT_SECONDS s"
+    "$BENCH" probes --kubeconfig "$KUBECONFIG_ADMIN" --node "$node" --count "$PROBE_PODS" --agent "$agent" \
+      --pid "$AGENT_PID" --seconds "$FOOTPRINT_SECONDS" >>"$OUT/probes.json"
+  fi
 }
 
 run_agent() { # NAME NODE COMMAND...

@@ -9,6 +9,9 @@
 //! - `floor`: sandbox + network + create + start straight over CRI, no agent, no API server,
 //!   and the teardown likewise — the physical limit the agents are compared with.
 //! - `footprint`: resident memory and CPU seconds of a process over a window.
+//! - `probes`: N pods bound to the node, each with a readiness and a liveness probe every
+//!   second (exec, httpGet and tcpSocket, evenly spread), timed until all are Ready; then
+//!   the agent's footprint over a window while the probes run, then deletion.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
@@ -43,6 +46,9 @@ enum Command {
     Floor(FloorArgs),
     /// Resident memory and CPU seconds of a process over a window.
     Footprint(FootprintArgs),
+    /// N pods with probes every second: start-up, the agent's footprint while they run,
+    /// then deletion.
+    Probes(ProbesArgs),
     /// Waits until the machine's CPUs are quiet again after a scenario.
     Settle(SettleArgs),
     /// A Markdown table and plot data from a directory of results.
@@ -58,7 +64,7 @@ struct ApiArgs {
     #[arg(long)]
     node: String,
     /// How many pods.
-    #[arg(long)]
+    #[arg(long, default_value_t = 100)]
     count: usize,
     /// The agent under test, for the report.
     #[arg(long)]
@@ -107,6 +113,18 @@ struct FootprintArgs {
 }
 
 #[derive(Debug, clap::Args)]
+struct ProbesArgs {
+    #[command(flatten)]
+    api: ApiArgs,
+    /// The agent's process, measured while the probes run.
+    #[arg(long)]
+    pid: u32,
+    /// The window, in seconds.
+    #[arg(long, default_value_t = 60)]
+    seconds: u64,
+}
+
+#[derive(Debug, clap::Args)]
 struct SettleArgs {
     /// Quiet means at most this share of all CPU time busy over one second.
     #[arg(long, default_value_t = 0.25)]
@@ -150,6 +168,37 @@ fn container(image: &str) -> Value {
     })
 }
 
+/// The port the probed pods' HTTP server listens on; the tcp probes connect to it too.
+const PROBED_PORT: u16 = 8080;
+
+/// A probe every second, of kind `kind % 3`: exec, httpGet or tcpSocket. The kinds
+/// rotate so that pods with consecutive indices use each kind once.
+fn probe(kind: usize) -> Value {
+    let mut probe = match kind % 3 {
+        0 => json!({ "exec": { "command": ["true"] } }),
+        1 => json!({ "httpGet": { "path": "/hostname", "port": PROBED_PORT } }),
+        _ => json!({ "tcpSocket": { "port": PROBED_PORT } }),
+    };
+    probe["periodSeconds"] = json!(1);
+    probe
+}
+
+/// The probes scenario's container: an HTTP server (serving `/etc`, so `/hostname`
+/// answers 200), with pod `i`'s readiness probe of kind `i` and liveness probe of kind
+/// `i + 1`. Like [`container`], it exits at once on SIGTERM.
+fn probed_container(image: &str, i: usize) -> Value {
+    let mut c = container(image);
+    c["command"] = json!([
+        "sh",
+        "-c",
+        format!("trap 'exit 0' TERM; httpd -f -p {PROBED_PORT} -h /etc & wait")
+    ]);
+    c["ports"] = json!([{ "containerPort": PROBED_PORT }]);
+    c["readinessProbe"] = probe(i);
+    c["livenessProbe"] = probe(i + 1);
+    c
+}
+
 fn is_ready(p: &Pod) -> bool {
     let conditions = p.status.as_ref().and_then(|s| s.conditions.as_ref());
     conditions.is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
@@ -161,12 +210,14 @@ fn is_running(p: &Pod) -> bool {
 
 /// Start-up and deletion of the pods labelled `bench=<run>`, timed through a watch that is
 /// open before the first create. `create` makes them; it returns the create time of each
-/// pod by name prefix (a Deployment's pods share the Deployment's create time).
+/// pod by name prefix (a Deployment's pods share the Deployment's create time). `hold`
+/// runs once all are Ready, before `delete`: its result is `held`.
 struct Timings {
     running: Vec<f64>,
     ready: Vec<f64>,
     all_ready: f64,
     all_gone: f64,
+    held: Value,
     /// Wall-clock bounds of the start-up and of the deletion, for `report`'s breakdown.
     windows: Value,
 }
@@ -177,6 +228,7 @@ async fn time_pods<F, Fut>(
     count: usize,
     timeout: Duration,
     create: F,
+    hold: impl Future<Output = anyhow::Result<Value>>,
     delete: impl Future<Output = anyhow::Result<()>>,
 ) -> anyhow::Result<Timings>
 where
@@ -217,6 +269,8 @@ where
     }
     let all_ready = seconds(started.elapsed());
     let ready_at = Timestamp::now();
+    let held = hold.await?;
+    let held_at = Timestamp::now();
     let deleting = Instant::now();
     delete.await?;
     let mut gone = 0;
@@ -233,9 +287,10 @@ where
         ready: ready.into_values().collect(),
         all_ready,
         all_gone: seconds(deleting.elapsed()),
+        held,
         windows: json!({
             "start-up": [created_at.to_string(), ready_at.to_string()],
-            "deletion": [ready_at.to_string(), Timestamp::now().to_string()],
+            "deletion": [held_at.to_string(), Timestamp::now().to_string()],
         }),
     })
 }
@@ -256,7 +311,13 @@ fn run_id() -> String {
     format!("b{:x}", nanos % 0xffff_ffff)
 }
 
-async fn burst(args: ApiArgs) -> anyhow::Result<Value> {
+/// N pods bound to the node at once, pod `i` with the container `container(i)`; `hold`
+/// runs once all are Ready (see [`time_pods`]).
+async fn bound_pods(
+    args: &ApiArgs,
+    container: impl Fn(usize) -> Value,
+    hold: impl Future<Output = anyhow::Result<Value>>,
+) -> anyhow::Result<Timings> {
     let client = client(&args.kubeconfig).await?;
     let pods: Api<Pod> = Api::namespaced(client, "default");
     let run = run_id();
@@ -266,7 +327,7 @@ async fn burst(args: ApiArgs) -> anyhow::Result<Value> {
             let pod: Pod = serde_json::from_value(json!({
                 "apiVersion": "v1", "kind": "Pod",
                 "metadata": { "name": format!("{run}-{i}"), "labels": { "bench": run } },
-                "spec": { "nodeName": args.node, "containers": [container(&args.image)] }
+                "spec": { "nodeName": args.node, "containers": [container(i)] }
             }))
             .expect("a valid pod");
             let pods = pods.clone();
@@ -290,16 +351,41 @@ async fn burst(args: ApiArgs) -> anyhow::Result<Value> {
         .await?;
         Ok(())
     };
-    let t = time_pods(
+    time_pods(
         pods.clone(),
         &run,
         args.count,
         Duration::from_secs(args.timeout),
         create,
+        hold,
         delete,
     )
-    .await?;
+    .await
+}
+
+async fn burst(args: ApiArgs) -> anyhow::Result<Value> {
+    let hold = std::future::ready(Ok(Value::Null));
+    let t = bound_pods(&args, |_| container(&args.image), hold).await?;
     Ok(timings_json("burst", &args, &t))
+}
+
+/// The probes scenario: the start-up and deletion timings of the pods with probes, and
+/// the agent's footprint while their probes run.
+async fn probes(args: ProbesArgs) -> anyhow::Result<Value> {
+    let ProbesArgs { api, pid, seconds } = args;
+    let hold = footprint_over(pid, seconds);
+    let t = bound_pods(&api, |i| probed_container(&api.image, i), hold).await?;
+    let mut result = timings_json("probes", &api, &t);
+    result["period_seconds"] = json!(1);
+    merge_into(&mut result, &t.held);
+    Ok(result)
+}
+
+/// Copies the fields of the object `from` into the object `into`.
+fn merge_into(into: &mut Value, from: &Value) {
+    if let (Some(into), Some(from)) = (into.as_object_mut(), from.as_object()) {
+        into.extend(from.iter().map(|(k, v)| (k.clone(), v.clone())));
+    }
 }
 
 async fn deployment(args: ApiArgs) -> anyhow::Result<Value> {
@@ -339,6 +425,7 @@ async fn deployment(args: ApiArgs) -> anyhow::Result<Value> {
         args.count,
         Duration::from_secs(args.timeout),
         create,
+        std::future::ready(Ok(Value::Null)),
         delete,
     )
     .await?;
@@ -508,25 +595,33 @@ fn sample(pid: u32) -> anyhow::Result<(u64, f64)> {
     Ok((rss, ticks as f64 / 100.0))
 }
 
-async fn footprint(args: FootprintArgs) -> anyhow::Result<Value> {
-    let (_, cpu_start) = sample(args.pid)?;
+/// Resident memory (max and mean, in whole MB rounded down) and CPU seconds (user +
+/// system) of a process over a window of `seconds`, sampled every second.
+async fn footprint_over(pid: u32, seconds: u64) -> anyhow::Result<Value> {
+    let (_, cpu_start) = sample(pid)?;
     let mut rss_max = 0;
     let mut rss_sum = 0;
     let mut n = 0;
-    let end = Instant::now() + Duration::from_secs(args.seconds);
+    let end = Instant::now() + Duration::from_secs(seconds);
     while Instant::now() < end {
-        let (rss, _) = sample(args.pid)?;
+        let (rss, _) = sample(pid)?;
         rss_max = rss_max.max(rss);
         rss_sum += rss;
         n += 1;
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
-    let (_, cpu_end) = sample(args.pid)?;
+    let (_, cpu_end) = sample(pid)?;
     Ok(json!({
-        "kind": "footprint", "agent": args.agent, "state": args.state, "seconds": args.seconds,
+        "seconds": seconds,
         "rss_max_mb": rss_max / 1024, "rss_mean_mb": rss_sum / n.max(1) / 1024,
-        "cpu_seconds": (cpu_end - cpu_start) * 1000.0 / 1000.0,
+        "cpu_seconds": ((cpu_end - cpu_start) * 100.0).round() / 100.0,
     }))
+}
+
+async fn footprint(args: FootprintArgs) -> anyhow::Result<Value> {
+    let mut result = json!({ "kind": "footprint", "agent": args.agent, "state": args.state });
+    merge_into(&mut result, &footprint_over(args.pid, args.seconds).await?);
+    Ok(result)
 }
 
 /// Busy and total jiffies of all CPUs, from the first line of /proc/stat.
@@ -603,7 +698,8 @@ fn median(values: &[f64]) -> f64 {
 /// Repeated runs of one scenario (same kind, agent, pod count and concurrency) as one
 /// result: `all_ready` and `all_gone` are the medians of the runs, with their ranges;
 /// the per-pod latencies of all runs are pooled; the windows are those of the run
-/// closest to the median, for the per-step breakdown. Footprints are kept as they are.
+/// closest to the median, for the per-step breakdown. The footprint of a scenario that
+/// measured one (`probes`) is the median of its runs'. Footprints are kept as they are.
 fn merge_runs(results: Vec<Value>) -> Vec<Value> {
     let mut groups: BTreeMap<String, Vec<Value>> = BTreeMap::new();
     let mut merged = Vec::new();
@@ -653,6 +749,12 @@ fn merge_runs(results: Vec<Value>) -> Vec<Value> {
         m["all_gone_range"] = range(&gone);
         m["ready"] = json!(pooled("ready"));
         m["running"] = json!(pooled("running"));
+        for key in ["cpu_seconds", "rss_max_mb", "rss_mean_mb"] {
+            let values = of(key);
+            if !values.is_empty() {
+                m[key] = json!(median(&values));
+            }
+        }
         merged.push(m);
     }
     merged
@@ -747,7 +849,7 @@ fn find<'a>(
 fn goals_table(results: &[Value]) -> String {
     let mut agents: Vec<&str> = results
         .iter()
-        .filter(|r| r["kind"] == "burst")
+        .filter(|r| r["kind"] == "burst" || r["kind"] == "probes")
         .filter_map(|r| r["agent"].as_str())
         .filter(|a| a.starts_with("rkubelet"))
         .collect();
@@ -783,6 +885,28 @@ fn goals_table(results: &[Value]) -> String {
             ));
         };
     for agent in agents {
+        if let Some(probes) = results
+            .iter()
+            .find(|r| r["kind"] == "probes" && r["agent"] == agent)
+        {
+            let kubelet = kubelet_probes_cpu(results, probes);
+            row(
+                &format!(
+                    "CPU seconds, {} pods with probes (period 1 s), {} s",
+                    probes["count"], probes["seconds"]
+                ),
+                agent,
+                probes["cpu_seconds"].as_f64(),
+                kubelet.map(|c| c / 3.0),
+                "1/3 of the kubelet's".into(),
+            );
+        }
+        if !results
+            .iter()
+            .any(|r| r["kind"] == "burst" && r["agent"] == agent)
+        {
+            continue;
+        }
         let burst = |count: u64, key: &str| {
             find(results, "burst", agent, ("count", json!(count))).and_then(|r| r[key].as_f64())
         };
@@ -832,6 +956,49 @@ fn goals_table(results: &[Value]) -> String {
             kubelet_idle_cpu.map(|c| c / 5.0),
             "1/5 of the kubelet's".into(),
         );
+    }
+    md
+}
+
+/// The kubelet's CPU seconds in the probes scenario of `probes` (same pod count and
+/// window): the least of its variants, as for the idle footprint.
+fn kubelet_probes_cpu(results: &[Value], probes: &Value) -> Option<f64> {
+    results
+        .iter()
+        .filter(|r| r["kind"] == "probes" && r["count"] == probes["count"])
+        .filter(|r| r["seconds"] == probes["seconds"])
+        .filter(|r| {
+            r["agent"]
+                .as_str()
+                .is_some_and(|a| a.starts_with("kubelet"))
+        })
+        .filter_map(|r| r["cpu_seconds"].as_f64())
+        .reduce(f64::min)
+}
+
+/// Markdown: each agent's CPU seconds and resident memory while its pods' probes ran.
+fn probes_table(results: &[Value]) -> String {
+    let mut rows: Vec<&Value> = results.iter().filter(|r| r["kind"] == "probes").collect();
+    if rows.is_empty() {
+        return String::new();
+    }
+    rows.sort_by_key(|r| (r["count"].as_u64(), r["agent"].as_str()));
+    let mut md = String::from(
+        "\n| scenario | agent | runs | CPU seconds | resident memory (max / mean) |\n|---|---|---|---|---|\n",
+    );
+    for r in rows {
+        // Medians of whole MB may end in .5; a whole number prints without a fraction.
+        let mb = |key: &str| r[key].as_f64().unwrap_or(f64::NAN);
+        md.push_str(&format!(
+            "| {} pods with probes (period 1 s), {} s | {} | {} | {:.2} s | {} / {} MB |\n",
+            r["count"],
+            r["seconds"],
+            r["agent"].as_str().unwrap_or_default(),
+            r["runs"],
+            mb("cpu_seconds"),
+            mb("rss_max_mb"),
+            mb("rss_mean_mb"),
+        ));
     }
     md
 }
@@ -961,6 +1128,7 @@ fn report(args: &ReportArgs) -> anyhow::Result<Value> {
             r["seconds"],
         ));
     }
+    md.push_str(&probes_table(&results));
     md.push_str(&goals_table(&results));
     md.push_str(&breakdown_tables(&args.dir, &rows)?);
     std::fs::write(args.dir.join("report.md"), &md)?;
@@ -987,6 +1155,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Deployment(a) => deployment(a).await?,
         Command::Floor(a) => floor(a).await?,
         Command::Footprint(a) => footprint(a).await?,
+        Command::Probes(a) => probes(a).await?,
         Command::Settle(a) => settle(&a).await?,
         Command::Report(a) => report(&a)?,
     };
@@ -1028,5 +1197,77 @@ mod tests {
         // The breakdown reads the windows of the run closest to the median.
         assert_eq!(burst["windows"]["w"], 2.0);
         assert_eq!(wall(burst, "all_ready"), "2.00 s (1.00–3.00)");
+    }
+
+    #[test]
+    fn probes_use_each_kind_evenly_with_different_readiness_and_liveness() {
+        let kind = |p: &Value| {
+            ["exec", "httpGet", "tcpSocket"]
+                .into_iter()
+                .find(|k| p.get(*k).is_some())
+                .unwrap()
+        };
+        let mut count: BTreeMap<(&str, &str), usize> = BTreeMap::new();
+        for i in 0..6 {
+            let c = probed_container("busybox", i);
+            let (readiness, liveness) = (&c["readinessProbe"], &c["livenessProbe"]);
+            assert_eq!(readiness["periodSeconds"], 1);
+            assert_eq!(liveness["periodSeconds"], 1);
+            assert_ne!(kind(readiness), kind(liveness));
+            *count.entry(("readiness", kind(readiness))).or_default() += 1;
+            *count.entry(("liveness", kind(liveness))).or_default() += 1;
+        }
+        // Six pods: each kind twice as readiness and twice as liveness probe.
+        assert_eq!(count.len(), 6);
+        assert!(count.values().all(|n| *n == 2));
+    }
+
+    fn probes_run(agent: &str, cpu: f64, rss: u64) -> Value {
+        json!({"kind": "probes", "agent": agent, "count": 100, "seconds": 60,
+               "all_ready": 10.0, "all_gone": 5.0, "ready": [1.0], "running": [0.5],
+               "cpu_seconds": cpu, "rss_max_mb": rss, "rss_mean_mb": rss})
+    }
+
+    #[test]
+    fn probes_runs_merge_into_median_footprints() {
+        let merged = merge_runs(vec![
+            probes_run("rkubelet", 3.0, 20),
+            probes_run("rkubelet", 1.0, 21),
+            probes_run("rkubelet", 2.0, 30),
+        ]);
+        assert_eq!(merged.len(), 1);
+        assert_eq!(merged[0]["runs"], 3);
+        assert_eq!(merged[0]["cpu_seconds"], 2.0);
+        assert_eq!(merged[0]["rss_max_mb"], 21.0);
+    }
+
+    #[test]
+    fn probes_table_and_goal_compare_with_the_kubelets_least_cpu() {
+        let results = merge_runs(vec![
+            probes_run("rkubelet", 4.5, 20),
+            probes_run("kubelet QPS 5", 15.0, 90),
+            probes_run("kubelet QPS 50", 12.0, 88),
+        ]);
+        let table = probes_table(&results);
+        assert!(table.contains(
+            "| 100 pods with probes (period 1 s), 60 s | rkubelet | 1 | 4.50 s | 20 / 20 MB |"
+        ));
+        assert!(table.contains("| kubelet QPS 50 | 1 | 12.00 s | 88 / 88 MB |"));
+        let goals = goals_table(&results);
+        // Only the probe goal: no burst ran, and the kubelets are not rkubelet agents.
+        assert_eq!(goals.lines().filter(|l| l.starts_with("| CPU")).count(), 1);
+        assert!(goals.contains(
+            "| CPU seconds, 100 pods with probes (period 1 s), 60 s | rkubelet | 4.50 | 4.00 (1/3 of the kubelet's) | missed by 0.50 |"
+        ));
+        assert!(!goals.contains("create → Ready"));
+        let within = merge_runs(vec![
+            probes_run("rkubelet", 3.9, 20),
+            probes_run("kubelet QPS 50", 12.0, 88),
+        ]);
+        assert!(goals_table(&within).contains("| 3.90 | 4.00 (1/3 of the kubelet's) | met |"));
+        // Without a kubelet run of the same size, there is nothing to compare with.
+        let alone = merge_runs(vec![probes_run("rkubelet", 3.9, 20)]);
+        assert!(goals_table(&alone).contains("| rkubelet | — | — | not measured |"));
+        assert!(probes_table(&[]).is_empty());
     }
 }
