@@ -349,7 +349,8 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
         checks,
     )?);
     let registered = node.register(&cancel).await?;
-    // Admission reads the node's labels and allocatable from a watch on it.
+    // Admission reads the node's labels and allocatable from a watch on it (from the
+    // registered Node until the watch delivers).
     let (node_store, node_feed) = crate::node::node_lister(client.clone(), &config.node_name);
     tokio::spawn(node_feed);
     let pod_cidr = wait_for_pod_cidr(&client, &config.node_name, Duration::from_secs(120)).await?;
@@ -361,7 +362,8 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
 
     let allocatable = registered
         .status
-        .and_then(|s| s.allocatable)
+        .as_ref()
+        .and_then(|s| s.allocatable.clone())
         .unwrap_or_default();
     let volumes = VolumeManager::new(
         config.root_dir.clone(),
@@ -385,18 +387,11 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
         ),
         volumes,
         status,
-        PodAdmitter::new(node_store.clone(), sysctls, client.clone()),
+        PodAdmitter::new(node_store, registered, sysctls, client.clone()),
     ));
     let workers = PodWorkers::new(kubelet.clone());
     let _ = wake.set(workers.clone());
 
-    // Pods are admitted against the node: it must be in the store first.
-    if tokio::time::timeout(Duration::from_secs(30), node_store.wait_until_ready())
-        .await
-        .is_err()
-    {
-        tracing::warn!("the node watch has not delivered the node yet; admitting without it");
-    }
     let (store, feed) = crate::pod::source::start(
         client.clone(),
         &config.node_name,

@@ -176,6 +176,12 @@ impl<C: Cri> Kubelet<C> {
         }
     }
 
+    /// A failed step of the pod sync: a Warning event, then a retry after the back-off.
+    fn retry_failed(&self, id: &PodId, reason: &'static str, message: String) -> Next {
+        self.runtime.events().warning(id, None, reason, message);
+        Next::ResyncAfter(self.failed(&id.uid))
+    }
+
     fn failed(&self, uid: &str) -> Duration {
         lock(&self.backoff)
             .entry(uid.to_owned())
@@ -245,13 +251,8 @@ impl<C: Cri> Kubelet<C> {
             tokio::fs::create_dir_all(pod_log_dir(&self.settings.pod_logs_dir, id)).await
         };
         if let Err(e) = dirs.instrument(tracing::info_span!("make_data_dirs")).await {
-            self.runtime.events().warning(
-                id,
-                None,
-                "Failed",
-                format!("Error making pod data directories: {e}"),
-            );
-            return Next::ResyncAfter(self.failed(&id.uid));
+            let message = format!("Error making pod data directories: {e}");
+            return self.retry_failed(id, "Failed", message);
         }
         let fresh = lock(&self.mounts)
             .get(&id.uid)
@@ -281,13 +282,8 @@ impl<C: Cri> Kubelet<C> {
             && let Err(e) = self.admission.runtime_handler(pod).await
         {
             // The kubelet fails the sandbox creation of a pod whose RuntimeClass is unknown.
-            self.runtime.events().warning(
-                id,
-                None,
-                "FailedCreatePodSandBox",
-                format!("Failed to create pod sandbox: {e}"),
-            );
-            return Next::ResyncAfter(self.failed(&id.uid));
+            let message = format!("Failed to create pod sandbox: {e}");
+            return self.retry_failed(id, "FailedCreatePodSandBox", message);
         }
         let ctx = PodContext {
             pod_dir,

@@ -28,16 +28,61 @@ fn root_dir() -> PathBuf {
     common::state_dir().join("test-agents").join(node_name())
 }
 
-fn start_agent(extra: &[&str]) -> AgentProcess {
-    AgentProcess::start_with_args(Owner::Agent, &node_name(), root_dir(), extra)
+/// One test's turn on the node: its pods (removed first when dropped, while the agent
+/// still runs), then the agent, then the turn.
+struct Case {
+    pods: TestPods,
+    agent: Option<AgentProcess>,
+    _turn: tokio::sync::MutexGuard<'static, ()>,
+}
+
+impl Case {
+    /// Waits for the node, then prepares pods named `<prefix>-…`; no agent yet.
+    async fn new(prefix: &str) -> Self {
+        let turn = ONE_AT_A_TIME.lock().await;
+        Self {
+            pods: TestPods::new(&unique(prefix)),
+            agent: None,
+            _turn: turn,
+        }
+    }
+
+    /// Waits for the node and starts the agent with `extra` flags.
+    async fn with_agent(prefix: &str, extra: &[&str]) -> Self {
+        let mut case = Self::new(prefix).await;
+        case.start_agent(extra);
+        case
+    }
+
+    /// (Re)starts the agent: the one running stops first.
+    fn start_agent(&mut self, extra: &[&str]) {
+        drop(self.agent.take());
+        self.agent = Some(AgentProcess::start_with_args(
+            Owner::Agent,
+            &node_name(),
+            root_dir(),
+            extra,
+        ));
+    }
+
+    fn agent(&self) -> &AgentProcess {
+        self.agent.as_ref().expect("the agent runs")
+    }
+
+    /// Creates the pod `<label>-<suffix>` from `manifest`, bound to the node; its name.
+    async fn create(&self, suffix: &str, mut manifest: serde_json::Value) -> String {
+        let name = format!("{}-{suffix}", self.pods.label);
+        manifest["metadata"]["name"] = name.clone().into();
+        self.pods.create(&node_name(), manifest).await;
+        name
+    }
 }
 
 /// A busybox pod that sleeps, with `spec` merged into its spec.
-fn sleeper(name: &str, spec: serde_json::Value) -> serde_json::Value {
+fn sleeper(spec: serde_json::Value) -> serde_json::Value {
     let mut pod = json!({
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": { "name": name },
         "spec": {
             "terminationGracePeriodSeconds": 1,
             "containers": [{ "name": "main", "image": "busybox", "command": ["sleep", "3600"] }]
@@ -49,14 +94,29 @@ fn sleeper(name: &str, spec: serde_json::Value) -> serde_json::Value {
     pod
 }
 
-fn requesting(name: &str, requests: serde_json::Value) -> serde_json::Value {
-    let mut pod = sleeper(name, json!({}));
+fn requesting(requests: serde_json::Value) -> serde_json::Value {
+    let mut pod = sleeper(json!({}));
     pod["spec"]["containers"][0]["resources"] = json!({ "requests": requests });
     pod
 }
 
 async fn get(name: &str) -> Option<Pod> {
     pods_api().await.get_opt(name).await.ok().flatten()
+}
+
+/// Deletes a pod gracefully and waits until the agent has finished its deletion.
+async fn delete_and_wait(name: &str) {
+    pods_api()
+        .await
+        .delete(name, &DeleteParams::default())
+        .await
+        .expect("delete");
+    eventually(
+        &format!("{name} deleted"),
+        Duration::from_secs(30),
+        || async { get(name).await.is_none().then_some(()) },
+    )
+    .await;
 }
 
 fn phase(p: &Pod) -> Option<&str> {
@@ -117,6 +177,13 @@ async fn assert_no_trace(agent: &AgentProcess, pod: &Pod) {
     );
 }
 
+/// A pod rejected earlier is still Failed, with nothing of it created since.
+async fn assert_still_rejected(agent: &AgentProcess, name: &str) {
+    let pod = get(name).await.expect("the rejected pod");
+    assert_eq!(phase(&pod), Some("Failed"));
+    assert_no_trace(agent, &pod).await;
+}
+
 /// The node's allocatable `name`, in milli units for cpu, else in units.
 async fn allocatable(name: &str) -> i64 {
     let node = Api::<Node>::all(kube_client("admin.kubeconfig").await)
@@ -155,161 +222,113 @@ async fn active_pods_on_node() -> usize {
 #[tokio::test]
 #[ignore = "needs root and the local cluster: run scripts/test.sh"]
 async fn requests_beyond_allocatable_fail_out_of_cpu_and_out_of_memory_for_good() {
-    let _turn = ONE_AT_A_TIME.lock().await;
+    let mut case = Case::new("adm-res").await;
     assert_eq!(active_pods_on_node().await, 0, "other pods on the node");
-    let agent = start_agent(&[]);
-    let pods = TestPods::new(&unique("adm-res"));
-    let node = node_name();
+    case.start_agent(&[]);
     let cpu = allocatable("cpu").await;
     let memory = allocatable("memory").await;
     // Admitted first: all the node's cpu but 100m.
-    let big = format!("{}-big", pods.label);
-    pods.create(
-        &node,
-        requesting(&big, json!({ "cpu": format!("{}m", cpu - 100) })),
-    )
-    .await;
+    let big = case
+        .create(
+            "big",
+            requesting(json!({ "cpu": format!("{}m", cpu - 100) })),
+        )
+        .await;
     running(&big).await;
-    let cpu_pod = format!("{}-cpu", pods.label);
-    pods.create(&node, requesting(&cpu_pod, json!({ "cpu": "200m" })))
+    let cpu_pod = case
+        .create("cpu", requesting(json!({ "cpu": "200m" })))
         .await;
     let message = format!(
         "Node didn't have enough resource: cpu, requested: 200, used: {}, capacity: {cpu}",
         cpu - 100
     );
-    assert_rejected(&agent, &cpu_pod, "OutOfcpu", &message).await;
-    let mem_pod = format!("{}-mem", pods.label);
+    assert_rejected(case.agent(), &cpu_pod, "OutOfcpu", &message).await;
     let want = memory / (1 << 20) + 1;
-    pods.create(
-        &node,
-        requesting(&mem_pod, json!({ "memory": format!("{want}Mi") })),
-    )
-    .await;
+    let mem_pod = case
+        .create("mem", requesting(json!({ "memory": format!("{want}Mi") })))
+        .await;
     let message = format!(
         "Node didn't have enough resource: memory, requested: {}, used: 0, capacity: {memory}",
         want << 20
     );
-    assert_rejected(&agent, &mem_pod, "OutOfmemory", &message).await;
+    assert_rejected(case.agent(), &mem_pod, "OutOfmemory", &message).await;
     // With the cpu free again, the rejected pod stays rejected.
-    pods_api()
-        .await
-        .delete(&big, &DeleteParams::default())
-        .await
-        .expect("delete");
-    eventually("big pod gone", Duration::from_secs(30), || async {
-        get(&big).await.is_none().then_some(())
-    })
-    .await;
+    delete_and_wait(&big).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let still = get(&cpu_pod).await.expect("the rejected pod");
-    assert_eq!(phase(&still), Some("Failed"));
-    assert_no_trace(&agent, &still).await;
-    drop(pods);
-    agent.stop();
+    assert_still_rejected(case.agent(), &cpu_pod).await;
 }
 
 #[tokio::test]
 #[ignore = "needs root and the local cluster: run scripts/test.sh"]
 async fn more_pods_than_max_pods_fail_out_of_pods() {
-    let _turn = ONE_AT_A_TIME.lock().await;
+    let mut case = Case::new("adm-pods").await;
     let max = active_pods_on_node().await + 1;
-    let agent = start_agent(&["--max-pods", &max.to_string()]);
-    let pods = TestPods::new(&unique("adm-pods"));
-    let node = node_name();
-    let first = format!("{}-a", pods.label);
-    pods.create(&node, sleeper(&first, json!({}))).await;
+    case.start_agent(&["--max-pods", &max.to_string()]);
+    let first = case.create("a", sleeper(json!({}))).await;
     running(&first).await;
-    let second = format!("{}-b", pods.label);
-    pods.create(&node, sleeper(&second, json!({}))).await;
+    let second = case.create("b", sleeper(json!({}))).await;
     let message = format!(
         "Node didn't have enough resource: pods, requested: 1, used: {max}, capacity: {max}"
     );
-    assert_rejected(&agent, &second, "OutOfpods", &message).await;
-    drop(pods);
-    agent.stop();
+    assert_rejected(case.agent(), &second, "OutOfpods", &message).await;
 }
 
 #[tokio::test]
 #[ignore = "needs root and the local cluster: run scripts/test.sh"]
 async fn a_node_selector_the_node_does_not_match_fails_node_affinity() {
-    let _turn = ONE_AT_A_TIME.lock().await;
-    let agent = start_agent(&[]);
-    let pods = TestPods::new(&unique("adm-aff"));
-    let name = format!("{}-p", pods.label);
+    let case = Case::with_agent("adm-aff", &[]).await;
     let spec = json!({ "nodeSelector": { "rkubelet.test/absent": "yes" } });
-    pods.create(&node_name(), sleeper(&name, spec)).await;
-    assert_rejected(
-        &agent,
-        &name,
-        "NodeAffinity",
-        "Predicate NodeAffinity failed",
-    )
-    .await;
-    drop(pods);
-    agent.stop();
+    let name = case.create("p", sleeper(spec)).await;
+    let message = "Predicate NodeAffinity failed";
+    assert_rejected(case.agent(), &name, "NodeAffinity", message).await;
+    // A rejected pod is deleted like any other: the agent finishes its deletion.
+    delete_and_wait(&name).await;
 }
 
 #[tokio::test]
 #[ignore = "needs root and the local cluster: run scripts/test.sh"]
 async fn a_host_port_in_use_fails_node_ports() {
-    let _turn = ONE_AT_A_TIME.lock().await;
-    let agent = start_agent(&[]);
-    let pods = TestPods::new(&unique("adm-port"));
-    let node = node_name();
-    let with_port = |name: &str| {
-        let mut pod = sleeper(name, json!({}));
+    let case = Case::with_agent("adm-port", &[]).await;
+    let with_port = || {
+        let mut pod = sleeper(json!({}));
         pod["spec"]["containers"][0]["ports"] = json!([{ "containerPort": 80, "hostPort": 31080 }]);
         pod
     };
-    let first = format!("{}-a", pods.label);
-    pods.create(&node, with_port(&first)).await;
+    let first = case.create("a", with_port()).await;
     running(&first).await;
-    let second = format!("{}-b", pods.label);
-    pods.create(&node, with_port(&second)).await;
-    assert_rejected(&agent, &second, "NodePorts", "Predicate NodePorts failed").await;
-    drop(pods);
-    agent.stop();
+    let second = case.create("b", with_port()).await;
+    assert_rejected(
+        case.agent(),
+        &second,
+        "NodePorts",
+        "Predicate NodePorts failed",
+    )
+    .await;
 }
 
 #[tokio::test]
 #[ignore = "needs root and the local cluster: run scripts/test.sh"]
 async fn an_unsafe_sysctl_fails_sysctl_forbidden_unless_allowed_by_the_flag() {
-    let _turn = ONE_AT_A_TIME.lock().await;
-    let pods = TestPods::new(&unique("adm-sysctl"));
-    let node = node_name();
-    let with_sysctl = |name: &str| {
-        let spec = json!({ "securityContext": { "sysctls": [{ "name": "kernel.msgmax", "value": "65536" }] } });
-        sleeper(name, spec)
+    let mut case = Case::with_agent("adm-sysctl", &[]).await;
+    let with_sysctl = || {
+        sleeper(json!({
+            "securityContext": { "sysctls": [{ "name": "kernel.msgmax", "value": "65536" }] }
+        }))
     };
-    let agent = start_agent(&[]);
-    let forbidden = format!("{}-a", pods.label);
-    pods.create(&node, with_sysctl(&forbidden)).await;
-    assert_rejected(
-        &agent,
-        &forbidden,
-        "SysctlForbidden",
-        "forbidden sysctl: \"kernel.msgmax\" not whitelisted",
-    )
-    .await;
-    agent.stop();
-    let agent = start_agent(&["--allowed-unsafe-sysctls", "kernel.msg*"]);
-    let allowed = format!("{}-b", pods.label);
-    pods.create(&node, with_sysctl(&allowed)).await;
+    let forbidden = case.create("a", with_sysctl()).await;
+    let message = "forbidden sysctl: \"kernel.msgmax\" not whitelisted";
+    assert_rejected(case.agent(), &forbidden, "SysctlForbidden", message).await;
+    case.start_agent(&["--allowed-unsafe-sysctls", "kernel.msg*"]);
+    let allowed = case.create("b", with_sysctl()).await;
     running(&allowed).await;
     // The pod rejected before stays rejected under the new flag.
-    let still = get(&forbidden).await.expect("the rejected pod");
-    assert_eq!(phase(&still), Some("Failed"));
-    assert_no_trace(&agent, &still).await;
-    drop(pods);
-    agent.stop();
+    assert_still_rejected(case.agent(), &forbidden).await;
 }
 
 #[tokio::test]
 #[ignore = "needs root and the local cluster: run scripts/test.sh"]
 async fn an_unknown_runtime_class_fails_the_sandbox_creation_as_in_the_kubelet() {
-    let _turn = ONE_AT_A_TIME.lock().await;
-    let pods = TestPods::new(&unique("adm-rc"));
-    let name = format!("{}-p", pods.label);
+    let mut case = Case::new("adm-rc").await;
     // The API server's RuntimeClass admission refuses pods of an unknown RuntimeClass: the
     // kubelet meets one only when it is deleted after the pod was created (here before
     // the agent runs).
@@ -323,12 +342,12 @@ async fn an_unknown_runtime_class_fails_the_sandbox_creation_as_in_the_kubelet()
         .create(&kube::api::PostParams::default(), &class)
         .await;
     let spec = json!({ "runtimeClassName": "rkubelet-test-missing" });
-    pods.create(&node_name(), sleeper(&name, spec)).await;
+    let name = case.create("p", sleeper(spec)).await;
     classes
         .delete("rkubelet-test-missing", &DeleteParams::default())
         .await
         .expect("delete the RuntimeClass");
-    let agent = start_agent(&[]);
+    case.start_agent(&[]);
     let event = eventually(
         "FailedCreatePodSandBox event",
         Duration::from_secs(30),
@@ -349,7 +368,7 @@ async fn an_unknown_runtime_class_fails_the_sandbox_creation_as_in_the_kubelet()
     );
     // The kubelet v1.20 keeps such a pod Pending (ContainerCreating) and retries.
     let pod = get(&name).await.expect("the pod");
-    assert_eq!(phase(&pod), Some("Pending"), "{}", agent.log_tail());
+    assert_eq!(phase(&pod), Some("Pending"), "{}", case.agent().log_tail());
     let waiting = pod
         .status
         .and_then(|s| s.container_statuses)
@@ -358,8 +377,6 @@ async fn an_unknown_runtime_class_fails_the_sandbox_creation_as_in_the_kubelet()
     assert_eq!(waiting.as_deref(), Some("ContainerCreating"));
     let uid = pod.metadata.uid.clone().unwrap_or_default();
     assert!(sandboxes_of(&uid).await.is_empty(), "a sandbox for {uid}");
-    drop(pods);
-    agent.stop();
 }
 
 /// The pod ends Failed/DeadlineExceeded with a Normal event and no running container;
@@ -403,32 +420,22 @@ async fn assert_deadline_exceeded(agent: &AgentProcess, name: &str) -> Duration 
 #[tokio::test]
 #[ignore = "needs root and the local cluster: run scripts/test.sh"]
 async fn active_deadline_seconds_fails_a_running_pod_and_stops_its_containers() {
-    let _turn = ONE_AT_A_TIME.lock().await;
-    let agent = start_agent(&[]);
-    let pods = TestPods::new(&unique("adm-dl"));
-    let name = format!("{}-p", pods.label);
-    pods.create(
-        &node_name(),
-        sleeper(&name, json!({ "activeDeadlineSeconds": 5 })),
-    )
-    .await;
+    let case = Case::with_agent("adm-dl", &[]).await;
+    let name = case
+        .create("p", sleeper(json!({ "activeDeadlineSeconds": 5 })))
+        .await;
     running(&name).await;
-    let after = assert_deadline_exceeded(&agent, &name).await;
+    let after = assert_deadline_exceeded(case.agent(), &name).await;
     eprintln!("Failed seen {after:?} after the start time (deadline 5 s)");
     assert!(after >= Duration::from_secs(4), "{after:?}");
     assert!(after < Duration::from_secs(10), "{after:?}");
-    drop(pods);
-    agent.stop();
 }
 
 #[tokio::test]
 #[ignore = "needs root and the local cluster: run scripts/test.sh"]
 async fn a_deadline_added_to_a_running_pod_ends_it() {
-    let _turn = ONE_AT_A_TIME.lock().await;
-    let agent = start_agent(&[]);
-    let pods = TestPods::new(&unique("adm-dlp"));
-    let name = format!("{}-p", pods.label);
-    pods.create(&node_name(), sleeper(&name, json!({}))).await;
+    let case = Case::with_agent("adm-dlp", &[]).await;
+    let name = case.create("p", sleeper(json!({}))).await;
     running(&name).await;
     let started = Instant::now();
     let patch = json!({ "spec": { "activeDeadlineSeconds": 3 } });
@@ -437,8 +444,6 @@ async fn a_deadline_added_to_a_running_pod_ends_it() {
         .patch(&name, &PatchParams::default(), &Patch::Strategic(patch))
         .await
         .expect("patch activeDeadlineSeconds");
-    assert_deadline_exceeded(&agent, &name).await;
+    assert_deadline_exceeded(case.agent(), &name).await;
     eprintln!("Failed {:?} after the patch", started.elapsed());
-    drop(pods);
-    agent.stop();
 }

@@ -465,24 +465,17 @@ pub fn general_predicates(pod: &Pod, others: &[&Pod], node: &Node) -> Result<(),
     Ok(())
 }
 
-/// All admit handlers in the kubelet's order: sysctls, then the general predicates (which
-/// need the node; without it the pod is rejected as `InvalidNodeInfo`).
+/// All admit handlers in the kubelet's order: sysctls, then the general predicates.
 ///
 /// # Errors
 /// The first handler's rejection.
 pub fn admit_pod(
     pod: &Pod,
     others: &[&Pod],
-    node: Option<&Node>,
+    node: &Node,
     sysctls: &SysctlWhitelist,
 ) -> Result<(), Rejection> {
     sysctls.admit(pod)?;
-    let Some(node) = node else {
-        return Err(Rejection {
-            reason: "InvalidNodeInfo",
-            message: "Kubelet cannot get node info.".into(),
-        });
-    };
     general_predicates(pod, others, node)
 }
 
@@ -508,9 +501,11 @@ struct Admitted {
 }
 
 /// The admission state of the node: the Node as last seen, the sysctl whitelist, and the
-/// pods admitted so far. Cheap to share behind an `Arc`.
+/// pods admitted so far.
 pub struct PodAdmitter {
     node: Store<Node>,
+    /// The Node as registered, while the watch has not delivered it (`getNodeAnyWay`).
+    initial_node: Arc<Node>,
     sysctls: SysctlWhitelist,
     runtime_classes: kube::Api<RuntimeClass>,
     admitted: Mutex<Admitted>,
@@ -525,12 +520,18 @@ impl std::fmt::Debug for PodAdmitter {
 }
 
 impl PodAdmitter {
-    /// An admitter reading the node from `node` (a reflector on this agent's Node) and
-    /// RuntimeClasses through `client`.
+    /// An admitter reading the node from `node` (a reflector on this agent's Node), else
+    /// `initial_node` (as registered), and RuntimeClasses through `client`.
     #[must_use]
-    pub fn new(node: Store<Node>, sysctls: SysctlWhitelist, client: kube::Client) -> Self {
+    pub fn new(
+        node: Store<Node>,
+        initial_node: Node,
+        sysctls: SysctlWhitelist,
+        client: kube::Client,
+    ) -> Self {
         Self {
             node,
+            initial_node: Arc::new(initial_node),
             sysctls,
             runtime_classes: kube::Api::all(client),
             admitted: Mutex::default(),
@@ -561,14 +562,15 @@ impl PodAdmitter {
             state.decided.insert(uid);
             return None;
         }
-        let node = self.node.state().into_iter().next();
+        let node =
+            (self.node.state().into_iter().next()).unwrap_or_else(|| self.initial_node.clone());
         let others: Vec<&Pod> = state
             .pods
             .values()
             .map(AsRef::as_ref)
             .filter(|p| !finished(p))
             .collect();
-        match admit_pod(pod, &others, node.as_deref(), &self.sysctls) {
+        match admit_pod(pod, &others, &node, &self.sysctls) {
             Ok(()) => {
                 state.pods.insert(uid, pod.clone());
                 None
@@ -643,16 +645,17 @@ mod tests {
                 ..Default::default()
             },
             status: Some(NodeStatus {
-                allocatable: Some(
-                    allocatable
-                        .iter()
-                        .map(|(k, v)| ((*k).into(), ApiQuantity((*v).into())))
-                        .collect(),
-                ),
+                allocatable: Some(quantities(allocatable)),
                 ..Default::default()
             }),
             ..Default::default()
         }
+    }
+
+    fn quantities(list: &[(&str, &str)]) -> BTreeMap<String, ApiQuantity> {
+        list.iter()
+            .map(|(k, v)| ((*k).into(), ApiQuantity((*v).into())))
+            .collect()
     }
 
     fn big_node() -> Node {
@@ -671,12 +674,7 @@ mod tests {
         let spec = p.spec.as_mut().unwrap();
         spec.containers[0].ports = None;
         spec.containers[0].resources = Some(ResourceRequirements {
-            requests: Some(
-                requests
-                    .iter()
-                    .map(|(k, v)| ((*k).into(), ApiQuantity((*v).into())))
-                    .collect(),
-            ),
+            requests: Some(quantities(requests)),
             ..Default::default()
         });
         p
@@ -895,35 +893,42 @@ mod tests {
         p
     }
 
+    fn forbidden(message: &str) -> Result<(), Rejection> {
+        Err(Rejection {
+            reason: "SysctlForbidden",
+            message: format!("forbidden sysctl: {message}"),
+        })
+    }
+
     #[test]
     fn safe_sysctls_pass_and_unsafe_ones_need_the_flag() {
         let safe = SysctlWhitelist::new(&[]).unwrap();
-        assert_eq!(
-            safe.admit(&with_sysctls(&["net.ipv4.tcp_syncookies"], false)),
-            Ok(())
-        );
-        assert_eq!(
-            safe.admit(&with_sysctls(&["kernel.msgmax"], false)),
-            Err(Rejection {
-                reason: "SysctlForbidden",
-                message: "forbidden sysctl: \"kernel.msgmax\" not whitelisted".into()
-            })
-        );
         let unsafe_ok =
             SysctlWhitelist::new(&["kernel.msg*".into(), "net.core.somaxconn".into()]).unwrap();
-        assert_eq!(
-            unsafe_ok.admit(&with_sysctls(&["kernel.msgmax"], false)),
-            Ok(())
-        );
-        assert_eq!(
-            unsafe_ok.admit(&with_sysctls(&["net.core.somaxconn"], true)),
-            Err(Rejection {
-                reason: "SysctlForbidden",
-                message:
-                    "forbidden sysctl: \"net.core.somaxconn\" not allowed with host net enabled"
-                        .into()
-            })
-        );
+        let cases = [
+            (&safe, "net.ipv4.tcp_syncookies", false, Ok(())),
+            (
+                &safe,
+                "kernel.msgmax",
+                false,
+                forbidden("\"kernel.msgmax\" not whitelisted"),
+            ),
+            (&unsafe_ok, "kernel.msgmax", false, Ok(())),
+            (&unsafe_ok, "kernel.msgmax", true, Ok(())),
+            (
+                &unsafe_ok,
+                "net.core.somaxconn",
+                true,
+                forbidden("\"net.core.somaxconn\" not allowed with host net enabled"),
+            ),
+        ];
+        for (whitelist, sysctl, host_network, want) in cases {
+            assert_eq!(
+                whitelist.admit(&with_sysctls(&[sysctl], host_network)),
+                want,
+                "{sysctl}"
+            );
+        }
     }
 
     #[test]
@@ -945,17 +950,13 @@ mod tests {
     }
 
     #[test]
-    fn sysctls_are_checked_before_the_node() {
-        let p = with_sysctls(&["kernel.msgmax"], false);
+    fn sysctls_are_checked_before_the_predicates() {
+        let mut p = with_sysctls(&["kernel.msgmax"], false);
+        p.spec.as_mut().unwrap().node_name = Some("other".into());
         let sysctls = SysctlWhitelist::new(&[]).unwrap();
         assert_eq!(
-            admit_pod(&p, &[], None, &sysctls).map_err(|r| r.reason),
+            admit_pod(&p, &[], &big_node(), &sysctls).map_err(|r| r.reason),
             Err("SysctlForbidden")
-        );
-        let ok = requesting("ok", &[]);
-        assert_eq!(
-            admit_pod(&ok, &[], None, &sysctls).map_err(|r| r.reason),
-            Err("InvalidNodeInfo")
         );
     }
 
@@ -976,19 +977,22 @@ mod tests {
         );
     }
 
-    fn admitter(n: Node) -> PodAdmitter {
+    /// An admitter whose watch has delivered `watched`, if given.
+    fn admitter(initial: Node, watched: Option<Node>) -> PodAdmitter {
         let (store, mut writer) = reflector::store();
-        writer.apply_watcher_event(&watcher::Event::Apply(n));
+        if let Some(n) = watched {
+            writer.apply_watcher_event(&watcher::Event::Apply(n));
+        }
         // Never reached by these tests: only RuntimeClass look-ups use the API.
         let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
         let client = kube::Client::try_from(config).unwrap();
-        PodAdmitter::new(store, SysctlWhitelist::new(&[]).unwrap(), client)
+        PodAdmitter::new(store, initial, SysctlWhitelist::new(&[]).unwrap(), client)
     }
 
     #[tokio::test]
     async fn admitted_pods_count_until_finished_or_gone_and_rejections_are_final() {
         let n = node(&[], &[("cpu", "1"), ("memory", "1Gi"), ("pods", "10")]);
-        let a = admitter(n);
+        let a = admitter(big_node(), Some(n));
         let never = |_: &Pod| false;
         let first = Arc::new(requesting("first", &[("cpu", "800m")]));
         let second = Arc::new(requesting("second", &[("cpu", "800m")]));
@@ -1004,6 +1008,21 @@ mod tests {
         a.forget("uid-third");
         let fourth = Arc::new(requesting("fourth", &[("cpu", "800m")]));
         assert_eq!(a.admit(&fourth, first_done), None);
+    }
+
+    #[tokio::test]
+    async fn the_registered_node_serves_until_the_watch_delivers() {
+        let mut p = requesting("p", &[]);
+        p.spec.as_mut().unwrap().node_selector =
+            Some(BTreeMap::from([("disk".into(), "ssd".into())]));
+        let p = Arc::new(p);
+        let initial = admitter(big_node(), None);
+        assert_eq!(initial.admit(&p, |_| false), None);
+        let relabelled = admitter(big_node(), Some(node(&[], &[("pods", "10")])));
+        assert_eq!(
+            relabelled.admit(&p, |_| false).map(|r| r.reason),
+            Some("NodeAffinity")
+        );
     }
 
     #[test]
