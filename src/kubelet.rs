@@ -2,6 +2,8 @@
 //! `syncTerminatingPod` for one that must go — and the housekeeping that finds orphans.
 //! Each step has its own tracing span, so a pod's start-up reads as a timeline:
 //! `make_data_dirs → mount_volumes → run_pod_sandbox (CNI inside) → pull/create/start`.
+//! Pods are admitted (or rejected, ending Failed) before their first sync, and a running
+//! pod past its `activeDeadlineSeconds` ends Failed; both rules live in [`crate::lifecycle`].
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
@@ -463,6 +465,10 @@ impl<C: Cri> PodAdmission for Kubelet<C> {
 
     fn forget(&self, uid: &str) {
         self.admission.forget(uid);
+    }
+
+    fn retain(&self, listed: &HashSet<String>) {
+        self.admission.retain(listed);
     }
 }
 

@@ -589,6 +589,13 @@ impl PodAdmitter {
         state.decided.remove(uid);
     }
 
+    /// Forgets every pod not in `listed` (a full list of the node's pods).
+    pub fn retain(&self, listed: &HashSet<String>) {
+        let mut state = self.lock();
+        state.pods.retain(|uid, _| listed.contains(uid));
+        state.decided.retain(|uid| listed.contains(uid));
+    }
+
     /// The runtime handler of the pod's RuntimeClass, `""` without one (the kubelet's
     /// `LookupRuntimeHandler`).
     ///
@@ -1008,6 +1015,10 @@ mod tests {
         a.forget("uid-third");
         let fourth = Arc::new(requesting("fourth", &[("cpu", "800m")]));
         assert_eq!(a.admit(&fourth, first_done), None);
+        // So does one missing from a new full list (its deletion was missed).
+        a.retain(&HashSet::from(["uid-first".to_owned()]));
+        let fifth = Arc::new(requesting("fifth", &[("cpu", "800m")]));
+        assert_eq!(a.admit(&fifth, first_done), None);
     }
 
     #[tokio::test]

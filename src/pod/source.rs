@@ -6,6 +6,7 @@
 //! by one as they come, the pods of a full list together in creation order (the
 //! kubelet's `HandlePodAdditions`).
 
+use std::collections::HashSet;
 use std::future::Future;
 use std::sync::Arc;
 
@@ -36,6 +37,8 @@ pub trait PodAdmission: Send + Sync + 'static {
     fn admit(&self, pod: &Arc<Pod>);
     /// A pod is gone from the API.
     fn forget(&self, uid: &str);
+    /// A full list came: pods not in it are gone (their deletions were missed).
+    fn retain(&self, listed: &HashSet<String>);
 }
 
 /// Starts the watch; returns the store, and the task that feeds the workers until the
@@ -117,6 +120,11 @@ impl<S: PodSyncer, A: PodAdmission> Feeder<S, A> {
             Event::Init => self.listed.clear(),
             Event::InitDone => {
                 let mut listed = std::mem::take(&mut self.listed);
+                let uids: HashSet<String> = listed
+                    .iter()
+                    .filter_map(|p| p.metadata.uid.clone())
+                    .collect();
+                self.admission.retain(&uids);
                 listed.sort_by(|a, b| {
                     a.metadata
                         .creation_timestamp
