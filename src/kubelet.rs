@@ -280,18 +280,25 @@ impl<C: Cri> Kubelet<C> {
                 return Next::ResyncAfter(self.failed(&id.uid));
             }
         };
-        if runtime.ready_sandbox().is_none()
-            && let Err(e) = self.admission.runtime_handler(pod).await
-        {
-            // The kubelet fails the sandbox creation of a pod whose RuntimeClass is unknown.
-            let message = format!("Failed to create pod sandbox: {e}");
-            return self.retry_failed(id, "FailedCreatePodSandBox", message);
-        }
+        // A new sandbox runs with the handler of the pod's RuntimeClass; the kubelet fails
+        // the sandbox creation of a pod whose RuntimeClass is unknown.
+        let runtime_handler = if runtime.ready_sandbox().is_none() {
+            match self.admission.runtime_handler(pod).await {
+                Ok(handler) => handler,
+                Err(e) => {
+                    let message = format!("Failed to create pod sandbox: {e}");
+                    return self.retry_failed(id, "FailedCreatePodSandBox", message);
+                }
+            }
+        } else {
+            String::new()
+        };
         let ctx = PodContext {
             pod_dir,
             node_name: self.settings.node_name.clone(),
             host_ip: Some(self.settings.node_ip),
             volume_mounts,
+            runtime_handler,
         };
         let outcome = self.runtime.sync_pod(pod, id, &runtime, &ctx).await;
         lock(&self.reasons).insert(id.uid.clone(), outcome.waiting.clone());

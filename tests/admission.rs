@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use common::agent::{AgentProcess, Owner};
 use common::pods::{TestPods, events_of, pods_api, running_containers_of, sandboxes_of};
 use common::{eventually, kube_client, node_name, unique};
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use k8s_openapi::api::node::v1::RuntimeClass;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use rkubelet::resources::Quantity;
@@ -151,9 +151,16 @@ async fn assert_rejected(agent: &AgentProcess, name: &str, reason: &str, message
         agent.log_tail()
     );
     assert_eq!(status.message, Some(format!("Pod {message}")));
+    let event = pod_event(name, reason, "Warning").await;
+    assert_eq!(event.message.as_deref(), Some(message));
+    assert_no_trace(agent, &pod).await;
+}
+
+/// The first event about the pod with `reason`, waited for; it must be of type `kind`.
+async fn pod_event(name: &str, reason: &str, kind: &str) -> Event {
     let event = eventually(
         &format!("{reason} event"),
-        Duration::from_secs(20),
+        Duration::from_secs(30),
         || async {
             events_of(name)
                 .await
@@ -162,9 +169,8 @@ async fn assert_rejected(agent: &AgentProcess, name: &str, reason: &str, message
         },
     )
     .await;
-    assert_eq!(event.type_.as_deref(), Some("Warning"));
-    assert_eq!(event.message.as_deref(), Some(message));
-    assert_no_trace(agent, &pod).await;
+    assert_eq!(event.type_.as_deref(), Some(kind), "{event:?}");
+    event
 }
 
 /// Nothing was created for the pod: no sandbox, no pod directory.
@@ -332,34 +338,12 @@ async fn an_unknown_runtime_class_fails_the_sandbox_creation_as_in_the_kubelet()
     // The API server's RuntimeClass admission refuses pods of an unknown RuntimeClass: the
     // kubelet meets one only when it is deleted after the pod was created (here before
     // the agent runs).
-    let classes: Api<RuntimeClass> = Api::all(kube_client("admin.kubeconfig").await);
-    let class: RuntimeClass = serde_json::from_value(json!({
-        "metadata": { "name": "rkubelet-test-missing" },
-        "handler": "runc"
-    }))
-    .expect("a RuntimeClass");
-    let _ = classes
-        .create(&kube::api::PostParams::default(), &class)
-        .await;
+    let classes = RuntimeClasses::create("rkubelet-test-missing", "runc").await;
     let spec = json!({ "runtimeClassName": "rkubelet-test-missing" });
     let name = case.create("p", sleeper(spec)).await;
-    classes
-        .delete("rkubelet-test-missing", &DeleteParams::default())
-        .await
-        .expect("delete the RuntimeClass");
+    drop(classes);
     case.start_agent(&[]);
-    let event = eventually(
-        "FailedCreatePodSandBox event",
-        Duration::from_secs(30),
-        || async {
-            events_of(&name)
-                .await
-                .into_iter()
-                .find(|e| e.reason.as_deref() == Some("FailedCreatePodSandBox"))
-        },
-    )
-    .await;
-    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    let event = pod_event(&name, "FailedCreatePodSandBox", "Warning").await;
     assert_eq!(
         event.message.as_deref(),
         Some(
@@ -379,6 +363,60 @@ async fn an_unknown_runtime_class_fails_the_sandbox_creation_as_in_the_kubelet()
     assert!(sandboxes_of(&uid).await.is_empty(), "a sandbox for {uid}");
 }
 
+/// RuntimeClasses a test made, deleted when dropped.
+struct RuntimeClasses(Vec<String>);
+
+impl RuntimeClasses {
+    /// Creates the RuntimeClass `name` with `handler` (replacing a leftover one).
+    async fn create(name: &str, handler: &str) -> Self {
+        let api: Api<RuntimeClass> = Api::all(kube_client("admin.kubeconfig").await);
+        let class: RuntimeClass =
+            serde_json::from_value(json!({ "metadata": { "name": name }, "handler": handler }))
+                .expect("a RuntimeClass");
+        let _ = api.delete(name, &DeleteParams::default()).await;
+        api.create(&kube::api::PostParams::default(), &class)
+            .await
+            .expect("create the RuntimeClass");
+        Self(vec![name.to_owned()])
+    }
+}
+
+impl Drop for RuntimeClasses {
+    fn drop(&mut self) {
+        let names = std::mem::take(&mut self.0);
+        common::cleanup_blocking(move || async move {
+            let api: Api<RuntimeClass> = Api::all(kube_client("admin.kubeconfig").await);
+            for name in names {
+                let _ = api.delete(&name, &DeleteParams::default()).await;
+            }
+        });
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn the_handler_of_a_runtime_class_reaches_the_runtime() {
+    let case = Case::with_agent("adm-rch", &[]).await;
+    let _runc = RuntimeClasses::create("rkubelet-test-runc", "runc").await;
+    let _bogus = RuntimeClasses::create("rkubelet-test-bogus", "rkubelet-bogus").await;
+    let good = case
+        .create(
+            "a",
+            sleeper(json!({ "runtimeClassName": "rkubelet-test-runc" })),
+        )
+        .await;
+    running(&good).await;
+    let bad = case
+        .create(
+            "b",
+            sleeper(json!({ "runtimeClassName": "rkubelet-test-bogus" })),
+        )
+        .await;
+    let event = pod_event(&bad, "FailedCreatePodSandBox", "Warning").await;
+    let message = event.message.unwrap_or_default();
+    assert!(message.contains("rkubelet-bogus"), "{message}");
+}
+
 /// The pod ends Failed/DeadlineExceeded with a Normal event and no running container;
 /// returns how long after its start time it was seen Failed.
 async fn assert_deadline_exceeded(agent: &AgentProcess, name: &str) -> Duration {
@@ -395,18 +433,7 @@ async fn assert_deadline_exceeded(agent: &AgentProcess, name: &str) -> Duration 
         status.message.as_deref(),
         Some("Pod was active on the node longer than the specified deadline")
     );
-    let event = eventually(
-        "DeadlineExceeded event",
-        Duration::from_secs(20),
-        || async {
-            events_of(name)
-                .await
-                .into_iter()
-                .find(|e| e.reason.as_deref() == Some("DeadlineExceeded"))
-        },
-    )
-    .await;
-    assert_eq!(event.type_.as_deref(), Some("Normal"));
+    pod_event(name, "DeadlineExceeded", "Normal").await;
     let uid = pod.metadata.uid.clone().unwrap_or_default();
     eventually("containers stopped", Duration::from_secs(20), || async {
         running_containers_of(&uid).await.is_empty().then_some(())
