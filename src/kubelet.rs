@@ -151,6 +151,7 @@ impl<C: Cri> Kubelet<C> {
     /// How long the pod may still be active (`activeDeadlineSeconds`), counted from the
     /// start time this agent recorded, else the API's.
     fn active_deadline_remaining(&self, pod: &Pod, id: &PodId) -> Option<Duration> {
+        pod.spec.as_ref()?.active_deadline_seconds?;
         let start = self
             .status
             .get(&id.uid)

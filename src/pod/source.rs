@@ -95,8 +95,7 @@ impl<S: PodSyncer, A: PodAdmission> Feeder<S, A> {
         let Some(uid) = pod.metadata.uid.clone() else {
             return;
         };
-        // The worker shares the store's copy of the pod, once the store has this version
-        // (during the first list it has not yet).
+        // The worker shares the store's copy of the pod when the store holds this version.
         let shared = self
             .store
             .get(&ObjectRef::from_obj(&pod))
