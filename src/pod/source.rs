@@ -137,3 +137,95 @@ impl<S: PodSyncer, A: PodAdmission> Feeder<S, A> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use k8s_openapi::jiff::Timestamp;
+
+    use super::*;
+    use crate::pod::testing::pod;
+    use crate::pod::workers::Next;
+
+    /// Records what admission was asked, in order.
+    #[derive(Default)]
+    struct Recorder(Mutex<Vec<String>>);
+
+    impl Recorder {
+        fn push(&self, what: String) {
+            self.0.lock().unwrap().push(what);
+        }
+
+        fn take(&self) -> Vec<String> {
+            std::mem::take(&mut self.0.lock().unwrap())
+        }
+    }
+
+    impl PodAdmission for Recorder {
+        fn admit(&self, pod: &Arc<Pod>) {
+            self.push(format!(
+                "admit {}",
+                pod.metadata.name.clone().unwrap_or_default()
+            ));
+        }
+        fn forget(&self, uid: &str) {
+            self.push(format!("forget {uid}"));
+        }
+        fn retain(&self, listed: &HashSet<String>) {
+            let mut uids: Vec<&String> = listed.iter().collect();
+            uids.sort();
+            self.push(format!("retain {uids:?}"));
+        }
+    }
+
+    struct Idle;
+
+    impl PodSyncer for Idle {
+        async fn sync(&self, _: &PodWork) -> Next {
+            Next::ResyncAfter(Duration::from_secs(3600))
+        }
+    }
+
+    fn created(name: &str, second: i64) -> Pod {
+        let mut p = pod(name, &[("c", "busybox")]);
+        p.metadata.creation_timestamp = Some(Time(
+            Timestamp::from_second(1_700_000_000 + second).unwrap(),
+        ));
+        p
+    }
+
+    #[tokio::test]
+    async fn a_full_list_is_admitted_in_creation_order_after_it_ends() {
+        let (store, _writer) = reflector::store();
+        let (synced, _rx) = watch::channel(false);
+        let admission = Arc::new(Recorder::default());
+        let mut feeder = Feeder {
+            store,
+            workers: PodWorkers::new(Arc::new(Idle)),
+            admission: admission.clone(),
+            synced,
+            listed: Vec::new(),
+        };
+        feeder.handle(Event::Init);
+        feeder.handle(Event::InitApply(created("newer", 20)));
+        feeder.handle(Event::InitApply(created("older", 10)));
+        assert!(admission.take().is_empty(), "nothing before the list ends");
+        feeder.handle(Event::InitDone);
+        assert_eq!(
+            admission.take(),
+            [
+                r#"retain ["uid-newer", "uid-older"]"#,
+                "admit older",
+                "admit newer"
+            ]
+        );
+        assert!(*feeder.synced.borrow());
+        // Afterwards, pods come one by one; a deleted one is forgotten.
+        feeder.handle(Event::Apply(created("later", 30)));
+        feeder.handle(Event::Delete(created("older", 10)));
+        assert_eq!(admission.take(), ["admit later", "forget uid-older"]);
+    }
+}
