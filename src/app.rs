@@ -18,6 +18,7 @@ use crate::events::{self, EventRecorder};
 use crate::kubelet::{Kubelet, SyncSettings, housekeeping};
 use crate::kuberuntime::RuntimeManager;
 use crate::kuberuntime::sandbox::{HostDns, SandboxSettings};
+use crate::lifecycle::admission::{PodAdmitter, SysctlWhitelist};
 use crate::node::{LinuxMachine, NodeAgent, NodeConfig, ReadinessCheck, wait_for_pod_cidr};
 use crate::pleg::Pleg;
 use crate::pod::workers::PodWorkers;
@@ -71,6 +72,9 @@ pub struct Config {
     pub node_labels: std::collections::BTreeMap<String, String>,
     /// `--max-pods`.
     pub max_pods: u32,
+    /// `--allowed-unsafe-sysctls`: sysctls (or `prefix*` patterns) pods may set besides
+    /// the safe ones.
+    pub allowed_unsafe_sysctls: Vec<String>,
     /// The kubelet API server; `None` when disabled (`--port 0`).
     pub server: Option<crate::server::ServerConfig>,
 }
@@ -92,6 +96,9 @@ pub enum AppError {
     /// Pod networking could not be set up.
     #[error(transparent)]
     Cni(#[from] cni::CniError),
+    /// The admission configuration is invalid.
+    #[error(transparent)]
+    Admission(#[from] crate::lifecycle::admission::AdmissionError),
     /// A runtime call at start-up failed.
     #[error(transparent)]
     Cri(#[from] crate::cri::CriError),
@@ -283,6 +290,7 @@ async fn setup_network(
 /// # Errors
 /// Start-up failures; once running, failures are logged and retried.
 pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppError> {
+    let sysctls = SysctlWhitelist::new(&config.allowed_unsafe_sysctls)?;
     let client = kube_client(&config.kubeconfig).await?;
     let Some(runtime_name) = wait_for_runtime(&config.cri, &cancel).await else {
         return Ok(());
@@ -341,6 +349,10 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
         checks,
     )?);
     let registered = node.register(&cancel).await?;
+    // Admission reads the node's labels and allocatable from a watch on it (from the
+    // registered Node until the watch delivers).
+    let (node_store, node_feed) = crate::node::node_lister(client.clone(), &config.node_name);
+    tokio::spawn(node_feed);
     let pod_cidr = wait_for_pod_cidr(&client, &config.node_name, Duration::from_secs(120)).await?;
     setup_network(&config, &pod_cidr, &cancel).await?;
     wait_for_network_ready(&config.cri, Duration::from_secs(5)).await;
@@ -350,7 +362,8 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
 
     let allocatable = registered
         .status
-        .and_then(|s| s.allocatable)
+        .as_ref()
+        .and_then(|s| s.allocatable.clone())
         .unwrap_or_default();
     let volumes = VolumeManager::new(
         config.root_dir.clone(),
@@ -374,12 +387,17 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
         ),
         volumes,
         status,
+        PodAdmitter::new(node_store, registered, sysctls, client.clone()),
     ));
     let workers = PodWorkers::new(kubelet.clone());
     let _ = wake.set(workers.clone());
 
-    let (store, feed) =
-        crate::pod::source::start(client.clone(), &config.node_name, workers.clone());
+    let (store, feed) = crate::pod::source::start(
+        client.clone(),
+        &config.node_name,
+        workers.clone(),
+        kubelet.clone(),
+    );
     tokio::spawn(feed);
     if let Some(server) = config.server.clone() {
         crate::server::start(

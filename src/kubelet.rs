@@ -2,6 +2,8 @@
 //! `syncTerminatingPod` for one that must go — and the housekeeping that finds orphans.
 //! Each step has its own tracing span, so a pod's start-up reads as a timeline:
 //! `make_data_dirs → mount_volumes → run_pod_sandbox (CNI inside) → pull/create/start`.
+//! Pods are admitted (or rejected, ending Failed) before their first sync, and a running
+//! pod past its `activeDeadlineSeconds` ends Failed; both rules live in [`crate::lifecycle`].
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
@@ -17,6 +19,9 @@ use crate::backoff::Backoff;
 use crate::cri::{Cri, api};
 use crate::kuberuntime::sandbox::pod_log_dir;
 use crate::kuberuntime::{PodContext, PodRuntimeStatus, RuntimeManager, Waiting, get_pod_status};
+use crate::lifecycle::active_deadline;
+use crate::lifecycle::admission::{PodAdmitter, rejected_status};
+use crate::pod::source::PodAdmission;
 use crate::pod::workers::{Next, PodSyncer, PodWork, PodWorkers};
 use crate::pod::{PodId, source::PodStore};
 use crate::status::{StatusInputs, StatusManager, generate_pod_status};
@@ -51,6 +56,7 @@ pub struct Kubelet<C> {
     runtime: RuntimeManager<C>,
     volumes: VolumeManager<KubeVolumeApi, LinuxMounter>,
     status: StatusManager,
+    admission: PodAdmitter,
     /// Why containers wait, per pod UID (the kubelet's reason cache).
     reasons: Mutex<HashMap<String, HashMap<String, Waiting>>>,
     /// Back-off of failed sandbox creations and volume set-ups, per pod UID.
@@ -69,18 +75,21 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl<C: Cri> Kubelet<C> {
-    /// The kubelet over a runtime manager, a volume manager and a status manager.
+    /// The kubelet over a runtime manager, a volume manager, a status manager and pod
+    /// admission.
     pub fn new(
         settings: SyncSettings,
         runtime: RuntimeManager<C>,
         volumes: VolumeManager<KubeVolumeApi, LinuxMounter>,
         status: StatusManager,
+        admission: PodAdmitter,
     ) -> Self {
         Self {
             settings,
             runtime,
             volumes,
             status,
+            admission,
             reasons: Mutex::default(),
             backoff: Mutex::default(),
             mounts: Mutex::default(),
@@ -139,6 +148,43 @@ impl<C: Cri> Kubelet<C> {
             .map(|u| u - now)
     }
 
+    /// How long the pod may still be active (`activeDeadlineSeconds`), counted from the
+    /// start time this agent recorded, else the API's.
+    fn active_deadline_remaining(&self, pod: &Pod, id: &PodId) -> Option<Duration> {
+        pod.spec.as_ref()?.active_deadline_seconds?;
+        let start = self
+            .status
+            .get(&id.uid)
+            .and_then(|s| s.start_time)
+            .or_else(|| pod.status.as_ref()?.start_time.clone());
+        active_deadline::remaining(pod, start.map(|t| t.0), Timestamp::now())
+    }
+
+    /// A pod past its active deadline ends Failed (the kubelet's `ShouldEvict` in
+    /// `generateAPIPodStatus`); the next sync, seeing it terminal, kills what runs of it.
+    fn fail_past_deadline(&self, pod: &Pod, id: &PodId, runtime: &PodRuntimeStatus) {
+        tracing::info!(pod = %id, "pod exceeded its active deadline");
+        self.runtime.events().normal(
+            id,
+            None,
+            active_deadline::REASON,
+            active_deadline::MESSAGE.to_owned(),
+        );
+        self.publish_status(pod, id, Some(runtime));
+        if let Some(mut status) = self.status.get(&id.uid) {
+            status.phase = Some("Failed".into());
+            status.reason = Some(active_deadline::REASON.into());
+            status.message = Some(active_deadline::MESSAGE.into());
+            self.status.set_pod_status(id, status);
+        }
+    }
+
+    /// A failed step of the pod sync: a Warning event, then a retry after the back-off.
+    fn retry_failed(&self, id: &PodId, reason: &'static str, message: String) -> Next {
+        self.runtime.events().warning(id, None, reason, message);
+        Next::ResyncAfter(self.failed(&id.uid))
+    }
+
     fn failed(&self, uid: &str) -> Duration {
         lock(&self.backoff)
             .entry(uid.to_owned())
@@ -193,6 +239,10 @@ impl<C: Cri> Kubelet<C> {
             }
             return Next::ResyncAfter(RESYNC);
         }
+        if self.active_deadline_remaining(pod, id) == Some(Duration::ZERO) {
+            self.fail_past_deadline(pod, id, &runtime);
+            return Next::ResyncAfter(Duration::ZERO);
+        }
         // Pending (or whatever the runtime shows) at once, before a slow pull or sandbox.
         self.publish_status(pod, id, Some(&runtime));
         if let Some(wait) = self.backing_off(&id.uid) {
@@ -204,13 +254,8 @@ impl<C: Cri> Kubelet<C> {
             tokio::fs::create_dir_all(pod_log_dir(&self.settings.pod_logs_dir, id)).await
         };
         if let Err(e) = dirs.instrument(tracing::info_span!("make_data_dirs")).await {
-            self.runtime.events().warning(
-                id,
-                None,
-                "Failed",
-                format!("Error making pod data directories: {e}"),
-            );
-            return Next::ResyncAfter(self.failed(&id.uid));
+            let message = format!("Error making pod data directories: {e}");
+            return self.retry_failed(id, "Failed", message);
         }
         let fresh = lock(&self.mounts)
             .get(&id.uid)
@@ -236,11 +281,25 @@ impl<C: Cri> Kubelet<C> {
                 return Next::ResyncAfter(self.failed(&id.uid));
             }
         };
+        // A new sandbox runs with the handler of the pod's RuntimeClass; the kubelet fails
+        // the sandbox creation of a pod whose RuntimeClass is unknown.
+        let runtime_handler = if runtime.ready_sandbox().is_none() {
+            match self.admission.runtime_handler(pod).await {
+                Ok(handler) => handler,
+                Err(e) => {
+                    let message = format!("Failed to create pod sandbox: {e}");
+                    return self.retry_failed(id, "FailedCreatePodSandBox", message);
+                }
+            }
+        } else {
+            String::new()
+        };
         let ctx = PodContext {
             pod_dir,
             node_name: self.settings.node_name.clone(),
             host_ip: Some(self.settings.node_ip),
             volume_mounts,
+            runtime_handler,
         };
         let outcome = self.runtime.sync_pod(pod, id, &runtime, &ctx).await;
         lock(&self.reasons).insert(id.uid.clone(), outcome.waiting.clone());
@@ -381,11 +440,43 @@ impl<C: Cri> PodSyncer for Kubelet<C> {
                         .instrument(tracing::info_span!("terminate_pod"))
                         .await
                 } else {
-                    self.sync_pod(pod, &id).await
+                    let next = self.sync_pod(pod, &id).await;
+                    // Wake up exactly at the active deadline, if it comes first.
+                    match (next, self.active_deadline_remaining(pod, &id)) {
+                        (Next::ResyncAfter(after), Some(left)) if !self.is_terminal(pod, &id) => {
+                            Next::ResyncAfter(after.min(left))
+                        }
+                        _ => next,
+                    }
                 }
             }
             PodWork::Remove(id) => self.terminate(id, None, ORPHAN_GRACE_SECONDS).await,
         }
+    }
+}
+
+impl<C: Cri> PodAdmission for Kubelet<C> {
+    /// `HandlePodAdditions`: a pod that may not run here ends Failed with the admit
+    /// handler's reason (a Warning event too) and never reaches the runtime.
+    fn admit(&self, pod: &Arc<Pod>) {
+        let Some(id) = PodId::of(pod) else { return };
+        let finished = |p: &Pod| PodId::of(p).is_some_and(|id| self.is_terminal(p, &id));
+        if let Some(rejection) = self.admission.admit(pod, finished) {
+            tracing::warn!(pod = %id, reason = rejection.reason, message = %rejection.message, "pod rejected at admission");
+            self.status
+                .set_pod_status(&id, rejected_status(pod, &rejection));
+            self.runtime
+                .events()
+                .warning(&id, None, rejection.reason, rejection.message);
+        }
+    }
+
+    fn forget(&self, uid: &str) {
+        self.admission.forget(uid);
+    }
+
+    fn retain(&self, listed: &HashSet<String>) {
+        self.admission.retain(listed);
     }
 }
 

@@ -14,6 +14,7 @@ pub mod events;
 pub mod images;
 pub mod kubelet;
 pub mod kuberuntime;
+pub mod lifecycle;
 pub mod node;
 pub mod observability;
 pub mod pleg;

@@ -109,6 +109,10 @@ struct RunArgs {
     /// The most pods this node runs.
     #[arg(long, default_value_t = 110)]
     max_pods: u32,
+    /// Unsafe sysctls or sysctl patterns (ending in `*`) pods may set besides the safe
+    /// ones, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    allowed_unsafe_sysctls: Vec<String>,
     #[command(flatten)]
     server: ServerFlags,
 }
@@ -272,6 +276,7 @@ async fn run_command(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
         resolv_conf: (!args.resolv_conf.is_empty()).then(|| args.resolv_conf.into()),
         node_labels,
         max_pods: args.max_pods,
+        allowed_unsafe_sysctls: args.allowed_unsafe_sysctls,
         server,
     };
     let cancel = tokio_util::sync::CancellationToken::new();

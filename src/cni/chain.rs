@@ -56,19 +56,27 @@ impl FromStr for Protocol {
     }
 }
 
-/// A host port forwarded to the pod, as the `portMappings` capability carries it.
+/// A host port forwarded to the pod, as the `portMappings` capability carries it. Read
+/// also as containerd writes it (go-cni's untagged struct: `HostPort`, `ContainerPort`,
+/// `Protocol`, `HostIP`; Go decodes field names case-insensitively).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PortMapping {
     /// The port on the node; mappings with 0 are not passed to plugins.
-    #[serde(rename = "hostPort")]
+    #[serde(rename = "hostPort", alias = "HostPort")]
     pub host_port: u16,
     /// The port in the pod.
-    #[serde(rename = "containerPort")]
+    #[serde(rename = "containerPort", alias = "ContainerPort")]
     pub container_port: u16,
     /// The protocol.
+    #[serde(alias = "Protocol")]
     pub protocol: Protocol,
     /// The node address to listen on; empty for all.
-    #[serde(rename = "hostIP", default, skip_serializing_if = "String::is_empty")]
+    #[serde(
+        rename = "hostIP",
+        alias = "HostIP",
+        default,
+        skip_serializing_if = "String::is_empty"
+    )]
     pub host_ip: String,
 }
 
@@ -1255,5 +1263,11 @@ mod tests {
             serde_json::to_value(&m).unwrap(),
             json!({"hostPort": 53, "containerPort": 53, "protocol": "udp", "hostIP": "127.0.0.1"})
         );
+        // containerd's spelling (go-cni's untagged struct) reads the same.
+        let containerd: PortMapping = serde_json::from_value(
+            json!({"HostPort": 53, "ContainerPort": 53, "Protocol": "udp", "HostIP": "127.0.0.1"}),
+        )
+        .unwrap();
+        assert_eq!(containerd, m);
     }
 }

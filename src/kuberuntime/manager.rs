@@ -73,6 +73,8 @@ pub struct PodContext {
     pub host_ip: Option<IpAddr>,
     /// Each container's volume mounts, resolved to host paths by the volume manager.
     pub volume_mounts: HashMap<String, Vec<api::Mount>>,
+    /// The handler of the pod's RuntimeClass for a new sandbox; empty for the default.
+    pub runtime_handler: String,
 }
 
 /// The kubelet's `kubeGenericRuntimeManager`: pod-level operations over CRI.
@@ -222,7 +224,10 @@ impl<C: Cri> RuntimeManager<C> {
                 .instrument(tracing::info_span!("wait_start_slot"))
                 .await;
         }
-        let (sandbox_id, sandbox_ips) = match self.ensure_sandbox(pod, id, status, &actions).await {
+        let (sandbox_id, sandbox_ips) = match self
+            .ensure_sandbox(pod, id, status, &actions, &ctx.runtime_handler)
+            .await
+        {
             Ok(s) => s,
             Err(message) => {
                 outcome.sandbox_error = Some(message);
@@ -317,6 +322,7 @@ impl<C: Cri> RuntimeManager<C> {
         id: &PodId,
         status: &PodRuntimeStatus,
         actions: &PodActions,
+        runtime_handler: &str,
     ) -> Result<(Option<String>, Vec<IpAddr>), String> {
         let Some(attempt) = actions.create_sandbox else {
             let ips = status
@@ -340,7 +346,7 @@ impl<C: Cri> RuntimeManager<C> {
             .cri
             .run_pod_sandbox(api::RunPodSandboxRequest {
                 config: Some(config),
-                runtime_handler: String::new(),
+                runtime_handler: runtime_handler.to_owned(),
             })
             .instrument(tracing::info_span!("run_pod_sandbox", attempt))
             .await;

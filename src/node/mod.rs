@@ -12,6 +12,7 @@
 //!   (from the runtime's health, [`ContainerRuntime`], and injected [`ReadinessCheck`]s).
 //!   Computed every 10 s, patched onto `nodes/status` when it changed or once a minute.
 //! - **Lease** ([`LeaseController`]): `kube-node-lease/<name>`, renewed every 10 s.
+//! - **Lister** ([`node_lister`]): the Node as last seen through a watch, for admission.
 //!
 //! Allocatable is capacity minus kube-reserved, system-reserved and the hard eviction
 //! thresholds that the kubelet reserves: `memory.available` (100Mi by default) from
@@ -25,6 +26,7 @@ mod agent;
 mod config;
 mod error;
 mod lease;
+mod lister;
 mod machine;
 mod quantity;
 mod registration;
@@ -39,6 +41,7 @@ pub use agent::{Heartbeats, NodeAgent, StatusTrigger, StatusUpdate};
 pub use config::{DEFAULT_KUBELET_VERSION, EvictionHard, NodeConfig, Reservation, go_arch};
 pub use error::{MachineError, NodeError};
 pub use lease::{LeaseController, NODE_LEASE_NAMESPACE};
+pub use lister::node_lister;
 pub use machine::{FsStats, HugePages, LinuxMachine, MachineInfo, Memory, PidUsage};
 pub use registration::wait_for_pod_cidr;
 pub use runtime::{ContainerRuntime, ReadinessCheck, RuntimeVersion};

@@ -2,8 +2,11 @@
 //! (`spec.nodeName=<node>`), reflected into a store, each change handed to the pod
 //! workers. The store is the agent's view of which pods should exist; after the first
 //! full list (`InitDone`) it is authoritative, and pods the runtime holds that are not in it
-//! are orphans.
+//! are orphans. Each pod passes [`PodAdmission`] before its worker sees it: new pods one
+//! by one as they come, the pods of a full list together in creation order (the
+//! kubelet's `HandlePodAdditions`).
 
+use std::collections::HashSet;
 use std::future::Future;
 use std::sync::Arc;
 
@@ -28,13 +31,24 @@ pub struct PodStore {
     pub synced: watch::Receiver<bool>,
 }
 
+/// What the source asks before a pod reaches its worker: the kubelet's admission.
+pub trait PodAdmission: Send + Sync + 'static {
+    /// A pod was seen (added or updated); decided once, at its first sighting.
+    fn admit(&self, pod: &Arc<Pod>);
+    /// A pod is gone from the API.
+    fn forget(&self, uid: &str);
+    /// A full list came: pods not in it are gone (their deletions were missed).
+    fn retain(&self, listed: &HashSet<String>);
+}
+
 /// Starts the watch; returns the store, and the task that feeds the workers until the
 /// process ends. Watch errors are retried with the watcher's default back-off.
-pub fn start<S: PodSyncer>(
+pub fn start<S: PodSyncer, A: PodAdmission>(
     client: kube::Client,
     node_name: &str,
     workers: PodWorkers<S>,
-) -> (PodStore, impl Future<Output = ()> + Send + use<S>) {
+    admission: Arc<A>,
+) -> (PodStore, impl Future<Output = ()> + Send + use<S, A>) {
     let api: Api<Pod> = Api::all(client);
     let config = watcher::Config::default().fields(&format!("spec.nodeName={node_name}"));
     let (store, writer) = reflector::store();
@@ -45,12 +59,18 @@ pub fn start<S: PodSyncer>(
             pod.managed_fields_mut().clear();
         })
         .reflect(writer);
-    let shared = store.clone();
+    let mut feeder = Feeder {
+        store: store.clone(),
+        workers,
+        admission,
+        synced: synced_tx,
+        listed: Vec::new(),
+    };
     let feed = async move {
         let mut stream = std::pin::pin!(stream);
         loop {
             match stream.try_next().await {
-                Ok(Some(event)) => handle(event, &shared, &workers, &synced_tx),
+                Ok(Some(event)) => feeder.handle(event),
                 Ok(None) => break,
                 Err(e) => tracing::warn!(error = %e, "pod watch failed; retrying"),
             }
@@ -60,34 +80,152 @@ pub fn start<S: PodSyncer>(
     (PodStore { store, synced }, feed)
 }
 
-fn handle<S: PodSyncer>(
-    event: Event<Pod>,
-    store: &Store<Pod>,
-    workers: &PodWorkers<S>,
-    synced: &watch::Sender<bool>,
-) {
-    match event {
-        Event::Apply(pod) | Event::InitApply(pod) => {
-            let Some(uid) = pod.metadata.uid.clone() else {
-                return;
-            };
-            // The worker shares the store's copy of the pod, once the store has this
-            // version (during the first list it has not yet).
-            let shared = store
-                .get(&ObjectRef::from_obj(&pod))
-                .filter(|s| s.metadata.resource_version == pod.metadata.resource_version)
-                .unwrap_or_else(|| Arc::new(pod));
-            workers.update(&uid, PodWork::Sync(shared));
-        }
-        Event::Delete(pod) => {
-            if let Some(id) = PodId::of(&pod) {
-                tracing::info!(pod = %id, "pod removed from the API");
-                workers.update(&id.uid.clone(), PodWork::Remove(id));
+/// Hands watch events to admission and the workers.
+struct Feeder<S, A> {
+    store: Store<Pod>,
+    workers: PodWorkers<S>,
+    admission: Arc<A>,
+    synced: watch::Sender<bool>,
+    /// The pods of a full list under way, dispatched together at its end.
+    listed: Vec<Pod>,
+}
+
+impl<S: PodSyncer, A: PodAdmission> Feeder<S, A> {
+    fn dispatch(&self, pod: Pod) {
+        let Some(uid) = pod.metadata.uid.clone() else {
+            return;
+        };
+        // The worker shares the store's copy of the pod when the store holds this version.
+        let shared = self
+            .store
+            .get(&ObjectRef::from_obj(&pod))
+            .filter(|s| s.metadata.resource_version == pod.metadata.resource_version)
+            .unwrap_or_else(|| Arc::new(pod));
+        self.admission.admit(&shared);
+        self.workers.update(&uid, PodWork::Sync(shared));
+    }
+
+    fn handle(&mut self, event: Event<Pod>) {
+        match event {
+            Event::Apply(pod) => self.dispatch(pod),
+            Event::InitApply(pod) => self.listed.push(pod),
+            Event::Delete(pod) => {
+                if let Some(id) = PodId::of(&pod) {
+                    tracing::info!(pod = %id, "pod removed from the API");
+                    self.admission.forget(&id.uid);
+                    self.workers.update(&id.uid.clone(), PodWork::Remove(id));
+                }
+            }
+            Event::Init => self.listed.clear(),
+            Event::InitDone => {
+                let mut listed = std::mem::take(&mut self.listed);
+                let uids: HashSet<String> = listed
+                    .iter()
+                    .filter_map(|p| p.metadata.uid.clone())
+                    .collect();
+                self.admission.retain(&uids);
+                listed.sort_by(|a, b| {
+                    a.metadata
+                        .creation_timestamp
+                        .cmp(&b.metadata.creation_timestamp)
+                });
+                for pod in listed {
+                    self.dispatch(pod);
+                }
+                self.synced.send_replace(true);
             }
         }
-        Event::Init => {}
-        Event::InitDone => {
-            synced.send_replace(true);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use k8s_openapi::jiff::Timestamp;
+
+    use super::*;
+    use crate::pod::testing::pod;
+    use crate::pod::workers::Next;
+
+    /// Records what admission was asked, in order.
+    #[derive(Default)]
+    struct Recorder(Mutex<Vec<String>>);
+
+    impl Recorder {
+        fn push(&self, what: String) {
+            self.0.lock().unwrap().push(what);
         }
+
+        fn take(&self) -> Vec<String> {
+            std::mem::take(&mut self.0.lock().unwrap())
+        }
+    }
+
+    impl PodAdmission for Recorder {
+        fn admit(&self, pod: &Arc<Pod>) {
+            self.push(format!(
+                "admit {}",
+                pod.metadata.name.clone().unwrap_or_default()
+            ));
+        }
+        fn forget(&self, uid: &str) {
+            self.push(format!("forget {uid}"));
+        }
+        fn retain(&self, listed: &HashSet<String>) {
+            let mut uids: Vec<&String> = listed.iter().collect();
+            uids.sort();
+            self.push(format!("retain {uids:?}"));
+        }
+    }
+
+    struct Idle;
+
+    impl PodSyncer for Idle {
+        async fn sync(&self, _: &PodWork) -> Next {
+            Next::ResyncAfter(Duration::from_secs(3600))
+        }
+    }
+
+    fn created(name: &str, second: i64) -> Pod {
+        let mut p = pod(name, &[("c", "busybox")]);
+        p.metadata.creation_timestamp = Some(Time(
+            Timestamp::from_second(1_700_000_000 + second).unwrap(),
+        ));
+        p
+    }
+
+    #[tokio::test]
+    async fn a_full_list_is_admitted_in_creation_order_after_it_ends() {
+        let (store, _writer) = reflector::store();
+        let (synced, _rx) = watch::channel(false);
+        let admission = Arc::new(Recorder::default());
+        let mut feeder = Feeder {
+            store,
+            workers: PodWorkers::new(Arc::new(Idle)),
+            admission: admission.clone(),
+            synced,
+            listed: Vec::new(),
+        };
+        feeder.handle(Event::Init);
+        feeder.handle(Event::InitApply(created("newer", 20)));
+        feeder.handle(Event::InitApply(created("older", 10)));
+        assert!(admission.take().is_empty(), "nothing before the list ends");
+        feeder.handle(Event::InitDone);
+        assert_eq!(
+            admission.take(),
+            [
+                r#"retain ["uid-newer", "uid-older"]"#,
+                "admit older",
+                "admit newer"
+            ]
+        );
+        assert!(*feeder.synced.borrow());
+        // Afterwards, pods come one by one; a deleted one is forgotten.
+        feeder.handle(Event::Apply(created("later", 30)));
+        feeder.handle(Event::Delete(created("older", 10)));
+        assert_eq!(admission.take(), ["admit later", "forget uid-older"]);
     }
 }

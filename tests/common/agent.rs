@@ -56,6 +56,14 @@ impl AgentProcess {
         )
     }
 
+    /// Starts `rkubelet run` as [`Self::start`] does, with `extra` flags after the others.
+    pub fn start_with_args(owner: Owner, node: &str, root_dir: PathBuf, extra: &[&str]) -> Self {
+        let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let mut args = serving_args(node, true);
+        args.extend(extra.iter().map(std::ffi::OsString::from));
+        Self::spawn(owner, node, root_dir, &repo.join("cni-config"), &args)
+    }
+
     /// Starts `rkubelet run` whose kubelet API has the cluster CA for client certificates
     /// and, instead of the node's minted serving certificate, `server_args`.
     pub fn start_with_server_args(

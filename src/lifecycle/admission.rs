@@ -1,0 +1,1054 @@
+//! Pod admission, the kubelet's admit handlers (`HandlePodAdditions` → `canAdmitPod`):
+//! before a pod's first sync, it is checked against this node and the pods already
+//! admitted, in the kubelet's order — the sysctl whitelist (safe sysctls plus
+//! `--allowed-unsafe-sysctls`, reason `SysctlForbidden`), then the scheduler's general
+//! predicates the kubelet reuses: allocatable pods/cpu/memory/ephemeral-storage against
+//! the requests of the admitted pods that have not finished (`OutOf<resource>`),
+//! `nodeSelector` and required node affinity against the Node's labels (`NodeAffinity`),
+//! `spec.nodeName` (`NodeName`) and host ports in use (`NodePorts`). Only the first
+//! failure is reported, as by the kubelet. A rejected pod ends `Failed` with
+//! `Pod <message>`; it is never admitted later.
+//!
+//! It also resolves a pod's `runtimeClassName` to its handler (the kubelet's RuntimeClass
+//! manager): an unknown RuntimeClass is not an admission failure in v1.20 but fails the
+//! sandbox creation, retried with back-off.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use k8s_openapi::api::core::v1::{
+    Container, Node, NodeSelectorRequirement, NodeSelectorTerm, Pod, PodSpec, PodStatus,
+};
+use k8s_openapi::api::node::v1::RuntimeClass;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity as ApiQuantity;
+use kube::runtime::reflector::Store;
+
+use crate::resources::Quantity;
+
+/// Why a pod may not run on this node: the kubelet's `PodAdmitResult` when not admitted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejection {
+    /// The reason, e.g. `OutOfcpu`, `NodeAffinity`, `SysctlForbidden`.
+    pub reason: &'static str,
+    /// The handler's message (the pod status gets it prefixed with `Pod `).
+    pub message: String,
+}
+
+/// Errors of the admission configuration and of RuntimeClass look-ups.
+#[derive(Debug, thiserror::Error)]
+pub enum AdmissionError {
+    /// An `--allowed-unsafe-sysctls` entry is not a sysctl name or pattern.
+    #[error(
+        "sysctl {0:?} must have at most {SYSCTL_MAX_LENGTH} characters and match regex {SYSCTL_PATTERN_FMT}"
+    )]
+    InvalidSysctlPattern(String),
+    /// An `--allowed-unsafe-sysctls` entry is not namespaced (it would change the host).
+    #[error("the sysctls {0:?} are not known to be namespaced")]
+    NotNamespaced(String),
+    /// The pod's RuntimeClass does not exist (the lister's NotFound error).
+    #[error("runtimeclass.node.k8s.io {0:?} not found")]
+    RuntimeClassNotFound(String),
+    /// The RuntimeClass could not be read.
+    #[error("failed to lookup RuntimeClass {name}: {source}")]
+    RuntimeClassLookup {
+        /// The RuntimeClass.
+        name: String,
+        /// The API error.
+        source: kube::Error,
+    },
+}
+
+const SYSCTL_MAX_LENGTH: usize = 253;
+const SYSCTL_PATTERN_FMT: &str =
+    r"([a-z0-9]([-_a-z0-9]*[a-z0-9])?\.)*([a-z0-9][-_a-z0-9]*)?[a-z0-9*]";
+
+/// Sysctls every pod may set (the API's `SafeSysctlWhitelist` of v1.20).
+const SAFE_SYSCTLS: [&str; 4] = [
+    "kernel.shm_rmid_forced",
+    "net.ipv4.ip_local_port_range",
+    "net.ipv4.tcp_syncookies",
+    "net.ipv4.ping_group_range",
+];
+
+/// The kernel namespace a sysctl belongs to, which decides whether it is per pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SysctlNamespace {
+    Ipc,
+    Net,
+}
+
+impl SysctlNamespace {
+    fn of(sysctl: &str) -> Option<Self> {
+        if sysctl == "kernel.sem" {
+            return Some(Self::Ipc);
+        }
+        if ["kernel.shm", "kernel.msg", "fs.mqueue."]
+            .iter()
+            .any(|p| sysctl.starts_with(p))
+        {
+            return Some(Self::Ipc);
+        }
+        sysctl.starts_with("net.").then_some(Self::Net)
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Ipc => "ipc",
+            Self::Net => "net",
+        }
+    }
+}
+
+fn valid_sysctl_pattern(pattern: &str) -> bool {
+    let segment = |s: &str, last: bool| {
+        let bytes = s.as_bytes();
+        let inner = |b: &u8| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-_".contains(b);
+        let edge = |b: &u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+        match bytes {
+            [] => false,
+            [b'*'] => last,
+            [first, middle @ .., end] => {
+                edge(first) && middle.iter().all(inner) && (edge(end) || (last && *end == b'*'))
+            }
+            [one] => edge(one),
+        }
+    };
+    let parts: Vec<&str> = pattern.split('.').collect();
+    pattern.len() <= SYSCTL_MAX_LENGTH
+        && parts
+            .iter()
+            .enumerate()
+            .all(|(i, s)| segment(s, i + 1 == parts.len()))
+}
+
+/// The sysctls pods may set: the safe ones and `--allowed-unsafe-sysctls` (names, or
+/// prefixes ending in `*`); the kubelet's sysctl `patternWhitelist`.
+#[derive(Debug, Clone, Default)]
+pub struct SysctlWhitelist {
+    names: HashMap<String, SysctlNamespace>,
+    prefixes: Vec<(String, SysctlNamespace)>,
+}
+
+impl SysctlWhitelist {
+    /// The safe sysctls plus `allowed_unsafe`.
+    ///
+    /// # Errors
+    /// An entry that is not a valid pattern or not namespaced.
+    pub fn new(allowed_unsafe: &[String]) -> Result<Self, AdmissionError> {
+        let mut whitelist = Self::default();
+        let all = SAFE_SYSCTLS
+            .iter()
+            .map(|s| (*s).to_owned())
+            .chain(allowed_unsafe.iter().cloned());
+        for pattern in all {
+            if !valid_sysctl_pattern(&pattern) {
+                return Err(AdmissionError::InvalidSysctlPattern(pattern));
+            }
+            let name = pattern.strip_suffix('*').unwrap_or(&pattern);
+            let Some(ns) = SysctlNamespace::of(name) else {
+                return Err(AdmissionError::NotNamespaced(pattern));
+            };
+            if name.len() == pattern.len() {
+                whitelist.names.insert(pattern, ns);
+            } else {
+                whitelist.prefixes.push((name.to_owned(), ns));
+            }
+        }
+        Ok(whitelist)
+    }
+
+    fn validate(&self, sysctl: &str, host_net: bool, host_ipc: bool) -> Result<(), String> {
+        let ns = self.names.get(sysctl).copied().or_else(|| {
+            self.prefixes
+                .iter()
+                .find(|(p, _)| sysctl.starts_with(p.as_str()))
+                .map(|(_, ns)| *ns)
+        });
+        match ns {
+            None => Err(format!("{sysctl:?} not whitelisted")),
+            Some(ns @ SysctlNamespace::Ipc) if host_ipc => Err(format!(
+                "{sysctl:?} not allowed with host {} enabled",
+                ns.name()
+            )),
+            Some(ns @ SysctlNamespace::Net) if host_net => Err(format!(
+                "{sysctl:?} not allowed with host {} enabled",
+                ns.name()
+            )),
+            Some(_) => Ok(()),
+        }
+    }
+
+    /// Admits a pod whose `securityContext.sysctls` are all allowed.
+    ///
+    /// # Errors
+    /// The first forbidden sysctl, reason `SysctlForbidden`.
+    pub fn admit(&self, pod: &Pod) -> Result<(), Rejection> {
+        let Some(spec) = pod.spec.as_ref() else {
+            return Ok(());
+        };
+        let sysctls = spec
+            .security_context
+            .as_ref()
+            .and_then(|s| s.sysctls.as_deref())
+            .unwrap_or_default();
+        let host_net = spec.host_network.unwrap_or(false);
+        let host_ipc = spec.host_ipc.unwrap_or(false);
+        for s in sysctls {
+            self.validate(&s.name, host_net, host_ipc)
+                .map_err(|e| Rejection {
+                    reason: "SysctlForbidden",
+                    message: format!("forbidden sysctl: {e}"),
+                })?;
+        }
+        Ok(())
+    }
+}
+
+/// The resources the scheduler accounts a pod for.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Resources {
+    milli_cpu: i64,
+    memory: i64,
+    ephemeral_storage: i64,
+}
+
+fn amount(list: Option<&BTreeMap<String, ApiQuantity>>, name: &str, milli: bool) -> i64 {
+    list.and_then(|l| l.get(name))
+        .and_then(|q| Quantity::parse(&q.0).ok())
+        .map(|q| if milli { q.milli_value() } else { q.value() })
+        .map_or(0, |v| i64::try_from(v).unwrap_or(i64::MAX))
+}
+
+impl Resources {
+    fn of(list: Option<&BTreeMap<String, ApiQuantity>>) -> Self {
+        Self {
+            milli_cpu: amount(list, "cpu", true),
+            memory: amount(list, "memory", false),
+            ephemeral_storage: amount(list, "ephemeral-storage", false),
+        }
+    }
+
+    fn requests(c: &Container) -> Self {
+        Self::of(c.resources.as_ref().and_then(|r| r.requests.as_ref()))
+    }
+
+    fn add(self, o: Self) -> Self {
+        Self {
+            milli_cpu: self.milli_cpu.saturating_add(o.milli_cpu),
+            memory: self.memory.saturating_add(o.memory),
+            ephemeral_storage: self.ephemeral_storage.saturating_add(o.ephemeral_storage),
+        }
+    }
+
+    fn max(self, o: Self) -> Self {
+        Self {
+            milli_cpu: self.milli_cpu.max(o.milli_cpu),
+            memory: self.memory.max(o.memory),
+            ephemeral_storage: self.ephemeral_storage.max(o.ephemeral_storage),
+        }
+    }
+
+    /// A pod's requests: the sum over its containers, at least any one init container's,
+    /// plus the pod overhead (the scheduler's `computePodResourceRequest`).
+    fn of_pod(spec: &PodSpec) -> Self {
+        let running = spec
+            .containers
+            .iter()
+            .map(Self::requests)
+            .fold(Self::default(), Self::add);
+        let init = spec
+            .init_containers
+            .iter()
+            .flatten()
+            .map(Self::requests)
+            .fold(running, Self::max);
+        init.add(Self::of(spec.overhead.as_ref()))
+    }
+}
+
+fn insufficient(resource: &'static str, requested: i64, used: i64, capacity: i64) -> Rejection {
+    let reason = match resource {
+        "pods" => "OutOfpods",
+        "cpu" => "OutOfcpu",
+        "memory" => "OutOfmemory",
+        _ => "OutOfephemeral-storage",
+    };
+    Rejection {
+        reason,
+        message: format!(
+            "Node didn't have enough resource: {resource}, requested: {requested}, used: {used}, capacity: {capacity}"
+        ),
+    }
+}
+
+/// The scheduler's resource fit: the pod count first, then cpu, memory and
+/// ephemeral-storage, each against allocatable minus the other pods' requests.
+fn fits_resources(spec: &PodSpec, others: &[&PodSpec], node: &Node) -> Result<(), Rejection> {
+    let allocatable = node.status.as_ref().and_then(|s| s.allocatable.as_ref());
+    let allowed_pods = amount(allocatable, "pods", false);
+    let pods = i64::try_from(others.len()).unwrap_or(i64::MAX);
+    if pods + 1 > allowed_pods {
+        return Err(insufficient("pods", 1, pods, allowed_pods));
+    }
+    let request = Resources::of_pod(spec);
+    if request == Resources::default() {
+        return Ok(());
+    }
+    let used = others
+        .iter()
+        .map(|s| Resources::of_pod(s))
+        .fold(Resources::default(), Resources::add);
+    let capacity = Resources::of(allocatable);
+    let checks = [
+        ("cpu", request.milli_cpu, used.milli_cpu, capacity.milli_cpu),
+        ("memory", request.memory, used.memory, capacity.memory),
+        (
+            "ephemeral-storage",
+            request.ephemeral_storage,
+            used.ephemeral_storage,
+            capacity.ephemeral_storage,
+        ),
+    ];
+    match checks
+        .into_iter()
+        .find(|(_, req, used, cap)| *cap < req.saturating_add(*used))
+    {
+        Some((name, req, used, cap)) => Err(insufficient(name, req, used, cap)),
+        None => Ok(()),
+    }
+}
+
+/// One node selector requirement against a value looked up by key; `None` when the
+/// requirement is invalid (then its term matches nothing).
+fn requirement_matches(
+    r: &NodeSelectorRequirement,
+    value: impl Fn(&str) -> Option<String>,
+) -> Option<bool> {
+    let values = r.values.as_deref().unwrap_or_default();
+    let current = value(&r.key);
+    let number = |s: &str| s.parse::<i64>().ok();
+    match r.operator.as_str() {
+        "In" if !values.is_empty() => Some(current.is_some_and(|v| values.contains(&v))),
+        "NotIn" if !values.is_empty() => Some(current.is_none_or(|v| !values.contains(&v))),
+        "Exists" if values.is_empty() => Some(current.is_some()),
+        "DoesNotExist" if values.is_empty() => Some(current.is_none()),
+        op @ ("Gt" | "Lt") if values.len() == 1 => {
+            let bound = number(&values[0])?;
+            Some(
+                current
+                    .as_deref()
+                    .and_then(number)
+                    .is_some_and(|v| if op == "Gt" { v > bound } else { v < bound }),
+            )
+        }
+        _ => None,
+    }
+}
+
+/// Whether any term matches the node (the API's `MatchNodeSelectorTerms`): an empty term
+/// matches nothing; within a term every expression (on labels) and field (only
+/// `metadata.name`, `In`/`NotIn` with one value) must match.
+fn terms_match(terms: &[NodeSelectorTerm], node: &Node) -> bool {
+    let labels = node.metadata.labels.clone().unwrap_or_default();
+    let name = node.metadata.name.clone().unwrap_or_default();
+    terms.iter().any(|term| {
+        let exprs = term.match_expressions.as_deref().unwrap_or_default();
+        let fields = term.match_fields.as_deref().unwrap_or_default();
+        if exprs.is_empty() && fields.is_empty() {
+            return false;
+        }
+        let labels_ok = exprs
+            .iter()
+            .all(|r| requirement_matches(r, |k| labels.get(k).cloned()) == Some(true));
+        let fields_ok = fields.iter().all(|r| {
+            let single = r.values.as_ref().is_some_and(|v| v.len() == 1);
+            let by_field = |k: &str| (k == "metadata.name").then(|| name.clone());
+            single
+                && matches!(r.operator.as_str(), "In" | "NotIn")
+                && requirement_matches(r, by_field) == Some(true)
+        });
+        labels_ok && fields_ok
+    })
+}
+
+/// `nodeSelector` and required node affinity against the node (the scheduler helper's
+/// `PodMatchesNodeSelectorAndAffinityTerms`).
+fn matches_node_selector_and_affinity(spec: &PodSpec, node: &Node) -> bool {
+    let labels = node.metadata.labels.clone().unwrap_or_default();
+    let selector_ok = spec
+        .node_selector
+        .iter()
+        .flatten()
+        .all(|(k, v)| labels.get(k) == Some(v));
+    let required = spec
+        .affinity
+        .as_ref()
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|a| {
+            a.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        });
+    selector_ok && required.is_none_or(|r| terms_match(&r.node_selector_terms, node))
+}
+
+/// A host port a pod's container asks for, with the defaults filled in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct HostPort {
+    ip: String,
+    protocol: String,
+    port: i32,
+}
+
+impl HostPort {
+    fn of(spec: &PodSpec) -> Vec<Self> {
+        spec.containers
+            .iter()
+            .flat_map(|c| c.ports.iter().flatten())
+            .filter(|p| p.host_port.is_some_and(|h| h > 0))
+            .map(|p| Self {
+                ip: p
+                    .host_ip
+                    .clone()
+                    .filter(|ip| !ip.is_empty())
+                    .unwrap_or_else(|| "0.0.0.0".into()),
+                protocol: p
+                    .protocol
+                    .clone()
+                    .filter(|p| !p.is_empty())
+                    .unwrap_or_else(|| "TCP".into()),
+                port: p.host_port.unwrap_or_default(),
+            })
+            .collect()
+    }
+
+    /// The same port and protocol on the same address, or on all addresses.
+    fn conflicts(&self, other: &Self) -> bool {
+        self.port == other.port
+            && self.protocol == other.protocol
+            && (self.ip == other.ip || self.ip == "0.0.0.0" || other.ip == "0.0.0.0")
+    }
+}
+
+fn predicate_failure(name: &'static str) -> Rejection {
+    Rejection {
+        reason: name,
+        message: format!("Predicate {name} failed"),
+    }
+}
+
+/// The scheduler's general predicates as the kubelet runs them at admission: resources,
+/// node selector and affinity, node name, host ports; the first failure is reported.
+///
+/// # Errors
+/// The first predicate that fails.
+pub fn general_predicates(pod: &Pod, others: &[&Pod], node: &Node) -> Result<(), Rejection> {
+    let empty = PodSpec::default();
+    let spec = pod.spec.as_ref().unwrap_or(&empty);
+    let other_specs: Vec<&PodSpec> = others.iter().filter_map(|p| p.spec.as_ref()).collect();
+    fits_resources(spec, &other_specs, node)?;
+    if !matches_node_selector_and_affinity(spec, node) {
+        return Err(predicate_failure("NodeAffinity"));
+    }
+    let node_name = node.metadata.name.as_deref();
+    if spec
+        .node_name
+        .as_deref()
+        .is_some_and(|n| !n.is_empty() && Some(n) != node_name)
+    {
+        return Err(predicate_failure("NodeName"));
+    }
+    let used: Vec<HostPort> = other_specs.iter().flat_map(|s| HostPort::of(s)).collect();
+    let wanted = HostPort::of(spec);
+    if wanted.iter().any(|w| used.iter().any(|u| w.conflicts(u))) {
+        return Err(predicate_failure("NodePorts"));
+    }
+    Ok(())
+}
+
+/// All admit handlers in the kubelet's order: sysctls, then the general predicates.
+///
+/// # Errors
+/// The first handler's rejection.
+pub fn admit_pod(
+    pod: &Pod,
+    others: &[&Pod],
+    node: &Node,
+    sysctls: &SysctlWhitelist,
+) -> Result<(), Rejection> {
+    sysctls.admit(pod)?;
+    general_predicates(pod, others, node)
+}
+
+/// The status of a rejected pod (the kubelet's `rejectPod`): Failed, the reason, and the
+/// message prefixed with `Pod `; a start time it already had is kept.
+#[must_use]
+pub fn rejected_status(pod: &Pod, rejection: &Rejection) -> PodStatus {
+    PodStatus {
+        phase: Some("Failed".into()),
+        reason: Some(rejection.reason.to_owned()),
+        message: Some(format!("Pod {}", rejection.message)),
+        start_time: pod.status.as_ref().and_then(|s| s.start_time.clone()),
+        ..Default::default()
+    }
+}
+
+#[derive(Debug, Default)]
+struct Admitted {
+    /// Admitted pods, newest copy, by UID.
+    pods: HashMap<String, Arc<Pod>>,
+    /// Pods decided without admission: rejected, or finished before first seen.
+    decided: HashSet<String>,
+}
+
+/// The admission state of the node: the Node as last seen, the sysctl whitelist, and the
+/// pods admitted so far.
+pub struct PodAdmitter {
+    node: Store<Node>,
+    /// The Node as registered, while the watch has not delivered it (`getNodeAnyWay`).
+    initial_node: Arc<Node>,
+    sysctls: SysctlWhitelist,
+    runtime_classes: kube::Api<RuntimeClass>,
+    admitted: Mutex<Admitted>,
+}
+
+impl std::fmt::Debug for PodAdmitter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PodAdmitter")
+            .field("sysctls", &self.sysctls)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PodAdmitter {
+    /// An admitter reading the node from `node` (a reflector on this agent's Node), else
+    /// `initial_node` (as registered), and RuntimeClasses through `client`.
+    #[must_use]
+    pub fn new(
+        node: Store<Node>,
+        initial_node: Node,
+        sysctls: SysctlWhitelist,
+        client: kube::Client,
+    ) -> Self {
+        Self {
+            node,
+            initial_node: Arc::new(initial_node),
+            sysctls,
+            runtime_classes: kube::Api::all(client),
+            admitted: Mutex::default(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Admitted> {
+        self.admitted
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Decides a pod at its first sighting, against the admitted pods that have not
+    /// finished (`finished` tells, by the status this agent set, else the API's); later
+    /// sightings only refresh the admitted copy, so a rejected pod is never admitted
+    /// later. A pod already finished is not checked. Returns the rejection, if any.
+    pub fn admit(&self, pod: &Arc<Pod>, finished: impl Fn(&Pod) -> bool) -> Option<Rejection> {
+        let uid = pod.metadata.uid.clone()?;
+        let mut state = self.lock();
+        if let Some(known) = state.pods.get_mut(&uid) {
+            *known = pod.clone();
+            return None;
+        }
+        if state.decided.contains(&uid) {
+            return None;
+        }
+        if finished(pod) {
+            state.decided.insert(uid);
+            return None;
+        }
+        let node =
+            (self.node.state().into_iter().next()).unwrap_or_else(|| self.initial_node.clone());
+        let others: Vec<&Pod> = state
+            .pods
+            .values()
+            .map(AsRef::as_ref)
+            .filter(|p| !finished(p))
+            .collect();
+        match admit_pod(pod, &others, &node, &self.sysctls) {
+            Ok(()) => {
+                state.pods.insert(uid, pod.clone());
+                None
+            }
+            Err(rejection) => {
+                state.decided.insert(uid);
+                Some(rejection)
+            }
+        }
+    }
+
+    /// Forgets a pod that is gone from the API.
+    pub fn forget(&self, uid: &str) {
+        let mut state = self.lock();
+        state.pods.remove(uid);
+        state.decided.remove(uid);
+    }
+
+    /// Forgets every pod not in `listed` (a full list of the node's pods).
+    pub fn retain(&self, listed: &HashSet<String>) {
+        let mut state = self.lock();
+        state.pods.retain(|uid, _| listed.contains(uid));
+        state.decided.retain(|uid| listed.contains(uid));
+    }
+
+    /// The runtime handler of the pod's RuntimeClass, `""` without one (the kubelet's
+    /// `LookupRuntimeHandler`).
+    ///
+    /// # Errors
+    /// The RuntimeClass does not exist or cannot be read.
+    pub async fn runtime_handler(&self, pod: &Pod) -> Result<String, AdmissionError> {
+        let Some(name) = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.runtime_class_name.clone())
+            .filter(|n| !n.is_empty())
+        else {
+            return Ok(String::new());
+        };
+        let found = self.runtime_classes.get(&name).await;
+        handler_of(name, found)
+    }
+}
+
+fn handler_of(
+    name: String,
+    found: Result<RuntimeClass, kube::Error>,
+) -> Result<String, AdmissionError> {
+    match found {
+        Ok(rc) => Ok(rc.handler),
+        Err(kube::Error::Api(s)) if s.code == 404 => {
+            Err(AdmissionError::RuntimeClassNotFound(name))
+        }
+        Err(source) => Err(AdmissionError::RuntimeClassLookup { name, source }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pod::testing::pod;
+    use k8s_openapi::api::core::v1::{
+        Affinity, ContainerPort, NodeAffinity, NodeSelector, NodeStatus, PodSecurityContext,
+        ResourceRequirements, Sysctl,
+    };
+    use kube::api::ObjectMeta;
+    use kube::runtime::{reflector, watcher};
+
+    fn node(labels: &[(&str, &str)], allocatable: &[(&str, &str)]) -> Node {
+        Node {
+            metadata: ObjectMeta {
+                name: Some("n1".into()),
+                labels: Some(
+                    labels
+                        .iter()
+                        .map(|(k, v)| ((*k).into(), (*v).into()))
+                        .collect(),
+                ),
+                ..Default::default()
+            },
+            status: Some(NodeStatus {
+                allocatable: Some(quantities(allocatable)),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn quantities(list: &[(&str, &str)]) -> BTreeMap<String, ApiQuantity> {
+        list.iter()
+            .map(|(k, v)| ((*k).into(), ApiQuantity((*v).into())))
+            .collect()
+    }
+
+    fn big_node() -> Node {
+        node(
+            &[
+                ("kubernetes.io/hostname", "n1"),
+                ("disk", "ssd"),
+                ("cores", "8"),
+            ],
+            &[("cpu", "2"), ("memory", "1Gi"), ("pods", "3")],
+        )
+    }
+
+    fn requesting(name: &str, requests: &[(&str, &str)]) -> Pod {
+        let mut p = pod(name, &[("c", "busybox")]);
+        let spec = p.spec.as_mut().unwrap();
+        spec.containers[0].ports = None;
+        spec.containers[0].resources = Some(ResourceRequirements {
+            requests: Some(quantities(requests)),
+            ..Default::default()
+        });
+        p
+    }
+
+    fn rejected(pod: &Pod, others: &[&Pod], node: &Node) -> Option<Rejection> {
+        general_predicates(pod, others, node).err()
+    }
+
+    #[test]
+    fn cpu_memory_and_pods_against_allocatable_minus_admitted_requests() {
+        let n = big_node();
+        let a = requesting("a", &[("cpu", "1500m"), ("memory", "512Mi")]);
+        assert_eq!(rejected(&a, &[], &n), None);
+        let b = requesting("b", &[("cpu", "600m")]);
+        assert_eq!(
+            rejected(&b, &[&a], &n),
+            Some(Rejection {
+                reason: "OutOfcpu",
+                message: "Node didn't have enough resource: cpu, requested: 600, used: 1500, capacity: 2000".into()
+            })
+        );
+        let c = requesting("c", &[("memory", "600Mi")]);
+        assert_eq!(
+            rejected(&c, &[&a], &n),
+            Some(Rejection {
+                reason: "OutOfmemory",
+                message: format!(
+                    "Node didn't have enough resource: memory, requested: {}, used: {}, capacity: {}",
+                    600 << 20,
+                    512 << 20,
+                    1 << 30
+                )
+            })
+        );
+        // The pod count comes first, and counts pods that request nothing.
+        let none = requesting("none", &[]);
+        assert_eq!(
+            rejected(&c, &[&none, &none, &none], &n).map(|r| (r.reason, r.message)),
+            Some((
+                "OutOfpods",
+                "Node didn't have enough resource: pods, requested: 1, used: 3, capacity: 3".into()
+            ))
+        );
+        assert_eq!(rejected(&none, &[&a, &b], &n), None);
+    }
+
+    #[test]
+    fn ephemeral_storage_is_checked_when_requested() {
+        let n = big_node();
+        let p = requesting("p", &[("ephemeral-storage", "1Gi")]);
+        assert_eq!(
+            rejected(&p, &[], &n).map(|r| r.reason),
+            Some("OutOfephemeral-storage")
+        );
+    }
+
+    #[test]
+    fn init_containers_count_at_their_maximum_and_overhead_is_added() {
+        let mut p = requesting("p", &[("cpu", "500m")]);
+        let spec = p.spec.as_mut().unwrap();
+        let mut init = spec.containers[0].clone();
+        init.resources = Some(ResourceRequirements {
+            requests: Some(BTreeMap::from([("cpu".into(), ApiQuantity("1".into()))])),
+            ..Default::default()
+        });
+        spec.init_containers = Some(vec![init.clone(), init]);
+        spec.overhead = Some(BTreeMap::from([("cpu".into(), ApiQuantity("100m".into()))]));
+        assert_eq!(Resources::of_pod(p.spec.as_ref().unwrap()).milli_cpu, 1100);
+    }
+
+    #[test]
+    fn node_selector_must_match_the_labels() {
+        let n = big_node();
+        let mut p = requesting("p", &[]);
+        p.spec.as_mut().unwrap().node_selector =
+            Some(BTreeMap::from([("disk".into(), "ssd".into())]));
+        assert_eq!(rejected(&p, &[], &n), None);
+        p.spec.as_mut().unwrap().node_selector =
+            Some(BTreeMap::from([("disk".into(), "hdd".into())]));
+        assert_eq!(
+            rejected(&p, &[], &n),
+            Some(Rejection {
+                reason: "NodeAffinity",
+                message: "Predicate NodeAffinity failed".into()
+            })
+        );
+    }
+
+    fn req(key: &str, op: &str, values: &[&str]) -> NodeSelectorRequirement {
+        NodeSelectorRequirement {
+            key: key.into(),
+            operator: op.into(),
+            values: Some(values.iter().map(|v| (*v).into()).collect()),
+        }
+    }
+
+    fn with_affinity(terms: Vec<NodeSelectorTerm>) -> Pod {
+        let mut p = requesting("p", &[]);
+        p.spec.as_mut().unwrap().affinity = Some(Affinity {
+            node_affinity: Some(NodeAffinity {
+                required_during_scheduling_ignored_during_execution: Some(NodeSelector {
+                    node_selector_terms: terms,
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        p
+    }
+
+    fn exprs(reqs: Vec<NodeSelectorRequirement>) -> NodeSelectorTerm {
+        NodeSelectorTerm {
+            match_expressions: Some(reqs),
+            match_fields: None,
+        }
+    }
+
+    #[test]
+    fn required_node_affinity_operators_and_terms() {
+        let n = big_node();
+        let fits =
+            |terms: Vec<NodeSelectorTerm>| rejected(&with_affinity(terms), &[], &n).is_none();
+        assert!(fits(vec![exprs(vec![req("disk", "In", &["hdd", "ssd"])])]));
+        assert!(!fits(vec![exprs(vec![req("disk", "NotIn", &["ssd"])])]));
+        assert!(fits(vec![exprs(vec![req("gpu", "NotIn", &["yes"])])]));
+        assert!(fits(vec![exprs(vec![req("disk", "Exists", &[])])]));
+        assert!(!fits(vec![exprs(vec![req("disk", "DoesNotExist", &[])])]));
+        assert!(fits(vec![exprs(vec![req("cores", "Gt", &["4"])])]));
+        assert!(!fits(vec![exprs(vec![req("cores", "Lt", &["4"])])]));
+        assert!(!fits(vec![exprs(vec![req("disk", "Gt", &["4"])])]));
+        // Invalid requirements match nothing; so does an empty term.
+        assert!(!fits(vec![exprs(vec![req("disk", "In", &[])])]));
+        assert!(!fits(vec![exprs(vec![req("disk", "Exists", &["ssd"])])]));
+        assert!(!fits(vec![NodeSelectorTerm::default()]));
+        assert!(!fits(vec![]));
+        // Expressions of a term are ANDed, terms ORed.
+        assert!(!fits(vec![exprs(vec![
+            req("disk", "In", &["ssd"]),
+            req("cores", "Lt", &["4"])
+        ])]));
+        assert!(fits(vec![
+            exprs(vec![req("disk", "In", &["hdd"])]),
+            exprs(vec![req("disk", "In", &["ssd"])])
+        ]));
+        // Fields: metadata.name only, In/NotIn with one value.
+        let fields = |r| NodeSelectorTerm {
+            match_expressions: None,
+            match_fields: Some(vec![r]),
+        };
+        assert!(fits(vec![fields(req("metadata.name", "In", &["n1"]))]));
+        assert!(!fits(vec![fields(req("metadata.name", "NotIn", &["n1"]))]));
+        assert!(!fits(vec![fields(req(
+            "metadata.name",
+            "In",
+            &["n1", "n2"]
+        ))]));
+    }
+
+    #[test]
+    fn node_name_must_be_this_node() {
+        let n = big_node();
+        let mut p = requesting("p", &[]);
+        p.spec.as_mut().unwrap().node_name = Some("other".into());
+        assert_eq!(rejected(&p, &[], &n).map(|r| r.reason), Some("NodeName"));
+    }
+
+    fn with_host_port(name: &str, port: i32, ip: Option<&str>, protocol: Option<&str>) -> Pod {
+        let mut p = requesting(name, &[]);
+        p.spec.as_mut().unwrap().containers[0].ports = Some(vec![ContainerPort {
+            container_port: 80,
+            host_port: Some(port),
+            host_ip: ip.map(Into::into),
+            protocol: protocol.map(Into::into),
+            ..Default::default()
+        }]);
+        p
+    }
+
+    #[test]
+    fn host_ports_clash_on_the_same_address_or_any_address() {
+        let n = big_node();
+        let any = with_host_port("a", 8080, None, None);
+        let clash = with_host_port("b", 8080, Some("10.0.0.1"), Some("TCP"));
+        assert_eq!(
+            rejected(&clash, &[&any], &n),
+            Some(Rejection {
+                reason: "NodePorts",
+                message: "Predicate NodePorts failed".into()
+            })
+        );
+        let udp = with_host_port("c", 8080, None, Some("UDP"));
+        assert_eq!(rejected(&udp, &[&any], &n), None);
+        let other_ip = with_host_port("d", 8080, Some("10.0.0.2"), None);
+        assert_eq!(rejected(&other_ip, &[&clash], &n), None);
+        let other_port = with_host_port("e", 8081, None, None);
+        assert_eq!(rejected(&other_port, &[&any], &n), None);
+    }
+
+    fn with_sysctls(names: &[&str], host_network: bool) -> Pod {
+        let mut p = requesting("p", &[]);
+        let spec = p.spec.as_mut().unwrap();
+        spec.host_network = Some(host_network);
+        spec.security_context = Some(PodSecurityContext {
+            sysctls: Some(
+                names
+                    .iter()
+                    .map(|n| Sysctl {
+                        name: (*n).into(),
+                        value: "1".into(),
+                    })
+                    .collect(),
+            ),
+            ..Default::default()
+        });
+        p
+    }
+
+    fn forbidden(message: &str) -> Result<(), Rejection> {
+        Err(Rejection {
+            reason: "SysctlForbidden",
+            message: format!("forbidden sysctl: {message}"),
+        })
+    }
+
+    #[test]
+    fn safe_sysctls_pass_and_unsafe_ones_need_the_flag() {
+        let safe = SysctlWhitelist::new(&[]).unwrap();
+        let unsafe_ok =
+            SysctlWhitelist::new(&["kernel.msg*".into(), "net.core.somaxconn".into()]).unwrap();
+        let cases = [
+            (&safe, "net.ipv4.tcp_syncookies", false, Ok(())),
+            (
+                &safe,
+                "kernel.msgmax",
+                false,
+                forbidden("\"kernel.msgmax\" not whitelisted"),
+            ),
+            (&unsafe_ok, "kernel.msgmax", false, Ok(())),
+            (&unsafe_ok, "kernel.msgmax", true, Ok(())),
+            (
+                &unsafe_ok,
+                "net.core.somaxconn",
+                true,
+                forbidden("\"net.core.somaxconn\" not allowed with host net enabled"),
+            ),
+        ];
+        for (whitelist, sysctl, host_network, want) in cases {
+            assert_eq!(
+                whitelist.admit(&with_sysctls(&[sysctl], host_network)),
+                want,
+                "{sysctl}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_flag_takes_only_namespaced_sysctl_patterns() {
+        assert!(matches!(
+            SysctlWhitelist::new(&["vm.swappiness".into()]),
+            Err(AdmissionError::NotNamespaced(_))
+        ));
+        for bad in ["Kernel.msgmax", "net..core", "net.*.x", "-net.core", ""] {
+            assert!(
+                matches!(
+                    SysctlWhitelist::new(&[bad.into()]),
+                    Err(AdmissionError::InvalidSysctlPattern(_))
+                ),
+                "{bad}"
+            );
+        }
+        assert!(SysctlWhitelist::new(&["net.*".into(), "fs.mqueue.*".into()]).is_ok());
+    }
+
+    #[test]
+    fn sysctls_are_checked_before_the_predicates() {
+        let mut p = with_sysctls(&["kernel.msgmax"], false);
+        p.spec.as_mut().unwrap().node_name = Some("other".into());
+        let sysctls = SysctlWhitelist::new(&[]).unwrap();
+        assert_eq!(
+            admit_pod(&p, &[], &big_node(), &sysctls).map_err(|r| r.reason),
+            Err("SysctlForbidden")
+        );
+    }
+
+    #[test]
+    fn rejected_pods_fail_with_the_reason_and_a_pod_prefixed_message() {
+        let status = rejected_status(
+            &requesting("p", &[]),
+            &Rejection {
+                reason: "OutOfcpu",
+                message: "Node didn't have enough resource: cpu".into(),
+            },
+        );
+        assert_eq!(status.phase.as_deref(), Some("Failed"));
+        assert_eq!(status.reason.as_deref(), Some("OutOfcpu"));
+        assert_eq!(
+            status.message.as_deref(),
+            Some("Pod Node didn't have enough resource: cpu")
+        );
+    }
+
+    /// An admitter whose watch has delivered `watched`, if given.
+    fn admitter(initial: Node, watched: Option<Node>) -> PodAdmitter {
+        let (store, mut writer) = reflector::store();
+        if let Some(n) = watched {
+            writer.apply_watcher_event(&watcher::Event::Apply(n));
+        }
+        // Never reached by these tests: only RuntimeClass look-ups use the API.
+        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        let client = kube::Client::try_from(config).unwrap();
+        PodAdmitter::new(store, initial, SysctlWhitelist::new(&[]).unwrap(), client)
+    }
+
+    #[tokio::test]
+    async fn admitted_pods_count_until_finished_or_gone_and_rejections_are_final() {
+        let n = node(&[], &[("cpu", "1"), ("memory", "1Gi"), ("pods", "10")]);
+        let a = admitter(big_node(), Some(n));
+        let never = |_: &Pod| false;
+        let first = Arc::new(requesting("first", &[("cpu", "800m")]));
+        let second = Arc::new(requesting("second", &[("cpu", "800m")]));
+        assert_eq!(a.admit(&first, never), None);
+        assert_eq!(a.admit(&second, never).map(|r| r.reason), Some("OutOfcpu"));
+        // Seen again (an update), even with room now, it stays rejected.
+        let first_done = |p: &Pod| p.metadata.name.as_deref() == Some("first");
+        assert_eq!(a.admit(&second, first_done), None);
+        // A new pod is checked without the finished one.
+        let third = Arc::new(requesting("third", &[("cpu", "800m")]));
+        assert_eq!(a.admit(&third, first_done), None);
+        // A pod gone from the API frees its requests.
+        a.forget("uid-third");
+        let fourth = Arc::new(requesting("fourth", &[("cpu", "800m")]));
+        assert_eq!(a.admit(&fourth, first_done), None);
+        // So does one missing from a new full list (its deletion was missed).
+        a.retain(&HashSet::from(["uid-first".to_owned()]));
+        let fifth = Arc::new(requesting("fifth", &[("cpu", "800m")]));
+        assert_eq!(a.admit(&fifth, first_done), None);
+    }
+
+    #[tokio::test]
+    async fn the_registered_node_serves_until_the_watch_delivers() {
+        let mut p = requesting("p", &[]);
+        p.spec.as_mut().unwrap().node_selector =
+            Some(BTreeMap::from([("disk".into(), "ssd".into())]));
+        let p = Arc::new(p);
+        let initial = admitter(big_node(), None);
+        assert_eq!(initial.admit(&p, |_| false), None);
+        let relabelled = admitter(big_node(), Some(node(&[], &[("pods", "10")])));
+        assert_eq!(
+            relabelled.admit(&p, |_| false).map(|r| r.reason),
+            Some("NodeAffinity")
+        );
+    }
+
+    #[test]
+    fn runtime_class_look_up_errors_read_like_the_kubelet_lister() {
+        let not_found = kube::Error::Api(
+            kube::core::Status::failure("runtimeclasses.node.k8s.io \"x\" not found", "NotFound")
+                .with_code(404)
+                .boxed(),
+        );
+        let err = handler_of("x".into(), Err(not_found)).unwrap_err();
+        assert_eq!(err.to_string(), "runtimeclass.node.k8s.io \"x\" not found");
+        let rc = RuntimeClass {
+            handler: "runc".into(),
+            ..Default::default()
+        };
+        assert_eq!(handler_of("x".into(), Ok(rc)).unwrap(), "runc");
+    }
+}

@@ -1,0 +1,123 @@
+//! Bare pods bound to the test node (`nodeName`, no scheduler), as the kubelet's own
+//! admission sees them: creating them from JSON, reading their events and what the runtime
+//! holds of them, and removing them when a test ends, also when it fails.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Event, Pod};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use rkubelet::cri::{Cri, api};
+
+use super::{cleanup_blocking, cri, kube_client};
+
+/// The pods API of the `default` namespace, as the cluster admin.
+pub async fn pods_api() -> Api<Pod> {
+    Api::namespaced(kube_client("admin.kubeconfig").await, "default")
+}
+
+/// The pods of one test, labelled `rk-test=<label>`; deleted when dropped: gracefully
+/// (so that the agent stops and deletes them), then by force after 30 s.
+pub struct TestPods {
+    /// The label value.
+    pub label: String,
+}
+
+impl TestPods {
+    /// Pods labelled `rk-test=<label>`.
+    pub fn new(label: &str) -> Self {
+        Self {
+            label: label.to_owned(),
+        }
+    }
+
+    /// Creates a pod from `manifest` (a Pod as JSON) with this test's label, bound to
+    /// `node`; returns it as created.
+    pub async fn create(&self, node: &str, mut manifest: serde_json::Value) -> Pod {
+        manifest["metadata"]["labels"]["rk-test"] = self.label.clone().into();
+        manifest["spec"]["nodeName"] = node.into();
+        let pod: Pod = serde_json::from_value(manifest).expect("a Pod manifest");
+        pods_api()
+            .await
+            .create(&PostParams::default(), &pod)
+            .await
+            .unwrap_or_else(|e| panic!("creating pod: {e}"))
+    }
+
+    fn selector(&self) -> ListParams {
+        ListParams::default().labels(&format!("rk-test={}", self.label))
+    }
+
+    /// The pods of this test that still exist.
+    pub async fn list(&self) -> Vec<Pod> {
+        pods_api()
+            .await
+            .list(&self.selector())
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for TestPods {
+    fn drop(&mut self) {
+        let selector = self.selector();
+        cleanup_blocking(move || async move {
+            let api = pods_api().await;
+            let _ = api
+                .delete_collection(&DeleteParams::default(), &selector)
+                .await;
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while Instant::now() < deadline
+                && api.list(&selector).await.is_ok_and(|l| !l.items.is_empty())
+            {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            let force = DeleteParams {
+                grace_period_seconds: Some(0),
+                ..DeleteParams::default()
+            };
+            let _ = api.delete_collection(&force, &selector).await;
+        });
+    }
+}
+
+/// The events about the pod named `name`, oldest first.
+pub async fn events_of(name: &str) -> Vec<Event> {
+    let api: Api<Event> = Api::namespaced(kube_client("admin.kubeconfig").await, "default");
+    let selector = format!("involvedObject.name={name}");
+    api.list(&ListParams::default().fields(&selector))
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+}
+
+/// The sandboxes the runtime holds for the pod with this UID.
+pub async fn sandboxes_of(uid: &str) -> Vec<api::PodSandbox> {
+    cri()
+        .list_pod_sandbox(api::ListPodSandboxRequest {
+            filter: Some(api::PodSandboxFilter {
+                label_selector: [("io.kubernetes.pod.uid".to_owned(), uid.to_owned())].into(),
+                ..Default::default()
+            }),
+        })
+        .await
+        .expect("ListPodSandbox")
+        .items
+}
+
+/// The containers of the pod with this UID that are running.
+pub async fn running_containers_of(uid: &str) -> Vec<api::Container> {
+    cri()
+        .list_containers(api::ListContainersRequest {
+            filter: Some(api::ContainerFilter {
+                label_selector: [("io.kubernetes.pod.uid".to_owned(), uid.to_owned())].into(),
+                state: Some(api::ContainerStateValue {
+                    state: api::ContainerState::ContainerRunning.into(),
+                }),
+                ..Default::default()
+            }),
+        })
+        .await
+        .expect("ListContainers")
+        .containers
+}
