@@ -30,6 +30,35 @@ pub struct PodEvent {
     pub message: String,
 }
 
+/// What in a pod an event is about: the pod itself, or one of its containers, named by
+/// the kubelet's `fieldPath` (`spec.containers{name}`, `spec.initContainers{name}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Involved<'a> {
+    /// The pod.
+    Pod,
+    /// An app container, by name.
+    Container(&'a str),
+    /// An init container, by name.
+    InitContainer(&'a str),
+}
+
+impl Involved<'_> {
+    fn field_path(self) -> Option<String> {
+        match self {
+            Self::Pod => None,
+            Self::Container(name) => Some(format!("spec.containers{{{name}}}")),
+            Self::InitContainer(name) => Some(format!("spec.initContainers{{{name}}}")),
+        }
+    }
+}
+
+/// `None` is the pod, `Some(name)` an app container.
+impl<'a> From<Option<&'a str>> for Involved<'a> {
+    fn from(container: Option<&'a str>) -> Self {
+        container.map_or(Self::Pod, Self::Container)
+    }
+}
+
 /// Where pod workers send events. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct EventRecorder {
@@ -48,42 +77,44 @@ impl EventRecorder {
     fn send(
         &self,
         pod: &PodId,
-        container: Option<&str>,
+        involved: Involved<'_>,
         warning: bool,
         reason: &'static str,
         message: String,
     ) {
-        tracing::debug!(pod = %pod, container, reason, %message, "event");
+        let field_path = involved.field_path();
+        tracing::debug!(pod = %pod, field_path, reason, %message, "event");
         // The receiver only goes away at shutdown; an event lost then is harmless.
         let _ = self.tx.send(PodEvent {
             pod: pod.clone(),
-            field_path: container.map(|c| format!("spec.containers{{{c}}}")),
+            field_path,
             warning,
             reason,
             message,
         });
     }
 
-    /// A Normal event.
-    pub fn normal(
+    /// A Normal event about the pod or a container (`None`/`Some(name)` for an app
+    /// container, or an [`Involved`]).
+    pub fn normal<'a>(
         &self,
         pod: &PodId,
-        container: Option<&str>,
+        involved: impl Into<Involved<'a>>,
         reason: &'static str,
         message: String,
     ) {
-        self.send(pod, container, false, reason, message);
+        self.send(pod, involved.into(), false, reason, message);
     }
 
-    /// A Warning event.
-    pub fn warning(
+    /// A Warning event; see [`Self::normal`].
+    pub fn warning<'a>(
         &self,
         pod: &PodId,
-        container: Option<&str>,
+        involved: impl Into<Involved<'a>>,
         reason: &'static str,
         message: String,
     ) {
-        self.send(pod, container, true, reason, message);
+        self.send(pod, involved.into(), true, reason, message);
     }
 }
 

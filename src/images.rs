@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::Container;
 
 use crate::backoff::Backoff;
 use crate::cri::{Cri, api};
-use crate::events::EventRecorder;
+use crate::events::{EventRecorder, Involved};
 use crate::pod::PodId;
 
 /// Why an image is not there (the kubelet's waiting reasons).
@@ -77,7 +77,7 @@ impl ImageManager {
         &self,
         cri: &C,
         pod: &PodId,
-        container: &Container,
+        (container, name): (&Container, Involved<'_>),
         events: &EventRecorder,
     ) -> Result<Option<String>, ImageError> {
         let image = image_of(container)?;
@@ -85,7 +85,6 @@ impl ImageManager {
         if policy == "Always" {
             return Ok(None);
         }
-        let name = Some(container.name.as_str());
         if let Some(present) = image_status(cri, &image).await {
             events.normal(
                 pod,
@@ -117,11 +116,10 @@ impl ImageManager {
         &self,
         cri: &C,
         pod: &PodId,
-        container: &Container,
+        (container, name): (&Container, Involved<'_>),
         events: &EventRecorder,
     ) -> Result<String, ImageError> {
         let image = image_of(container)?;
-        let name = Some(container.name.as_str());
         let key = (pod.uid.clone(), image.clone());
         if self
             .lock_backoff()
@@ -142,7 +140,7 @@ impl ImageManager {
             .or_default()
             .clone();
         let _turn = gate.lock().await;
-        if let Some(present) = self.present(cri, pod, container, events).await? {
+        if let Some(present) = self.present(cri, pod, (container, name), events).await? {
             return Ok(present);
         }
         events.normal(pod, name, "Pulling", format!("Pulling image {image:?}"));
@@ -296,9 +294,26 @@ mod tests {
         container: &Container,
         events: &EventRecorder,
     ) -> Result<String, ImageError> {
-        match images.present(cri, &pod(), container, events).await? {
+        match images
+            .present(
+                cri,
+                &pod(),
+                (container, Involved::Container(&container.name)),
+                events,
+            )
+            .await?
+        {
             Some(found) => Ok(found),
-            None => images.pull(cri, &pod(), container, events).await,
+            None => {
+                images
+                    .pull(
+                        cri,
+                        &pod(),
+                        (container, Involved::Container(&container.name)),
+                        events,
+                    )
+                    .await
+            }
         }
     }
 

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Container, Pod};
 use k8s_openapi::jiff::Timestamp;
 use tracing::Instrument;
 
@@ -196,7 +196,12 @@ impl<C: Cri> Kubelet<C> {
     async fn container_mounts(&self, pod: &Pod, id: &PodId) -> Result<Mounts, String> {
         let volumes = self.volumes.setup(pod).await.map_err(|e| e.to_string())?;
         let mut all = HashMap::new();
-        for c in pod.spec.iter().flat_map(|s| s.containers.iter()) {
+        let mut containers: Vec<&Container> = Vec::new();
+        if let Some(spec) = &pod.spec {
+            containers.extend(spec.init_containers.iter().flatten());
+            containers.extend(&spec.containers);
+        }
+        for c in containers {
             let mut mounts = Vec::new();
             for m in c.volume_mounts.iter().flatten() {
                 let host = volumes

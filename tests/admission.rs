@@ -8,75 +8,17 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use common::agent::{AgentProcess, Owner};
-use common::pods::{TestPods, events_of, pods_api, running_containers_of, sandboxes_of};
-use common::{eventually, kube_client, node_name, unique};
+use common::agent::AgentProcess;
+use common::case::{Case, delete_and_wait, failed, get, phase, running};
+use common::pods::{events_of, pods_api, running_containers_of, sandboxes_of};
+use common::{eventually, kube_client, node_name};
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use k8s_openapi::api::node::v1::RuntimeClass;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use rkubelet::resources::Quantity;
 use serde_json::json;
-
-/// The tests share one node: they run one at a time.
-static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-/// The agent's root dir: one per node across test files, as on a real node.
-fn root_dir() -> PathBuf {
-    common::state_dir().join("test-agents").join(node_name())
-}
-
-/// One test's turn on the node: its pods (removed first when dropped, while the agent
-/// still runs), then the agent, then the turn.
-struct Case {
-    pods: TestPods,
-    agent: Option<AgentProcess>,
-    _turn: tokio::sync::MutexGuard<'static, ()>,
-}
-
-impl Case {
-    /// Waits for the node, then prepares pods named `<prefix>-…`; no agent yet.
-    async fn new(prefix: &str) -> Self {
-        let turn = ONE_AT_A_TIME.lock().await;
-        Self {
-            pods: TestPods::new(&unique(prefix)),
-            agent: None,
-            _turn: turn,
-        }
-    }
-
-    /// Waits for the node and starts the agent with `extra` flags.
-    async fn with_agent(prefix: &str, extra: &[&str]) -> Self {
-        let mut case = Self::new(prefix).await;
-        case.start_agent(extra);
-        case
-    }
-
-    /// (Re)starts the agent: the one running stops first.
-    fn start_agent(&mut self, extra: &[&str]) {
-        drop(self.agent.take());
-        self.agent = Some(AgentProcess::start_with_args(
-            Owner::Agent,
-            &node_name(),
-            root_dir(),
-            extra,
-        ));
-    }
-
-    fn agent(&self) -> &AgentProcess {
-        self.agent.as_ref().expect("the agent runs")
-    }
-
-    /// Creates the pod `<label>-<suffix>` from `manifest`, bound to the node; its name.
-    async fn create(&self, suffix: &str, mut manifest: serde_json::Value) -> String {
-        let name = format!("{}-{suffix}", self.pods.label);
-        manifest["metadata"]["name"] = name.clone().into();
-        self.pods.create(&node_name(), manifest).await;
-        name
-    }
-}
 
 /// A busybox pod that sleeps, with `spec` merged into its spec.
 fn sleeper(spec: serde_json::Value) -> serde_json::Value {
@@ -98,45 +40,6 @@ fn requesting(requests: serde_json::Value) -> serde_json::Value {
     let mut pod = sleeper(json!({}));
     pod["spec"]["containers"][0]["resources"] = json!({ "requests": requests });
     pod
-}
-
-async fn get(name: &str) -> Option<Pod> {
-    pods_api().await.get_opt(name).await.ok().flatten()
-}
-
-/// Deletes a pod gracefully and waits until the agent has finished its deletion.
-async fn delete_and_wait(name: &str) {
-    pods_api()
-        .await
-        .delete(name, &DeleteParams::default())
-        .await
-        .expect("delete");
-    eventually(
-        &format!("{name} deleted"),
-        Duration::from_secs(30),
-        || async { get(name).await.is_none().then_some(()) },
-    )
-    .await;
-}
-
-fn phase(p: &Pod) -> Option<&str> {
-    p.status.as_ref()?.phase.as_deref()
-}
-
-async fn running(name: &str) -> Pod {
-    eventually(
-        &format!("{name} Running"),
-        Duration::from_secs(60),
-        || async { get(name).await.filter(|p| phase(p) == Some("Running")) },
-    )
-    .await
-}
-
-async fn failed(name: &str, timeout: Duration) -> Pod {
-    eventually(&format!("{name} Failed"), timeout, || async {
-        get(name).await.filter(|p| phase(p) == Some("Failed"))
-    })
-    .await
 }
 
 /// The pod ends Failed with `reason` and `Pod <message>`, with a Warning event of that

@@ -1,10 +1,10 @@
 //! What to do to bring a pod's runtime state to its spec: the kubelet's
 //! `computePodActions`. Pure, so every rule is unit-tested.
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Container, Pod};
 
 use super::container::container_hash;
-use super::runtime_status::{PodRuntimeStatus, RunState};
+use super::runtime_status::{ContainerState, PodRuntimeStatus, RunState};
 
 /// The actions of one sync.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -15,6 +15,9 @@ pub struct PodActions {
     pub create_sandbox: Option<u32>,
     /// The ready sandbox to start containers in, when no new one is made.
     pub sandbox_id: Option<String>,
+    /// The init container to start next: index into `spec.initContainers`, with its
+    /// restart count. While one is set, no app container starts.
+    pub next_init: Option<(usize, u32)>,
     /// Indexes into `spec.containers` of the containers to start, with their restart count.
     pub start: Vec<(usize, u32)>,
     /// Running containers to stop: (container id, name, why).
@@ -31,6 +34,72 @@ pub fn should_restart(policy: &str, exit_code: i32) -> bool {
     }
 }
 
+/// An init container that failed: it exited with a non-zero code, or its state is unknown
+/// (the kubelet's `isInitContainerFailed`).
+fn init_failed(c: &ContainerState) -> bool {
+    (c.state == RunState::Exited && c.exit_code != 0) || c.state == RunState::Unknown
+}
+
+/// Where a pod's init containers stand in its current sandbox.
+#[derive(Debug, PartialEq, Eq)]
+enum InitProgress<'a> {
+    /// All of them succeeded (or there are none): the app containers may run.
+    Done,
+    /// One of them is running.
+    Running,
+    /// This one (an index into `spec.initContainers`) runs next; `failed` is its last
+    /// run when that failed.
+    Next {
+        index: usize,
+        failed: Option<&'a ContainerState>,
+    },
+}
+
+/// The kubelet's `findNextInitContainerToRun`, over the containers of the current sandbox
+/// only: a new sandbox runs every init container again.
+fn init_progress<'a>(
+    init: &[Container],
+    status: &'a PodRuntimeStatus,
+    sandbox_id: &str,
+) -> InitProgress<'a> {
+    let current = |name: &str| {
+        status
+            .containers
+            .iter()
+            .find(|c| c.name == name && c.sandbox_id == sandbox_id)
+    };
+    // The last failed one is retried first.
+    for (index, c) in init.iter().enumerate().rev() {
+        if let Some(failed) = current(&c.name).filter(|s| init_failed(s)) {
+            return InitProgress::Next {
+                index,
+                failed: Some(failed),
+            };
+        }
+    }
+    for (index, c) in init.iter().enumerate().rev() {
+        match current(&c.name).map(|s| s.state) {
+            Some(RunState::Running) => return InitProgress::Running,
+            Some(RunState::Exited) if index + 1 == init.len() => return InitProgress::Done,
+            Some(RunState::Exited) => {
+                return InitProgress::Next {
+                    index: index + 1,
+                    failed: None,
+                };
+            }
+            _ => {}
+        }
+    }
+    if init.is_empty() {
+        InitProgress::Done
+    } else {
+        InitProgress::Next {
+            index: 0,
+            failed: None,
+        }
+    }
+}
+
 /// Computes the actions for a pod that should be running.
 #[must_use]
 pub fn compute_pod_actions(pod: &Pod, status: &PodRuntimeStatus) -> PodActions {
@@ -38,6 +107,8 @@ pub fn compute_pod_actions(pod: &Pod, status: &PodRuntimeStatus) -> PodActions {
         return PodActions::default();
     };
     let policy = crate::pod::restart_policy(pod);
+    let init = spec.init_containers.as_deref().unwrap_or_default();
+    let restarts = |name: &str| status.latest(name).map_or(0, |s| s.attempt + 1);
     let mut actions = PodActions::default();
     let Some(sandbox) = status.ready_sandbox() else {
         let attempt = status.sandboxes.first().map_or(0, |s| s.attempt + 1);
@@ -51,8 +122,13 @@ pub fn compute_pod_actions(pod: &Pod, status: &PodRuntimeStatus) -> PodActions {
         }
         actions.kill_pod = !status.is_empty();
         actions.create_sandbox = Some(attempt);
+        // A new sandbox starts with the first init container, and only with it.
+        if let Some(first) = init.first() {
+            actions.next_init = Some((0, restarts(&first.name)));
+            return actions;
+        }
         for (i, c) in spec.containers.iter().enumerate() {
-            let restarts = status.latest(&c.name).map_or(0, |s| s.attempt + 1);
+            let restarts = restarts(&c.name);
             // A container of an OnFailure pod that completed does not run again.
             let done = status.latest(&c.name).is_some_and(|s| {
                 s.state == RunState::Exited && !should_restart(policy, s.exit_code)
@@ -64,6 +140,30 @@ pub fn compute_pod_actions(pod: &Pod, status: &PodRuntimeStatus) -> PodActions {
         return actions;
     };
     actions.sandbox_id = Some(sandbox.id.clone());
+    match init_progress(init, status, &sandbox.id) {
+        InitProgress::Done => {}
+        // Initialization is under way: the app containers wait.
+        InitProgress::Running => return actions,
+        InitProgress::Next { index, failed } => {
+            if failed.is_some() && policy == "Never" {
+                // A failed init container of a pod that must not restart fails the pod.
+                actions.kill_pod = true;
+                return actions;
+            }
+            if let Some(unknown) = failed.filter(|f| f.state == RunState::Unknown) {
+                actions.kill.push((
+                    unknown.id.clone(),
+                    unknown.name.clone(),
+                    format!(
+                        "Init container {} is in an unknown state, try killing it before restart",
+                        unknown.name
+                    ),
+                ));
+            }
+            actions.next_init = Some((index, restarts(&init[index].name)));
+            return actions;
+        }
+    }
     for (i, c) in spec.containers.iter().enumerate() {
         let current = status
             .latest(&c.name)
@@ -90,7 +190,7 @@ pub fn compute_pod_actions(pod: &Pod, status: &PodRuntimeStatus) -> PodActions {
     }
     // Running containers that are no longer in the spec.
     for s in &status.containers {
-        let wanted = spec.containers.iter().any(|c| c.name == s.name);
+        let wanted = spec.containers.iter().chain(init).any(|c| c.name == s.name);
         if s.state == RunState::Running && !wanted {
             actions.kill.push((
                 s.id.clone(),
@@ -104,7 +204,6 @@ pub fn compute_pod_actions(pod: &Pod, status: &PodRuntimeStatus) -> PodActions {
 
 #[cfg(test)]
 mod tests {
-    use super::super::runtime_status::ContainerState;
     use super::super::runtime_status::testing::{self, sandbox};
     use super::*;
     use crate::pod::testing::pod;
@@ -207,5 +306,111 @@ mod tests {
         assert_eq!(actions.start, [(0, 1)]);
         let killed: Vec<_> = actions.kill.iter().map(|(id, ..)| id.as_str()).collect();
         assert_eq!(killed, ["a-0", "gone-0"]);
+    }
+
+    fn with_init(names: &[&str]) -> Pod {
+        let mut p = pod("web", &[("app", "nginx")]);
+        p.spec.as_mut().unwrap().init_containers = Some(
+            names
+                .iter()
+                .map(|n| Container {
+                    name: (*n).into(),
+                    image: Some("busybox".into()),
+                    ..Default::default()
+                })
+                .collect(),
+        );
+        p
+    }
+
+    fn ran(name: &str, sandbox: &str, attempt: u32, state: RunState, code: i32) -> ContainerState {
+        ContainerState {
+            exit_code: code,
+            ..testing::container(&format!("{name}-{attempt}"), name, sandbox, attempt, state)
+        }
+    }
+
+    fn in_sandbox(containers: Vec<ContainerState>) -> PodRuntimeStatus {
+        PodRuntimeStatus {
+            sandboxes: vec![sandbox("s1", 0, true)],
+            containers,
+        }
+    }
+
+    #[test]
+    fn a_new_sandbox_starts_with_the_first_init_container_only() {
+        let p = with_init(&["one", "two"]);
+        let actions = compute_pod_actions(&p, &PodRuntimeStatus::default());
+        assert_eq!(actions.create_sandbox, Some(0));
+        assert_eq!(actions.next_init, Some((0, 0)));
+        assert!(actions.start.is_empty());
+    }
+
+    #[test]
+    fn init_containers_run_one_at_a_time_in_order_before_the_app() {
+        let p = with_init(&["one", "two"]);
+        let running = in_sandbox(vec![ran("one", "s1", 0, RunState::Running, 0)]);
+        let actions = compute_pod_actions(&p, &running);
+        assert_eq!((actions.next_init, actions.start.len()), (None, 0));
+        assert!(
+            actions.kill.is_empty(),
+            "a running init container is no stray"
+        );
+
+        let first_done = in_sandbox(vec![ran("one", "s1", 0, RunState::Exited, 0)]);
+        let actions = compute_pod_actions(&p, &first_done);
+        assert_eq!(actions.next_init, Some((1, 0)));
+        assert!(actions.start.is_empty());
+
+        let all_done = in_sandbox(vec![
+            ran("two", "s1", 0, RunState::Exited, 0),
+            ran("one", "s1", 0, RunState::Exited, 0),
+        ]);
+        let actions = compute_pod_actions(&p, &all_done);
+        assert_eq!(actions.next_init, None);
+        assert_eq!(actions.start, [(0, 0)]);
+    }
+
+    #[test]
+    fn a_failed_init_container_is_retried_unless_the_pod_must_not_restart() {
+        let mut p = with_init(&["one", "two"]);
+        let failed = in_sandbox(vec![
+            ran("two", "s1", 1, RunState::Exited, 3),
+            ran("one", "s1", 0, RunState::Exited, 0),
+        ]);
+        let actions = compute_pod_actions(&p, &failed);
+        assert_eq!(actions.next_init, Some((1, 2)));
+        assert!(!actions.kill_pod && actions.start.is_empty());
+
+        p.spec.as_mut().unwrap().restart_policy = Some("Never".into());
+        let actions = compute_pod_actions(&p, &failed);
+        assert!(actions.kill_pod);
+        assert_eq!((actions.next_init, actions.start.len()), (None, 0));
+    }
+
+    #[test]
+    fn an_init_container_in_an_unknown_state_is_killed_before_its_restart() {
+        let p = with_init(&["one"]);
+        let unknown = in_sandbox(vec![ran("one", "s1", 0, RunState::Unknown, 0)]);
+        let actions = compute_pod_actions(&p, &unknown);
+        assert_eq!(actions.next_init, Some((0, 1)));
+        assert_eq!(actions.kill.len(), 1);
+        assert_eq!(actions.kill[0].0, "one-0");
+    }
+
+    #[test]
+    fn a_new_sandbox_runs_the_init_containers_again() {
+        let p = with_init(&["one"]);
+        // The init container succeeded in the old sandbox, which died; the new one is up.
+        let status = PodRuntimeStatus {
+            sandboxes: vec![sandbox("s2", 1, true), sandbox("s1", 0, false)],
+            containers: vec![
+                ran("app", "s1", 0, RunState::Exited, 137),
+                ran("one", "s1", 0, RunState::Exited, 0),
+            ],
+        };
+        let actions = compute_pod_actions(&p, &status);
+        assert_eq!(actions.next_init, Some((0, 1)));
+        assert!(actions.start.is_empty());
     }
 }

@@ -23,7 +23,7 @@ use super::runtime_status::{PodRuntimeStatus, RunState};
 use super::sandbox::{SandboxSettings, pod_log_dir, sandbox_config};
 use crate::backoff::Backoff;
 use crate::cri::{Cri, api, ok_if_not_found};
-use crate::events::EventRecorder;
+use crate::events::{EventRecorder, Involved};
 use crate::images::ImageManager;
 use crate::pod::PodId;
 
@@ -118,13 +118,6 @@ fn mount(container_path: &str, host_path: &Path, readonly: bool) -> api::Mount {
     }
 }
 
-/// A pod feature the agent cannot honour yet, if the pod uses one.
-fn unsupported(pod: &Pod) -> Option<String> {
-    let spec = pod.spec.as_ref()?;
-    let init = spec.init_containers.as_ref().is_some_and(|i| !i.is_empty());
-    init.then(|| "init containers are not supported by rkubelet yet".to_owned())
-}
-
 /// The kubelet-managed `/etc/hosts` of a pod with its own network.
 fn hosts_file(hostname: &str, ips: &[IpAddr]) -> String {
     let mut text = String::from(
@@ -174,26 +167,13 @@ impl<C: Cri> RuntimeManager<C> {
         ctx: &PodContext,
     ) -> SyncOutcome {
         let mut outcome = SyncOutcome::default();
-        if let Some(refusal) = unsupported(pod) {
-            // Better a clear refusal than running the app containers without what the
-            // spec says must come first.
-            self.events
-                .warning(id, None, "Failed", format!("Error: {refusal}"));
-            for c in pod.spec.iter().flat_map(|s| s.containers.iter()) {
-                let waiting = Waiting {
-                    reason: "CreateContainerConfigError".into(),
-                    message: refusal.clone(),
-                };
-                outcome.waiting.insert(c.name.clone(), waiting);
-            }
-            return outcome;
-        }
         let actions = compute_pod_actions(pod, status);
         tracing::debug!(?actions, "computed pod actions");
+        let starts = actions.next_init.is_some() || !actions.start.is_empty();
         outcome.acted = actions.kill_pod
             || !actions.kill.is_empty()
             || actions.create_sandbox.is_some()
-            || !actions.start.is_empty();
+            || starts;
         if actions.kill_pod {
             if !status.sandboxes.is_empty() {
                 self.events.normal(
@@ -212,6 +192,11 @@ impl<C: Cri> RuntimeManager<C> {
                 outcome.sandbox_error = Some(message);
                 return outcome;
             }
+            if actions.create_sandbox.is_some() {
+                // The new sandbox runs every init container again (the kubelet's
+                // `purgeInitContainers`): their runs in the old one go.
+                self.purge_init_containers(pod, status).await;
+            }
         }
         self.kill_containers(id, &actions, crate::pod::termination_grace_period(pod))
             .await;
@@ -219,7 +204,7 @@ impl<C: Cri> RuntimeManager<C> {
             slots: self.start_slots.clone(),
             permit: None,
         };
-        if actions.create_sandbox.is_some() || !actions.start.is_empty() {
+        if actions.create_sandbox.is_some() || starts {
             slot.hold()
                 .instrument(tracing::info_span!("wait_start_slot"))
                 .await;
@@ -237,16 +222,25 @@ impl<C: Cri> RuntimeManager<C> {
         let Some(sandbox_id) = sandbox_id else {
             return outcome;
         };
-        let spec = pod
-            .spec
-            .as_ref()
-            .map(|s| s.containers.as_slice())
-            .unwrap_or_default();
+        let Some(spec) = pod.spec.as_ref() else {
+            return outcome;
+        };
+        let init = spec.init_containers.as_deref().unwrap_or_default();
+        let app = spec.containers.as_slice();
         let sandbox_conf = sandbox_config(pod, id, 0, &self.settings);
-        for &(index, restart_count) in &actions.start {
-            let Some(container) = spec.get(index) else {
-                continue;
-            };
+        // The next init container, else the app containers: never both in one sync.
+        let mut to_start: Vec<(&Container, u32, Involved<'_>)> = Vec::new();
+        if let Some((i, restarts)) = actions.next_init
+            && let Some(c) = init.get(i)
+        {
+            to_start.push((c, restarts, Involved::InitContainer(&c.name)));
+        }
+        for &(i, restarts) in &actions.start {
+            if let Some(c) = app.get(i) {
+                to_start.push((c, restarts, Involved::Container(&c.name)));
+            }
+        }
+        for (container, restart_count, involved) in to_start {
             let previous_exit = status
                 .latest(&container.name)
                 .is_some_and(|c| c.state == RunState::Exited);
@@ -261,7 +255,7 @@ impl<C: Cri> RuntimeManager<C> {
                 );
                 self.events.warning(
                     id,
-                    Some(&container.name),
+                    involved,
                     "BackOff",
                     "Back-off restarting failed container".into(),
                 );
@@ -279,7 +273,7 @@ impl<C: Cri> RuntimeManager<C> {
                 .start_container(
                     pod,
                     id,
-                    container,
+                    (container, involved),
                     restart_count,
                     &sandbox_id,
                     &sandbox_conf,
@@ -423,7 +417,7 @@ impl<C: Cri> RuntimeManager<C> {
         &self,
         pod: &Pod,
         id: &PodId,
-        container: &Container,
+        (container, name): (&Container, Involved<'_>),
         restart_count: u32,
         sandbox_id: &str,
         sandbox_conf: &api::PodSandboxConfig,
@@ -431,14 +425,13 @@ impl<C: Cri> RuntimeManager<C> {
         ctx: &PodContext,
         slot: &mut StartSlot,
     ) -> Result<(), Waiting> {
-        let name = Some(container.name.as_str());
         let image_waiting = |e: crate::images::ImageError| Waiting {
             reason: e.reason().into(),
             message: e.to_string(),
         };
         let present = self
             .images
-            .present(&self.cri, id, container, &self.events)
+            .present(&self.cri, id, (container, name), &self.events)
             .instrument(tracing::info_span!("image_status"))
             .await
             .map_err(image_waiting)?;
@@ -448,7 +441,7 @@ impl<C: Cri> RuntimeManager<C> {
                 slot.release();
                 let pulled = self
                     .images
-                    .pull(&self.cri, id, container, &self.events)
+                    .pull(&self.cri, id, (container, name), &self.events)
                     .instrument(tracing::info_span!("pull_image"))
                     .await
                     .map_err(image_waiting)?;
@@ -523,6 +516,27 @@ impl<C: Cri> RuntimeManager<C> {
             format!("Started container {}", container.name),
         );
         Ok(())
+    }
+
+    /// Removes every run of the pod's init containers (they are stopped: the pod was
+    /// killed). Best effort: what is left goes with the old sandbox.
+    async fn purge_init_containers(&self, pod: &Pod, status: &PodRuntimeStatus) {
+        let init = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.init_containers.as_deref())
+            .unwrap_or_default();
+        for c in &status.containers {
+            if !init.iter().any(|i| i.name == c.name) {
+                continue;
+            }
+            let req = api::RemoveContainerRequest {
+                container_id: c.id.clone(),
+            };
+            if let Err(e) = ok_if_not_found(self.cri.remove_container(req).await) {
+                tracing::debug!(container = %c.id, error = %e, "could not remove an old init container");
+            }
+        }
     }
 
     async fn stop_container(
@@ -661,20 +675,6 @@ impl<C: Cri> RuntimeManager<C> {
 mod tests {
     use super::*;
     use crate::kuberuntime::runtime_status::testing::{container, sandbox};
-
-    #[test]
-    fn pods_with_init_containers_are_refused_clearly() {
-        let mut p = crate::pod::testing::pod("web", &[("c", "nginx")]);
-        assert_eq!(unsupported(&p), None);
-        p.spec.as_mut().unwrap().init_containers = Some(vec![Container {
-            name: "setup".into(),
-            ..Default::default()
-        }]);
-        assert_eq!(
-            unsupported(&p).as_deref(),
-            Some("init containers are not supported by rkubelet yet")
-        );
-    }
 
     /// Records stop and remove calls; stopping sandbox `bad` fails as a broken CNI DEL does.
     #[derive(Default)]

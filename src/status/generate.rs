@@ -6,8 +6,8 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::{
-    ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStateWaiting,
-    ContainerStatus, Pod, PodCondition, PodIP, PodStatus,
+    Container, ContainerState, ContainerStateRunning, ContainerStateTerminated,
+    ContainerStateWaiting, ContainerStatus, Pod, PodCondition, PodIP, PodStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -70,23 +70,46 @@ fn waiting(reason: &str, message: Option<&str>) -> ContainerState {
     }
 }
 
-/// The status of each container of the spec, in spec order.
-#[must_use]
-pub fn container_statuses(pod: &Pod, inputs: &StatusInputs<'_>) -> Vec<ContainerStatus> {
+/// Which of a pod's container lists a status is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// `spec.initContainers`: ready once it exited with 0, never restarted after that.
+    Init,
+    /// `spec.containers`: ready while it runs.
+    App,
+}
+
+/// The status of each container of one list of the spec, in spec order (the kubelet's
+/// `convertToAPIContainerStatuses`).
+fn statuses_of(
+    pod: &Pod,
+    containers: &[Container],
+    kind: Kind,
+    inputs: &StatusInputs<'_>,
+) -> Vec<ContainerStatus> {
     let empty = PodRuntimeStatus::default();
     let runtime = inputs.runtime.unwrap_or(&empty);
     let no_waiting = HashMap::new();
     let reasons = inputs.waiting.unwrap_or(&no_waiting);
-    let containers = pod
+    let initializing = pod
         .spec
         .as_ref()
-        .map(|s| s.containers.as_slice())
-        .unwrap_or_default();
+        .and_then(|s| s.init_containers.as_ref())
+        .is_some_and(|i| !i.is_empty());
+    // Before anything ran, a pod with init containers is initializing.
+    let default_reason = if initializing {
+        "PodInitializing"
+    } else {
+        "ContainerCreating"
+    };
     containers
         .iter()
         .map(|spec| {
             let (latest, previous) = runtime.latest_two(&spec.name);
-            let cached = reasons.get(&spec.name);
+            // An init container that succeeded is done: no reason to wait applies to it.
+            let succeeded = kind == Kind::Init
+                && latest.is_some_and(|c| c.state == RunState::Exited && c.exit_code == 0);
+            let cached = reasons.get(&spec.name).filter(|_| !succeeded);
             let state = match (latest, cached) {
                 (Some(c), _) if c.state == RunState::Running => ContainerState {
                     running: Some(ContainerStateRunning {
@@ -98,7 +121,7 @@ pub fn container_statuses(pod: &Pod, inputs: &StatusInputs<'_>) -> Vec<Container
                     terminated(c, inputs.runtime_name)
                 }
                 (_, Some(w)) => waiting(&w.reason, Some(&w.message)),
-                _ => waiting("ContainerCreating", None),
+                _ => waiting(default_reason, None),
             };
             // The last termination: the previous container, or the latest one while a new
             // one is waiting to replace it.
@@ -107,14 +130,18 @@ pub fn container_statuses(pod: &Pod, inputs: &StatusInputs<'_>) -> Vec<Container
                 _ => previous.filter(|p| p.state == RunState::Exited),
             };
             let running = state.running.is_some();
+            let ready = match kind {
+                Kind::App => running,
+                Kind::Init => state.terminated.as_ref().is_some_and(|t| t.exit_code == 0),
+            };
             ContainerStatus {
                 name: spec.name.clone(),
                 state: Some(state),
                 last_state: Some(last.map_or_else(ContainerState::default, |c| {
                     terminated(c, inputs.runtime_name)
                 })),
-                ready: running,
-                started: Some(running),
+                ready,
+                started: (kind == Kind::App).then_some(running),
                 restart_count: latest.map_or(0, |c| i32::try_from(c.attempt).unwrap_or(i32::MAX)),
                 image: latest
                     .map(|c| c.image.clone())
@@ -129,9 +156,59 @@ pub fn container_statuses(pod: &Pod, inputs: &StatusInputs<'_>) -> Vec<Container
         .collect()
 }
 
-/// The pod phase from its container statuses (the kubelet's `getPhase`).
+/// The status of each app container of the spec, in spec order.
 #[must_use]
-pub fn phase(restart_policy: &str, statuses: &[ContainerStatus]) -> &'static str {
+pub fn container_statuses(pod: &Pod, inputs: &StatusInputs<'_>) -> Vec<ContainerStatus> {
+    let containers = pod
+        .spec
+        .as_ref()
+        .map(|s| s.containers.as_slice())
+        .unwrap_or_default();
+    statuses_of(pod, containers, Kind::App, inputs)
+}
+
+/// The status of each init container of the spec, in spec order.
+#[must_use]
+pub fn init_container_statuses(pod: &Pod, inputs: &StatusInputs<'_>) -> Vec<ContainerStatus> {
+    let containers = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.init_containers.as_deref())
+        .unwrap_or_default();
+    statuses_of(pod, containers, Kind::Init, inputs)
+}
+
+fn exit_code(state: Option<&ContainerState>) -> Option<i32> {
+    state?.terminated.as_ref().map(|t| t.exit_code)
+}
+
+/// The pod phase from its init and app container statuses (the kubelet's `getPhase`).
+#[must_use]
+pub fn phase(
+    restart_policy: &str,
+    init: &[ContainerStatus],
+    statuses: &[ContainerStatus],
+) -> &'static str {
+    let (mut pending_init, mut failed_init) = (0, 0);
+    for s in init {
+        let state = s.state.as_ref();
+        let failed = if state.is_some_and(|st| st.waiting.is_some()) {
+            exit_code(s.last_state.as_ref()).map(|code| code != 0)
+        } else {
+            exit_code(state).map(|code| code != 0)
+        };
+        match failed {
+            Some(true) => failed_init += 1,
+            Some(false) => {}
+            None => pending_init += 1,
+        }
+    }
+    if failed_init > 0 && restart_policy == "Never" {
+        return "Failed";
+    }
+    if pending_init > 0 {
+        return "Pending";
+    }
     let (mut waiting, mut running, mut stopped, mut succeeded) = (0, 0, 0, 0);
     for s in statuses {
         let state = s.state.as_ref();
@@ -199,8 +276,9 @@ fn condition(
 pub fn generate_pod_status(pod: &Pod, inputs: &StatusInputs<'_>) -> PodStatus {
     let old = pod.status.clone().unwrap_or_default();
     let old_conditions = old.conditions.clone().unwrap_or_default();
+    let init_statuses = init_container_statuses(pod, inputs);
     let statuses = container_statuses(pod, inputs);
-    let mut phase = phase(crate::pod::restart_policy(pod), &statuses).to_owned();
+    let mut phase = phase(crate::pod::restart_policy(pod), &init_statuses, &statuses).to_owned();
     // A terminal phase never changes again.
     if matches!(old.phase.as_deref(), Some("Succeeded" | "Failed")) {
         phase = old.phase.clone().unwrap_or_default();
@@ -227,8 +305,23 @@ pub fn generate_pod_status(pod: &Pod, inputs: &StatusInputs<'_>) -> PodStatus {
         .cloned()
         .unwrap_or_else(|| condition(&[], "PodScheduled", true, None, None, now));
     let (reason, message) = if ready { (None, None) } else { not_ready() };
+    let uninitialized: Vec<&str> = init_statuses
+        .iter()
+        .filter(|s| !s.ready)
+        .map(|s| s.name.as_str())
+        .collect();
     let conditions = vec![
-        condition(&old_conditions, "Initialized", true, None, None, now),
+        condition(
+            &old_conditions,
+            "Initialized",
+            uninitialized.is_empty(),
+            Some("ContainersNotInitialized".to_owned()),
+            Some(format!(
+                "containers with incomplete status: [{}]",
+                uninitialized.join(" ")
+            )),
+            now,
+        ),
         condition(
             &old_conditions,
             "Ready",
@@ -274,6 +367,7 @@ pub fn generate_pod_status(pod: &Pod, inputs: &StatusInputs<'_>) -> PodStatus {
             .as_ref()
             .map(|s| crate::resources::qos_class(s).to_owned()),
         container_statuses: Some(statuses),
+        init_container_statuses: (!init_statuses.is_empty()).then_some(init_statuses),
         ..Default::default()
     }
 }
@@ -424,11 +518,11 @@ mod tests {
         };
         let w = HashMap::new();
         let statuses = |code| container_statuses(&p, &inputs(&rt(code), &w));
-        assert_eq!(phase("Never", &statuses(0)), "Succeeded");
-        assert_eq!(phase("Never", &statuses(2)), "Failed");
-        assert_eq!(phase("OnFailure", &statuses(0)), "Succeeded");
-        assert_eq!(phase("OnFailure", &statuses(2)), "Running");
-        assert_eq!(phase("Always", &statuses(0)), "Running");
+        assert_eq!(phase("Never", &[], &statuses(0)), "Succeeded");
+        assert_eq!(phase("Never", &[], &statuses(2)), "Failed");
+        assert_eq!(phase("OnFailure", &[], &statuses(0)), "Succeeded");
+        assert_eq!(phase("OnFailure", &[], &statuses(2)), "Running");
+        assert_eq!(phase("Always", &[], &statuses(0)), "Running");
     }
 
     #[test]
@@ -448,5 +542,138 @@ mod tests {
         let flipped = condition(&old, "Ready", false, Some("R".into()), None, now);
         assert_eq!(flipped.last_transition_time, Some(Time(now)));
         assert_eq!(flipped.reason.as_deref(), Some("R"));
+    }
+
+    fn with_init(names: &[&str]) -> Pod {
+        let mut p = pod("web", &[("app", "nginx")]);
+        p.spec.as_mut().unwrap().init_containers = Some(
+            names
+                .iter()
+                .map(|n| Container {
+                    name: (*n).into(),
+                    image: Some("busybox".into()),
+                    ..Default::default()
+                })
+                .collect(),
+        );
+        p
+    }
+
+    fn condition_of<'a>(status: &'a PodStatus, kind: &str) -> &'a PodCondition {
+        status
+            .conditions
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|c| c.type_ == kind)
+            .unwrap()
+    }
+
+    #[test]
+    fn an_initializing_pod_is_pending_with_its_containers_initializing() {
+        let p = with_init(&["one", "two"]);
+        let rt = PodRuntimeStatus {
+            sandboxes: vec![],
+            containers: vec![rc("one", 0, RunState::Running, 0)],
+        };
+        let w = HashMap::new();
+        let status = generate_pod_status(&p, &inputs(&rt, &w));
+        assert_eq!(status.phase.as_deref(), Some("Pending"));
+        let init = status.init_container_statuses.as_ref().unwrap();
+        assert!(init[0].state.as_ref().unwrap().running.is_some());
+        assert_eq!(waiting_reason(&init[1]), Some("PodInitializing"));
+        assert!(!init[0].ready && init[0].started.is_none());
+        let app = &status.container_statuses.as_ref().unwrap()[0];
+        assert_eq!(waiting_reason(app), Some("PodInitializing"));
+        let initialized = condition_of(&status, "Initialized");
+        assert_eq!(initialized.status, "False");
+        assert_eq!(
+            initialized.reason.as_deref(),
+            Some("ContainersNotInitialized")
+        );
+        assert_eq!(
+            initialized.message.as_deref(),
+            Some("containers with incomplete status: [one two]")
+        );
+    }
+
+    #[test]
+    fn succeeded_init_containers_are_ready_and_initialize_the_pod() {
+        let p = with_init(&["one"]);
+        let rt = PodRuntimeStatus {
+            sandboxes: vec![],
+            containers: vec![
+                rc("app", 0, RunState::Running, 0),
+                rc("one", 0, RunState::Exited, 0),
+            ],
+        };
+        // A stale reason never turns a finished init container back to waiting.
+        let w = HashMap::from([(
+            "one".to_owned(),
+            Waiting {
+                reason: "CrashLoopBackOff".into(),
+                message: "old".into(),
+            },
+        )]);
+        let status = generate_pod_status(&p, &inputs(&rt, &w));
+        let init = &status.init_container_statuses.as_ref().unwrap()[0];
+        assert!(init.ready);
+        let done = init.state.as_ref().unwrap().terminated.as_ref().unwrap();
+        assert_eq!(done.reason.as_deref(), Some("Completed"));
+        assert_eq!(condition_of(&status, "Initialized").status, "True");
+        assert_eq!(status.phase.as_deref(), Some("Running"));
+    }
+
+    #[test]
+    fn a_failed_init_container_fails_a_pod_that_must_not_restart() {
+        let mut p = with_init(&["one"]);
+        let rt = PodRuntimeStatus {
+            sandboxes: vec![],
+            containers: vec![rc("one", 0, RunState::Exited, 1)],
+        };
+        let w = HashMap::new();
+        let status = generate_pod_status(&p, &inputs(&rt, &w));
+        // Restarted by default: Pending while it backs off.
+        assert_eq!(status.phase.as_deref(), Some("Pending"));
+        p.spec.as_mut().unwrap().restart_policy = Some("Never".into());
+        let status = generate_pod_status(&p, &inputs(&rt, &w));
+        assert_eq!(status.phase.as_deref(), Some("Failed"));
+        let init = &status.init_container_statuses.as_ref().unwrap()[0];
+        let failed = init.state.as_ref().unwrap().terminated.as_ref().unwrap();
+        assert_eq!(
+            (failed.exit_code, failed.reason.as_deref()),
+            (1, Some("Error"))
+        );
+        let app = &status.container_statuses.as_ref().unwrap()[0];
+        assert_eq!(waiting_reason(app), Some("PodInitializing"));
+    }
+
+    #[test]
+    fn a_crash_looping_init_container_waits_with_its_last_failure() {
+        let p = with_init(&["one"]);
+        let rt = PodRuntimeStatus {
+            sandboxes: vec![],
+            containers: vec![rc("one", 2, RunState::Exited, 1)],
+        };
+        let w = HashMap::from([(
+            "one".to_owned(),
+            Waiting {
+                reason: "CrashLoopBackOff".into(),
+                message: "back-off 20s".into(),
+            },
+        )]);
+        let status = generate_pod_status(&p, &inputs(&rt, &w));
+        let init = &status.init_container_statuses.as_ref().unwrap()[0];
+        assert_eq!(waiting_reason(init), Some("CrashLoopBackOff"));
+        assert_eq!(init.restart_count, 2);
+        let last = init
+            .last_state
+            .as_ref()
+            .unwrap()
+            .terminated
+            .as_ref()
+            .unwrap();
+        assert_eq!(last.exit_code, 1);
+        assert_eq!(status.phase.as_deref(), Some("Pending"));
     }
 }

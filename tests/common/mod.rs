@@ -5,6 +5,7 @@
 #![allow(dead_code, missing_docs)]
 
 pub mod agent;
+pub mod case;
 pub mod pods;
 
 use std::path::PathBuf;

@@ -1,0 +1,115 @@
+//! One test's turn on the node: the agent for `rk-node1`, started once per test with the
+//! flags it needs, the test's bare pods, and the small waits most pod tests share.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::DeleteParams;
+
+use super::agent::{AgentProcess, Owner};
+use super::pods::{TestPods, pods_api};
+use super::{eventually, node_name, unique};
+
+/// The tests share one node: they run one at a time.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The agent's root dir: one per node across test files, as on a real node.
+pub fn root_dir() -> PathBuf {
+    super::state_dir().join("test-agents").join(node_name())
+}
+
+/// One test's turn on the node: its pods (removed first when dropped, while the agent
+/// still runs), then the agent, then the turn.
+pub struct Case {
+    /// The test's pods.
+    pub pods: TestPods,
+    agent: Option<AgentProcess>,
+    _turn: tokio::sync::MutexGuard<'static, ()>,
+}
+
+impl Case {
+    /// Waits for the node, then prepares pods named `<prefix>-…`; no agent yet.
+    pub async fn new(prefix: &str) -> Self {
+        let turn = ONE_AT_A_TIME.lock().await;
+        Self {
+            pods: TestPods::new(&unique(prefix)),
+            agent: None,
+            _turn: turn,
+        }
+    }
+
+    /// Waits for the node and starts the agent with `extra` flags.
+    pub async fn with_agent(prefix: &str, extra: &[&str]) -> Self {
+        let mut case = Self::new(prefix).await;
+        case.start_agent(extra);
+        case
+    }
+
+    /// (Re)starts the agent: the one running stops first.
+    pub fn start_agent(&mut self, extra: &[&str]) {
+        drop(self.agent.take());
+        self.agent = Some(AgentProcess::start_with_args(
+            Owner::Agent,
+            &node_name(),
+            root_dir(),
+            extra,
+        ));
+    }
+
+    /// The running agent.
+    pub fn agent(&self) -> &AgentProcess {
+        self.agent.as_ref().expect("the agent runs")
+    }
+
+    /// Creates the pod `<label>-<suffix>` from `manifest`, bound to the node; its name.
+    pub async fn create(&self, suffix: &str, mut manifest: serde_json::Value) -> String {
+        let name = format!("{}-{suffix}", self.pods.label);
+        manifest["metadata"]["name"] = name.clone().into();
+        self.pods.create(&node_name(), manifest).await;
+        name
+    }
+}
+
+/// The pod named `name` in `default`, if it exists.
+pub async fn get(name: &str) -> Option<Pod> {
+    pods_api().await.get_opt(name).await.ok().flatten()
+}
+
+/// Deletes a pod gracefully and waits until the agent has finished its deletion.
+pub async fn delete_and_wait(name: &str) {
+    pods_api()
+        .await
+        .delete(name, &DeleteParams::default())
+        .await
+        .expect("delete");
+    eventually(
+        &format!("{name} deleted"),
+        Duration::from_secs(30),
+        || async { get(name).await.is_none().then_some(()) },
+    )
+    .await;
+}
+
+/// The pod's phase.
+pub fn phase(p: &Pod) -> Option<&str> {
+    p.status.as_ref()?.phase.as_deref()
+}
+
+/// Waits (60 s at most) until the pod runs.
+pub async fn running(name: &str) -> Pod {
+    eventually(
+        &format!("{name} Running"),
+        Duration::from_secs(60),
+        || async { get(name).await.filter(|p| phase(p) == Some("Running")) },
+    )
+    .await
+}
+
+/// Waits until the pod failed.
+pub async fn failed(name: &str, timeout: Duration) -> Pod {
+    eventually(&format!("{name} Failed"), timeout, || async {
+        get(name).await.filter(|p| phase(p) == Some("Failed"))
+    })
+    .await
+}
