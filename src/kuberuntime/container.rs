@@ -309,6 +309,13 @@ pub fn container_config(
             termination_message_path,
         ),
         (
+            labels::TERMINATION_MESSAGE_POLICY.to_owned(),
+            container
+                .termination_message_policy
+                .clone()
+                .unwrap_or_else(|| "File".into()),
+        ),
+        (
             labels::POD_TERMINATION_GRACE_PERIOD.to_owned(),
             crate::pod::termination_grace_period(pod).to_string(),
         ),

@@ -20,6 +20,8 @@ pub const CONTAINER_HASH: &str = "io.kubernetes.container.hash";
 pub const CONTAINER_RESTART_COUNT: &str = "io.kubernetes.container.restartCount";
 /// Annotation: where the container writes its termination message.
 pub const TERMINATION_MESSAGE_PATH: &str = "io.kubernetes.container.terminationMessagePath";
+/// Annotation: `File` or `FallbackToLogsOnError`.
+pub const TERMINATION_MESSAGE_POLICY: &str = "io.kubernetes.container.terminationMessagePolicy";
 /// Annotation: the pod's termination grace period in seconds.
 pub const POD_TERMINATION_GRACE_PERIOD: &str = "io.kubernetes.pod.terminationGracePeriod";
 /// Annotation: the container's own termination grace period in seconds.

@@ -404,6 +404,9 @@ impl<C: Cri> RuntimeManager<C> {
         tokio::fs::create_dir_all(&dir).await?;
         let log = dir.join(format!("termination-log-{restart_count}"));
         tokio::fs::write(&log, b"").await?;
+        // Whatever user the container runs as may write its message (as the kubelet).
+        tokio::fs::set_permissions(&log, std::os::unix::fs::PermissionsExt::from_mode(0o666))
+            .await?;
         let path = container
             .termination_message_path
             .as_deref()

@@ -8,6 +8,7 @@ pub mod labels;
 pub mod manager;
 pub mod runtime_status;
 pub mod sandbox;
+pub mod termination;
 
 pub use manager::{PodContext, RuntimeManager, SyncOutcome, Waiting};
 pub use runtime_status::{PodRuntimeStatus, RunState, get_pod_status};

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 
 use super::labels;
+use super::termination::termination_message;
 use crate::cri::{Cri, CriError, api};
 
 /// One sandbox of the pod.
@@ -187,6 +188,18 @@ pub async fn get_pod_status<C: Cri>(cri: &C, uid: &str) -> Result<PodRuntimeStat
             Err(e) => return Err(e),
         };
         let Some(s) = status else { continue };
+        let state = run_state(s.state);
+        let annotation = |key: &str| c.annotations.get(key).map_or("", String::as_str);
+        let message = if state == RunState::Exited && s.message.is_empty() {
+            termination_message(
+                &s,
+                annotation(labels::TERMINATION_MESSAGE_PATH),
+                annotation(labels::TERMINATION_MESSAGE_POLICY),
+            )
+            .await
+        } else {
+            s.message.clone()
+        };
         containers.push(ContainerState {
             name: c
                 .labels
@@ -195,13 +208,13 @@ pub async fn get_pod_status<C: Cri>(cri: &C, uid: &str) -> Result<PodRuntimeStat
                 .unwrap_or_default(),
             sandbox_id: c.pod_sandbox_id,
             attempt: s.metadata.as_ref().map_or(0, |m| m.attempt),
-            state: run_state(s.state),
+            state,
             created_at: s.created_at,
             started_at: s.started_at,
             finished_at: s.finished_at,
             exit_code: s.exit_code,
             reason: s.reason,
-            message: s.message,
+            message,
             image: s.image.map(|i| i.image).unwrap_or_default(),
             image_ref: s.image_ref,
             hash: c
