@@ -124,6 +124,8 @@ impl<S: PodSyncer, A: PodAdmission> Feeder<S, A> {
                     .filter_map(|p| p.metadata.uid.clone())
                     .collect();
                 self.admission.retain(&uids);
+                // Pods deleted while the watch was down get no Delete event.
+                self.workers.remove_unlisted(&uids);
                 listed.sort_by(|a, b| {
                     a.metadata
                         .creation_timestamp

@@ -121,6 +121,24 @@ impl<S: PodSyncer> PodWorkers<S> {
         self.lock().keys().cloned().collect()
     }
 
+    /// Removes every pod whose UID is not in `listed`: after a full list of the API's
+    /// pods (a watch that was down), those were deleted while nobody watched.
+    pub fn remove_unlisted(&self, listed: &std::collections::HashSet<String>) {
+        let gone: Vec<(String, PodId)> = self
+            .lock()
+            .iter()
+            .filter(|(uid, _)| !listed.contains(*uid))
+            .filter_map(|(uid, w)| match &*w.work.borrow() {
+                PodWork::Sync(pod) => PodId::of(pod).map(|id| (uid.clone(), id)),
+                PodWork::Remove(_) => None,
+            })
+            .collect();
+        for (uid, id) in gone {
+            tracing::info!(pod = %id, "pod gone from the API while the watch was down");
+            self.update(&uid, PodWork::Remove(id));
+        }
+    }
+
     async fn run_worker(self, uid: String, mut rx: watch::Receiver<PodWork>, wake: Arc<Notify>) {
         let mut first = true;
         loop {
@@ -252,6 +270,26 @@ mod tests {
         let mut uids = workers.uids();
         uids.sort();
         assert_eq!(uids, ["b", "c"]);
+        assert!(
+            syncer
+                .syncs
+                .lock()
+                .unwrap()
+                .contains(&"remove a".to_owned())
+        );
+    }
+
+    #[tokio::test]
+    async fn a_relist_removes_the_pods_it_no_longer_has() {
+        let syncer = Arc::new(Recorder::default());
+        let workers = PodWorkers::new(syncer.clone());
+        for uid in ["a", "b"] {
+            workers.update(uid, PodWork::Sync(Arc::new(pod(uid, &[("c", "x")]))));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        workers.remove_unlisted(&["b".to_owned()].into());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(workers.uids(), ["b"]);
         assert!(
             syncer
                 .syncs
