@@ -18,6 +18,7 @@ pub mod node;
 pub mod observability;
 pub mod pleg;
 pub mod pod;
+pub mod probe;
 pub mod resources;
 pub mod server;
 pub mod status;
