@@ -19,6 +19,7 @@ use crate::kuberuntime::sandbox::pod_log_dir;
 use crate::kuberuntime::{PodContext, PodRuntimeStatus, RuntimeManager, Waiting, get_pod_status};
 use crate::pod::workers::{Next, PodSyncer, PodWork, PodWorkers};
 use crate::pod::{PodId, source::PodStore};
+use crate::prober::{ProberManager, Wake};
 use crate::status::{StatusInputs, StatusManager, generate_pod_status};
 use crate::volume::{KubeVolumeApi, LinuxMounter, VolumeManager};
 
@@ -59,6 +60,8 @@ pub struct Kubelet<C> {
     /// every runtime change; the volume sources (secrets, configMaps, tokens) are read
     /// again at most once per resync period, not on each of them.
     mounts: Mutex<HashMap<String, (Instant, Mounts)>>,
+    /// The probe workers of the pods' containers.
+    prober: ProberManager<C>,
 }
 
 /// Each container's mounts, by container name.
@@ -68,15 +71,19 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-impl<C: Cri> Kubelet<C> {
-    /// The kubelet over a runtime manager, a volume manager and a status manager.
+impl<C: Cri + Clone> Kubelet<C> {
+    /// The kubelet over a runtime manager, a volume manager and a status manager; probe
+    /// results wake pod workers through `wake`.
     pub fn new(
         settings: SyncSettings,
         runtime: RuntimeManager<C>,
         volumes: VolumeManager<KubeVolumeApi, LinuxMounter>,
         status: StatusManager,
+        wake: Wake,
     ) -> Self {
+        let prober = ProberManager::new(runtime.cri().clone(), runtime.events().clone(), wake);
         Self {
+            prober,
             settings,
             runtime,
             volumes,
@@ -115,6 +122,7 @@ impl<C: Cri> Kubelet<C> {
             host_ip: Some(self.settings.node_ip),
             runtime_name: &self.settings.runtime_name,
             now: Timestamp::now(),
+            probes: Some(self.prober.results()),
         };
         let status = generate_pod_status(&base, &inputs);
         // The pod start latency: from acknowledgement (startTime) to the first Running.
@@ -193,6 +201,7 @@ impl<C: Cri> Kubelet<C> {
             }
             return Next::ResyncAfter(RESYNC);
         }
+        self.prober.update_pod(pod, id, &runtime);
         // Pending (or whatever the runtime shows) at once, before a slow pull or sandbox.
         self.publish_status(pod, id, Some(&runtime));
         if let Some(wait) = self.backing_off(&id.uid) {
@@ -241,6 +250,7 @@ impl<C: Cri> Kubelet<C> {
             node_name: self.settings.node_name.clone(),
             host_ip: Some(self.settings.node_ip),
             volume_mounts,
+            probes: Some(self.prober.results().clone()),
         };
         let outcome = self.runtime.sync_pod(pod, id, &runtime, &ctx).await;
         lock(&self.reasons).insert(id.uid.clone(), outcome.waiting.clone());
@@ -364,12 +374,13 @@ impl<C: Cri> Kubelet<C> {
         lock(&self.reasons).remove(&id.uid);
         lock(&self.backoff).remove(&id.uid);
         lock(&self.mounts).remove(&id.uid);
+        self.prober.remove_pod(id);
         tracing::info!("pod terminated and cleaned up");
         Next::Done
     }
 }
 
-impl<C: Cri> PodSyncer for Kubelet<C> {
+impl<C: Cri + Clone> PodSyncer for Kubelet<C> {
     async fn sync(&self, work: &PodWork) -> Next {
         match work {
             PodWork::Sync(pod) => {
@@ -392,7 +403,7 @@ impl<C: Cri> PodSyncer for Kubelet<C> {
 /// Housekeeping, every two seconds once the pod store is synced (the kubelet's
 /// `HandlePodCleanups`): pods the runtime holds that the API does not know get a worker
 /// that removes them, and pod directories with no pod are cleaned up.
-pub async fn housekeeping<C: Cri>(
+pub async fn housekeeping<C: Cri + Clone>(
     store: PodStore,
     workers: PodWorkers<Kubelet<C>>,
     pleg: Arc<crate::pleg::Pleg>,

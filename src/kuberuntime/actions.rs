@@ -5,6 +5,7 @@ use k8s_openapi::api::core::v1::Pod;
 
 use super::container::container_hash;
 use super::runtime_status::{PodRuntimeStatus, RunState};
+use crate::prober::{ProbeKind, Results};
 
 /// The actions of one sync.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -31,9 +32,14 @@ pub fn should_restart(policy: &str, exit_code: i32) -> bool {
     }
 }
 
-/// Computes the actions for a pod that should be running.
+/// Computes the actions for a pod that should be running; `probes` tells which running
+/// containers failed a liveness or startup probe.
 #[must_use]
-pub fn compute_pod_actions(pod: &Pod, status: &PodRuntimeStatus) -> PodActions {
+pub fn compute_pod_actions(
+    pod: &Pod,
+    status: &PodRuntimeStatus,
+    probes: Option<&Results>,
+) -> PodActions {
     let Some(spec) = pod.spec.as_ref() else {
         return PodActions::default();
     };
@@ -80,6 +86,17 @@ pub fn compute_pod_actions(pod: &Pod, status: &PodRuntimeStatus) -> PodActions {
                         format!("Container {} definition changed, will be restarted", c.name),
                     ));
                     actions.start.push((i, s.attempt + 1));
+                } else if let Some(kind) = probes.and_then(|p| p.failed_probe(&s.id)) {
+                    let probe = if kind == ProbeKind::Liveness {
+                        "liveness"
+                    } else {
+                        "startup"
+                    };
+                    let mut why = format!("Container {} failed {probe} probe", c.name);
+                    if policy != "Never" {
+                        why.push_str(", will be restarted");
+                    }
+                    actions.kill.push((s.id.clone(), c.name.clone(), why));
                 }
             }
             Some(s) if s.state == RunState::Created || should_restart(policy, s.exit_code) => {
@@ -132,9 +149,43 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_liveness_probe_kills_the_container_with_the_kubelet_message() {
+        let p = pod("web", &[("a", "nginx")]);
+        let status = PodRuntimeStatus {
+            sandboxes: vec![sandbox("s1", 0, true)],
+            containers: vec![container(&p, "a", "s1", 0, RunState::Running, 0)],
+        };
+        let results = Results::default();
+        results.set(
+            "a-0",
+            ProbeKind::Liveness,
+            crate::probe::ProbeResult::Success,
+        );
+        assert!(
+            compute_pod_actions(&p, &status, Some(&results))
+                .kill
+                .is_empty()
+        );
+        results.set(
+            "a-0",
+            ProbeKind::Liveness,
+            crate::probe::ProbeResult::Failure,
+        );
+        let actions = compute_pod_actions(&p, &status, Some(&results));
+        assert_eq!(
+            actions.kill,
+            [(
+                "a-0".to_owned(),
+                "a".to_owned(),
+                "Container a failed liveness probe, will be restarted".to_owned()
+            )]
+        );
+    }
+
+    #[test]
     fn a_new_pod_gets_a_sandbox_and_all_containers() {
         let p = pod("web", &[("a", "nginx"), ("b", "busybox")]);
-        let actions = compute_pod_actions(&p, &PodRuntimeStatus::default());
+        let actions = compute_pod_actions(&p, &PodRuntimeStatus::default(), None);
         assert_eq!(actions.create_sandbox, Some(0));
         assert!(!actions.kill_pod);
         assert_eq!(actions.start, [(0, 0), (1, 0)]);
@@ -147,7 +198,7 @@ mod tests {
             sandboxes: vec![sandbox("s1", 0, true)],
             containers: vec![container(&p, "a", "s1", 0, RunState::Running, 0)],
         };
-        let actions = compute_pod_actions(&p, &status);
+        let actions = compute_pod_actions(&p, &status, None);
         assert_eq!(actions.sandbox_id.as_deref(), Some("s1"));
         assert_eq!(actions.create_sandbox, None);
         assert!(actions.start.is_empty() && actions.kill.is_empty());
@@ -161,12 +212,12 @@ mod tests {
             sandboxes: vec![sandbox("s1", 0, true)],
             containers: vec![container(&template, "a", "s1", 2, RunState::Exited, code)],
         };
-        assert_eq!(compute_pod_actions(&p, &exited(0)).start, [(0, 3)]);
+        assert_eq!(compute_pod_actions(&p, &exited(0), None).start, [(0, 3)]);
         p.spec.as_mut().unwrap().restart_policy = Some("OnFailure".into());
-        assert!(compute_pod_actions(&p, &exited(0)).start.is_empty());
-        assert_eq!(compute_pod_actions(&p, &exited(1)).start, [(0, 3)]);
+        assert!(compute_pod_actions(&p, &exited(0), None).start.is_empty());
+        assert_eq!(compute_pod_actions(&p, &exited(1), None).start, [(0, 3)]);
         p.spec.as_mut().unwrap().restart_policy = Some("Never".into());
-        assert!(compute_pod_actions(&p, &exited(1)).start.is_empty());
+        assert!(compute_pod_actions(&p, &exited(1), None).start.is_empty());
     }
 
     #[test]
@@ -176,7 +227,7 @@ mod tests {
             sandboxes: vec![sandbox("s1", 0, false)],
             containers: vec![container(&p, "a", "s1", 0, RunState::Exited, 137)],
         };
-        let actions = compute_pod_actions(&p, &status);
+        let actions = compute_pod_actions(&p, &status, None);
         assert!(actions.kill_pod);
         assert_eq!(actions.create_sandbox, Some(1));
         assert_eq!(actions.start, [(0, 1)]);
@@ -190,7 +241,10 @@ mod tests {
             sandboxes: vec![sandbox("s1", 0, false)],
             containers: vec![container(&p, "a", "s1", 0, RunState::Exited, 0)],
         };
-        assert_eq!(compute_pod_actions(&p, &status), PodActions::default());
+        assert_eq!(
+            compute_pod_actions(&p, &status, None),
+            PodActions::default()
+        );
     }
 
     #[test]
@@ -203,7 +257,7 @@ mod tests {
             sandboxes: vec![sandbox("s1", 0, true)],
             containers: vec![changed, stray],
         };
-        let actions = compute_pod_actions(&p, &status);
+        let actions = compute_pod_actions(&p, &status, None);
         assert_eq!(actions.start, [(0, 1)]);
         let killed: Vec<_> = actions.kill.iter().map(|(id, ..)| id.as_str()).collect();
         assert_eq!(killed, ["a-0", "gone-0"]);

@@ -26,6 +26,7 @@ use crate::cri::{Cri, api, ok_if_not_found};
 use crate::events::EventRecorder;
 use crate::images::ImageManager;
 use crate::pod::PodId;
+use crate::prober::Results;
 
 /// Crashing containers wait 10 s, doubling to 5 min, before they are started again.
 const CRASH_BACKOFF: (Duration, Duration) = (Duration::from_secs(10), Duration::from_secs(300));
@@ -73,6 +74,8 @@ pub struct PodContext {
     pub host_ip: Option<IpAddr>,
     /// Each container's volume mounts, resolved to host paths by the volume manager.
     pub volume_mounts: HashMap<String, Vec<api::Mount>>,
+    /// The prober's results (liveness and startup failures restart containers).
+    pub probes: Option<Arc<Results>>,
 }
 
 /// The kubelet's `kubeGenericRuntimeManager`: pod-level operations over CRI.
@@ -186,7 +189,7 @@ impl<C: Cri> RuntimeManager<C> {
             }
             return outcome;
         }
-        let actions = compute_pod_actions(pod, status);
+        let actions = compute_pod_actions(pod, status, ctx.probes.as_deref());
         tracing::debug!(?actions, "computed pod actions");
         outcome.acted = actions.kill_pod
             || !actions.kill.is_empty()

@@ -14,6 +14,14 @@ use k8s_openapi::jiff::Timestamp;
 
 use crate::kuberuntime::runtime_status::ContainerState as RuntimeContainer;
 use crate::kuberuntime::{PodRuntimeStatus, RunState, Waiting};
+use crate::probe::ProbeResult;
+use crate::prober::{ProbeKind, Results};
+
+/// Whether the running container `id` passes its probe of `kind` (`has` says whether the
+/// container has that probe; without one, a running container passes).
+fn passes(inputs: &StatusInputs<'_>, id: &str, kind: ProbeKind, has: bool) -> bool {
+    !has || inputs.probes.and_then(|p| p.get(id, kind)) == Some(ProbeResult::Success)
+}
 
 /// What the status is generated from besides the Pod.
 #[derive(Debug, Clone, Default)]
@@ -28,6 +36,8 @@ pub struct StatusInputs<'a> {
     pub runtime_name: &'a str,
     /// The time of this status.
     pub now: Timestamp,
+    /// The prober's readiness and startup results.
+    pub probes: Option<&'a Results>,
 }
 
 fn time(ns: i64) -> Option<Time> {
@@ -107,14 +117,24 @@ pub fn container_statuses(pod: &Pod, inputs: &StatusInputs<'_>) -> Vec<Container
                 _ => previous.filter(|p| p.state == RunState::Exited),
             };
             let running = state.running.is_some();
+            let id = latest.map_or("", |c| c.id.as_str());
+            let started =
+                running && passes(inputs, id, ProbeKind::Startup, spec.startup_probe.is_some());
+            let ready = started
+                && passes(
+                    inputs,
+                    id,
+                    ProbeKind::Readiness,
+                    spec.readiness_probe.is_some(),
+                );
             ContainerStatus {
                 name: spec.name.clone(),
                 state: Some(state),
                 last_state: Some(last.map_or_else(ContainerState::default, |c| {
                     terminated(c, inputs.runtime_name)
                 })),
-                ready: running,
-                started: Some(running),
+                ready,
+                started: Some(started),
                 restart_count: latest.map_or(0, |c| i32::try_from(c.attempt).unwrap_or(i32::MAX)),
                 image: latest
                     .map(|c| c.image.clone())
@@ -315,7 +335,51 @@ mod tests {
             host_ip: Some("198.18.0.1".parse().unwrap()),
             runtime_name: "containerd",
             now: Timestamp::from_second(1_700_000_100).unwrap(),
+            probes: None,
         }
+    }
+
+    #[test]
+    fn readiness_and_startup_probes_gate_ready_and_started() {
+        let mut p = pod("web", &[("a", "nginx")]);
+        let spec = &mut p.spec.as_mut().unwrap().containers[0];
+        spec.readiness_probe = Some(Default::default());
+        spec.startup_probe = Some(Default::default());
+        let rt = PodRuntimeStatus {
+            sandboxes: vec![SandboxState {
+                id: "s".into(),
+                attempt: 0,
+                ready: true,
+                created_at: 1,
+                ips: vec![],
+            }],
+            containers: vec![rc("a", 0, RunState::Running, 0)],
+        };
+        let w = HashMap::new();
+        let results = Results::default();
+        let check = |results: &Results| {
+            let status = generate_pod_status(
+                &p,
+                &StatusInputs {
+                    probes: Some(results),
+                    ..inputs(&rt, &w)
+                },
+            );
+            let cs = &status.container_statuses.unwrap()[0];
+            let ready = status
+                .conditions
+                .unwrap()
+                .into_iter()
+                .find(|c| c.type_ == "ContainersReady");
+            (cs.started, cs.ready, ready.unwrap().status)
+        };
+        results.set("a0", ProbeKind::Startup, ProbeResult::Unknown);
+        results.set("a0", ProbeKind::Readiness, ProbeResult::Success);
+        assert_eq!(check(&results), (Some(false), false, "False".to_owned()));
+        results.set("a0", ProbeKind::Startup, ProbeResult::Success);
+        assert_eq!(check(&results), (Some(true), true, "True".to_owned()));
+        results.set("a0", ProbeKind::Readiness, ProbeResult::Failure);
+        assert_eq!(check(&results), (Some(true), false, "False".to_owned()));
     }
 
     #[test]
