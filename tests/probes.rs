@@ -116,6 +116,23 @@ async fn running_status(name: &str) -> Option<(ContainerStatus, bool)> {
     Some((cs, ready))
 }
 
+/// Takes the node for one test and starts the agent; the pod named after `prefix` is
+/// deleted when the returned guard drops (before the agent stops).
+async fn begin(prefix: &str) -> (tokio::sync::MutexGuard<'static, ()>, AgentProcess, Cleanup) {
+    let turn = ONE_AT_A_TIME.lock().await;
+    (turn, start_agent(), Cleanup(unique(prefix)))
+}
+
+/// Creates `path` in the pod's container and waits until the pod is Ready.
+async fn touch_until_ready(name: &str, path: &str) -> ContainerStatus {
+    kubectl(&["exec", name, "-c", "c", "--", "touch", path]).await;
+    let (cs, _) = eventually("the pod ready", Duration::from_secs(30), || async {
+        running_status(name).await.filter(|(_, ready)| *ready)
+    })
+    .await;
+    cs
+}
+
 /// The messages of the pod's events with `reason`.
 async fn event_messages(name: &str, reason: &str) -> Vec<String> {
     let events: Api<Event> = Api::namespaced(kube_client("admin.kubeconfig").await, NS);
@@ -130,10 +147,8 @@ async fn event_messages(name: &str, reason: &str) -> Vec<String> {
 #[tokio::test]
 #[ignore = "needs root and the local cluster: run scripts/test.sh"]
 async fn a_failing_liveness_probe_restarts_the_container_with_the_kubelets_events() {
-    let _turn = ONE_AT_A_TIME.lock().await;
-    let _agent = start_agent();
-    let name = unique("liveness");
-    let _cleanup = Cleanup(name.clone());
+    let (_turn, _agent, pod) = begin("liveness").await;
+    let name = pod.0.clone();
     // Alive for 4 s after each start, then the exec probe fails.
     let probes = serde_json::json!({
         "livenessProbe": {
@@ -187,10 +202,8 @@ async fn a_failing_liveness_probe_restarts_the_container_with_the_kubelets_event
 #[tokio::test]
 #[ignore = "needs root and the local cluster: run scripts/test.sh"]
 async fn an_http_readiness_probe_gates_ready_and_a_tcp_liveness_probe_keeps_it_running() {
-    let _turn = ONE_AT_A_TIME.lock().await;
-    let _agent = start_agent();
-    let name = unique("readiness");
-    let _cleanup = Cleanup(name.clone());
+    let (_turn, _agent, pod) = begin("readiness").await;
+    let name = pod.0.clone();
     let probes = serde_json::json!({
         "readinessProbe": {
             "httpGet": { "path": "/ready", "port": "http" },
@@ -217,11 +230,7 @@ async fn an_http_readiness_probe_gates_ready_and_a_tcp_liveness_probe_keeps_it_r
             .contains(&"Readiness probe failed: HTTP probe failed with statuscode: 404".to_owned()),
         "{unhealthy:?}"
     );
-    kubectl(&["exec", &name, "-c", "c", "--", "touch", "/www/ready"]).await;
-    let (cs, _) = eventually("the pod ready", Duration::from_secs(30), || async {
-        running_status(&name).await.filter(|(_, ready)| *ready)
-    })
-    .await;
+    let cs = touch_until_ready(&name, "/www/ready").await;
     assert!(cs.ready);
     assert_eq!(cs.restart_count, 0, "the TCP liveness probe passes");
 }
@@ -229,10 +238,8 @@ async fn an_http_readiness_probe_gates_ready_and_a_tcp_liveness_probe_keeps_it_r
 #[tokio::test]
 #[ignore = "needs root and the local cluster: run scripts/test.sh"]
 async fn a_startup_probe_holds_readiness_back_until_it_succeeds() {
-    let _turn = ONE_AT_A_TIME.lock().await;
-    let _agent = start_agent();
-    let name = unique("startup");
-    let _cleanup = Cleanup(name.clone());
+    let (_turn, _agent, pod) = begin("startup").await;
+    let name = pod.0.clone();
     let probes = serde_json::json!({
         "startupProbe": {
             "exec": { "command": ["cat", "/tmp/started"] },
@@ -253,11 +260,7 @@ async fn a_startup_probe_holds_readiness_back_until_it_succeeds() {
     let (cs, ready) = running_status(&name).await.expect("still running");
     assert_eq!(cs.started, Some(false));
     assert!(!cs.ready && !ready);
-    kubectl(&["exec", &name, "-c", "c", "--", "touch", "/tmp/started"]).await;
-    let (cs, _) = eventually("the pod ready", Duration::from_secs(30), || async {
-        running_status(&name).await.filter(|(_, ready)| *ready)
-    })
-    .await;
+    let cs = touch_until_ready(&name, "/tmp/started").await;
     assert_eq!(cs.started, Some(true));
     assert!(cs.ready);
 }

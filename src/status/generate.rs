@@ -321,6 +321,20 @@ mod tests {
         }
     }
 
+    /// A ready sandbox `s` with `ips`, and container `a` running in it.
+    fn running_a(ips: Vec<IpAddr>) -> PodRuntimeStatus {
+        PodRuntimeStatus {
+            sandboxes: vec![SandboxState {
+                id: "s".into(),
+                attempt: 0,
+                ready: true,
+                created_at: 1,
+                ips,
+            }],
+            containers: vec![rc("a", 0, RunState::Running, 0)],
+        }
+    }
+
     fn waiting_reason(cs: &ContainerStatus) -> Option<&str> {
         cs.state.as_ref()?.waiting.as_ref()?.reason.as_deref()
     }
@@ -345,16 +359,7 @@ mod tests {
         let spec = &mut p.spec.as_mut().unwrap().containers[0];
         spec.readiness_probe = Some(Default::default());
         spec.startup_probe = Some(Default::default());
-        let rt = PodRuntimeStatus {
-            sandboxes: vec![SandboxState {
-                id: "s".into(),
-                attempt: 0,
-                ready: true,
-                created_at: 1,
-                ips: vec![],
-            }],
-            containers: vec![rc("a", 0, RunState::Running, 0)],
-        };
+        let rt = running_a(vec![]);
         let w = HashMap::new();
         let results = Results::default();
         let check = |results: &Results| {
@@ -409,16 +414,7 @@ mod tests {
     #[test]
     fn a_running_pod_is_ready_with_ips_and_ids() {
         let p = pod("web", &[("a", "nginx")]);
-        let rt = PodRuntimeStatus {
-            sandboxes: vec![SandboxState {
-                id: "s".into(),
-                attempt: 0,
-                ready: true,
-                created_at: 1,
-                ips: vec!["10.244.1.9".parse().unwrap()],
-            }],
-            containers: vec![rc("a", 0, RunState::Running, 0)],
-        };
+        let rt = running_a(vec!["10.244.1.9".parse().unwrap()]);
         let w = HashMap::new();
         let status = generate_pod_status(&p, &inputs(&rt, &w));
         assert_eq!(status.phase.as_deref(), Some("Running"));
