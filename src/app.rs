@@ -326,6 +326,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
     // Its wake-ups reach the pod workers once they exist.
     let wake: Arc<OnceLock<PodWorkers<Kubelet<CriClient>>>> = Arc::default();
     let wake_workers = wake.clone();
+    let wake_prober = wake.clone();
     tokio::spawn(pleg.clone().run(cri, move |uid| {
         if let Some(workers) = wake_workers.get() {
             workers.wake(uid);
@@ -388,6 +389,11 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
         volumes,
         status,
         PodAdmitter::new(node_store, registered, sysctls, client.clone()),
+        Arc::new(move |uid: &str| {
+            if let Some(workers) = wake_prober.get() {
+                workers.wake(uid);
+            }
+        }),
     ));
     let workers = PodWorkers::new(kubelet.clone());
     let _ = wake.set(workers.clone());

@@ -24,6 +24,7 @@ use crate::lifecycle::admission::{PodAdmitter, rejected_status};
 use crate::pod::source::PodAdmission;
 use crate::pod::workers::{Next, PodSyncer, PodWork, PodWorkers};
 use crate::pod::{PodId, source::PodStore};
+use crate::prober::{ProberManager, Wake};
 use crate::status::{StatusInputs, StatusManager, generate_pod_status};
 use crate::volume::{KubeVolumeApi, LinuxMounter, VolumeManager};
 
@@ -65,6 +66,8 @@ pub struct Kubelet<C> {
     /// every runtime change; the volume sources (secrets, configMaps, tokens) are read
     /// again at most once per resync period, not on each of them.
     mounts: Mutex<HashMap<String, (Instant, Mounts)>>,
+    /// The probe workers of the pods' containers.
+    prober: ProberManager<C>,
 }
 
 /// Each container's mounts, by container name.
@@ -74,17 +77,20 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-impl<C: Cri> Kubelet<C> {
+impl<C: Cri + Clone> Kubelet<C> {
     /// The kubelet over a runtime manager, a volume manager, a status manager and pod
-    /// admission.
+    /// admission; probe results wake pod workers through `wake`.
     pub fn new(
         settings: SyncSettings,
         runtime: RuntimeManager<C>,
         volumes: VolumeManager<KubeVolumeApi, LinuxMounter>,
         status: StatusManager,
         admission: PodAdmitter,
+        wake: Wake,
     ) -> Self {
+        let prober = ProberManager::new(runtime.cri().clone(), runtime.events().clone(), wake);
         Self {
+            prober,
             settings,
             runtime,
             volumes,
@@ -124,6 +130,7 @@ impl<C: Cri> Kubelet<C> {
             host_ip: Some(self.settings.node_ip),
             runtime_name: &self.settings.runtime_name,
             now: Timestamp::now(),
+            probes: Some(self.prober.results()),
         };
         let status = generate_pod_status(&base, &inputs);
         // The pod start latency: from acknowledgement (startTime) to the first Running.
@@ -248,6 +255,7 @@ impl<C: Cri> Kubelet<C> {
             self.fail_past_deadline(pod, id, &runtime);
             return Next::ResyncAfter(Duration::ZERO);
         }
+        self.prober.update_pod(pod, id, &runtime);
         // Pending (or whatever the runtime shows) at once, before a slow pull or sandbox.
         self.publish_status(pod, id, Some(&runtime));
         if let Some(wait) = self.backing_off(&id.uid) {
@@ -305,6 +313,7 @@ impl<C: Cri> Kubelet<C> {
             host_ip: Some(self.settings.node_ip),
             volume_mounts,
             runtime_handler,
+            probes: Some(self.prober.results().clone()),
         };
         let outcome = self.runtime.sync_pod(pod, id, &runtime, &ctx).await;
         lock(&self.reasons).insert(id.uid.clone(), outcome.waiting.clone());
@@ -428,12 +437,13 @@ impl<C: Cri> Kubelet<C> {
         lock(&self.reasons).remove(&id.uid);
         lock(&self.backoff).remove(&id.uid);
         lock(&self.mounts).remove(&id.uid);
+        self.prober.remove_pod(id);
         tracing::info!("pod terminated and cleaned up");
         Next::Done
     }
 }
 
-impl<C: Cri> PodSyncer for Kubelet<C> {
+impl<C: Cri + Clone> PodSyncer for Kubelet<C> {
     async fn sync(&self, work: &PodWork) -> Next {
         match work {
             PodWork::Sync(pod) => {
@@ -460,7 +470,7 @@ impl<C: Cri> PodSyncer for Kubelet<C> {
     }
 }
 
-impl<C: Cri> PodAdmission for Kubelet<C> {
+impl<C: Cri + Clone> PodAdmission for Kubelet<C> {
     /// `HandlePodAdditions`: a pod that may not run here ends Failed with the admit
     /// handler's reason (a Warning event too) and never reaches the runtime.
     fn admit(&self, pod: &Arc<Pod>) {
@@ -488,7 +498,7 @@ impl<C: Cri> PodAdmission for Kubelet<C> {
 /// Housekeeping, every two seconds once the pod store is synced (the kubelet's
 /// `HandlePodCleanups`): pods the runtime holds that the API does not know get a worker
 /// that removes them, and pod directories with no pod are cleaned up.
-pub async fn housekeeping<C: Cri>(
+pub async fn housekeeping<C: Cri + Clone>(
     store: PodStore,
     workers: PodWorkers<Kubelet<C>>,
     pleg: Arc<crate::pleg::Pleg>,

@@ -19,6 +19,8 @@ pub mod node;
 pub mod observability;
 pub mod pleg;
 pub mod pod;
+pub mod probe;
+pub mod prober;
 pub mod resources;
 pub mod server;
 pub mod status;

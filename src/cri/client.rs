@@ -206,6 +206,8 @@ unary_rpcs! {
     list_containers => runtime."ListContainers"(ListContainersRequest) -> ListContainersResponse within timeout;
     /// `ContainerStatus`: state, exit code, timestamps of one container.
     container_status => runtime."ContainerStatus"(ContainerStatusRequest) -> ContainerStatusResponse within timeout;
+    /// `ExecSync`: runs a command in a container and answers its output and exit code.
+    exec_sync => runtime."ExecSync"(ExecSyncRequest) -> ExecSyncResponse within timeout;
     /// `Exec`: prepares a streaming exec session; answers the runtime's URL for it.
     exec => runtime."Exec"(ExecRequest) -> ExecResponse within timeout;
     /// `Attach`: prepares a streaming attach session; answers the runtime's URL for it.

@@ -5,6 +5,7 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 
 use super::container::container_hash;
 use super::runtime_status::{ContainerState, PodRuntimeStatus, RunState};
+use crate::prober::{ProbeKind, Results};
 
 /// The actions of one sync.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -100,9 +101,14 @@ fn init_progress<'a>(
     }
 }
 
-/// Computes the actions for a pod that should be running.
+/// Computes the actions for a pod that should be running; `probes` tells which running
+/// containers failed a liveness or startup probe.
 #[must_use]
-pub fn compute_pod_actions(pod: &Pod, status: &PodRuntimeStatus) -> PodActions {
+pub fn compute_pod_actions(
+    pod: &Pod,
+    status: &PodRuntimeStatus,
+    probes: Option<&Results>,
+) -> PodActions {
     let Some(spec) = pod.spec.as_ref() else {
         return PodActions::default();
     };
@@ -180,6 +186,17 @@ pub fn compute_pod_actions(pod: &Pod, status: &PodRuntimeStatus) -> PodActions {
                         format!("Container {} definition changed, will be restarted", c.name),
                     ));
                     actions.start.push((i, s.attempt + 1));
+                } else if let Some(kind) = probes.and_then(|p| p.failed_probe(&s.id)) {
+                    let probe = if kind == ProbeKind::Liveness {
+                        "liveness"
+                    } else {
+                        "startup"
+                    };
+                    let mut why = format!("Container {} failed {probe} probe", c.name);
+                    if policy != "Never" {
+                        why.push_str(", will be restarted");
+                    }
+                    actions.kill.push((s.id.clone(), c.name.clone(), why));
                 }
             }
             Some(s) if s.state == RunState::Created || should_restart(policy, s.exit_code) => {
@@ -231,9 +248,43 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_liveness_probe_kills_the_container_with_the_kubelet_message() {
+        let p = pod("web", &[("a", "nginx")]);
+        let status = PodRuntimeStatus {
+            sandboxes: vec![sandbox("s1", 0, true)],
+            containers: vec![container(&p, "a", "s1", 0, RunState::Running, 0)],
+        };
+        let results = Results::default();
+        results.set(
+            "a-0",
+            ProbeKind::Liveness,
+            crate::probe::ProbeResult::Success,
+        );
+        assert!(
+            compute_pod_actions(&p, &status, Some(&results))
+                .kill
+                .is_empty()
+        );
+        results.set(
+            "a-0",
+            ProbeKind::Liveness,
+            crate::probe::ProbeResult::Failure,
+        );
+        let actions = compute_pod_actions(&p, &status, Some(&results));
+        assert_eq!(
+            actions.kill,
+            [(
+                "a-0".to_owned(),
+                "a".to_owned(),
+                "Container a failed liveness probe, will be restarted".to_owned()
+            )]
+        );
+    }
+
+    #[test]
     fn a_new_pod_gets_a_sandbox_and_all_containers() {
         let p = pod("web", &[("a", "nginx"), ("b", "busybox")]);
-        let actions = compute_pod_actions(&p, &PodRuntimeStatus::default());
+        let actions = compute_pod_actions(&p, &PodRuntimeStatus::default(), None);
         assert_eq!(actions.create_sandbox, Some(0));
         assert!(!actions.kill_pod);
         assert_eq!(actions.start, [(0, 0), (1, 0)]);
@@ -246,7 +297,7 @@ mod tests {
             sandboxes: vec![sandbox("s1", 0, true)],
             containers: vec![container(&p, "a", "s1", 0, RunState::Running, 0)],
         };
-        let actions = compute_pod_actions(&p, &status);
+        let actions = compute_pod_actions(&p, &status, None);
         assert_eq!(actions.sandbox_id.as_deref(), Some("s1"));
         assert_eq!(actions.create_sandbox, None);
         assert!(actions.start.is_empty() && actions.kill.is_empty());
@@ -260,12 +311,12 @@ mod tests {
             sandboxes: vec![sandbox("s1", 0, true)],
             containers: vec![container(&template, "a", "s1", 2, RunState::Exited, code)],
         };
-        assert_eq!(compute_pod_actions(&p, &exited(0)).start, [(0, 3)]);
+        assert_eq!(compute_pod_actions(&p, &exited(0), None).start, [(0, 3)]);
         p.spec.as_mut().unwrap().restart_policy = Some("OnFailure".into());
-        assert!(compute_pod_actions(&p, &exited(0)).start.is_empty());
-        assert_eq!(compute_pod_actions(&p, &exited(1)).start, [(0, 3)]);
+        assert!(compute_pod_actions(&p, &exited(0), None).start.is_empty());
+        assert_eq!(compute_pod_actions(&p, &exited(1), None).start, [(0, 3)]);
         p.spec.as_mut().unwrap().restart_policy = Some("Never".into());
-        assert!(compute_pod_actions(&p, &exited(1)).start.is_empty());
+        assert!(compute_pod_actions(&p, &exited(1), None).start.is_empty());
     }
 
     #[test]
@@ -275,7 +326,7 @@ mod tests {
             sandboxes: vec![sandbox("s1", 0, false)],
             containers: vec![container(&p, "a", "s1", 0, RunState::Exited, 137)],
         };
-        let actions = compute_pod_actions(&p, &status);
+        let actions = compute_pod_actions(&p, &status, None);
         assert!(actions.kill_pod);
         assert_eq!(actions.create_sandbox, Some(1));
         assert_eq!(actions.start, [(0, 1)]);
@@ -289,7 +340,10 @@ mod tests {
             sandboxes: vec![sandbox("s1", 0, false)],
             containers: vec![container(&p, "a", "s1", 0, RunState::Exited, 0)],
         };
-        assert_eq!(compute_pod_actions(&p, &status), PodActions::default());
+        assert_eq!(
+            compute_pod_actions(&p, &status, None),
+            PodActions::default()
+        );
     }
 
     #[test]
@@ -302,7 +356,7 @@ mod tests {
             sandboxes: vec![sandbox("s1", 0, true)],
             containers: vec![changed, stray],
         };
-        let actions = compute_pod_actions(&p, &status);
+        let actions = compute_pod_actions(&p, &status, None);
         assert_eq!(actions.start, [(0, 1)]);
         let killed: Vec<_> = actions.kill.iter().map(|(id, ..)| id.as_str()).collect();
         assert_eq!(killed, ["a-0", "gone-0"]);
@@ -340,7 +394,7 @@ mod tests {
     #[test]
     fn a_new_sandbox_starts_with_the_first_init_container_only() {
         let p = with_init(&["one", "two"]);
-        let actions = compute_pod_actions(&p, &PodRuntimeStatus::default());
+        let actions = compute_pod_actions(&p, &PodRuntimeStatus::default(), None);
         assert_eq!(actions.create_sandbox, Some(0));
         assert_eq!(actions.next_init, Some((0, 0)));
         assert!(actions.start.is_empty());
@@ -350,7 +404,7 @@ mod tests {
     fn init_containers_run_one_at_a_time_in_order_before_the_app() {
         let p = with_init(&["one", "two"]);
         let running = in_sandbox(vec![ran("one", "s1", 0, RunState::Running, 0)]);
-        let actions = compute_pod_actions(&p, &running);
+        let actions = compute_pod_actions(&p, &running, None);
         assert_eq!((actions.next_init, actions.start.len()), (None, 0));
         assert!(
             actions.kill.is_empty(),
@@ -358,7 +412,7 @@ mod tests {
         );
 
         let first_done = in_sandbox(vec![ran("one", "s1", 0, RunState::Exited, 0)]);
-        let actions = compute_pod_actions(&p, &first_done);
+        let actions = compute_pod_actions(&p, &first_done, None);
         assert_eq!(actions.next_init, Some((1, 0)));
         assert!(actions.start.is_empty());
 
@@ -366,7 +420,7 @@ mod tests {
             ran("two", "s1", 0, RunState::Exited, 0),
             ran("one", "s1", 0, RunState::Exited, 0),
         ]);
-        let actions = compute_pod_actions(&p, &all_done);
+        let actions = compute_pod_actions(&p, &all_done, None);
         assert_eq!(actions.next_init, None);
         assert_eq!(actions.start, [(0, 0)]);
     }
@@ -378,12 +432,12 @@ mod tests {
             ran("two", "s1", 1, RunState::Exited, 3),
             ran("one", "s1", 0, RunState::Exited, 0),
         ]);
-        let actions = compute_pod_actions(&p, &failed);
+        let actions = compute_pod_actions(&p, &failed, None);
         assert_eq!(actions.next_init, Some((1, 2)));
         assert!(!actions.kill_pod && actions.start.is_empty());
 
         p.spec.as_mut().unwrap().restart_policy = Some("Never".into());
-        let actions = compute_pod_actions(&p, &failed);
+        let actions = compute_pod_actions(&p, &failed, None);
         assert!(actions.kill_pod);
         assert_eq!((actions.next_init, actions.start.len()), (None, 0));
     }
@@ -392,7 +446,7 @@ mod tests {
     fn an_init_container_in_an_unknown_state_is_killed_before_its_restart() {
         let p = with_init(&["one"]);
         let unknown = in_sandbox(vec![ran("one", "s1", 0, RunState::Unknown, 0)]);
-        let actions = compute_pod_actions(&p, &unknown);
+        let actions = compute_pod_actions(&p, &unknown, None);
         assert_eq!(actions.next_init, Some((0, 1)));
         assert_eq!(actions.kill.len(), 1);
         assert_eq!(actions.kill[0].0, "one-0");
@@ -409,7 +463,7 @@ mod tests {
                 ran("one", "s1", 0, RunState::Exited, 0),
             ],
         };
-        let actions = compute_pod_actions(&p, &status);
+        let actions = compute_pod_actions(&p, &status, None);
         assert_eq!(actions.next_init, Some((0, 1)));
         assert!(actions.start.is_empty());
     }

@@ -26,6 +26,7 @@ use crate::cri::{Cri, api, ok_if_not_found};
 use crate::events::{EventRecorder, Involved};
 use crate::images::ImageManager;
 use crate::pod::PodId;
+use crate::prober::Results;
 
 /// Crashing containers wait 10 s, doubling to 5 min, before they are started again.
 const CRASH_BACKOFF: (Duration, Duration) = (Duration::from_secs(10), Duration::from_secs(300));
@@ -75,6 +76,8 @@ pub struct PodContext {
     pub volume_mounts: HashMap<String, Vec<api::Mount>>,
     /// The handler of the pod's RuntimeClass for a new sandbox; empty for the default.
     pub runtime_handler: String,
+    /// The prober's results (liveness and startup failures restart containers).
+    pub probes: Option<Arc<Results>>,
 }
 
 /// The kubelet's `kubeGenericRuntimeManager`: pod-level operations over CRI.
@@ -167,7 +170,7 @@ impl<C: Cri> RuntimeManager<C> {
         ctx: &PodContext,
     ) -> SyncOutcome {
         let mut outcome = SyncOutcome::default();
-        let actions = compute_pod_actions(pod, status);
+        let actions = compute_pod_actions(pod, status, ctx.probes.as_deref());
         tracing::debug!(?actions, "computed pod actions");
         let starts = actions.next_init.is_some() || !actions.start.is_empty();
         outcome.acted = actions.kill_pod

@@ -293,6 +293,15 @@ impl Metrics {
         );
         lock(&self.pod_start).render(&mut out, name, &[]);
 
+        let name = "prober_probe_total";
+        header(
+            &mut out,
+            name,
+            "counter",
+            "[ALPHA] Cumulative number of a liveness, readiness or startup probe for a container by result.",
+        );
+        crate::prober::metrics::samples(|labels, value| sample(&mut out, name, labels, value));
+
         let name = "kubelet_pod_worker_duration_seconds";
         header(
             &mut out,

@@ -14,6 +14,14 @@ use k8s_openapi::jiff::Timestamp;
 
 use crate::kuberuntime::runtime_status::ContainerState as RuntimeContainer;
 use crate::kuberuntime::{PodRuntimeStatus, RunState, Waiting};
+use crate::probe::ProbeResult;
+use crate::prober::{ProbeKind, Results};
+
+/// Whether the running container `id` passes its probe of `kind` (`has` says whether the
+/// container has that probe; without one, a running container passes).
+fn passes(inputs: &StatusInputs<'_>, id: &str, kind: ProbeKind, has: bool) -> bool {
+    !has || inputs.probes.and_then(|p| p.get(id, kind)) == Some(ProbeResult::Success)
+}
 
 /// What the status is generated from besides the Pod.
 #[derive(Debug, Clone, Default)]
@@ -28,6 +36,8 @@ pub struct StatusInputs<'a> {
     pub runtime_name: &'a str,
     /// The time of this status.
     pub now: Timestamp,
+    /// The prober's readiness and startup results.
+    pub probes: Option<&'a Results>,
 }
 
 fn time(ns: i64) -> Option<Time> {
@@ -130,8 +140,19 @@ fn statuses_of(
                 _ => previous.filter(|p| p.state == RunState::Exited),
             };
             let running = state.running.is_some();
+            let id = latest.map_or("", |c| c.id.as_str());
+            let started =
+                running && passes(inputs, id, ProbeKind::Startup, spec.startup_probe.is_some());
             let ready = match kind {
-                Kind::App => running,
+                Kind::App => {
+                    started
+                        && passes(
+                            inputs,
+                            id,
+                            ProbeKind::Readiness,
+                            spec.readiness_probe.is_some(),
+                        )
+                }
                 Kind::Init => state.terminated.as_ref().is_some_and(|t| t.exit_code == 0),
             };
             ContainerStatus {
@@ -141,7 +162,7 @@ fn statuses_of(
                     terminated(c, inputs.runtime_name)
                 })),
                 ready,
-                started: (kind == Kind::App).then_some(running),
+                started: (kind == Kind::App).then_some(started),
                 restart_count: latest.map_or(0, |c| i32::try_from(c.attempt).unwrap_or(i32::MAX)),
                 image: latest
                     .map(|c| c.image.clone())
@@ -395,6 +416,20 @@ mod tests {
         }
     }
 
+    /// A ready sandbox `s` with `ips`, and container `a` running in it.
+    fn running_a(ips: Vec<IpAddr>) -> PodRuntimeStatus {
+        PodRuntimeStatus {
+            sandboxes: vec![SandboxState {
+                id: "s".into(),
+                attempt: 0,
+                ready: true,
+                created_at: 1,
+                ips,
+            }],
+            containers: vec![rc("a", 0, RunState::Running, 0)],
+        }
+    }
+
     fn waiting_reason(cs: &ContainerStatus) -> Option<&str> {
         cs.state.as_ref()?.waiting.as_ref()?.reason.as_deref()
     }
@@ -409,7 +444,42 @@ mod tests {
             host_ip: Some("198.18.0.1".parse().unwrap()),
             runtime_name: "containerd",
             now: Timestamp::from_second(1_700_000_100).unwrap(),
+            probes: None,
         }
+    }
+
+    #[test]
+    fn readiness_and_startup_probes_gate_ready_and_started() {
+        let mut p = pod("web", &[("a", "nginx")]);
+        let spec = &mut p.spec.as_mut().unwrap().containers[0];
+        spec.readiness_probe = Some(Default::default());
+        spec.startup_probe = Some(Default::default());
+        let rt = running_a(vec![]);
+        let w = HashMap::new();
+        let results = Results::default();
+        let check = |results: &Results| {
+            let status = generate_pod_status(
+                &p,
+                &StatusInputs {
+                    probes: Some(results),
+                    ..inputs(&rt, &w)
+                },
+            );
+            let cs = &status.container_statuses.unwrap()[0];
+            let ready = status
+                .conditions
+                .unwrap()
+                .into_iter()
+                .find(|c| c.type_ == "ContainersReady");
+            (cs.started, cs.ready, ready.unwrap().status)
+        };
+        results.set("a0", ProbeKind::Startup, ProbeResult::Unknown);
+        results.set("a0", ProbeKind::Readiness, ProbeResult::Success);
+        assert_eq!(check(&results), (Some(false), false, "False".to_owned()));
+        results.set("a0", ProbeKind::Startup, ProbeResult::Success);
+        assert_eq!(check(&results), (Some(true), true, "True".to_owned()));
+        results.set("a0", ProbeKind::Readiness, ProbeResult::Failure);
+        assert_eq!(check(&results), (Some(true), false, "False".to_owned()));
     }
 
     #[test]
@@ -439,16 +509,7 @@ mod tests {
     #[test]
     fn a_running_pod_is_ready_with_ips_and_ids() {
         let p = pod("web", &[("a", "nginx")]);
-        let rt = PodRuntimeStatus {
-            sandboxes: vec![SandboxState {
-                id: "s".into(),
-                attempt: 0,
-                ready: true,
-                created_at: 1,
-                ips: vec!["10.244.1.9".parse().unwrap()],
-            }],
-            containers: vec![rc("a", 0, RunState::Running, 0)],
-        };
+        let rt = running_a(vec!["10.244.1.9".parse().unwrap()]);
         let w = HashMap::new();
         let status = generate_pod_status(&p, &inputs(&rt, &w));
         assert_eq!(status.phase.as_deref(), Some("Running"));

@@ -1,0 +1,80 @@
+//! `prober_probe_total{probe_type,result,container,pod,namespace,pod_uid}`, as the kubelet
+//! 1.20 exports it (results `successful`, `failed`, `unknown`). Each worker counts on its
+//! own atomics; the entries of a pod are dropped when the pod goes.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, Mutex};
+
+use super::ProbeKind;
+use crate::pod::PodId;
+use crate::probe::ProbeResult;
+
+/// The counts of one container's probe of one kind.
+#[derive(Debug)]
+pub struct Counters {
+    pod: PodId,
+    counts: [AtomicU64; 3],
+}
+
+impl Counters {
+    /// Counts one probe by its result (a warning counts as successful, as the kubelet's).
+    pub fn count(&self, result: ProbeResult) {
+        let i = match result {
+            ProbeResult::Success | ProbeResult::Warning => 0,
+            ProbeResult::Failure => 1,
+            ProbeResult::Unknown => 2,
+        };
+        self.counts[i].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+type Key = (String, String, ProbeKind);
+
+static REGISTRY: LazyLock<Mutex<BTreeMap<Key, Arc<Counters>>>> = LazyLock::new(Mutex::default);
+
+fn registry() -> std::sync::MutexGuard<'static, BTreeMap<Key, Arc<Counters>>> {
+    REGISTRY
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The counters of the pod's container's probe of `kind` (kept across restarts).
+pub fn register(pod: &PodId, container: &str, kind: ProbeKind) -> Arc<Counters> {
+    registry()
+        .entry((pod.uid.clone(), container.to_owned(), kind))
+        .or_insert_with(|| {
+            Arc::new(Counters {
+                pod: pod.clone(),
+                counts: Default::default(),
+            })
+        })
+        .clone()
+}
+
+/// Drops every entry of a pod that is gone.
+pub fn forget_pod(uid: &str) {
+    registry().retain(|(u, _, _), _| u != uid);
+}
+
+/// Appends the metric's samples, as `(labels, value)`, for the exposition.
+pub fn samples(mut emit: impl FnMut(&[(&str, &str)], u64)) {
+    for ((_, container, kind), c) in registry().iter() {
+        for (i, result) in ["successful", "failed", "unknown"].into_iter().enumerate() {
+            let value = c.counts[i].load(Ordering::Relaxed);
+            if value > 0 {
+                emit(
+                    &[
+                        ("probe_type", kind.as_str()),
+                        ("result", result),
+                        ("container", container),
+                        ("pod", &c.pod.name),
+                        ("namespace", &c.pod.namespace),
+                        ("pod_uid", &c.pod.uid),
+                    ],
+                    value,
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,157 @@
+//! Probe workers, as the kubelet's `pkg/kubelet/prober`: one task per running container
+//! and probe kind (liveness, readiness, startup) that probes it periodically and keeps the
+//! latest result in a [`Results`] cache keyed by container id. The status generator reads
+//! readiness and startup from it, the runtime manager reads liveness and startup failures
+//! from it to restart containers; the prober itself never writes status nor kills.
+
+pub mod metrics;
+pub mod results;
+mod run;
+mod worker;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use k8s_openapi::api::core::v1::{Container, Pod, Probe};
+
+use crate::cri::Cri;
+use crate::events::EventRecorder;
+use crate::kuberuntime::{PodRuntimeStatus, RunState};
+use crate::pod::PodId;
+pub use results::{ProbeKind, Results};
+
+/// Wakes the pod worker of a pod UID (its result changed).
+pub type Wake = Arc<dyn Fn(&str) + Send + Sync>;
+
+/// One probe worker: which container instance it probes, and its task.
+struct WorkerHandle {
+    container: String,
+    kind: ProbeKind,
+    container_id: String,
+    task: tokio::task::AbortHandle,
+}
+
+/// Starts and stops the probe workers of the pods (the kubelet's prober manager).
+pub struct ProberManager<C> {
+    shared: Arc<worker::Shared<C>>,
+    workers: Mutex<HashMap<String, Vec<WorkerHandle>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The container's probe of a kind, if it has one.
+fn probe_of(container: &Container, kind: ProbeKind) -> Option<&Probe> {
+    match kind {
+        ProbeKind::Liveness => container.liveness_probe.as_ref(),
+        ProbeKind::Readiness => container.readiness_probe.as_ref(),
+        ProbeKind::Startup => container.startup_probe.as_ref(),
+    }
+}
+
+impl<C: Cri + Clone> ProberManager<C> {
+    /// A manager probing through `cri`, recording events to `events` and waking pod
+    /// workers through `wake` when a result changes.
+    pub fn new(cri: C, events: EventRecorder, wake: Wake) -> Self {
+        Self {
+            shared: Arc::new(worker::Shared {
+                cri,
+                events,
+                wake,
+                results: Arc::default(),
+            }),
+            workers: Mutex::default(),
+        }
+    }
+
+    /// The results cache.
+    pub fn results(&self) -> &Arc<Results> {
+        &self.shared.results
+    }
+
+    /// Brings the pod's workers in line with its running containers: a worker per probe of
+    /// each running container instance, none for the others.
+    pub fn update_pod(&self, pod: &Pod, id: &PodId, runtime: &PodRuntimeStatus) {
+        let Some(spec) = pod.spec.as_ref() else {
+            return;
+        };
+        let sandbox = runtime.ready_sandbox();
+        let mut wanted = Vec::new();
+        for c in &spec.containers {
+            let running = runtime
+                .latest(&c.name)
+                .filter(|s| s.state == RunState::Running);
+            let (Some(s), Some(sb)) = (running, sandbox) else {
+                continue;
+            };
+            for kind in ProbeKind::ALL {
+                if probe_of(c, kind).is_some() {
+                    wanted.push((c, kind, s, sb));
+                }
+            }
+        }
+        let mut all = lock(&self.workers);
+        let handles = all.entry(id.uid.clone()).or_default();
+        handles.retain(|h| {
+            let keep = wanted.iter().any(|(c, k, s, _)| {
+                c.name == h.container && *k == h.kind && s.id == h.container_id
+            });
+            if !keep {
+                self.stop(h, id);
+            }
+            keep
+        });
+        for (c, kind, s, sb) in wanted {
+            let running = handles
+                .iter()
+                .any(|h| h.container == c.name && h.kind == kind && h.container_id == s.id);
+            if running {
+                continue;
+            }
+            let Some(probe) = probe_of(c, kind) else {
+                continue;
+            };
+            let target = worker::Target {
+                pod: id.clone(),
+                container: c.clone(),
+                container_id: s.id.clone(),
+                pod_ip: sb.ips.first().map(ToString::to_string).unwrap_or_default(),
+                started_at_ns: s.started_at,
+                has_startup: c.startup_probe.is_some(),
+            };
+            let task = tokio::spawn(worker::run(
+                self.shared.clone(),
+                target,
+                kind,
+                probe.clone(),
+            ))
+            .abort_handle();
+            handles.push(WorkerHandle {
+                container: c.name.clone(),
+                kind,
+                container_id: s.id.clone(),
+                task,
+            });
+        }
+        if handles.is_empty() {
+            all.remove(&id.uid);
+        }
+    }
+
+    /// Stops every worker of a pod that is gone, and forgets its results and metrics.
+    pub fn remove_pod(&self, id: &PodId) {
+        if let Some(handles) = lock(&self.workers).remove(&id.uid) {
+            for h in &handles {
+                self.stop(h, id);
+            }
+        }
+        metrics::forget_pod(&id.uid);
+    }
+
+    fn stop(&self, h: &WorkerHandle, id: &PodId) {
+        h.task.abort();
+        self.shared.results.remove(&h.container_id, h.kind);
+        tracing::debug!(pod = %id, container = %h.container, kind = h.kind.as_str(), "probe worker stopped");
+    }
+}

@@ -1,0 +1,115 @@
+//! The probe results cache (the kubelet's `prober/results`): the latest result of each
+//! probe kind per container id. Readers (status, runtime manager) never wait on probes.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use crate::probe::ProbeResult;
+
+/// Liveness, readiness or startup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ProbeKind {
+    /// Restarts the container when it fails.
+    Liveness,
+    /// Gates the container's readiness.
+    Readiness,
+    /// Holds the other probes back until the container has started.
+    Startup,
+}
+
+impl ProbeKind {
+    /// Every kind.
+    pub const ALL: [Self; 3] = [Self::Liveness, Self::Readiness, Self::Startup];
+
+    /// The kubelet's name, as in events and the `probe_type` metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Liveness => "Liveness",
+            Self::Readiness => "Readiness",
+            Self::Startup => "Startup",
+        }
+    }
+
+    /// The result before the first probe: not ready, alive, not known to have started.
+    pub fn initial(self) -> ProbeResult {
+        match self {
+            Self::Liveness => ProbeResult::Success,
+            Self::Readiness => ProbeResult::Failure,
+            Self::Startup => ProbeResult::Unknown,
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// The latest result of each probe kind, by container id.
+#[derive(Debug, Default)]
+pub struct Results {
+    by_container: Mutex<HashMap<String, [Option<ProbeResult>; 3]>>,
+}
+
+impl Results {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, [Option<ProbeResult>; 3]>> {
+        self.by_container
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The latest result of the container's probe of `kind`, if it has one.
+    pub fn get(&self, container_id: &str, kind: ProbeKind) -> Option<ProbeResult> {
+        self.lock().get(container_id).and_then(|r| r[kind.index()])
+    }
+
+    /// Records a result; answers whether it differs from the one before.
+    pub fn set(&self, container_id: &str, kind: ProbeKind, result: ProbeResult) -> bool {
+        let mut all = self.lock();
+        let slot = match all.get_mut(container_id) {
+            Some(slots) => &mut slots[kind.index()],
+            None => &mut all.entry(container_id.to_owned()).or_default()[kind.index()],
+        };
+        slot.replace(result) != Some(result)
+    }
+
+    /// Forgets the container's result of `kind` (its worker stopped).
+    pub fn remove(&self, container_id: &str, kind: ProbeKind) {
+        let mut all = self.lock();
+        if let Some(slots) = all.get_mut(container_id) {
+            slots[kind.index()] = None;
+            if slots.iter().all(Option::is_none) {
+                all.remove(container_id);
+            }
+        }
+    }
+
+    /// Why the runtime manager should restart the container, if a liveness or startup
+    /// probe failed: the kubelet's `Container X failed liveness probe` message start.
+    pub fn failed_probe(&self, container_id: &str) -> Option<ProbeKind> {
+        let all = self.lock();
+        let slots = all.get(container_id)?;
+        [ProbeKind::Liveness, ProbeKind::Startup]
+            .into_iter()
+            .find(|k| slots[k.index()] == Some(ProbeResult::Failure))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn results_are_kept_per_container_and_kind() {
+        let results = Results::default();
+        assert!(results.set("c1", ProbeKind::Readiness, ProbeResult::Failure));
+        assert!(!results.set("c1", ProbeKind::Readiness, ProbeResult::Failure));
+        assert!(results.set("c1", ProbeKind::Liveness, ProbeResult::Success));
+        assert_eq!(results.failed_probe("c1"), None);
+        assert!(results.set("c1", ProbeKind::Liveness, ProbeResult::Failure));
+        assert_eq!(results.failed_probe("c1"), Some(ProbeKind::Liveness));
+        assert_eq!(results.get("c2", ProbeKind::Readiness), None);
+        results.remove("c1", ProbeKind::Liveness);
+        results.remove("c1", ProbeKind::Readiness);
+        assert!(results.lock().is_empty());
+    }
+}

@@ -1,0 +1,349 @@
+//! One probe worker (the kubelet's `prober/worker.go`): probes one container instance
+//! every `periodSeconds` after `initialDelaySeconds`, turns runs of results into the
+//! cached result by the success and failure thresholds, and holds after a liveness or
+//! startup failure until the container is replaced (a new worker then starts).
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use k8s_openapi::api::core::v1::{Container, Probe};
+use tokio::time::{Instant, MissedTickBehavior};
+
+use super::run::Check;
+use super::{ProbeKind, Results, Wake, metrics};
+use crate::cri::Cri;
+use crate::events::EventRecorder;
+use crate::pod::PodId;
+use crate::probe::{Outcome, ProbeResult};
+
+/// Errored probes are tried this many times before the period ends (the kubelet's
+/// `maxProbeRetries`).
+const MAX_RETRIES: usize = 3;
+
+/// What every worker shares.
+pub(super) struct Shared<C> {
+    pub(super) cri: C,
+    pub(super) events: EventRecorder,
+    pub(super) wake: Wake,
+    pub(super) results: Arc<Results>,
+}
+
+impl<C> Shared<C> {
+    fn set(&self, target: &Target, kind: ProbeKind, result: ProbeResult) {
+        if self.results.set(&target.container_id, kind, result) {
+            tracing::debug!(pod = %target.pod, container = %target.container.name, kind = kind.as_str(), result = result.as_str(), "probe result changed");
+            (self.wake)(&target.pod.uid);
+        }
+    }
+}
+
+/// The container instance a worker probes.
+pub(super) struct Target {
+    pub(super) pod: PodId,
+    pub(super) container: Container,
+    pub(super) container_id: String,
+    pub(super) pod_ip: String,
+    /// When the container started, in ns since the epoch (0: unknown).
+    pub(super) started_at_ns: i64,
+    pub(super) has_startup: bool,
+}
+
+/// The probe's timing, with the kubelet's defaults and minimums.
+struct Timing {
+    initial_delay: Duration,
+    period: Duration,
+    timeout: Duration,
+    success_threshold: u32,
+    failure_threshold: u32,
+}
+
+fn seconds(v: Option<i32>, default: i32) -> Duration {
+    Duration::from_secs(u64::try_from(v.unwrap_or(default).max(1)).unwrap_or(1))
+}
+
+impl Timing {
+    fn of(probe: &Probe) -> Self {
+        let count =
+            |v: Option<i32>, default: i32| u32::try_from(v.unwrap_or(default).max(1)).unwrap_or(1);
+        Self {
+            initial_delay: Duration::from_secs(
+                u64::try_from(probe.initial_delay_seconds.unwrap_or(0)).unwrap_or(0),
+            ),
+            period: seconds(probe.period_seconds, 10),
+            timeout: seconds(probe.timeout_seconds, 1),
+            success_threshold: count(probe.success_threshold, 1),
+            failure_threshold: count(probe.failure_threshold, 3),
+        }
+    }
+}
+
+/// The instant the container started, on tokio's clock.
+fn start_instant(started_at_ns: i64) -> Instant {
+    let now_ns = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX));
+    let ago = u64::try_from(now_ns.saturating_sub(started_at_ns)).unwrap_or(0);
+    let now = Instant::now();
+    if started_at_ns <= 0 {
+        return now;
+    }
+    now.checked_sub(Duration::from_nanos(ago)).unwrap_or(now)
+}
+
+/// A spread of the first probe over the period, stable per container (the kubelet waits
+/// a random part of the period so that many workers do not probe at once).
+fn jitter(container_id: &str, period: Duration) -> Duration {
+    let hash = container_id
+        .bytes()
+        .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)));
+    let period_ms = u64::try_from(period.as_millis()).unwrap_or(u64::MAX).max(1);
+    Duration::from_millis(hash % period_ms)
+}
+
+/// Runs the check, trying again on errors, and records the kubelet's events.
+async fn probe_once<C: Cri>(
+    shared: &Shared<C>,
+    target: &Target,
+    kind: ProbeKind,
+    check: &Check,
+    timeout: Duration,
+) -> Outcome {
+    let mut outcome = check.run(&shared.cri, &target.container_id, timeout).await;
+    for _ in 1..MAX_RETRIES {
+        if outcome.result != ProbeResult::Unknown {
+            break;
+        }
+        outcome = check.run(&shared.cri, &target.container_id, timeout).await;
+    }
+    let (reason, verb) = match outcome.result {
+        ProbeResult::Success => return outcome,
+        ProbeResult::Warning => ("ProbeWarning", "warning"),
+        ProbeResult::Failure => ("Unhealthy", "failed"),
+        ProbeResult::Unknown => ("Unhealthy", "errored"),
+    };
+    let message = format!("{} probe {verb}: {}", kind.as_str(), outcome.output);
+    tracing::debug!(pod = %target.pod, container = %target.container.name, %message, "probe");
+    let container = Some(target.container.name.as_str());
+    shared
+        .events
+        .warning(&target.pod, container, reason, message);
+    outcome
+}
+
+/// Probes `target` until aborted, or until a liveness or startup failure is recorded.
+pub(super) async fn run<C: Cri>(
+    shared: Arc<Shared<C>>,
+    target: Target,
+    kind: ProbeKind,
+    probe: Probe,
+) {
+    let timing = Timing::of(&probe);
+    let check = Check::of(&probe, &target.container, &target.pod_ip);
+    let counters = metrics::register(&target.pod, &target.container.name, kind);
+    let started = start_instant(target.started_at_ns);
+    shared.set(&target, kind, kind.initial());
+    tokio::time::sleep(jitter(&target.container_id, timing.period)).await;
+    let mut ticker = tokio::time::interval(timing.period);
+    ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut last = None;
+    let mut run = 0u32;
+    loop {
+        ticker.tick().await;
+        if started.elapsed() < timing.initial_delay {
+            continue;
+        }
+        if target.has_startup {
+            let has_started = shared.results.get(&target.container_id, ProbeKind::Startup)
+                == Some(ProbeResult::Success);
+            // A started container's startup probe is done; the others wait for it.
+            if has_started == (kind == ProbeKind::Startup) {
+                continue;
+            }
+        }
+        let outcome = probe_once(&shared, &target, kind, &check, timing.timeout).await;
+        let result = match outcome.result {
+            ProbeResult::Success | ProbeResult::Warning => ProbeResult::Success,
+            ProbeResult::Failure => ProbeResult::Failure,
+            // An errored probe changes nothing (the kubelet skips it).
+            ProbeResult::Unknown => continue,
+        };
+        counters.count(result);
+        if last == Some(result) {
+            run = run.saturating_add(1);
+        } else {
+            last = Some(result);
+            run = 1;
+        }
+        let threshold = if result == ProbeResult::Failure {
+            timing.failure_threshold
+        } else {
+            timing.success_threshold
+        };
+        if run < threshold {
+            continue;
+        }
+        shared.set(&target, kind, result);
+        if kind != ProbeKind::Readiness && result == ProbeResult::Failure {
+            // On hold: the container is restarted, and its new instance gets a new worker.
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cri::{Result, api};
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// Answers exit codes from a script (the last one repeats), counting calls.
+    struct Scripted {
+        codes: Mutex<Vec<i32>>,
+        calls: AtomicUsize,
+    }
+
+    impl Cri for Arc<Scripted> {
+        async fn exec_sync(&self, _req: api::ExecSyncRequest) -> Result<api::ExecSyncResponse> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            let mut codes = self.codes.lock().expect("lock");
+            let code = if codes.len() > 1 {
+                codes.remove(0)
+            } else {
+                codes[0]
+            };
+            Ok(api::ExecSyncResponse {
+                stdout: b"nope".to_vec(),
+                stderr: vec![],
+                exit_code: code,
+            })
+        }
+    }
+
+    fn probe(failure_threshold: i32) -> Probe {
+        Probe {
+            exec: Some(k8s_openapi::api::core::v1::ExecAction {
+                command: Some(vec!["true".into()]),
+            }),
+            period_seconds: Some(1),
+            failure_threshold: Some(failure_threshold),
+            ..Default::default()
+        }
+    }
+
+    fn target(has_startup: bool) -> Target {
+        Target {
+            pod: PodId {
+                uid: "u1".into(),
+                namespace: "default".into(),
+                name: "web".into(),
+            },
+            container: Container {
+                name: "a".into(),
+                ..Default::default()
+            },
+            container_id: "c1".into(),
+            pod_ip: "127.0.0.1".into(),
+            started_at_ns: 0,
+            has_startup,
+        }
+    }
+
+    fn shared(
+        codes: Vec<i32>,
+    ) -> (
+        Arc<Shared<Arc<Scripted>>>,
+        tokio::sync::mpsc::UnboundedReceiver<crate::events::PodEvent>,
+        Arc<AtomicUsize>,
+    ) {
+        let (events, rx) = EventRecorder::channel();
+        let wakes = Arc::new(AtomicUsize::new(0));
+        let counted = wakes.clone();
+        let shared = Arc::new(Shared {
+            cri: Arc::new(Scripted {
+                codes: Mutex::new(codes),
+                calls: AtomicUsize::new(0),
+            }),
+            events,
+            wake: Arc::new(move |_: &str| {
+                counted.fetch_add(1, Ordering::SeqCst);
+            }),
+            results: Arc::default(),
+        });
+        (shared, rx, wakes)
+    }
+
+    #[tokio::test]
+    async fn liveness_fails_after_the_threshold_and_then_holds() {
+        let (shared, mut events, wakes) = shared(vec![0, 1]);
+        let task = tokio::spawn(run(
+            shared.clone(),
+            target(false),
+            ProbeKind::Liveness,
+            probe(3),
+        ));
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(
+            shared.results.get("c1", ProbeKind::Liveness),
+            Some(ProbeResult::Success)
+        );
+        // One success, then failures: the third failure in a row is the result.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(
+            shared.results.get("c1", ProbeKind::Liveness),
+            Some(ProbeResult::Success)
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(
+            shared.results.get("c1", ProbeKind::Liveness),
+            Some(ProbeResult::Failure)
+        );
+        assert!(
+            task.is_finished(),
+            "the worker holds after a liveness failure"
+        );
+        assert_eq!(shared.cri.calls.load(Ordering::SeqCst), 4);
+        assert_eq!(wakes.load(Ordering::SeqCst), 2);
+        let event = events.recv().await.expect("an event");
+        assert_eq!(event.reason, "Unhealthy");
+        assert_eq!(event.message, "Liveness probe failed: nope");
+    }
+
+    #[tokio::test]
+    async fn readiness_waits_for_startup_and_then_follows_the_probe() {
+        let (shared, _events, _) = shared(vec![0]);
+        let readiness = tokio::spawn(run(
+            shared.clone(),
+            target(true),
+            ProbeKind::Readiness,
+            probe(3),
+        ));
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(
+            shared.results.get("c1", ProbeKind::Readiness),
+            Some(ProbeResult::Failure)
+        );
+        assert_eq!(
+            shared.cri.calls.load(Ordering::SeqCst),
+            0,
+            "held back by the startup probe"
+        );
+        let startup = tokio::spawn(run(
+            shared.clone(),
+            target(true),
+            ProbeKind::Startup,
+            probe(3),
+        ));
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(
+            shared.results.get("c1", ProbeKind::Startup),
+            Some(ProbeResult::Success)
+        );
+        assert_eq!(
+            shared.results.get("c1", ProbeKind::Readiness),
+            Some(ProbeResult::Success)
+        );
+        readiness.abort();
+        startup.abort();
+    }
+}
