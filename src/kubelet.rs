@@ -241,6 +241,8 @@ impl<C: Cri + Clone> Kubelet<C> {
                 return Next::ResyncAfter(RETRY);
             }
         };
+        // Probe workers follow the running containers (none once the pod has finished).
+        self.prober.update_pod(pod, id, &runtime);
         if terminal {
             // A finished pod keeps its status; whatever still runs of it is stopped.
             if runtime.ready_sandbox().is_some() {
@@ -255,7 +257,6 @@ impl<C: Cri + Clone> Kubelet<C> {
             self.fail_past_deadline(pod, id, &runtime);
             return Next::ResyncAfter(Duration::ZERO);
         }
-        self.prober.update_pod(pod, id, &runtime);
         // Pending (or whatever the runtime shows) at once, before a slow pull or sandbox.
         self.publish_status(pod, id, Some(&runtime));
         if let Some(wait) = self.backing_off(&id.uid) {
