@@ -247,7 +247,12 @@ impl<C: Cri + Clone> Kubelet<C> {
             // A finished pod keeps its status; whatever still runs of it is stopped.
             if runtime.ready_sandbox().is_some() {
                 let grace = crate::pod::termination_grace_period(pod);
-                if self.runtime.kill_pod(id, &runtime, grace).await.is_err() {
+                if self
+                    .runtime
+                    .kill_pod((id, Some(pod)), &runtime, grace)
+                    .await
+                    .is_err()
+                {
                     return Next::ResyncAfter(RETRY);
                 }
             }
@@ -369,7 +374,7 @@ impl<C: Cri + Clone> Kubelet<C> {
             // leave the API: a failed stop keeps the pod Terminating and is retried.
             let killed = self
                 .runtime
-                .kill_pod(id, &runtime, grace)
+                .kill_pod((id, pod), &runtime, grace)
                 .instrument(tracing::info_span!("kill_pod", grace))
                 .await;
             if killed.is_err() {

@@ -141,14 +141,21 @@ impl CriClient {
     }
 }
 
+/// A request's own timeout in seconds (negative: none), added to the call's deadline.
+fn seconds(timeout: i64) -> Duration {
+    Duration::from_secs(u64::try_from(timeout).unwrap_or(0))
+}
+
 /// Generates the [`Cri`] trait, one method per unary RPC (named like the generated
 /// client's method, request message in, response message out), and its implementation for
-/// [`CriClient`], with the deadline taken from the named field.
+/// [`CriClient`], with the deadline taken from the named field, plus (`plus field`) the
+/// request's own timeout: a `StopContainer` waits out the grace period it carries, as the
+/// kubelet's remote runtime adds it to `--runtime-request-timeout`.
 ///
 /// Every trait method has a default body answering `Unimplemented`, so a test fake
 /// implements only the calls its test needs.
 macro_rules! unary_rpcs {
-    ($($(#[$doc:meta])* $method:ident => $svc:ident . $rpc:literal ($req:ident) -> $resp:ident within $deadline:ident;)*) => {
+    ($($(#[$doc:meta])* $method:ident => $svc:ident . $rpc:literal ($req:ident) -> $resp:ident within $deadline:ident $(plus $extra:ident)?;)*) => {
         /// The CRI `RuntimeService` and `ImageService` calls the agent makes. Implemented by
         /// [`CriClient`] for a real runtime, and by fakes in tests.
         pub trait Cri: Send + Sync + 'static {
@@ -169,7 +176,8 @@ macro_rules! unary_rpcs {
             $(
                 async fn $method(&self, req: api::$req) -> Result<api::$resp> {
                     let mut c = self.$svc.clone();
-                    self.call($rpc, self.$deadline, req, move |r| async move { c.$method(r).await })
+                    let deadline = self.$deadline $(+ seconds(req.$extra))?;
+                    self.call($rpc, deadline, req, move |r| async move { c.$method(r).await })
                         .await
                 }
             )*
@@ -199,7 +207,7 @@ unary_rpcs! {
     /// `StartContainer`: starts a created container.
     start_container => runtime."StartContainer"(StartContainerRequest) -> StartContainerResponse within timeout;
     /// `StopContainer`: signals a container and kills it after its timeout.
-    stop_container => runtime."StopContainer"(StopContainerRequest) -> StopContainerResponse within timeout;
+    stop_container => runtime."StopContainer"(StopContainerRequest) -> StopContainerResponse within timeout plus timeout;
     /// `RemoveContainer`: removes a stopped container.
     remove_container => runtime."RemoveContainer"(RemoveContainerRequest) -> RemoveContainerResponse within timeout;
     /// `ListContainers`: containers matching a filter.
@@ -207,7 +215,7 @@ unary_rpcs! {
     /// `ContainerStatus`: state, exit code, timestamps of one container.
     container_status => runtime."ContainerStatus"(ContainerStatusRequest) -> ContainerStatusResponse within timeout;
     /// `ExecSync`: runs a command in a container and answers its output and exit code.
-    exec_sync => runtime."ExecSync"(ExecSyncRequest) -> ExecSyncResponse within timeout;
+    exec_sync => runtime."ExecSync"(ExecSyncRequest) -> ExecSyncResponse within timeout plus timeout;
     /// `Exec`: prepares a streaming exec session; answers the runtime's URL for it.
     exec => runtime."Exec"(ExecRequest) -> ExecResponse within timeout;
     /// `Attach`: prepares a streaming attach session; answers the runtime's URL for it.

@@ -25,6 +25,7 @@ use crate::backoff::Backoff;
 use crate::cri::{Cri, api, ok_if_not_found};
 use crate::events::{EventRecorder, Involved};
 use crate::images::ImageManager;
+use crate::lifecycle::handlers::run_hook;
 use crate::pod::PodId;
 use crate::prober::Results;
 
@@ -33,6 +34,39 @@ const CRASH_BACKOFF: (Duration, Duration) = (Duration::from_secs(10), Duration::
 /// Exited containers kept per container name (the current one and the previous one, for
 /// `kubectl logs --previous`).
 const KEEP_EXITED_PER_NAME: usize = 2;
+
+/// The kubelet's minimum time between a container's stop signal and SIGKILL.
+const MIN_GRACE_SECONDS: i64 = 2;
+
+/// One container to stop, with what its preStop hook needs.
+struct Stop<'a> {
+    pod: &'a PodId,
+    container_id: &'a str,
+    name: &'a str,
+    /// Its spec, when the pod is known: a container of a pod gone from the API runs no
+    /// hook.
+    spec: Option<&'a Container>,
+    /// The pod's IP, the default host of an HTTP hook.
+    pod_ip: &'a str,
+}
+
+/// The spec of the pod's container (init or app) with this name.
+fn container_spec<'a>(pod: Option<&'a Pod>, name: &str) -> Option<&'a Container> {
+    let spec = pod?.spec.as_ref()?;
+    spec.containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .find(|c| c.name == name)
+}
+
+/// The primary IP of the pod's ready sandbox, if any.
+fn pod_ip(status: &PodRuntimeStatus) -> String {
+    status
+        .ready_sandbox()
+        .and_then(|s| s.ips.first())
+        .map(ToString::to_string)
+        .unwrap_or_default()
+}
 
 /// Why a container is waiting, for its status (the kubelet's reason cache).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -187,7 +221,7 @@ impl<C: Cri> RuntimeManager<C> {
                 );
             }
             let grace = crate::pod::termination_grace_period(pod);
-            if let Err(e) = self.kill_pod(id, status, grace).await {
+            if let Err(e) = self.kill_pod((id, Some(pod)), status, grace).await {
                 // As the kubelet: no new sandbox while the old one still holds its network.
                 let message = format!("error killing pod: {e}");
                 self.events
@@ -201,8 +235,13 @@ impl<C: Cri> RuntimeManager<C> {
                 self.purge_init_containers(pod, status).await;
             }
         }
-        self.kill_containers(id, &actions, crate::pod::termination_grace_period(pod))
-            .await;
+        self.kill_containers(
+            (id, pod),
+            status,
+            &actions,
+            crate::pod::termination_grace_period(pod),
+        )
+        .await;
         let mut slot = StartSlot {
             slots: self.start_slots.clone(),
             permit: None,
@@ -521,7 +560,47 @@ impl<C: Cri> RuntimeManager<C> {
             "Started",
             format!("Started container {}", container.name),
         );
-        Ok(())
+        let Some(hook) = container
+            .lifecycle
+            .as_ref()
+            .and_then(|l| l.post_start.as_ref())
+        else {
+            return Ok(());
+        };
+        // The postStart hook runs before the start counts as done; when it fails, the
+        // container is killed and its start failed (the kubelet's `PostStartHookError`).
+        let pod_ip = ips.first().map(ToString::to_string).unwrap_or_default();
+        let ran = run_hook(
+            &self.cri,
+            id,
+            (container, &created.container_id),
+            &pod_ip,
+            hook,
+        )
+        .instrument(tracing::info_span!("post_start_hook"))
+        .await;
+        let Err(message) = ran else {
+            return Ok(());
+        };
+        self.events
+            .warning(id, name, "FailedPostStartHook", message.clone());
+        let target = Stop {
+            pod: id,
+            container_id: &created.container_id,
+            name: &container.name,
+            spec: Some(container),
+            pod_ip: &pod_ip,
+        };
+        self.stop_container(
+            &target,
+            crate::pod::termination_grace_period(pod),
+            "FailedPostStartHook".into(),
+        )
+        .await;
+        Err(Waiting {
+            reason: "PostStartHookError".into(),
+            message,
+        })
     }
 
     /// Removes every run of the pod's init containers (they are stopped: the pod was
@@ -545,55 +624,106 @@ impl<C: Cri> RuntimeManager<C> {
         }
     }
 
-    async fn stop_container(
-        &self,
-        id: &PodId,
-        container_id: &str,
-        name: &str,
-        grace: i64,
-        why: String,
-    ) {
+    /// Stops one container within `grace` seconds (the kubelet's `killContainer`): its
+    /// preStop hook first, if the pod spec gives it one, whose time counts against the
+    /// grace period; then the stop signal, and SIGKILL once what is left of the grace period
+    /// (at least the kubelet's minimum of 2 s) has passed.
+    async fn stop_container(&self, target: &Stop<'_>, grace: i64, why: String) {
+        let Stop {
+            pod: id,
+            container_id,
+            name,
+            ..
+        } = *target;
         self.events.normal(id, Some(name), "Killing", why);
+        let mut grace = grace;
+        let pre_stop = target
+            .spec
+            .and_then(|c| c.lifecycle.as_ref()?.pre_stop.as_ref().map(|h| (c, h)));
+        if let Some((spec, hook)) = pre_stop
+            && grace > 0
+        {
+            let started = Instant::now();
+            let limit = Duration::from_secs(grace.unsigned_abs());
+            let ran = tokio::time::timeout(
+                limit,
+                run_hook(&self.cri, id, (spec, container_id), target.pod_ip, hook),
+            )
+            .instrument(tracing::info_span!("pre_stop_hook", container = name))
+            .await;
+            match ran {
+                Ok(Ok(())) => {}
+                Ok(Err(message)) => {
+                    self.events
+                        .warning(id, Some(name), "FailedPreStopHook", message);
+                }
+                Err(_) => {
+                    tracing::info!(
+                        container = name,
+                        grace,
+                        "preStop hook did not complete within the grace period"
+                    );
+                }
+            }
+            grace -= i64::try_from(started.elapsed().as_secs()).unwrap_or(grace);
+        }
         let req = api::StopContainerRequest {
             container_id: container_id.into(),
-            timeout: grace,
+            timeout: grace.max(MIN_GRACE_SECONDS),
         };
         if let Err(e) = ok_if_not_found(self.cri.stop_container(req).await) {
             tracing::warn!(container = name, error = %e, "could not stop container");
         }
     }
 
-    async fn kill_containers(&self, id: &PodId, actions: &PodActions, grace: i64) {
-        let stops = actions
-            .kill
-            .iter()
-            .map(|(cid, name, why)| self.stop_container(id, cid, name, grace, why.clone()));
+    async fn kill_containers(
+        &self,
+        (id, pod): (&PodId, &Pod),
+        status: &PodRuntimeStatus,
+        actions: &PodActions,
+        grace: i64,
+    ) {
+        let pod_ip = pod_ip(status);
+        let stops = actions.kill.iter().map(|(cid, name, why)| async {
+            let target = Stop {
+                pod: id,
+                container_id: cid,
+                name,
+                spec: container_spec(Some(pod), name),
+                pod_ip: &pod_ip,
+            };
+            self.stop_container(&target, grace, why.clone()).await;
+        });
         futures::future::join_all(stops).await;
     }
 
-    /// Stops every running container of the pod within `grace` seconds, then its
-    /// sandboxes (which tears their networks down). Every failure is logged.
+    /// Stops every running container of the pod within `grace` seconds (running their
+    /// preStop hooks where `pod` gives them one), then its sandboxes (which tears their
+    /// networks down). Every failure is logged.
     ///
     /// # Errors
     /// The first sandbox that could not be stopped: its network may still be attached.
     pub async fn kill_pod(
         &self,
-        id: &PodId,
+        (id, pod): (&PodId, Option<&Pod>),
         status: &PodRuntimeStatus,
         grace: i64,
     ) -> Result<(), crate::cri::CriError> {
+        let pod_ip = pod_ip(status);
         let running = status
             .containers
             .iter()
             .filter(|c| c.state == RunState::Running);
-        let stops = running.map(|c| {
-            self.stop_container(
-                id,
-                &c.id,
-                &c.name,
-                grace,
-                format!("Stopping container {}", c.name),
-            )
+        let stops = running.map(|c| async {
+            let target = Stop {
+                pod: id,
+                container_id: &c.id,
+                name: &c.name,
+                spec: container_spec(pod, &c.name),
+                pod_ip: &pod_ip,
+            };
+            self.stop_container(&target, grace, format!("Stopping container {}", c.name))
+                .await;
         });
         futures::future::join_all(stops).await;
         let mut first_error = None;
@@ -698,11 +828,28 @@ mod tests {
     }
 
     impl Cri for Recorder {
+        async fn exec_sync(
+            &self,
+            req: api::ExecSyncRequest,
+        ) -> crate::cri::Result<api::ExecSyncResponse> {
+            let cmd = req.cmd.join(" ");
+            self.record(format!("ExecSync {} {cmd}", req.container_id));
+            if cmd == "slow" {
+                tokio::time::sleep(Duration::from_millis(1200)).await;
+            }
+            Ok(api::ExecSyncResponse {
+                exit_code: i32::from(cmd == "fail"),
+                ..Default::default()
+            })
+        }
         async fn stop_container(
             &self,
             req: api::StopContainerRequest,
         ) -> crate::cri::Result<api::StopContainerResponse> {
-            self.record(format!("StopContainer {}", req.container_id));
+            self.record(format!(
+                "StopContainer {} {}",
+                req.container_id, req.timeout
+            ));
             Ok(api::StopContainerResponse {})
         }
         async fn stop_pod_sandbox(
@@ -736,8 +883,76 @@ mod tests {
     }
 
     fn manager() -> RuntimeManager<Recorder> {
-        let (events, _rx) = EventRecorder::channel();
-        RuntimeManager::new(Recorder::default(), SandboxSettings::default(), events, 1)
+        manager_and_events().0
+    }
+
+    fn manager_and_events() -> (
+        RuntimeManager<Recorder>,
+        tokio::sync::mpsc::UnboundedReceiver<crate::events::PodEvent>,
+    ) {
+        let (events, rx) = EventRecorder::channel();
+        let m = RuntimeManager::new(Recorder::default(), SandboxSettings::default(), events, 1);
+        (m, rx)
+    }
+
+    /// A pod whose container `web` has an exec preStop hook running `cmd`.
+    fn with_pre_stop(cmd: &str) -> Pod {
+        let mut p = crate::pod::testing::pod("web", &[("web", "nginx")]);
+        p.spec.as_mut().unwrap().containers[0].lifecycle =
+            Some(k8s_openapi::api::core::v1::Lifecycle {
+                pre_stop: Some(k8s_openapi::api::core::v1::LifecycleHandler {
+                    exec: Some(k8s_openapi::api::core::v1::ExecAction {
+                        command: Some(vec![cmd.into()]),
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            });
+        p
+    }
+
+    #[tokio::test]
+    async fn pre_stop_hooks_run_first_and_their_time_counts_against_the_grace_period() {
+        let running = PodRuntimeStatus {
+            sandboxes: vec![sandbox("s1", 0, true)],
+            containers: vec![container("c1", "web", "s1", 0, RunState::Running)],
+        };
+        // The hook takes 1.2 s of a 4 s grace period: 3 s are left for the stop.
+        let (m, _events) = manager_and_events();
+        let pod = with_pre_stop("slow");
+        m.kill_pod((&pod_id(), Some(&pod)), &running, 4)
+            .await
+            .unwrap();
+        assert_eq!(
+            m.cri().calls(),
+            [
+                "ExecSync c1 slow",
+                "StopContainer c1 3",
+                "StopPodSandbox s1"
+            ]
+        );
+        // A failing hook is reported; the stop still comes, never under 2 s.
+        let (m, mut events) = manager_and_events();
+        let pod = with_pre_stop("fail");
+        m.kill_pod((&pod_id(), Some(&pod)), &running, 1)
+            .await
+            .unwrap();
+        assert_eq!(
+            m.cri().calls(),
+            [
+                "ExecSync c1 fail",
+                "StopContainer c1 2",
+                "StopPodSandbox s1"
+            ]
+        );
+        let reasons: Vec<&str> = std::iter::from_fn(|| events.try_recv().ok())
+            .map(|e| e.reason)
+            .collect();
+        assert_eq!(reasons, ["Killing", "FailedPreStopHook"]);
+        // Without the pod's spec (gone from the API), no hook runs.
+        let m = manager();
+        m.kill_pod((&pod_id(), None), &running, 4).await.unwrap();
+        assert_eq!(m.cri().calls(), ["StopContainer c1 4", "StopPodSandbox s1"]);
     }
 
     fn pod_id() -> PodId {
@@ -758,13 +973,16 @@ mod tests {
                 container("c0", "c0", "s1", 0, RunState::Exited),
             ],
         };
-        let err = m.kill_pod(&pod_id(), &status, 30).await.unwrap_err();
+        let err = m
+            .kill_pod((&pod_id(), None), &status, 30)
+            .await
+            .unwrap_err();
         assert!(err.to_string().contains("StopPodSandbox"), "{err}");
         // The failure does not stop the other sandbox from being stopped.
         assert_eq!(
             m.cri().calls(),
             [
-                "StopContainer c1",
+                "StopContainer c1 30",
                 "StopPodSandbox bad",
                 "StopPodSandbox s1"
             ]
@@ -773,7 +991,7 @@ mod tests {
             sandboxes: vec![sandbox("s1", 0, false)],
             containers: Vec::new(),
         };
-        assert!(m.kill_pod(&pod_id(), &ok, 30).await.is_ok());
+        assert!(m.kill_pod((&pod_id(), None), &ok, 30).await.is_ok());
     }
 
     #[tokio::test]

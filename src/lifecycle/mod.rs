@@ -1,5 +1,7 @@
 //! Pod lifecycle handlers, the kubelet's `pkg/kubelet/lifecycle`: whether a pod may run on
-//! this node at all (admission) and when a running pod must end (its active deadline).
+//! this node at all (admission), when a running pod must end (its active deadline), and a
+//! container's postStart and preStop hooks (handlers).
 
 pub mod active_deadline;
 pub mod admission;
+pub mod handlers;

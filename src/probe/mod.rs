@@ -7,6 +7,9 @@ pub mod exec;
 pub mod http;
 pub mod tcp;
 
+use k8s_openapi::api::core::v1::Container;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
 /// The kubelet caps what it keeps of a probe's output (exec output, HTTP body) at 10 KiB.
 pub const MAX_OUTPUT: usize = 10 * 1024;
 
@@ -52,6 +55,30 @@ impl Outcome {
             output: output.into(),
         }
     }
+}
+
+/// The port a probe or hook names: a number, or the name of one of the container's ports.
+///
+/// # Errors
+/// A name the container has no port for, or a number out of range (the kubelet's message).
+pub fn resolve_port(port: &IntOrString, container: &Container) -> Result<u16, String> {
+    let number = match port {
+        IntOrString::Int(n) => *n,
+        IntOrString::String(name) => match name.parse::<i32>() {
+            Ok(n) => n,
+            Err(_) => container
+                .ports
+                .iter()
+                .flatten()
+                .find(|p| p.name.as_deref() == Some(name.as_str()))
+                .map(|p| p.container_port)
+                .ok_or_else(|| format!("couldn't find port: {name} in {}", container.name))?,
+        },
+    };
+    u16::try_from(number)
+        .ok()
+        .filter(|n| *n > 0)
+        .ok_or_else(|| format!("invalid port number: {number}"))
 }
 
 /// Keeps at most [`MAX_OUTPUT`] bytes of `bytes`, as (lossy) text.

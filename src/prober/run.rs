@@ -5,10 +5,9 @@
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Container, Probe};
-use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use crate::cri::Cri;
-use crate::probe::{self, Outcome, ProbeResult, http};
+use crate::probe::{self, Outcome, ProbeResult, http, resolve_port};
 
 /// The check a probe runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -21,27 +20,6 @@ pub(super) enum Check {
     Tcp(String, u16),
     /// The spec cannot be probed; the message says why (reported as "probe errored").
     Invalid(String),
-}
-
-/// The port a probe names: a number, or the name of one of the container's ports.
-pub(super) fn resolve_port(port: &IntOrString, container: &Container) -> Result<u16, String> {
-    let number = match port {
-        IntOrString::Int(n) => *n,
-        IntOrString::String(name) => match name.parse::<i32>() {
-            Ok(n) => n,
-            Err(_) => container
-                .ports
-                .iter()
-                .flatten()
-                .find(|p| p.name.as_deref() == Some(name.as_str()))
-                .map(|p| p.container_port)
-                .ok_or_else(|| format!("couldn't find port: {name} in {}", container.name))?,
-        },
-    };
-    u16::try_from(number)
-        .ok()
-        .filter(|n| *n > 0)
-        .ok_or_else(|| format!("invalid port number: {number}"))
 }
 
 impl Check {
@@ -102,6 +80,7 @@ impl Check {
 mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::{ContainerPort, HTTPGetAction, TCPSocketAction};
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
     fn container() -> Container {
         Container {
