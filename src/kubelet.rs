@@ -33,8 +33,6 @@ use crate::volume::{KubeVolumeApi, LinuxMounter, VolumeManager};
 const RESYNC: Duration = Duration::from_secs(60);
 /// A failed termination step is retried after this long.
 const RETRY: Duration = Duration::from_secs(1);
-/// Grace period for pods that are gone from the API or were never in it (orphans).
-const ORPHAN_GRACE_SECONDS: i64 = 2;
 
 /// Node facts the pod sync needs.
 #[derive(Debug, Clone)]
@@ -471,7 +469,10 @@ impl<C: Cri + Clone> PodSyncer for Kubelet<C> {
                     }
                 }
             }
-            PodWork::Remove(id) => self.terminate(id, None, ORPHAN_GRACE_SECONDS).await,
+            PodWork::Remove(id) => {
+                self.terminate(id, None, crate::pod::ORPHAN_GRACE_SECONDS)
+                    .await
+            }
         }
     }
 }

@@ -49,6 +49,9 @@ pub fn host_network(pod: &Pod) -> bool {
         .unwrap_or(false)
 }
 
+/// Grace period for pods that are gone from the API or were never in it (orphans).
+pub const ORPHAN_GRACE_SECONDS: i64 = 2;
+
 /// The grace period to use when stopping the pod: the one the API deletion carries, else
 /// the spec's, else the default 30 s.
 #[must_use]

@@ -58,6 +58,39 @@ impl<S> Clone for PodWorkers<S> {
     }
 }
 
+/// The grace period of a termination: the pod is being deleted.
+fn terminating_grace(work: &PodWork) -> Option<i64> {
+    match work {
+        PodWork::Sync(pod) if super::is_terminating(pod) => {
+            Some(super::termination_grace_period(pod))
+        }
+        _ => None,
+    }
+}
+
+/// Returns once newer work asks the pod to end sooner than within `grace` seconds; never
+/// if the channel closes first.
+async fn shorter_grace(rx: &mut watch::Receiver<PodWork>, grace: i64) {
+    loop {
+        if rx.changed().await.is_err() {
+            return std::future::pending().await;
+        }
+        let shorter = match &*rx.borrow() {
+            PodWork::Sync(pod) => {
+                terminating_grace(&PodWork::Sync(pod.clone())).is_some_and(|g| g < grace)
+            }
+            // Gone from the API (a forced delete): what is left goes within the orphans'
+            // grace period.
+            PodWork::Remove(_) => super::ORPHAN_GRACE_SECONDS < grace,
+        };
+        if shorter {
+            // Seen again by the worker's next turn.
+            rx.mark_changed();
+            return;
+        }
+    }
+}
+
 impl<S: PodSyncer> PodWorkers<S> {
     /// Workers that sync pods with `syncer`.
     pub fn new(syncer: Arc<S>) -> Self {
@@ -164,7 +197,20 @@ impl<S: PodSyncer> PodWorkers<S> {
             let span = tracing::info_span!("sync_pod", pod_uid = %uid, pod = %format!("{namespace}/{name}"));
             // Boxed: the deep state of a sync lives on the heap only while it runs, and an
             // idle worker stays small.
-            let next = Box::pin(self.syncer.sync(&work)).instrument(span).await;
+            let sync = Box::pin(self.syncer.sync(&work)).instrument(span);
+            let next = match terminating_grace(&work) {
+                // A termination under way gives way to a shorter grace period (a second
+                // delete): every step of it is idempotent, so it starts again with the new
+                // one, and the runtime gets the shorter stop timeout.
+                Some(grace) => tokio::select! {
+                    next = sync => next,
+                    () = shorter_grace(&mut rx, grace) => {
+                        tracing::info!(pod_uid = %uid, "a shorter grace period shortens the termination under way");
+                        Next::ResyncAfter(Duration::ZERO)
+                    }
+                },
+                None => sync.await,
+            };
             crate::server::metrics::observe_pod_worker(operation, started.elapsed());
             match next {
                 Next::Done => break,
@@ -297,5 +343,48 @@ mod tests {
                 .unwrap()
                 .contains(&"remove a".to_owned())
         );
+    }
+
+    /// Records the grace period of each termination; one with a long grace never ends.
+    #[derive(Default)]
+    struct Terminator(Mutex<Vec<i64>>);
+
+    impl PodSyncer for Terminator {
+        async fn sync(&self, work: &PodWork) -> Next {
+            let PodWork::Sync(p) = work else {
+                return Next::Done;
+            };
+            let grace = crate::pod::termination_grace_period(p);
+            self.0.lock().unwrap().push(grace);
+            if grace > 10 {
+                std::future::pending::<()>().await;
+            }
+            Next::Done
+        }
+    }
+
+    fn deleted(grace: i64) -> Arc<Pod> {
+        let mut p = pod("web", &[("c", "x")]);
+        p.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+        ));
+        p.metadata.deletion_grace_period_seconds = Some(grace);
+        Arc::new(p)
+    }
+
+    #[tokio::test]
+    async fn a_shorter_grace_period_shortens_a_termination_under_way() {
+        let syncer = Arc::new(Terminator::default());
+        let workers = PodWorkers::new(syncer.clone());
+        workers.update("u", PodWork::Sync(deleted(30)));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // A longer one changes nothing; a shorter one restarts the termination with it.
+        workers.update("u", PodWork::Sync(deleted(60)));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(*syncer.0.lock().unwrap(), [30]);
+        workers.update("u", PodWork::Sync(deleted(1)));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(*syncer.0.lock().unwrap(), [30, 1]);
+        assert!(workers.uids().is_empty(), "the pod is done");
     }
 }

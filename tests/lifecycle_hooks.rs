@@ -1,0 +1,223 @@
+//! Lifecycle hooks and graceful termination end to end, against the local cluster:
+//! postStart and preStop exec hooks leave their marks in a volume, an httpGet hook reaches
+//! an HTTP server of the pod, a failing postStart hook kills and restarts the container
+//! (`FailedPostStartHook`), and a preStop hook's time counts against the grace period.
+
+mod common;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use common::case::{Case, delete_and_wait, get, running};
+use common::eventually;
+use common::pods::events_of;
+use serde_json::json;
+
+/// A host directory of this test, shared with its pod, removed when dropped.
+struct HostDir(PathBuf);
+
+impl HostDir {
+    fn new(name: &str) -> Self {
+        let dir = common::state_dir().join("test-hooks").join(name);
+        std::fs::create_dir_all(&dir).expect("host dir");
+        Self(dir)
+    }
+
+    fn marks(&self) -> String {
+        std::fs::read_to_string(self.0.join("marks")).unwrap_or_default()
+    }
+}
+
+impl Drop for HostDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A busybox pod whose `main` container sleeps (as PID 1 it ignores SIGTERM, so a stop
+/// takes the whole grace period) with `lifecycle`, and `/hooks` from `dir`.
+fn sleeper(dir: &HostDir, lifecycle: serde_json::Value, grace: i64) -> serde_json::Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {},
+        "spec": {
+            "terminationGracePeriodSeconds": grace,
+            "volumes": [{ "name": "hooks", "hostPath": { "path": dir.0 } }],
+            "containers": [{
+                "name": "main",
+                "image": "busybox",
+                "command": ["sleep", "3600"],
+                "lifecycle": lifecycle,
+                "volumeMounts": [{ "name": "hooks", "mountPath": "/hooks" }],
+            }],
+        }
+    })
+}
+
+fn mark(what: &str) -> serde_json::Value {
+    json!({ "exec": { "command": ["sh", "-c", format!("echo {what} >> /hooks/marks")] } })
+}
+
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn post_start_and_pre_stop_exec_hooks_run_around_the_container() {
+    let case = Case::with_agent("hooks-exec", &[]).await;
+    let dir = HostDir::new(&case.pods.label);
+    let lifecycle = json!({ "postStart": mark("post-start"), "preStop": mark("pre-stop") });
+    let name = case.create("p", sleeper(&dir, lifecycle, 5)).await;
+    running(&name).await;
+    eventually("the postStart mark", Duration::from_secs(10), || async {
+        (dir.marks() == "post-start\n").then_some(())
+    })
+    .await;
+    delete_and_wait(&name).await;
+    assert_eq!(dir.marks(), "post-start\npre-stop\n");
+    drop(case);
+}
+
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn an_http_post_start_hook_reaches_the_pods_server() {
+    let case = Case::with_agent("hooks-http", &[]).await;
+    let manifest = json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                {
+                    "name": "server",
+                    "image": "busybox",
+                    "command": ["httpd", "-f", "-vv", "-p", "8080", "-h", "/etc"],
+                    "ports": [{ "name": "web", "containerPort": 8080 }],
+                },
+                {
+                    "name": "app",
+                    "image": "busybox",
+                    "command": ["sleep", "3600"],
+                    "ports": [{ "name": "web", "containerPort": 8080 }],
+                    "lifecycle": {
+                        "postStart": { "httpGet": { "path": "/hostname", "port": "web" } }
+                    },
+                },
+            ],
+        }
+    });
+    let name = case.create("p", manifest).await;
+    let pod = running(&name).await;
+    let uid = pod.metadata.uid.clone().expect("uid");
+    // The server logged the hook's request (busybox httpd -vv: "<peer>: url:/hostname").
+    let log = case
+        .agent()
+        .root_dir
+        .join("logs")
+        .join(format!("default_{name}_{uid}"))
+        .join("server/0.log");
+    eventually(
+        "the hook's request in the server's log",
+        Duration::from_secs(30),
+        || {
+            let log = log.clone();
+            async move {
+                let text = tokio::fs::read_to_string(&log).await.ok()?;
+                text.contains("url:/hostname").then_some(())
+            }
+        },
+    )
+    .await;
+    drop(case);
+}
+
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn a_failing_post_start_hook_kills_and_restarts_the_container() {
+    let case = Case::with_agent("hooks-fail", &[]).await;
+    let dir = HostDir::new(&case.pods.label);
+    let lifecycle = json!({ "postStart": { "exec": { "command": ["sh", "-c", "exit 7"] } } });
+    let name = case.create("p", sleeper(&dir, lifecycle, 1)).await;
+    eventually(
+        "a restart after the failed hook",
+        Duration::from_secs(60),
+        || async {
+            let p = get(&name).await?;
+            let restarts = p.status?.container_statuses?.first()?.restart_count;
+            (restarts >= 1).then_some(())
+        },
+    )
+    .await;
+    let event = events_of(&name)
+        .await
+        .into_iter()
+        .find(|e| e.reason.as_deref() == Some("FailedPostStartHook"))
+        .expect("a FailedPostStartHook event");
+    let message = event.message.unwrap_or_default();
+    assert!(
+        message.starts_with("Exec lifecycle hook ([sh -c exit 7]) for Container \"main\""),
+        "{message}"
+    );
+    assert!(
+        message.contains("exited with 7"),
+        "the exit code is in the message: {message}"
+    );
+    drop(case);
+}
+
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn a_pre_stop_hooks_time_counts_against_the_grace_period() {
+    let case = Case::with_agent("hooks-grace", &[]).await;
+    let dir = HostDir::new(&case.pods.label);
+    // 2 s of hook, then 4 s left of the 6 s grace period before SIGKILL (the container
+    // ignores SIGTERM): gone after about 6 s, not the 8 s of hook + whole grace.
+    let lifecycle = json!({
+        "preStop": { "exec": { "command": ["sh", "-c", "sleep 2; echo pre-stop >> /hooks/marks"] } }
+    });
+    let name = case.create("p", sleeper(&dir, lifecycle, 6)).await;
+    running(&name).await;
+    let started = Instant::now();
+    delete_and_wait(&name).await;
+    let took = started.elapsed();
+    assert_eq!(dir.marks(), "pre-stop\n");
+    assert!(
+        took >= Duration::from_millis(5500),
+        "the grace period is honoured: {took:?}"
+    );
+    assert!(
+        took < Duration::from_millis(7800),
+        "the hook's time counts against the grace period: {took:?}"
+    );
+    eprintln!("preStop 2 s + grace 6 s: gone after {took:?}");
+    drop(case);
+}
+
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn a_second_delete_with_a_shorter_grace_shortens_the_termination() {
+    let case = Case::with_agent("grace-shorter", &[]).await;
+    let dir = HostDir::new(&case.pods.label);
+    let name = case.create("p", sleeper(&dir, json!({}), 60)).await;
+    running(&name).await;
+    let api = common::pods::pods_api().await;
+    api.delete(&name, &kube::api::DeleteParams::default())
+        .await
+        .expect("delete");
+    // The agent is now waiting out the 60 s grace period (the container ignores SIGTERM).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(get(&name).await.is_some(), "still terminating");
+    let started = Instant::now();
+    let shorter = kube::api::DeleteParams {
+        grace_period_seconds: Some(1),
+        ..Default::default()
+    };
+    api.delete(&name, &shorter).await.expect("delete again");
+    eventually("the pod gone", Duration::from_secs(15), || async {
+        get(&name).await.is_none().then_some(())
+    })
+    .await;
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    eprintln!("grace 60 s shortened to 1 s: gone {took:?} after the second delete");
+    drop(case);
+}
