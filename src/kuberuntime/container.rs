@@ -246,11 +246,16 @@ fn resources(container: &Container) -> Result<api::LinuxContainerResources, Conf
     Ok(out)
 }
 
-fn security_context(container: &Container) -> api::LinuxContainerSecurityContext {
+fn security_context(pod: &Pod, container: &Container) -> api::LinuxContainerSecurityContext {
+    let namespace_options = pod.spec.as_ref().map(super::sandbox::namespace_options);
     let Some(sc) = &container.security_context else {
-        return api::LinuxContainerSecurityContext::default();
+        return api::LinuxContainerSecurityContext {
+            namespace_options,
+            ..Default::default()
+        };
     };
     api::LinuxContainerSecurityContext {
+        namespace_options,
         privileged: sc.privileged.unwrap_or(false),
         run_as_user: sc.run_as_user.map(|value| api::Int64Value { value }),
         run_as_group: sc.run_as_group.map(|value| api::Int64Value { value }),
@@ -344,7 +349,7 @@ pub fn container_config(
         tty: container.tty.unwrap_or(false),
         linux: Some(api::LinuxContainerConfig {
             resources: Some(resources(container)?),
-            security_context: Some(security_context(container)),
+            security_context: Some(security_context(pod, container)),
         }),
         ..Default::default()
     })
@@ -489,5 +494,20 @@ mod tests {
         assert_eq!(before, container_hash(&c));
         c.image = Some("nginx".into());
         assert_ne!(before, container_hash(&c));
+    }
+
+    #[test]
+    fn containers_get_the_pods_namespaces_with_their_own_pid_namespace() {
+        let mut p = pod("web", &[("c", "busybox")]);
+        let c = p.spec.as_ref().unwrap().containers[0].clone();
+        let pid = |p: &Pod| {
+            let options = security_context(p, &c).namespace_options.unwrap();
+            (options.pid, options.network)
+        };
+        let container = i32::from(api::NamespaceMode::Container);
+        let in_pod = i32::from(api::NamespaceMode::Pod);
+        assert_eq!(pid(&p), (container, in_pod));
+        p.spec.as_mut().unwrap().share_process_namespace = Some(true);
+        assert_eq!(pid(&p), (in_pod, in_pod));
     }
 }

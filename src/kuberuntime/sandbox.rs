@@ -165,7 +165,9 @@ pub fn port_mappings(spec: &PodSpec) -> Vec<api::PortMapping> {
         .collect()
 }
 
-fn namespace_options(spec: &PodSpec) -> api::NamespaceOption {
+/// The pod's namespaces: the sandbox's, and every container's too (the kubelet's
+/// `namespacesForPod`): a container left without them would share the pod's PID namespace.
+pub(super) fn namespace_options(spec: &PodSpec) -> api::NamespaceOption {
     let mode = |host: Option<bool>, otherwise: api::NamespaceMode| {
         if host.unwrap_or(false) {
             api::NamespaceMode::Node
