@@ -140,12 +140,7 @@ async fn init_containers_run_in_order_before_the_app_container_which_sees_their_
 
     // The app container printed what the init containers wrote, in their order.
     let uid = pod.metadata.uid.clone().expect("uid");
-    let log = case
-        .agent()
-        .root_dir
-        .join("logs")
-        .join(format!("default_{name}_{uid}"))
-        .join("main/0.log");
+    let log = case.log_of(&name, &uid, "main");
     let lines: Vec<String> = eventually("the app container's log", Duration::from_secs(10), || {
         let log = log.clone();
         async move {

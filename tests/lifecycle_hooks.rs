@@ -109,12 +109,7 @@ async fn an_http_post_start_hook_reaches_the_pods_server() {
     let pod = running(&name).await;
     let uid = pod.metadata.uid.clone().expect("uid");
     // The server logged the hook's request (busybox httpd -vv: "<peer>: url:/hostname").
-    let log = case
-        .agent()
-        .root_dir
-        .join("logs")
-        .join(format!("default_{name}_{uid}"))
-        .join("server/0.log");
+    let log = case.log_of(&name, &uid, "server");
     eventually(
         "the hook's request in the server's log",
         Duration::from_secs(30),

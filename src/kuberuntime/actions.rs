@@ -223,7 +223,7 @@ pub fn compute_pod_actions(
 mod tests {
     use super::super::runtime_status::testing::{self, sandbox};
     use super::*;
-    use crate::pod::testing::pod;
+    use crate::pod::testing::{pod, with_init};
 
     fn container(
         p: &Pod,
@@ -360,21 +360,6 @@ mod tests {
         assert_eq!(actions.start, [(0, 1)]);
         let killed: Vec<_> = actions.kill.iter().map(|(id, ..)| id.as_str()).collect();
         assert_eq!(killed, ["a-0", "gone-0"]);
-    }
-
-    fn with_init(names: &[&str]) -> Pod {
-        let mut p = pod("web", &[("app", "nginx")]);
-        p.spec.as_mut().unwrap().init_containers = Some(
-            names
-                .iter()
-                .map(|n| Container {
-                    name: (*n).into(),
-                    image: Some("busybox".into()),
-                    ..Default::default()
-                })
-                .collect(),
-        );
-        p
     }
 
     fn ran(name: &str, sandbox: &str, attempt: u32, state: RunState, code: i32) -> ContainerState {

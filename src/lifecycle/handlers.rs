@@ -68,7 +68,7 @@ pub async fn run_hook<C: Cri>(
         });
     }
     if let Some(get) = &handler.http_get {
-        let path = get.path.clone().unwrap_or_default();
+        let path = get.path.as_deref().unwrap_or_default();
         let failed = |e: String| {
             format!(
                 "Http lifecycle hook ({path}) for Container {:?} in Pod {:?} failed - error: {e}",
@@ -77,22 +77,7 @@ pub async fn run_hook<C: Cri>(
             )
         };
         let port = probe::resolve_port(&get.port, container).map_err(failed)?;
-        let target = http::Target {
-            scheme: http::Scheme::Http,
-            host: get
-                .host
-                .clone()
-                .filter(|h| !h.is_empty())
-                .unwrap_or_else(|| pod_ip.to_owned()),
-            port,
-            path: path.clone(),
-            headers: get
-                .http_headers
-                .iter()
-                .flatten()
-                .map(|h| (h.name.clone(), h.value.clone()))
-                .collect(),
-        };
+        let target = http::Target::of_action(get, port, pod_ip);
         let outcome = http::get(&target, HTTP_HOOK_TIMEOUT).await;
         return match outcome.result {
             ProbeResult::Success | ProbeResult::Warning => Ok(()),

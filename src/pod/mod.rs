@@ -97,6 +97,22 @@ pub(crate) mod testing {
     use k8s_openapi::api::core::v1::{Container, ContainerPort, Pod, PodSpec};
     use kube::api::ObjectMeta;
 
+    /// A pod with an app container `app` (nginx) and busybox init containers `names`.
+    pub fn with_init(names: &[&str]) -> Pod {
+        let mut p = pod("web", &[("app", "nginx")]);
+        p.spec.as_mut().expect("spec").init_containers = Some(
+            names
+                .iter()
+                .map(|n| Container {
+                    name: (*n).into(),
+                    image: Some("busybox".into()),
+                    ..Default::default()
+                })
+                .collect(),
+        );
+        p
+    }
+
     /// A pod with one container per (name, image), bound to node `n1`.
     pub fn pod(name: &str, containers: &[(&str, &str)]) -> Pod {
         Pod {

@@ -67,6 +67,37 @@ pub struct Target {
 }
 
 impl Target {
+    /// The target of an `httpGet` action (a probe's or a hook's) whose port resolved to
+    /// `port`; its host defaults to `pod_ip`.
+    #[must_use]
+    pub fn of_action(
+        get: &k8s_openapi::api::core::v1::HTTPGetAction,
+        port: u16,
+        pod_ip: &str,
+    ) -> Self {
+        Self {
+            scheme: if get.scheme.as_deref() == Some("HTTPS") {
+                Scheme::Https
+            } else {
+                Scheme::Http
+            },
+            host: get
+                .host
+                .as_deref()
+                .filter(|h| !h.is_empty())
+                .unwrap_or(pod_ip)
+                .to_owned(),
+            port,
+            path: get.path.clone().unwrap_or_default(),
+            headers: get
+                .http_headers
+                .iter()
+                .flatten()
+                .map(|h| (h.name.clone(), h.value.clone()))
+                .collect(),
+        }
+    }
+
     /// The URL, as the kubelet prints it in its messages.
     pub fn url(&self) -> String {
         Location::of(self).url()

@@ -34,24 +34,8 @@ impl Check {
         let outcome = if let Some(exec) = &probe.exec {
             Ok(Self::Exec(exec.command.clone().unwrap_or_default()))
         } else if let Some(get) = &probe.http_get {
-            resolve_port(&get.port, container).map(|port| {
-                Self::Http(http::Target {
-                    scheme: if get.scheme.as_deref() == Some("HTTPS") {
-                        http::Scheme::Https
-                    } else {
-                        http::Scheme::Http
-                    },
-                    host: host(&get.host),
-                    port,
-                    path: get.path.clone().unwrap_or_default(),
-                    headers: get
-                        .http_headers
-                        .iter()
-                        .flatten()
-                        .map(|h| (h.name.clone(), h.value.clone()))
-                        .collect(),
-                })
-            })
+            resolve_port(&get.port, container)
+                .map(|port| Self::Http(http::Target::of_action(get, port, pod_ip)))
         } else if let Some(tcp) = &probe.tcp_socket {
             resolve_port(&tcp.port, container).map(|port| Self::Tcp(host(&tcp.host), port))
         } else {

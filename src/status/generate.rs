@@ -398,7 +398,7 @@ mod tests {
     use super::*;
     use crate::kuberuntime::runtime_status::SandboxState;
     use crate::kuberuntime::runtime_status::testing::container;
-    use crate::pod::testing::pod;
+    use crate::pod::testing::{pod, with_init};
 
     fn rc(name: &str, attempt: u32, state: RunState, exit_code: i32) -> RuntimeContainer {
         RuntimeContainer {
@@ -603,21 +603,6 @@ mod tests {
         let flipped = condition(&old, "Ready", false, Some("R".into()), None, now);
         assert_eq!(flipped.last_transition_time, Some(Time(now)));
         assert_eq!(flipped.reason.as_deref(), Some("R"));
-    }
-
-    fn with_init(names: &[&str]) -> Pod {
-        let mut p = pod("web", &[("app", "nginx")]);
-        p.spec.as_mut().unwrap().init_containers = Some(
-            names
-                .iter()
-                .map(|n| Container {
-                    name: (*n).into(),
-                    image: Some("busybox".into()),
-                    ..Default::default()
-                })
-                .collect(),
-        );
-        p
     }
 
     fn condition_of<'a>(status: &'a PodStatus, kind: &str) -> &'a PodCondition {

@@ -62,6 +62,17 @@ impl Case {
         self.agent.as_ref().expect("the agent runs")
     }
 
+    /// The log file of the first run of `container` of the pod `name` (UID `uid`), under
+    /// the agent's pod logs dir.
+    pub fn log_of(&self, name: &str, uid: &str, container: &str) -> PathBuf {
+        self.agent()
+            .root_dir
+            .join("logs")
+            .join(format!("default_{name}_{uid}"))
+            .join(container)
+            .join("0.log")
+    }
+
     /// Creates the pod `<label>-<suffix>` from `manifest`, bound to the node; its name.
     pub async fn create(&self, suffix: &str, mut manifest: serde_json::Value) -> String {
         let name = format!("{}-{suffix}", self.pods.label);
