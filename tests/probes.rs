@@ -5,29 +5,14 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::agent::{AgentProcess, Owner};
-use common::{eventually, kube_client, node_name, state_dir, unique};
-use k8s_openapi::api::core::v1::{ContainerStatus, Event, Pod};
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use common::case::{Case, get};
+use common::pods::events_of;
+use common::{eventually, node_name, state_dir};
+use k8s_openapi::api::core::v1::ContainerStatus;
 use tokio::process::Command;
-
-/// The tests share one node: they run one at a time.
-static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-const NS: &str = "default";
-
-fn start_agent() -> AgentProcess {
-    let root: PathBuf = state_dir().join("test-agents").join(node_name());
-    AgentProcess::start(Owner::Agent, &node_name(), root)
-}
-
-async fn pods_api() -> Api<Pod> {
-    Api::namespaced(kube_client("admin.kubeconfig").await, NS)
-}
 
 /// `kubectl` as the admin; answers stdout, panics on failure.
 async fn kubectl(args: &[&str]) -> String {
@@ -48,34 +33,9 @@ async fn kubectl(args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// Deletes the test's pod when it ends, also when it fails, and waits until it is gone.
-struct Cleanup(String);
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        let name = self.0.clone();
-        common::cleanup_blocking(move || async move {
-            let api = pods_api().await;
-            let _ = api.delete(&name, &DeleteParams::default()).await;
-            let deadline = Instant::now() + Duration::from_secs(40);
-            while Instant::now() < deadline {
-                if api.get_opt(&name).await.ok().flatten().is_none() {
-                    return;
-                }
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            let force = DeleteParams {
-                grace_period_seconds: Some(0),
-                ..DeleteParams::default()
-            };
-            let _ = api.delete(&name, &force).await;
-        });
-    }
-}
-
-/// A busybox pod bound to the node with one container `c` running `script` and `probes`
-/// (merged into the container).
-async fn create_pod(name: &str, script: &str, probes: serde_json::Value) {
+/// A busybox pod with one container `c` running `script` and `probes` (merged into the
+/// container).
+fn pod(script: &str, probes: serde_json::Value) -> serde_json::Value {
     let mut container = serde_json::json!({
         "name": "c",
         "image": "busybox",
@@ -85,27 +45,20 @@ async fn create_pod(name: &str, script: &str, probes: serde_json::Value) {
     if let (Some(c), Some(p)) = (container.as_object_mut(), probes.as_object()) {
         c.extend(p.clone());
     }
-    let pod: Pod = serde_json::from_value(serde_json::json!({
+    serde_json::json!({
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": { "name": name, "namespace": NS },
+        "metadata": {},
         "spec": {
-            "nodeName": node_name(),
             "terminationGracePeriodSeconds": 1,
             "containers": [container],
         },
-    }))
-    .expect("pod");
-    pods_api()
-        .await
-        .create(&PostParams::default(), &pod)
-        .await
-        .expect("create pod");
+    })
 }
 
 /// The container's status and the pod's Ready condition, once the container runs.
 async fn running_status(name: &str) -> Option<(ContainerStatus, bool)> {
-    let pod = pods_api().await.get_opt(name).await.ok().flatten()?;
+    let pod = get(name).await?;
     let status = pod.status?;
     let cs = status.container_statuses?.into_iter().next()?;
     cs.state.as_ref()?.running.as_ref()?;
@@ -114,13 +67,6 @@ async fn running_status(name: &str) -> Option<(ContainerStatus, bool)> {
         .iter()
         .any(|c| c.type_ == "Ready" && c.status == "True");
     Some((cs, ready))
-}
-
-/// Takes the node for one test and starts the agent; the pod named after `prefix` is
-/// deleted when the returned guard drops (before the agent stops).
-async fn begin(prefix: &str) -> (tokio::sync::MutexGuard<'static, ()>, AgentProcess, Cleanup) {
-    let turn = ONE_AT_A_TIME.lock().await;
-    (turn, start_agent(), Cleanup(unique(prefix)))
 }
 
 /// Creates `path` in the pod's container and waits until the pod is Ready.
@@ -135,20 +81,18 @@ async fn touch_until_ready(name: &str, path: &str) -> ContainerStatus {
 
 /// The messages of the pod's events with `reason`.
 async fn event_messages(name: &str, reason: &str) -> Vec<String> {
-    let events: Api<Event> = Api::namespaced(kube_client("admin.kubeconfig").await, NS);
-    let selector = format!("involvedObject.name={name},reason={reason}");
-    events
-        .list(&ListParams::default().fields(&selector))
+    events_of(name)
         .await
-        .map(|l| l.items.into_iter().filter_map(|e| e.message).collect())
-        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .filter_map(|e| e.message)
+        .collect()
 }
 
 #[tokio::test]
 #[ignore = "needs root and the local cluster: run scripts/test.sh"]
 async fn a_failing_liveness_probe_restarts_the_container_with_the_kubelets_events() {
-    let (_turn, _agent, pod) = begin("liveness").await;
-    let name = pod.0.clone();
+    let case = Case::with_agent("liveness", &[]).await;
     // Alive for 4 s after each start, then the exec probe fails.
     let probes = serde_json::json!({
         "livenessProbe": {
@@ -157,12 +101,15 @@ async fn a_failing_liveness_probe_restarts_the_container_with_the_kubelets_event
             "failureThreshold": 2,
         },
     });
-    create_pod(
-        &name,
-        "touch /tmp/alive; sleep 4; rm /tmp/alive; sleep 3600",
-        probes,
-    )
-    .await;
+    let name = case
+        .create(
+            "p",
+            pod(
+                "touch /tmp/alive; sleep 4; rm /tmp/alive; sleep 3600",
+                probes,
+            ),
+        )
+        .await;
     eventually(
         "a restart after the liveness failure",
         Duration::from_secs(90),
@@ -191,7 +138,7 @@ async fn a_failing_liveness_probe_restarts_the_container_with_the_kubelets_event
     ])
     .await;
     let series = format!(
-        "prober_probe_total{{probe_type=\"Liveness\",result=\"failed\",container=\"c\",pod=\"{name}\",namespace=\"{NS}\","
+        "prober_probe_total{{probe_type=\"Liveness\",result=\"failed\",container=\"c\",pod=\"{name}\",namespace=\"default\","
     );
     assert!(
         metrics.lines().any(|l| l.starts_with(&series)),
@@ -202,8 +149,7 @@ async fn a_failing_liveness_probe_restarts_the_container_with_the_kubelets_event
 #[tokio::test]
 #[ignore = "needs root and the local cluster: run scripts/test.sh"]
 async fn an_http_readiness_probe_gates_ready_and_a_tcp_liveness_probe_keeps_it_running() {
-    let (_turn, _agent, pod) = begin("readiness").await;
-    let name = pod.0.clone();
+    let case = Case::with_agent("readiness", &[]).await;
     let probes = serde_json::json!({
         "readinessProbe": {
             "httpGet": { "path": "/ready", "port": "http" },
@@ -215,7 +161,9 @@ async fn an_http_readiness_probe_gates_ready_and_a_tcp_liveness_probe_keeps_it_r
             "periodSeconds": 1,
         },
     });
-    create_pod(&name, "mkdir -p /www; httpd -f -p 8080 -h /www", probes).await;
+    let name = case
+        .create("p", pod("mkdir -p /www; httpd -f -p 8080 -h /www", probes))
+        .await;
     // Running but not ready: /ready answers 404.
     let (cs, ready) = eventually("the container running", Duration::from_secs(60), || {
         running_status(&name)
@@ -238,8 +186,7 @@ async fn an_http_readiness_probe_gates_ready_and_a_tcp_liveness_probe_keeps_it_r
 #[tokio::test]
 #[ignore = "needs root and the local cluster: run scripts/test.sh"]
 async fn a_startup_probe_holds_readiness_back_until_it_succeeds() {
-    let (_turn, _agent, pod) = begin("startup").await;
-    let name = pod.0.clone();
+    let case = Case::with_agent("startup", &[]).await;
     let probes = serde_json::json!({
         "startupProbe": {
             "exec": { "command": ["cat", "/tmp/started"] },
@@ -251,7 +198,7 @@ async fn a_startup_probe_holds_readiness_back_until_it_succeeds() {
             "periodSeconds": 1,
         },
     });
-    create_pod(&name, "sleep 3600", probes).await;
+    let name = case.create("p", pod("sleep 3600", probes)).await;
     eventually("the container running", Duration::from_secs(60), || {
         running_status(&name)
     })

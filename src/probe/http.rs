@@ -81,12 +81,7 @@ impl Target {
             } else {
                 Scheme::Http
             },
-            host: get
-                .host
-                .as_deref()
-                .filter(|h| !h.is_empty())
-                .unwrap_or(pod_ip)
-                .to_owned(),
+            host: super::host_or(get.host.as_deref(), pod_ip),
             port,
             path: get.path.clone().unwrap_or_default(),
             headers: get

@@ -57,6 +57,12 @@ impl Outcome {
     }
 }
 
+/// The host a probe or hook connects to: the one it names, else the pod's IP.
+#[must_use]
+pub fn host_or(host: Option<&str>, pod_ip: &str) -> String {
+    host.filter(|h| !h.is_empty()).unwrap_or(pod_ip).to_owned()
+}
+
 /// The port a probe or hook names: a number, or the name of one of the container's ports.
 ///
 /// # Errors

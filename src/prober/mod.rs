@@ -86,15 +86,15 @@ impl<C: Cri + Clone> ProberManager<C> {
                 continue;
             };
             for kind in ProbeKind::ALL {
-                if probe_of(c, kind).is_some() {
-                    wanted.push((c, kind, s, sb));
+                if let Some(probe) = probe_of(c, kind) {
+                    wanted.push((c, kind, probe, s, sb));
                 }
             }
         }
         let mut all = lock(&self.workers);
         let handles = all.entry(id.uid.clone()).or_default();
         handles.retain(|h| {
-            let keep = wanted.iter().any(|(c, k, s, _)| {
+            let keep = wanted.iter().any(|(c, k, _, s, _)| {
                 c.name == h.container && *k == h.kind && s.id == h.container_id
             });
             if !keep {
@@ -102,16 +102,13 @@ impl<C: Cri + Clone> ProberManager<C> {
             }
             keep
         });
-        for (c, kind, s, sb) in wanted {
+        for (c, kind, probe, s, sb) in wanted {
             let running = handles
                 .iter()
                 .any(|h| h.container == c.name && h.kind == kind && h.container_id == s.id);
             if running {
                 continue;
             }
-            let Some(probe) = probe_of(c, kind) else {
-                continue;
-            };
             let target = worker::Target {
                 pod: id.clone(),
                 container: c.clone(),

@@ -25,19 +25,14 @@ pub(super) enum Check {
 impl Check {
     /// The check of `probe` against `container`, whose pod has `pod_ip`.
     pub(super) fn of(probe: &Probe, container: &Container, pod_ip: &str) -> Self {
-        let host = |h: &Option<String>| {
-            h.as_deref()
-                .filter(|h| !h.is_empty())
-                .unwrap_or(pod_ip)
-                .to_owned()
-        };
         let outcome = if let Some(exec) = &probe.exec {
             Ok(Self::Exec(exec.command.clone().unwrap_or_default()))
         } else if let Some(get) = &probe.http_get {
             resolve_port(&get.port, container)
                 .map(|port| Self::Http(http::Target::of_action(get, port, pod_ip)))
         } else if let Some(tcp) = &probe.tcp_socket {
-            resolve_port(&tcp.port, container).map(|port| Self::Tcp(host(&tcp.host), port))
+            resolve_port(&tcp.port, container)
+                .map(|port| Self::Tcp(probe::host_or(tcp.host.as_deref(), pod_ip), port))
         } else {
             Err(format!("missing probe handler for {}", container.name))
         };
