@@ -14,9 +14,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cni::{self, Cni, ProcessExec};
 use crate::cri::{Cri, CriClient, RuntimeHealth, api};
+use crate::envvars::ServiceLister;
 use crate::events::{self, EventRecorder};
 use crate::kubelet::{Kubelet, SyncSettings, housekeeping};
 use crate::kuberuntime::RuntimeManager;
+use crate::kuberuntime::env::EnvSourceReader;
 use crate::kuberuntime::sandbox::{HostDns, SandboxSettings};
 use crate::lifecycle::admission::{PodAdmitter, SysctlWhitelist};
 use crate::node::{LinuxMachine, NodeAgent, NodeConfig, ReadinessCheck, wait_for_pod_cidr};
@@ -24,6 +26,7 @@ use crate::pleg::Pleg;
 use crate::pod::workers::PodWorkers;
 use crate::status::StatusManager;
 use crate::volume::{KubeVolumeApi, LinuxMounter, VolumeManager};
+use crate::watch_manager::SourceCaches;
 
 /// Who runs the CNI plugins for pod sandboxes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -366,9 +369,23 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
         .as_ref()
         .and_then(|s| s.allocatable.clone())
         .unwrap_or_default();
+    // Secrets and ConfigMaps from one watch per referenced object, Services from one
+    // watch; a changed Secret or ConfigMap wakes the pods that use it.
+    let wake_sources: crate::watch_manager::Wake = Arc::new({
+        let wake = wake.clone();
+        move |uid: &str| {
+            if let Some(workers) = wake.get() {
+                workers.wake(uid);
+            }
+        }
+    });
+    let caches = SourceCaches::new(&client, &wake_sources);
+    let (services, services_feed) = ServiceLister::start(client.clone());
+    tokio::spawn(services_feed);
+    let env_sources = EnvSourceReader::new(caches.clone(), services, allocatable.clone());
     let volumes = VolumeManager::new(
         config.root_dir.clone(),
-        KubeVolumeApi::new(client.clone()),
+        KubeVolumeApi::new(client.clone(), caches),
         LinuxMounter,
     )
     .with_node_allocatable(allocatable);
@@ -394,6 +411,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
                 workers.wake(uid);
             }
         }),
+        env_sources,
     ));
     let workers = PodWorkers::new(kubelet.clone());
     let _ = wake.set(workers.clone());

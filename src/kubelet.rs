@@ -17,6 +17,7 @@ use tracing::Instrument;
 
 use crate::backoff::Backoff;
 use crate::cri::{Cri, api};
+use crate::kuberuntime::env::EnvSourceReader;
 use crate::kuberuntime::sandbox::pod_log_dir;
 use crate::kuberuntime::{PodContext, PodRuntimeStatus, RuntimeManager, Waiting, get_pod_status};
 use crate::lifecycle::active_deadline;
@@ -63,7 +64,9 @@ pub struct Kubelet<C> {
     /// Each pod's container mounts and when its volumes were last set up. Syncs come with
     /// every runtime change; the volume sources (secrets, configMaps, tokens) are read
     /// again at most once per resync period, not on each of them.
-    mounts: Mutex<HashMap<String, (Instant, Mounts)>>,
+    mounts: Mutex<HashMap<String, (Instant, u64, Mounts)>>,
+    /// The Secrets, ConfigMaps and Services of the pods' environment and volumes.
+    env: EnvSourceReader,
     /// The probe workers of the pods' containers.
     prober: ProberManager<C>,
 }
@@ -85,6 +88,7 @@ impl<C: Cri + Clone> Kubelet<C> {
         status: StatusManager,
         admission: PodAdmitter,
         wake: Wake,
+        env: EnvSourceReader,
     ) -> Self {
         let prober = ProberManager::new(runtime.cri().clone(), runtime.events().clone(), wake);
         Self {
@@ -97,6 +101,7 @@ impl<C: Cri + Clone> Kubelet<C> {
             reasons: Mutex::default(),
             backoff: Mutex::default(),
             mounts: Mutex::default(),
+            env,
         }
     }
 
@@ -274,10 +279,14 @@ impl<C: Cri + Clone> Kubelet<C> {
             let message = format!("Error making pod data directories: {e}");
             return self.retry_failed(id, "Failed", message);
         }
+        // Volumes are set up again once per resync period, and at once when a Secret or
+        // ConfigMap they hold changed.
+        self.env.caches().register(&id.uid, pod);
+        let changes = self.env.caches().changes(&id.uid);
         let fresh = lock(&self.mounts)
             .get(&id.uid)
-            .filter(|(at, _)| at.elapsed() < RESYNC)
-            .map(|(_, m)| m.clone());
+            .filter(|(at, seen, _)| at.elapsed() < RESYNC && *seen == changes)
+            .map(|(_, _, m)| m.clone());
         let prepared = match fresh {
             Some(m) => Ok(m),
             None => self
@@ -285,7 +294,8 @@ impl<C: Cri + Clone> Kubelet<C> {
                 .instrument(tracing::info_span!("mount_volumes"))
                 .await
                 .inspect(|m| {
-                    lock(&self.mounts).insert(id.uid.clone(), (Instant::now(), m.clone()));
+                    let entry = (Instant::now(), changes, m.clone());
+                    lock(&self.mounts).insert(id.uid.clone(), entry);
                 }),
         };
         let volume_mounts = match prepared {
@@ -318,6 +328,12 @@ impl<C: Cri + Clone> Kubelet<C> {
             volume_mounts,
             runtime_handler,
             probes: Some(self.prober.results().clone()),
+            env_sources: Arc::new(
+                self.env
+                    .read(pod)
+                    .instrument(tracing::info_span!("env_sources"))
+                    .await,
+            ),
         };
         let outcome = self.runtime.sync_pod(pod, id, &runtime, &ctx).await;
         lock(&self.reasons).insert(id.uid.clone(), outcome.waiting.clone());
@@ -441,6 +457,7 @@ impl<C: Cri + Clone> Kubelet<C> {
         lock(&self.reasons).remove(&id.uid);
         lock(&self.backoff).remove(&id.uid);
         lock(&self.mounts).remove(&id.uid);
+        self.env.caches().unregister(&id.uid);
         self.prober.remove_pod(id);
         tracing::info!("pod terminated and cleaned up");
         Next::Done

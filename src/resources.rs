@@ -1,8 +1,11 @@
 //! Compute resources: Kubernetes quantities (`500m`, `64Mi`, `1G`), parsed exactly as
 //! `resource.Quantity` does, their cgroup settings (CPU shares and quota, as the kubelet's `MilliCPUToShares`/`MilliCPUToQuota`),
-//! and the pod's QoS class.
+//! the pod's QoS class, and the values the downward API exposes (`resourceFieldRef`).
 
-use k8s_openapi::api::core::v1::{Container, PodSpec};
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Container, PodSpec, ResourceFieldSelector};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity as ApiQuantity;
 
 /// An exact, non-negative quantity `numerator / denominator`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,6 +119,70 @@ pub fn cpu_shares(request_millis: Option<i64>) -> i64 {
 #[must_use]
 pub fn cpu_quota(limit_millis: i64, period: i64) -> i64 {
     (limit_millis * period / 1000).max(1000)
+}
+
+/// The value of a `resourceFieldRef` (`limits.cpu`, `requests.memory`, ...) of
+/// `container`, divided by the divisor and rounded up, as the kubelet's
+/// `ExtractContainerResourceValue`. An unset limit is the node's `allocatable`
+/// (`MergeContainerResourceLimits`); an unset or zero divisor means 1 (the API server sends
+/// an unset divisor as `"0"`).
+///
+/// # Errors
+/// An unsupported resource, a quantity that does not parse, or an unset limit whose
+/// allocatable the node does not know.
+pub fn container_resource_value(
+    container: &Container,
+    selector: &ResourceFieldSelector,
+    allocatable: &BTreeMap<String, ApiQuantity>,
+) -> Result<String, String> {
+    let (kind, resource) = selector
+        .resource
+        .split_once('.')
+        .filter(|(kind, _)| matches!(*kind, "limits" | "requests"))
+        .ok_or_else(|| format!("unsupported container resource : {}", selector.resource))?;
+    let hugepages = resource.starts_with("hugepages-");
+    if !(matches!(resource, "cpu" | "memory" | "ephemeral-storage") || hugepages) {
+        return Err(format!(
+            "unsupported container resource : {}",
+            selector.resource
+        ));
+    }
+    let resources = container.resources.as_ref();
+    let set = if kind == "limits" {
+        resources.and_then(|r| r.limits.as_ref())
+    } else {
+        resources.and_then(|r| r.requests.as_ref())
+    };
+    let amount = match set.and_then(|m| m.get(resource)) {
+        Some(q) => Some(q),
+        None if kind == "limits" && !hugepages => {
+            Some(allocatable.get(resource).ok_or_else(|| {
+                format!(
+                    "container {:?} sets no {} and the node's allocatable {resource} is not known",
+                    container.name, selector.resource
+                )
+            })?)
+        }
+        None => None,
+    };
+    let amount = amount.map(|q| Quantity::parse(&q.0)).transpose()?;
+    let divisor = selector
+        .divisor
+        .as_ref()
+        .map(|d| Quantity::parse(&d.0))
+        .transpose()?;
+    let value = |q: Quantity| {
+        if resource == "cpu" {
+            q.milli_value()
+        } else {
+            q.value()
+        }
+    };
+    let divisor = divisor
+        .map(value)
+        .filter(|d| *d != 0)
+        .unwrap_or(if resource == "cpu" { 1000 } else { 1 });
+    Ok(amount.map_or(0, |q| value(q).div_ceil(divisor)).to_string())
 }
 
 /// The pod's QoS class: `Guaranteed`, `Burstable` or `BestEffort` (the API's `GetPodQOS`).

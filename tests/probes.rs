@@ -5,33 +5,12 @@
 
 mod common;
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use common::case::{Case, get};
 use common::pods::events_of;
-use common::{eventually, node_name, state_dir};
+use common::{eventually, kubectl, node_name};
 use k8s_openapi::api::core::v1::ContainerStatus;
-use tokio::process::Command;
-
-/// `kubectl` as the admin; answers stdout, panics on failure.
-async fn kubectl(args: &[&str]) -> String {
-    let out = Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(state_dir().join("pki").join("admin.kubeconfig"))
-        .args(args)
-        .stdin(Stdio::null())
-        .kill_on_drop(true)
-        .output()
-        .await
-        .expect("kubectl runs");
-    assert!(
-        out.status.success(),
-        "kubectl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
 
 /// A busybox pod with one container `c` running `script` and `probes` (merged into the
 /// container).

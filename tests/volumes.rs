@@ -18,6 +18,7 @@ use k8s_openapi::api::authentication::v1::{TokenRequest, TokenReview, TokenRevie
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::api::{Api, DeleteParams, PostParams};
 use rkubelet::volume::{KubeVolumeApi, LinuxMounter, VolumeApi, VolumeError, VolumeManager};
+use rkubelet::watch_manager::{SourceCaches, Wake};
 use serde_json::json;
 
 /// A scratch `--root-dir` under the temp dir. On drop, whatever is still mounted under it
@@ -293,7 +294,13 @@ async fn node_scenario(objects: &Objects, root: &Path) {
     let pod = create_pod(&Api::namespaced(admin.clone(), ns), &pod).await;
     let uid = pod.metadata.uid.clone().expect("uid");
 
-    let manager = VolumeManager::new(root, KubeVolumeApi::new(node.clone()), LinuxMounter);
+    // Secrets and ConfigMaps come from the node's watch-based caches, where the pod
+    // registers what it references (as the agent's pod sync does).
+    let wake: Wake = std::sync::Arc::new(|_: &str| {});
+    let caches = SourceCaches::new(&node, &wake);
+    caches.register(&uid, &pod);
+    let api = KubeVolumeApi::new(node.clone(), caches.clone());
+    let manager = VolumeManager::new(root, api, LinuxMounter);
     let volumes = setup_with_retry(&manager, &pod).await;
 
     let creds = volumes.host_path("creds").expect("creds");
@@ -352,8 +359,8 @@ async fn node_scenario(objects: &Objects, root: &Path) {
     }
 
     // A secret no pod of this node references is forbidden to the node.
-    match KubeVolumeApi::new(node.clone())
-        .get_secret(ns, &objects.unreferenced())
+    match Api::<Secret>::namespaced(node.clone(), ns)
+        .get_opt(&objects.unreferenced())
         .await
     {
         Err(kube::Error::Api(status)) => assert_eq!(status.code, 403, "{status:?}"),
@@ -367,15 +374,19 @@ async fn node_scenario(objects: &Objects, root: &Path) {
         )
         .expect("volume"),
     ]);
+    // Through the cache, its watch is refused, so it never syncs: the kubelet's error.
+    caches.register(&format!("{uid}-stranger"), &stranger);
     match manager.setup(&stranger).await {
         Err(VolumeError::Api { source, .. }) => {
+            let text = source.to_string();
             assert!(
-                matches!(&*source, kube::Error::Api(s) if s.code == 403),
-                "{source:?}"
+                text.contains("failed to sync secret cache: timed out waiting for the condition"),
+                "{text}"
             );
         }
-        other => panic!("expected a 403, got {other:?}"),
+        other => panic!("expected an unsynced cache, got {other:?}"),
     }
+    caches.unregister(&format!("{uid}-stranger"));
 
     manager.teardown(&uid).await.expect("teardown");
     assert!(mounts_under(root).is_empty(), "{:?}", mounts_under(root));

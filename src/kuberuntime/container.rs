@@ -6,9 +6,11 @@
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Container, EnvVar, Pod};
+use k8s_openapi::api::core::v1::{Container, Pod};
 
+use super::env::{EnvSources, environment, expand};
 use super::labels;
 use crate::cri::api;
 use crate::pod::PodId;
@@ -35,6 +37,10 @@ pub enum ConfigError {
         /// What is wrong.
         reason: String,
     },
+    /// A Secret, ConfigMap or the Services could not be read, or lack a key; the text is
+    /// the kubelet's.
+    #[error("{0}")]
+    Source(String),
     /// A resource quantity that does not parse.
     #[error("container {container}: {reason}")]
     BadResource {
@@ -62,6 +68,8 @@ pub struct ContainerContext {
     pub restart_count: u32,
     /// The image reference the runtime resolved (`PullImage`/`ImageStatus`).
     pub image_ref: String,
+    /// The Secrets, ConfigMaps and Services the environment is made from.
+    pub sources: Arc<EnvSources>,
 }
 
 /// FNV-1a, 64 bits: a stable hash of the container spec, so a changed spec is noticed
@@ -73,134 +81,6 @@ pub fn container_hash(container: &Container) -> String {
         (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
     });
     format!("{hash:x}")
-}
-
-/// Expands `$(VAR)` references with the kubelet's rules: a defined variable is replaced,
-/// an undefined one is left as written, and `$$` stands for a literal `$`.
-#[must_use]
-pub fn expand(input: &str, vars: &HashMap<String, String>) -> String {
-    let mut out = String::with_capacity(input.len());
-    let mut rest = input;
-    while let Some(pos) = rest.find('$') {
-        out.push_str(&rest[..pos]);
-        let after = &rest[pos + 1..];
-        if let Some(tail) = after.strip_prefix('$') {
-            out.push('$');
-            rest = tail;
-        } else if let Some(inner) = after.strip_prefix('(')
-            && let Some(end) = inner.find(')')
-        {
-            let name = &inner[..end];
-            match vars.get(name) {
-                Some(value) => out.push_str(value),
-                None => {
-                    out.push_str("$(");
-                    out.push_str(name);
-                    out.push(')');
-                }
-            }
-            rest = &inner[end + 1..];
-        } else {
-            out.push('$');
-            rest = after;
-        }
-    }
-    out.push_str(rest);
-    out
-}
-
-fn field_ref(pod: &Pod, ctx: &ContainerContext, path: &str) -> Option<String> {
-    let meta = &pod.metadata;
-    let spec = pod.spec.as_ref();
-    let ips = || {
-        ctx.pod_ips
-            .iter()
-            .map(ToString::to_string)
-            .collect::<Vec<_>>()
-    };
-    Some(match path {
-        "metadata.name" => meta.name.clone()?,
-        "metadata.namespace" => meta.namespace.clone()?,
-        "metadata.uid" => meta.uid.clone()?,
-        "spec.nodeName" => ctx.node_name.clone(),
-        "spec.serviceAccountName" => spec?.service_account_name.clone().unwrap_or_default(),
-        "status.hostIP" => ctx.host_ip.map(|ip| ip.to_string()).unwrap_or_default(),
-        "status.podIP" => ips().into_iter().next().unwrap_or_default(),
-        "status.podIPs" => ips().join(","),
-        other => {
-            let key = |prefix: &str| {
-                other
-                    .strip_prefix(prefix)
-                    .and_then(|k| k.strip_suffix("']"))
-                    .map(str::to_owned)
-            };
-            if let Some(k) = key("metadata.labels['") {
-                meta.labels.as_ref()?.get(&k)?.clone()
-            } else if let Some(k) = key("metadata.annotations['") {
-                meta.annotations.as_ref()?.get(&k)?.clone()
-            } else {
-                return None;
-            }
-        }
-    })
-}
-
-fn env_value(
-    pod: &Pod,
-    container: &Container,
-    ctx: &ContainerContext,
-    var: &EnvVar,
-    vars: &HashMap<String, String>,
-) -> Result<String, ConfigError> {
-    let Some(from) = &var.value_from else {
-        return Ok(expand(var.value.as_deref().unwrap_or_default(), vars));
-    };
-    let unsupported = |what: &str| ConfigError::Unsupported {
-        container: container.name.clone(),
-        what: format!("env {}: valueFrom.{what}", var.name),
-    };
-    if let Some(f) = &from.field_ref {
-        return field_ref(pod, ctx, &f.field_path).ok_or_else(|| ConfigError::BadEnv {
-            container: container.name.clone(),
-            var: var.name.clone(),
-            reason: format!("unsupported fieldPath {:?}", f.field_path),
-        });
-    }
-    if from.resource_field_ref.is_some() {
-        return Err(unsupported("resourceFieldRef"));
-    }
-    if from.secret_key_ref.is_some() {
-        return Err(unsupported("secretKeyRef"));
-    }
-    Err(unsupported("configMapKeyRef"))
-}
-
-/// The container's environment in order, each value expanded against the ones before it.
-///
-/// # Errors
-/// A reference the agent cannot resolve.
-pub fn environment(
-    pod: &Pod,
-    container: &Container,
-    ctx: &ContainerContext,
-) -> Result<Vec<api::KeyValue>, ConfigError> {
-    if container.env_from.as_ref().is_some_and(|e| !e.is_empty()) {
-        return Err(ConfigError::Unsupported {
-            container: container.name.clone(),
-            what: "envFrom".into(),
-        });
-    }
-    let mut vars = HashMap::new();
-    let mut envs = Vec::new();
-    for var in container.env.iter().flatten() {
-        let value = env_value(pod, container, ctx, var, &vars)?;
-        vars.insert(var.name.clone(), value.clone());
-        envs.push(api::KeyValue {
-            key: var.name.clone(),
-            value,
-        });
-    }
-    Ok(envs)
 }
 
 /// A quantity in thousandths, for cgroup arithmetic.
@@ -276,7 +156,8 @@ pub fn log_path(container: &str, restart_count: u32) -> PathBuf {
     PathBuf::from(container).join(format!("{restart_count}.log"))
 }
 
-/// The full container config.
+/// The full container config, with the `InvalidEnvironmentVariableNames` warnings of its
+/// environment.
 ///
 /// # Errors
 /// A spec the agent cannot turn into a config (reported as `CreateContainerConfigError`).
@@ -285,16 +166,17 @@ pub fn container_config(
     id: &PodId,
     container: &Container,
     ctx: &ContainerContext,
-) -> Result<api::ContainerConfig, ConfigError> {
-    let envs = environment(pod, container, ctx)?;
-    let vars: HashMap<String, String> = envs
+) -> Result<(api::ContainerConfig, Vec<String>), ConfigError> {
+    let env = environment(pod, container, ctx)?;
+    let envs = env.vars;
+    let vars: HashMap<&str, &str> = envs
         .iter()
-        .map(|kv| (kv.key.clone(), kv.value.clone()))
+        .map(|kv| (kv.key.as_str(), kv.value.as_str()))
         .collect();
     let expand_all = |list: &Option<Vec<String>>| {
         list.iter()
             .flatten()
-            .map(|s| expand(s, &vars))
+            .map(|s| expand(s, |name| vars.get(name).map(|v| (*v).to_owned())))
             .collect::<Vec<_>>()
     };
     let mut container_labels = labels::pod_labels(id);
@@ -325,7 +207,7 @@ pub fn container_config(
             crate::pod::termination_grace_period(pod).to_string(),
         ),
     ]);
-    Ok(api::ContainerConfig {
+    let config = api::ContainerConfig {
         metadata: Some(api::ContainerMetadata {
             name: container.name.clone(),
             attempt: ctx.restart_count,
@@ -352,14 +234,17 @@ pub fn container_config(
             security_context: Some(security_context(pod, container)),
         }),
         ..Default::default()
-    })
+    };
+    Ok((config, env.skipped))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::pod::testing::pod;
-    use k8s_openapi::api::core::v1::{EnvVarSource, ObjectFieldSelector, ResourceRequirements};
+    use k8s_openapi::api::core::v1::{
+        EnvVar, EnvVarSource, ObjectFieldSelector, ResourceRequirements,
+    };
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity as Q;
 
     fn env(name: &str, value: &str) -> EnvVar {
@@ -385,13 +270,6 @@ mod tests {
     }
 
     #[test]
-    fn expansion_follows_the_kubelet_rules() {
-        let vars = HashMap::from([("A".to_owned(), "x".to_owned())]);
-        assert_eq!(expand("$(A)-$(B)-$$(A)-$-$(", &vars), "x-$(B)-$(A)-$-$(");
-        assert_eq!(expand("plain", &vars), "plain");
-    }
-
-    #[test]
     fn env_values_field_refs_and_expansion_in_args() {
         let mut p = pod("web", &[("c", "busybox")]);
         let c = &mut p.spec.as_mut().unwrap().containers[0];
@@ -411,7 +289,7 @@ mod tests {
         };
         let id = PodId::of(&p).unwrap();
         let container = p.spec.as_ref().unwrap().containers[0].clone();
-        let config = container_config(&p, &id, &container, &ctx).unwrap();
+        let (config, _) = container_config(&p, &id, &container, &ctx).unwrap();
         let envs: Vec<_> = config
             .envs
             .iter()
@@ -436,35 +314,6 @@ mod tests {
     }
 
     #[test]
-    fn unsupported_env_sources_are_a_config_error() {
-        let mut p = pod("web", &[("c", "busybox")]);
-        let c = &mut p.spec.as_mut().unwrap().containers[0];
-        c.env = Some(vec![EnvVar {
-            name: "S".into(),
-            value: None,
-            value_from: Some(EnvVarSource {
-                secret_key_ref: Some(Default::default()),
-                ..Default::default()
-            }),
-        }]);
-        let id = PodId::of(&p).unwrap();
-        let container = p.spec.as_ref().unwrap().containers[0].clone();
-        let err = container_config(&p, &id, &container, &ContainerContext::default()).unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "container c: env S: valueFrom.secretKeyRef is not supported by rkubelet yet"
-        );
-        let bad = field("X", "spec.nope");
-        let mut p2 = pod("w", &[("c", "b")]);
-        p2.spec.as_mut().unwrap().containers[0].env = Some(vec![bad]);
-        let c2 = p2.spec.as_ref().unwrap().containers[0].clone();
-        assert!(matches!(
-            container_config(&p2, &id, &c2, &ContainerContext::default()),
-            Err(ConfigError::BadEnv { .. })
-        ));
-    }
-
-    #[test]
     fn resources_become_cgroup_settings() {
         let mut p = pod("web", &[("c", "busybox")]);
         p.spec.as_mut().unwrap().containers[0].resources = Some(ResourceRequirements {
@@ -479,7 +328,8 @@ mod tests {
         });
         let id = PodId::of(&p).unwrap();
         let container = p.spec.as_ref().unwrap().containers[0].clone();
-        let config = container_config(&p, &id, &container, &ContainerContext::default()).unwrap();
+        let (config, _) =
+            container_config(&p, &id, &container, &ContainerContext::default()).unwrap();
         let r = config.linux.unwrap().resources.unwrap();
         assert_eq!(r.cpu_shares, 512);
         assert_eq!((r.cpu_period, r.cpu_quota), (100_000, 50_000));

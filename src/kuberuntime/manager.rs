@@ -19,6 +19,7 @@ use tracing::Instrument;
 
 use super::actions::{PodActions, compute_pod_actions};
 use super::container::{ContainerContext, container_config};
+use super::env::EnvSources;
 use super::runtime_status::{PodRuntimeStatus, RunState};
 use super::sandbox::{SandboxSettings, pod_log_dir, sandbox_config};
 use crate::backoff::Backoff;
@@ -52,11 +53,7 @@ struct Stop<'a> {
 
 /// The spec of the pod's container (init or app) with this name.
 fn container_spec<'a>(pod: Option<&'a Pod>, name: &str) -> Option<&'a Container> {
-    let spec = pod?.spec.as_ref()?;
-    spec.containers
-        .iter()
-        .chain(spec.init_containers.iter().flatten())
-        .find(|c| c.name == name)
+    crate::pod::container(pod?, name)
 }
 
 /// The primary IP of the pod's ready sandbox, if any.
@@ -112,6 +109,8 @@ pub struct PodContext {
     pub runtime_handler: String,
     /// The prober's results (liveness and startup failures restart containers).
     pub probes: Option<Arc<Results>>,
+    /// The Secrets, ConfigMaps and Services the containers' environment is made from.
+    pub env_sources: Arc<EnvSources>,
 }
 
 /// The kubelet's `kubeGenericRuntimeManager`: pod-level operations over CRI.
@@ -516,8 +515,9 @@ impl<C: Cri> RuntimeManager<C> {
             mounts,
             restart_count,
             image_ref,
+            sources: ctx.env_sources.clone(),
         };
-        let config = container_config(pod, id, container, &cctx).map_err(|e| {
+        let (config, skipped) = container_config(pod, id, container, &cctx).map_err(|e| {
             self.events
                 .warning(id, name, "Failed", format!("Error: {e}"));
             Waiting {
@@ -525,6 +525,10 @@ impl<C: Cri> RuntimeManager<C> {
                 message: e.to_string(),
             }
         })?;
+        for message in skipped {
+            self.events
+                .warning(id, None, "InvalidEnvironmentVariableNames", message);
+        }
         let failed = |e: crate::cri::CriError, reason: &str| {
             self.events
                 .warning(id, name, "Failed", format!("Error: {e}"));

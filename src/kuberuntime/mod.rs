@@ -4,6 +4,7 @@
 
 pub mod actions;
 pub mod container;
+pub mod env;
 pub mod labels;
 pub mod manager;
 pub mod runtime_status;

@@ -4,7 +4,7 @@
 pub mod source;
 pub mod workers;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Container, Pod};
 
 /// The identity of one pod: the UID is the key; namespace and name are for humans, API
 /// paths and CRI metadata.
@@ -38,6 +38,22 @@ impl std::fmt::Display for PodId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}/{} ({})", self.namespace, self.name, self.uid)
     }
+}
+
+/// The pod's init containers, then its app containers.
+pub fn containers(pod: &Pod) -> impl Iterator<Item = &Container> {
+    pod.spec.iter().flat_map(|s| {
+        s.init_containers
+            .iter()
+            .flatten()
+            .chain(s.containers.iter())
+    })
+}
+
+/// The pod's container (init or app) named `name`.
+#[must_use]
+pub fn container<'a>(pod: &'a Pod, name: &str) -> Option<&'a Container> {
+    containers(pod).find(|c| c.name == name)
 }
 
 /// The pod runs in the node's network namespace.

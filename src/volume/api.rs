@@ -1,5 +1,6 @@
-//! The API boundary of the volume manager: the three calls it makes to the kube-apiserver,
-//! behind a trait so the volume logic is tested without a cluster.
+//! The API boundary of the volume manager: the Secrets and ConfigMaps it reads (from the
+//! node's watch-based caches) and the tokens it requests, behind a trait so the volume
+//! logic is tested without a cluster.
 //!
 //! With the node's own identity the Node authorizer allows exactly these calls for objects
 //! that pods bound to this node reference; everything else is `403 Forbidden`.
@@ -9,6 +10,8 @@ use std::future::Future;
 use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, ServiceAccount};
 use kube::api::{Api, PostParams};
+
+use crate::watch_manager::{CacheError, SourceCaches};
 
 /// The reads and the one write the volume manager needs from the API server.
 pub trait VolumeApi: Send + Sync + 'static {
@@ -36,18 +39,28 @@ pub trait VolumeApi: Send + Sync + 'static {
     ) -> impl Future<Output = kube::Result<TokenRequest>> + Send;
 }
 
-/// [`VolumeApi`] over a [`kube::Client`] (normally with the node's identity).
+/// [`VolumeApi`] over the node's watch-based Secret and ConfigMap caches, and a
+/// [`kube::Client`] (normally with the node's identity) for tokens.
 #[derive(Clone)]
 pub struct KubeVolumeApi {
     client: kube::Client,
+    caches: SourceCaches,
 }
 
 impl KubeVolumeApi {
-    /// Calls go through `client`.
+    /// Secrets and ConfigMaps come from `caches`, tokens through `client`.
     #[must_use]
-    pub fn new(client: kube::Client) -> Self {
-        Self { client }
+    pub fn new(client: kube::Client, caches: SourceCaches) -> Self {
+        Self { client, caches }
     }
+}
+
+/// A cache error as the API error the volume manager reports.
+fn cache_error(e: &CacheError) -> kube::Error {
+    kube::Error::Api(Box::new(kube::core::Status::failure(
+        &e.to_string(),
+        "CacheNotReady",
+    )))
 }
 
 impl std::fmt::Debug for KubeVolumeApi {
@@ -58,15 +71,15 @@ impl std::fmt::Debug for KubeVolumeApi {
 
 impl VolumeApi for KubeVolumeApi {
     async fn get_secret(&self, namespace: &str, name: &str) -> kube::Result<Option<Secret>> {
-        Api::<Secret>::namespaced(self.client.clone(), namespace)
-            .get_opt(name)
-            .await
+        let got = self.caches.secrets.get(namespace, name).await;
+        got.map(|s| s.as_deref().cloned())
+            .map_err(|e| cache_error(&e))
     }
 
     async fn get_config_map(&self, namespace: &str, name: &str) -> kube::Result<Option<ConfigMap>> {
-        Api::<ConfigMap>::namespaced(self.client.clone(), namespace)
-            .get_opt(name)
-            .await
+        let got = self.caches.config_maps.get(namespace, name).await;
+        got.map(|c| c.as_deref().cloned())
+            .map_err(|e| cache_error(&e))
     }
 
     async fn create_token(

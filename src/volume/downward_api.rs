@@ -5,12 +5,12 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Container, DownwardAPIVolumeFile, ObjectFieldSelector, Pod, ResourceFieldSelector,
+    DownwardAPIVolumeFile, ObjectFieldSelector, Pod, ResourceFieldSelector,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as ApiQuantity;
 
 use super::payload::{FileProjection, Payload, file_mode, validate_path};
-use crate::resources::Quantity;
+use crate::resources::container_resource_value;
 
 /// Renders the items of a downwardAPI volume or projection of `pod`. Container limits that
 /// are not set fall back to `allocatable` (the node's), as in the kubelet.
@@ -110,8 +110,8 @@ fn go_quote(s: &str) -> String {
     out
 }
 
-/// The value of a `resourceFieldRef` (`limits.cpu`, `requests.memory`, ...) of a container
-/// of `pod`, divided by the divisor and rounded up, as the kubelet does.
+/// The value of a `resourceFieldRef` of a container of `pod` (named: volumes have no
+/// container of their own).
 fn resource_value(
     pod: &Pod,
     selector: &ResourceFieldSelector,
@@ -122,67 +122,14 @@ fn resource_value(
         .as_deref()
         .filter(|n| !n.is_empty())
         .ok_or("resourceFieldRef needs a containerName in a volume")?;
-    let container = find_container(pod, container_name)
+    let container = crate::pod::container(pod, container_name)
         .ok_or_else(|| format!("no container {container_name:?} in the pod"))?;
-    let (kind, resource) = selector
-        .resource
-        .split_once('.')
-        .filter(|(kind, _)| matches!(*kind, "limits" | "requests"))
-        .ok_or_else(|| format!("unsupported resource {:?}", selector.resource))?;
-    if !(matches!(resource, "cpu" | "memory" | "ephemeral-storage")
-        || resource.starts_with("hugepages-"))
-    {
-        return Err(format!("unsupported resource {:?}", selector.resource));
-    }
-    let resources = container.resources.as_ref();
-    let set = if kind == "limits" {
-        resources.and_then(|r| r.limits.as_ref())
-    } else {
-        resources.and_then(|r| r.requests.as_ref())
-    };
-    let amount = match set.and_then(|m| m.get(resource)) {
-        Some(q) => Some(q),
-        // An unset limit is the node's allocatable (`MergeContainerResourceLimits`).
-        None if kind == "limits" && !resource.starts_with("hugepages-") => {
-            Some(allocatable.get(resource).ok_or_else(|| {
-                format!(
-                    "container {container_name:?} sets no {} and the node's allocatable {resource} is not known",
-                    selector.resource
-                )
-            })?)
-        }
-        None => None,
-    };
-    let amount = amount.map(|q| Quantity::parse(&q.0)).transpose()?;
-    let divisor = selector
-        .divisor
-        .as_ref()
-        .map_or(Ok(None), |d| Quantity::parse(&d.0).map(Some))?;
-    let value = |q: Quantity| {
-        if resource == "cpu" {
-            q.milli_value()
-        } else {
-            q.value()
-        }
-    };
-    let divisor = divisor.map_or(if resource == "cpu" { 1000 } else { 1 }, value);
-    if divisor == 0 {
-        return Err(format!("divisor of {} is zero", selector.resource));
-    }
-    Ok(amount.map_or(0, |q| value(q).div_ceil(divisor)).to_string())
-}
-
-fn find_container<'a>(pod: &'a Pod, name: &str) -> Option<&'a Container> {
-    let spec = pod.spec.as_ref()?;
-    spec.containers
-        .iter()
-        .chain(spec.init_containers.iter().flatten())
-        .find(|c| c.name == name)
+    container_resource_value(container, selector, allocatable)
 }
 
 #[cfg(test)]
 mod tests {
-    use k8s_openapi::api::core::v1::{PodSpec, ResourceRequirements};
+    use k8s_openapi::api::core::v1::{Container, PodSpec, ResourceRequirements};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     use super::*;
@@ -307,6 +254,10 @@ mod tests {
         assert_eq!(text(&payload, "mem_request"), "0");
         assert_eq!(text(&payload, "init_mem_limit_mi"), "2048");
         assert_eq!(text(&payload, "init_cpu_limit"), "2");
+        // The API server sends an unset divisor as "0": it means 1, as in the kubelet.
+        let zero = [resource("cpu", "app", "limits.cpu", Some("0"))];
+        let payload = render(&pod(), &zero, 0o644, &allocatable).expect("render");
+        assert_eq!(text(&payload, "cpu"), "1");
     }
 
     #[test]
@@ -317,9 +268,8 @@ mod tests {
             (resource("x", "nope", "limits.cpu", None), "no container"),
             (
                 resource("x", "app", "limits.gpu", None),
-                "unsupported resource",
+                "unsupported container resource",
             ),
-            (resource("x", "app", "requests.cpu", Some("0")), "zero"),
             (resource("x", "init", "limits.memory", None), "allocatable"),
             (field("../x", "metadata.name"), ".."),
         ] {

@@ -88,3 +88,22 @@ pub fn unique(prefix: &str) -> String {
         .subsec_nanos();
     format!("{prefix}-{}-{nanos:x}", std::process::id())
 }
+
+/// `kubectl` as the admin; answers stdout, panics on failure.
+pub async fn kubectl(args: &[&str]) -> String {
+    let out = tokio::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(state_dir().join("pki").join("admin.kubeconfig"))
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("kubectl runs");
+    assert!(
+        out.status.success(),
+        "kubectl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
