@@ -327,13 +327,18 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
     };
     // The PLEG runs before the node registers, so the first status it reports is Ready.
     // Its wake-ups reach the pod workers once they exist.
-    let wake: Arc<OnceLock<PodWorkers<Kubelet<CriClient>>>> = Arc::default();
-    let wake_workers = wake.clone();
-    let wake_prober = wake.clone();
-    tokio::spawn(pleg.clone().run(cri, move |uid| {
-        if let Some(workers) = wake_workers.get() {
-            workers.wake(uid);
+    let workers_cell: Arc<OnceLock<PodWorkers<Kubelet<CriClient>>>> = Arc::default();
+    let wake: crate::watch_manager::Wake = Arc::new({
+        let cell = workers_cell.clone();
+        move |uid: &str| {
+            if let Some(workers) = cell.get() {
+                workers.wake(uid);
+            }
         }
+    });
+    tokio::spawn(pleg.clone().run(cri, {
+        let wake = wake.clone();
+        move |uid| wake(uid)
     }));
     pleg.wait_for_first_relist(Duration::from_secs(10)).await;
 
@@ -371,15 +376,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
         .unwrap_or_default();
     // Secrets and ConfigMaps from one watch per referenced object, Services from one
     // watch; a changed Secret or ConfigMap wakes the pods that use it.
-    let wake_sources: crate::watch_manager::Wake = Arc::new({
-        let wake = wake.clone();
-        move |uid: &str| {
-            if let Some(workers) = wake.get() {
-                workers.wake(uid);
-            }
-        }
-    });
-    let caches = SourceCaches::new(&client, &wake_sources);
+    let caches = SourceCaches::new(&client, &wake);
     let (services, services_feed) = ServiceLister::start(client.clone());
     tokio::spawn(services_feed);
     let env_sources = EnvSourceReader::new(caches.clone(), services, allocatable.clone());
@@ -406,15 +403,11 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
         volumes,
         status,
         PodAdmitter::new(node_store, registered, sysctls, client.clone()),
-        Arc::new(move |uid: &str| {
-            if let Some(workers) = wake_prober.get() {
-                workers.wake(uid);
-            }
-        }),
+        wake,
         env_sources,
     ));
     let workers = PodWorkers::new(kubelet.clone());
-    let _ = wake.set(workers.clone());
+    let _ = workers_cell.set(workers.clone());
 
     let (store, feed) = crate::pod::source::start(
         client.clone(),

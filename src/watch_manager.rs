@@ -51,8 +51,7 @@ pub enum CacheError {
     },
 }
 
-/// The wake-up of a pod worker, by pod UID.
-pub type Wake = Arc<dyn Fn(&str) + Send + Sync>;
+pub use crate::prober::Wake;
 
 /// An object as its watch last saw it: `None` until the first list, then whether it
 /// exists.
