@@ -13,7 +13,9 @@
 # Scenarios per agent: footprint idle; bursts of 1, 10, 30, 100 pods bound to the node;
 # Deployments of 3 and 30 replicas; footprint with 100 pods; 100 pods with a readiness and
 # a liveness probe each every second (exec, httpGet and tcpSocket evenly), the agent's CPU
-# seconds and memory measured over BENCH_FOOTPRINT_SECONDS while they run. Then the CRI
+# seconds and memory measured over BENCH_FOOTPRINT_SECONDS while they run; 100 pods that
+# all use one Secret and one ConfigMap in env and volumes, the agent's reads of Secrets and
+# ConfigMaps counted per node identity from the API server's audit log. Then the CRI
 # floor.
 # rkubelet logs every step's duration (--log-span-timings), so the report breaks its
 # largest burst down per step.
@@ -27,7 +29,7 @@
 # For a shorter run: BENCH_AGENTS (default "rkubelet rkubelet-agent-cni kubelet-qps5
 # kubelet-qps50"), BENCH_BURSTS (default "1 10 30 100"), BENCH_REPEAT (default 3),
 # BENCH_FLOOR=0 (skip the floor), BENCH_FOOTPRINT_SECONDS (default 60), BENCH_SCENARIOS
-# (default "all", or some of "idle bursts deployments steady probes"), e.g.
+# (default "all", or some of "idle bursts deployments steady probes sources"), e.g.
 #   BENCH_SCENARIOS=probes BENCH_AGENTS="rkubelet kubelet-qps50" BENCH_FLOOR=0 bash scripts/bench.sh
 set -euo pipefail
 # shellcheck source=scripts/common.sh
@@ -41,7 +43,7 @@ read -ra BURSTS <<<"${BENCH_BURSTS:-1 10 30 100}"
 read -ra AGENTS <<<"${BENCH_AGENTS:-rkubelet rkubelet-agent-cni kubelet-qps5 kubelet-qps50}"
 FOOTPRINT_SECONDS="${BENCH_FOOTPRINT_SECONDS:-60}"
 REPEAT="${BENCH_REPEAT:-3}"
-ALL_SCENARIOS="idle bursts deployments steady probes"
+ALL_SCENARIOS="idle bursts deployments steady probes sources"
 SCENARIOS="${BENCH_SCENARIOS:-all}"
 [[ $SCENARIOS != all ]] || SCENARIOS=$ALL_SCENARIOS
 for s in $SCENARIOS; do
@@ -166,6 +168,12 @@ scenarios() { # AGENT NODE
     footprint "$agent" "100 pods"
     k delete deployment steady --wait=true >/dev/null
     while [[ -n $(k get pods -o name) ]]; do sleep 1; done
+  fi
+  if want sources; then
+    settle
+    log "$agent: 100 pods using one Secret and one ConfigMap"
+    "$BENCH" sources --kubeconfig "$KUBECONFIG_ADMIN" --node "$node" --count 100 --agent "$agent" \
+      --audit-log "$RKUBELET_STATE/audit.log" >>"$OUT/sources.json"
   fi
   if want probes; then
     settle

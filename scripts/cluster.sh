@@ -392,11 +392,32 @@ EOF
   start_proc registry /usr/bin/docker-registry serve "$RKUBELET_STATE/registry.yml"
 }
 
+# Which reads of Secrets and ConfigMaps each client makes, one audit line per request as
+# it arrives (the benchmark counts them per node identity); nothing else is audited.
+write_audit_policy() {
+  cat >"$RKUBELET_STATE/audit-policy.yaml" <<'EOF'
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["ResponseStarted", "ResponseComplete", "Panic"]
+rules:
+- level: Metadata
+  verbs: ["get", "list", "watch"]
+  resources:
+  - group: ""
+    resources: ["secrets", "configmaps"]
+- level: None
+EOF
+}
+
 # Serves on 127.0.0.1 only. It advertises $NODE_IP, not 127.0.0.1: the `kubernetes`
 # Endpoints may not hold a loopback address (with 127.0.0.1 the apiserver logs an error
 # every 10s). Nothing listens on $NODE_IP:6443, so pods cannot reach the apiserver.
 start_apiserver() {
+  write_audit_policy
   start_proc kube-apiserver "$K8S_BIN/kube-apiserver" \
+    --audit-policy-file="$RKUBELET_STATE/audit-policy.yaml" \
+    --audit-log-path="$RKUBELET_STATE/audit.log" \
+    --audit-log-maxsize=100 --audit-log-maxbackup=1 \
     --etcd-servers=http://127.0.0.1:2379 \
     --bind-address=127.0.0.1 \
     --advertise-address="$NODE_IP" \

@@ -49,6 +49,9 @@ enum Command {
     /// N pods with probes every second: start-up, the agent's footprint while they run,
     /// then deletion.
     Probes(ProbesArgs),
+    /// N pods using one Secret and one ConfigMap in env and volumes: start-up, deletion,
+    /// and the agent's reads of them from the API server's audit log.
+    Sources(SourcesArgs),
     /// Waits until the machine's CPUs are quiet again after a scenario.
     Settle(SettleArgs),
     /// A Markdown table and plot data from a directory of results.
@@ -122,6 +125,15 @@ struct ProbesArgs {
     /// The window, in seconds.
     #[arg(long, default_value_t = 60)]
     seconds: u64,
+}
+
+#[derive(Debug, clap::Args)]
+struct SourcesArgs {
+    #[command(flatten)]
+    api: ApiArgs,
+    /// The API server's audit log.
+    #[arg(long)]
+    audit_log: PathBuf,
 }
 
 #[derive(Debug, clap::Args)]
@@ -311,11 +323,11 @@ fn run_id() -> String {
     format!("b{:x}", nanos % 0xffff_ffff)
 }
 
-/// N pods bound to the node at once, pod `i` with the container `container(i)`; `hold`
-/// runs once all are Ready (see [`time_pods`]).
+/// N pods bound to the node at once, pod `i` with the spec `spec(i)`; `hold` runs once
+/// all are Ready (see [`time_pods`]).
 async fn bound_pods(
     args: &ApiArgs,
-    container: impl Fn(usize) -> Value,
+    spec: impl Fn(usize) -> Value,
     hold: impl Future<Output = anyhow::Result<Value>>,
 ) -> anyhow::Result<Timings> {
     let client = client(&args.kubeconfig).await?;
@@ -324,10 +336,12 @@ async fn bound_pods(
     let create = || async {
         let started = Instant::now();
         let bodies = (0..args.count).map(|i| {
+            let mut spec = spec(i);
+            spec["nodeName"] = json!(args.node);
             let pod: Pod = serde_json::from_value(json!({
                 "apiVersion": "v1", "kind": "Pod",
                 "metadata": { "name": format!("{run}-{i}"), "labels": { "bench": run } },
-                "spec": { "nodeName": args.node, "containers": [container(i)] }
+                "spec": spec
             }))
             .expect("a valid pod");
             let pods = pods.clone();
@@ -365,8 +379,101 @@ async fn bound_pods(
 
 async fn burst(args: ApiArgs) -> anyhow::Result<Value> {
     let hold = std::future::ready(Ok(Value::Null));
-    let t = bound_pods(&args, |_| container(&args.image), hold).await?;
+    let t = bound_pods(
+        &args,
+        |_| json!({ "containers": [container(&args.image)] }),
+        hold,
+    )
+    .await?;
     Ok(timings_json("burst", &args, &t))
+}
+
+/// The sources scenario: N pods that all use one Secret and one ConfigMap, in their
+/// environment (`secretKeyRef`, `configMapKeyRef`, `envFrom`) and as volumes; timed like a
+/// burst, and the agent's reads of Secrets and ConfigMaps counted from the API server's
+/// audit log, from the first create until all pods are gone.
+async fn sources(args: SourcesArgs) -> anyhow::Result<Value> {
+    let SourcesArgs { api, audit_log } = args;
+    let client = client(&api.kubeconfig).await?;
+    let name = format!("{}-src", run_id());
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(client.clone(), "default");
+    let config_maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(client, "default");
+    let pp = PostParams::default();
+    secrets
+        .create(
+            &pp,
+            &serde_json::from_value(json!({
+                "metadata": { "name": name }, "stringData": { "password": "p", "user": "u" }
+            }))?,
+        )
+        .await?;
+    config_maps
+        .create(
+            &pp,
+            &serde_json::from_value(json!({
+                "metadata": { "name": name }, "data": { "color": "blue", "size": "L" }
+            }))?,
+        )
+        .await?;
+    let spec = |_| {
+        let mut c = container(&api.image);
+        c["env"] = json!([
+            { "name": "PASSWORD", "valueFrom": { "secretKeyRef": { "name": name, "key": "password" } } },
+            { "name": "COLOR", "valueFrom": { "configMapKeyRef": { "name": name, "key": "color" } } },
+        ]);
+        c["envFrom"] = json!([{ "configMapRef": { "name": name } }]);
+        c["volumeMounts"] = json!([
+            { "name": "secret", "mountPath": "/secret" },
+            { "name": "config", "mountPath": "/config" },
+        ]);
+        json!({
+            "containers": [c],
+            "volumes": [
+                { "name": "secret", "secret": { "secretName": name } },
+                { "name": "config", "configMap": { "name": name } },
+            ],
+        })
+    };
+    let from = Timestamp::now();
+    let hold = std::future::ready(Ok(Value::Null));
+    let t = bound_pods(&api, spec, hold).await?;
+    let reads = audited_reads(&audit_log, &format!("system:node:{}", api.node), from)?;
+    secrets.delete(&name, &DeleteParams::default()).await?;
+    config_maps.delete(&name, &DeleteParams::default()).await?;
+    let mut result = timings_json("sources", &api, &t);
+    #[allow(clippy::cast_precision_loss)]
+    let per_pod = reads.values().sum::<u64>() as f64 / api.count.max(1) as f64;
+    result["reads"] = json!(reads);
+    result["reads_per_pod"] = json!((per_pod * 100.0).round() / 100.0);
+    Ok(result)
+}
+
+/// The reads of Secrets and ConfigMaps by `user` since `from` in the API server's audit
+/// log (one line per request, see scripts/cluster.sh), by `<verb> <resource>`.
+fn audited_reads(log: &Path, user: &str, from: Timestamp) -> anyhow::Result<BTreeMap<String, u64>> {
+    let text =
+        std::fs::read_to_string(log).with_context(|| format!("reading {}", log.display()))?;
+    let mut reads = BTreeMap::new();
+    for line in text.lines() {
+        let Ok(event) = serde_json::from_str::<Value>(line) else {
+            continue;
+        };
+        let at = event["requestReceivedTimestamp"]
+            .as_str()
+            .and_then(|t| t.parse::<Timestamp>().ok());
+        if event["user"]["username"] != user || at.is_none_or(|at| at < from) {
+            continue;
+        }
+        let key = format!(
+            "{} {}",
+            event["verb"].as_str().unwrap_or_default(),
+            event["objectRef"]["resource"].as_str().unwrap_or_default()
+        );
+        *reads.entry(key).or_default() += 1;
+    }
+    Ok(reads)
 }
 
 /// The probes scenario: the start-up and deletion timings of the pods with probes, and
@@ -374,7 +481,8 @@ async fn burst(args: ApiArgs) -> anyhow::Result<Value> {
 async fn probes(args: ProbesArgs) -> anyhow::Result<Value> {
     let ProbesArgs { api, pid, seconds } = args;
     let hold = footprint_over(pid, seconds);
-    let t = bound_pods(&api, |i| probed_container(&api.image, i), hold).await?;
+    let spec = |i| json!({ "containers": [probed_container(&api.image, i)] });
+    let t = bound_pods(&api, spec, hold).await?;
     let mut result = timings_json("probes", &api, &t);
     result["period_seconds"] = json!(1);
     merge_into(&mut result, &t.held);
@@ -1003,6 +1111,33 @@ fn probes_table(results: &[Value]) -> String {
     md
 }
 
+/// Markdown: the agents' reads of Secrets and ConfigMaps in the sources scenario.
+fn sources_table(results: &[Value]) -> String {
+    let rows: Vec<&Value> = results.iter().filter(|r| r["kind"] == "sources").collect();
+    if rows.is_empty() {
+        return String::new();
+    }
+    let mut md = String::from(
+        "\n| scenario | agent | reads of Secrets and ConfigMaps (audit log) | per pod |\n|---|---|---|---|\n",
+    );
+    for r in rows {
+        let reads = r["reads"].as_object().map(|m| {
+            m.iter()
+                .map(|(k, v)| format!("{v} {k}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        });
+        md.push_str(&format!(
+            "| {} pods using one Secret and one ConfigMap (env and volumes) | {} | {} | {} |\n",
+            r["count"],
+            r["agent"].as_str().unwrap_or_default(),
+            reads.filter(|r| !r.is_empty()).unwrap_or_else(|| "none".into()),
+            r["reads_per_pod"],
+        ));
+    }
+    md
+}
+
 /// Markdown: where an rkubelet burst's time went, per step, from the agent's own spans.
 fn breakdown_tables(dir: &Path, rows: &[&Value]) -> anyhow::Result<String> {
     let mut md = String::new();
@@ -1129,6 +1264,7 @@ fn report(args: &ReportArgs) -> anyhow::Result<Value> {
         ));
     }
     md.push_str(&probes_table(&results));
+    md.push_str(&sources_table(&results));
     md.push_str(&goals_table(&results));
     md.push_str(&breakdown_tables(&args.dir, &rows)?);
     std::fs::write(args.dir.join("report.md"), &md)?;
@@ -1156,6 +1292,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Floor(a) => floor(a).await?,
         Command::Footprint(a) => footprint(a).await?,
         Command::Probes(a) => probes(a).await?,
+        Command::Sources(a) => sources(a).await?,
         Command::Settle(a) => settle(&a).await?,
         Command::Report(a) => report(&a)?,
     };
