@@ -9,6 +9,7 @@ pub mod allocator;
 pub mod app;
 pub mod backoff;
 pub mod cni;
+pub mod credentialprovider;
 pub mod cri;
 pub mod events;
 pub mod images;

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::core::v1::{Container, Pod, Secret};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::Instrument;
 
@@ -112,6 +112,8 @@ pub struct PodContext {
     pub runtime_handler: String,
     /// The prober's results (liveness and startup failures restart containers).
     pub probes: Option<Arc<Results>>,
+    /// The pod's image pull secrets that could be read.
+    pub pull_secrets: Vec<Secret>,
 }
 
 /// The kubelet's `kubeGenericRuntimeManager`: pod-level operations over CRI.
@@ -486,7 +488,13 @@ impl<C: Cri> RuntimeManager<C> {
                 slot.release();
                 let pulled = self
                     .images
-                    .pull(&self.cri, id, (container, name), &self.events)
+                    .pull(
+                        &self.cri,
+                        id,
+                        (container, name),
+                        &ctx.pull_secrets,
+                        &self.events,
+                    )
                     .instrument(tracing::info_span!("pull_image"))
                     .await
                     .map_err(image_waiting)?;
