@@ -472,9 +472,15 @@ impl<C: Cri> RuntimeManager<C> {
         ctx: &PodContext,
         slot: &mut StartSlot,
     ) -> Result<(), Waiting> {
-        let image_waiting = |e: crate::images::ImageError| Waiting {
-            reason: e.reason().into(),
-            message: e.to_string(),
+        // As the kubelet's startContainer: a container whose image is not there gets a
+        // `Failed` event naming the waiting reason.
+        let image_waiting = |e: crate::images::ImageError| {
+            self.events
+                .warning(id, name, "Failed", format!("Error: {}", e.reason()));
+            Waiting {
+                reason: e.reason().into(),
+                message: e.to_string(),
+            }
         };
         let present = self
             .images
