@@ -16,6 +16,7 @@ use common::{cleanup_blocking, eventually, kube_client, node_name};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{Pod, Secret, ServiceAccount};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use rkubelet::cri::{Cri, api};
 use serde_json::json;
 
 const REGISTRY: &str = "127.0.0.1:5001";
@@ -46,7 +47,7 @@ fn pod(extra: serde_json::Value) -> serde_json::Value {
 }
 
 /// The secrets and service accounts a test made, labelled with its pods' label, removed
-/// when dropped.
+/// when dropped, with the private image the runtime pulled.
 struct ApiObjects {
     label: String,
 }
@@ -95,6 +96,13 @@ impl Drop for ApiObjects {
             let _ = Self::service_accounts()
                 .await
                 .delete_collection(&dp, &selector)
+                .await;
+            let image = api::ImageSpec {
+                image: IMAGE.into(),
+                ..Default::default()
+            };
+            let _ = common::cri()
+                .remove_image(api::RemoveImageRequest { image: Some(image) })
                 .await;
         });
     }
