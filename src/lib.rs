@@ -11,6 +11,7 @@ pub mod backoff;
 pub mod cni;
 pub mod credentialprovider;
 pub mod cri;
+pub mod dns;
 pub mod events;
 pub mod images;
 pub mod kubelet;

@@ -6,6 +6,7 @@ pub mod actions;
 pub mod container;
 pub mod labels;
 pub mod manager;
+pub mod names;
 pub mod runtime_status;
 pub mod sandbox;
 pub mod termination;
