@@ -185,20 +185,12 @@ impl Configurer {
 /// The pod's `dnsConfig` added: nameservers and searches after the policy's (no
 /// repeats); an option of the same name replaces the policy's.
 fn append_dns_config(config: &mut api::DnsConfig, extra: &PodDNSConfig) {
-    let servers = std::mem::take(&mut config.servers);
-    config.servers = omit_duplicates(
-        servers
-            .into_iter()
-            .chain(extra.nameservers.iter().flatten().cloned())
-            .collect(),
-    );
-    let searches = std::mem::take(&mut config.searches);
-    config.searches = omit_duplicates(
-        searches
-            .into_iter()
-            .chain(extra.searches.iter().flatten().cloned())
-            .collect(),
-    );
+    let append = |to: &mut Vec<String>, more: &Option<Vec<String>>| {
+        to.extend(more.iter().flatten().cloned());
+        *to = omit_duplicates(std::mem::take(to));
+    };
+    append(&mut config.servers, &extra.nameservers);
+    append(&mut config.searches, &extra.searches);
     let option_name = |o: &str| o.split(':').next().unwrap_or_default().to_owned();
     for option in extra.options.iter().flatten() {
         let name = option.name.clone().unwrap_or_default();
