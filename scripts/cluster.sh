@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A real local Kubernetes v1.20.2 control plane for rkubelet, on loopback:
 # etcd, kube-apiserver, kube-controller-manager, kube-scheduler, a local image
-# registry and containerd (CRI), plus a node address on a veth pair and an
+# registry (and a private one, with htpasswd authentication) and containerd (CRI), plus a node address on a veth pair and an
 # iptables chain that keeps pod traffic on this machine.
 #
 #   cluster.sh up                  start everything (idempotent-ish)
@@ -39,8 +39,8 @@ FWD_CHAIN="RKUBELET-FWD"
 BENCH_NET="198.18.0.0/15"
 
 # Start order; `down` stops in the reverse of this order (see STOP_ORDER).
-COMPONENTS=(registry etcd kube-apiserver kube-controller-manager kube-scheduler containerd)
-STOP_ORDER=(containerd kube-scheduler kube-controller-manager kube-apiserver etcd registry)
+COMPONENTS=(registry registry-private etcd kube-apiserver kube-controller-manager kube-scheduler containerd)
+STOP_ORDER=(containerd kube-scheduler kube-controller-manager kube-apiserver etcd registry-private registry)
 SYSCTLS=(net.ipv4.ip_forward net.bridge.bridge-nf-call-iptables)
 
 # ---------------------------------------------------------------- helpers
@@ -369,9 +369,12 @@ start_etcd() {
     --logger=zap --log-outputs=stderr
 }
 
-start_registry() {
-  mkdir -p "$RKUBELET_STATE/registry"
-  cat >"$RKUBELET_STATE/registry.yml" <<EOF
+# registry_config ADDR DIR [HTPASSWD]: the config of a registry serving plain HTTP on
+# ADDR and storing in DIR; with HTPASSWD (a bcrypt htpasswd file) every request needs
+# one of its users.
+registry_config() {
+  local addr=$1 dir=$2 htpasswd=${3:-}
+  cat <<EOF
 version: 0.1
 log:
   level: info
@@ -379,16 +382,29 @@ log:
     service: registry
 storage:
   filesystem:
-    rootdirectory: $RKUBELET_STATE/registry
+    rootdirectory: $dir
   delete:
     enabled: true
   cache:
     blobdescriptor: inmemory
 http:
-  addr: $REGISTRY
+  addr: $addr
   headers:
     X-Content-Type-Options: [nosniff]
 EOF
+  if [[ -n $htpasswd ]]; then
+    cat <<EOF
+auth:
+  htpasswd:
+    realm: rkubelet-private
+    path: $htpasswd
+EOF
+  fi
+}
+
+start_registry() {
+  mkdir -p "$RKUBELET_STATE/registry"
+  registry_config "$REGISTRY" "$RKUBELET_STATE/registry" >"$RKUBELET_STATE/registry.yml"
   start_proc registry /usr/bin/docker-registry serve "$RKUBELET_STATE/registry.yml"
 }
 
@@ -407,6 +423,20 @@ rules:
     resources: ["secrets", "configmaps"]
 - level: None
 EOF
+}
+
+# The private registry of image pull secret tests: its one user is
+# $PRIVATE_REGISTRY_USER (bcrypt hash made by htpasswd, the password read from stdin).
+start_private_registry() {
+  local dir="$RKUBELET_STATE/registry-private"
+  mkdir -p "$dir/data"
+  printf '%s' "$PRIVATE_REGISTRY_PASSWORD" | htpasswd -iBn "$PRIVATE_REGISTRY_USER" >"$dir/htpasswd"
+  registry_config "$PRIVATE_REGISTRY" "$dir/data" "$dir/htpasswd" >"$dir/registry.yml"
+  start_proc registry-private /usr/bin/docker-registry serve "$dir/registry.yml"
+}
+
+private_registry_ready() {
+  curl -fsS -u "$PRIVATE_REGISTRY_USER:$PRIVATE_REGISTRY_PASSWORD" "http://$PRIVATE_REGISTRY/v2/"
 }
 
 # Serves on 127.0.0.1 only. It advertises $NODE_IP, not 127.0.0.1: the `kubernetes`
@@ -480,6 +510,7 @@ start_scheduler() {
 
 write_containerd_config() {
   mkdir -p "$CTRD"/{root,state,runc,opt} "$CTRD/certs.d/docker.io" "$CTRD/certs.d/$REGISTRY" \
+    "$CTRD/certs.d/$PRIVATE_REGISTRY" \
     "$CNI_BIN" "$CNI_CONF"
   # Every Debian CNI plugin, by symlink; the agent may add its own shim here.
   local p
@@ -498,6 +529,13 @@ server = "http://$REGISTRY"
 
 [host."http://$REGISTRY"]
   capabilities = ["pull", "resolve", "push"]
+EOF
+  # Plain HTTP too; the credentials come with each pull (CRI PullImage's auth).
+  cat >"$CTRD/certs.d/$PRIVATE_REGISTRY/hosts.toml" <<EOF
+server = "http://$PRIVATE_REGISTRY"
+
+[host."http://$PRIVATE_REGISTRY"]
+  capabilities = ["pull", "resolve"]
 EOF
 
   cat >"$CTRD/config.toml" <<EOF
@@ -570,7 +608,7 @@ start_containerd() {
 
 check_ports_free() {
   local port busy=()
-  for port in 2379 2380 6443 5000 10251 10252 10257 10259; do
+  for port in 2379 2380 6443 5000 5001 10251 10252 10257 10259; do
     if ss -Hltn "sport = :$port" | grep -q .; then busy+=("$port"); fi
   done
   [[ ${#busy[@]} -eq 0 ]] || die "ports already in use: ${busy[*]} (something else is running)"
@@ -618,7 +656,7 @@ cmd_up() {
     log "stale state in $RKUBELET_STATE ($n_rec recorded, none alive): cleaning it first"
     cmd_down
   fi
-  for c in etcd docker-registry containerd kubectl openssl iptables-restore curl ctr ss; do
+  for c in etcd docker-registry htpasswd containerd kubectl openssl iptables-restore curl ctr ss; do
     command -v "$c" >/dev/null || die "missing $c: run scripts/setup.sh"
   done
   for c in kube-apiserver kube-controller-manager kube-scheduler; do
@@ -641,10 +679,12 @@ cmd_up() {
 
   start_etcd
   start_registry
+  start_private_registry
   start_containerd
   wait_for "etcd" 60 etcd curl -fsS http://127.0.0.1:2379/health
   start_apiserver
   wait_for "registry http://$REGISTRY/v2/" 60 registry curl -fsS "http://$REGISTRY/v2/"
+  wait_for "private registry http://$PRIVATE_REGISTRY/v2/" 60 registry-private private_registry_ready
   wait_for "containerd (CRI)" 60 containerd ctr_ version
 
   # Push the images while the API server boots.
@@ -670,6 +710,7 @@ admin kubeconfig: $KUBECONFIG_ADMIN
 node kubeconfig:  $PKI/node-$NODE_NAME.kubeconfig
 node:             $NODE_NAME $NODE_IP (on $NODE_LINK)
 containerd:       $CONTAINERD_SOCK   registry: http://$REGISTRY
+private registry: http://$PRIVATE_REGISTRY (user $PRIVATE_REGISTRY_USER)
 EOF
   kubectl --kubeconfig "$KUBECONFIG_ADMIN" get --raw /version
   echo

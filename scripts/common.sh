@@ -14,6 +14,11 @@ IMAGES_CACHE="$RKUBELET_CACHE/images"
 
 # Local image registry (Distribution v2, plain HTTP on loopback).
 REGISTRY="127.0.0.1:5000"
+# A second registry that needs a user name and password (htpasswd, bcrypt): image pull
+# secrets are tested against it. Test-only credentials, on loopback only.
+PRIVATE_REGISTRY="127.0.0.1:5001"
+PRIVATE_REGISTRY_USER="rkubelet-pull"
+PRIVATE_REGISTRY_PASSWORD="pull-secret-test"
 # The project's own pause image: containerd's sandbox_image.
 PAUSE_IMAGE="$REGISTRY/rkubelet/pause:1.0"
 

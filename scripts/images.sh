@@ -6,8 +6,9 @@
 #
 #   images.sh build   make the OCI image archives in $IMAGES_CACHE (an archive whose
 #                     inputs did not change is kept as is)
-#   images.sh load    push every image to the local registry $REGISTRY and import the
-#                     pause image into containerd's k8s.io namespace (both must run)
+#   images.sh load    push every image to the local registry $REGISTRY, busybox also to
+#                     the private registry $PRIVATE_REGISTRY, and import the pause image
+#                     into containerd's k8s.io namespace (all must run)
 #   images.sh clean   remove $IMAGES_CACHE
 #
 # The images (names as users write them, and what they are for):
@@ -16,7 +17,8 @@
 #       RunPodSandbox never pulls.
 #   docker.io/library/busybox:latest, also $REGISTRY/rkubelet/busybox:1.35
 #                                (busybox.tar) `image: busybox` in test pods: sh, sleep,
-#       httpd, wget, nc... from Debian's static busybox.
+#       httpd, wget, nc... from Debian's static busybox. Also $PRIVATE_BUSYBOX, in the
+#       registry that needs a password (image pull secret tests).
 #   docker.io/library/nginx:latest, also $REGISTRY/rkubelet/nginx:1.22
 #                                (nginx.tar)   `image: nginx` in test pods: the real
 #       nginx from Debian (nginx-light), configured like the upstream nginx image.
@@ -26,7 +28,8 @@
 #
 # Test-only overrides: REGISTRY_OVERRIDE and CONTAINERD_SOCK_OVERRIDE replace
 # $REGISTRY (and with it the registry part of $PAUSE_IMAGE) and $CONTAINERD_SOCK, to
-# try `load` against a throwaway registry and containerd.
+# try `load` against a throwaway registry and containerd; PRIVATE_REGISTRY_OVERRIDE
+# replaces $PRIVATE_REGISTRY (empty: no private push).
 set -euo pipefail
 
 # shellcheck source-path=SCRIPTDIR
@@ -37,9 +40,11 @@ if [[ -n ${REGISTRY_OVERRIDE:-} ]]; then
   REGISTRY=$REGISTRY_OVERRIDE
 fi
 CONTAINERD_SOCK="${CONTAINERD_SOCK_OVERRIDE:-$CONTAINERD_SOCK}"
+PRIVATE_REGISTRY="${PRIVATE_REGISTRY_OVERRIDE-$PRIVATE_REGISTRY}"
 
 BUSYBOX_IMAGE="docker.io/library/busybox:latest"
 BUSYBOX_TAG="$REGISTRY/rkubelet/busybox:1.35"
+PRIVATE_BUSYBOX="$PRIVATE_REGISTRY/private/busybox:1.35"
 NGINX_IMAGE="docker.io/library/nginx:latest"
 NGINX_TAG="$REGISTRY/rkubelet/nginx:1.22"
 
@@ -485,28 +490,33 @@ registry_ref() {
   esac
 }
 
-# The digest the registry holds for REF ($REGISTRY/repo:tag), or nothing.
+# registry_digest REF [USER:PASSWORD]: the digest the registry of REF
+# (host:port/repo:tag) holds for it, or nothing.
 registry_digest() {
-  local path=${1#"$REGISTRY"/}
-  curl -fsSI --noproxy '*' -H 'Accept: application/vnd.oci.image.manifest.v1+json' \
-    "http://$REGISTRY/v2/${path%:*}/manifests/${path##*:}" 2>/dev/null |
+  local host=${1%%/*} path=${1#*/}
+  local -a auth=()
+  [[ -n ${2:-} ]] && auth=(-u "$2")
+  curl -fsSI --noproxy '*' "${auth[@]}" -H 'Accept: application/vnd.oci.image.manifest.v1+json' \
+    "http://$host/v2/${path%:*}/manifests/${path##*:}" 2>/dev/null |
     tr -d '\r' | awk 'tolower($1) == "docker-content-digest:" { print $2 }'
 }
 
-# push_image ARCHIVE NAME: copies image NAME of ARCHIVE to the registry, unless the
-# registry already holds the same manifest.
+# push_image ARCHIVE NAME [DEST USER:PASSWORD]: copies image NAME of ARCHIVE to DEST (by
+# default its place in $REGISTRY), unless the registry already holds the same manifest.
 push_image() {
-  local archive=$1 name=$2 dest digest
-  dest=$(registry_ref "$name")
+  local archive=$1 name=$2 dest=${3:-} creds=${4:-} digest
+  local -a auth=()
+  [[ -n $dest ]] || dest=$(registry_ref "$name")
+  [[ -n $creds ]] && auth=(--dest-creds "$creds")
   digest=$(archive_digest "$archive" "$name")
-  if [[ $(registry_digest "$dest") == "$digest" ]]; then
+  if [[ $(registry_digest "$dest" "$creds") == "$digest" ]]; then
     log "registry: $dest is up to date"
     return 0
   fi
   # --insecure-policy: our own archives, copied over loopback; no signature policy.
   skopeo copy --quiet --insecure-policy --preserve-digests --retry-times 3 \
-    --dest-tls-verify=false "oci-archive:$archive:$name" "docker://$dest"
-  [[ $(registry_digest "$dest") == "$digest" ]] || die "registry: $dest does not hold $digest"
+    --dest-tls-verify=false "${auth[@]}" "oci-archive:$archive:$name" "docker://$dest"
+  [[ $(registry_digest "$dest" "$creds") == "$digest" ]] || die "registry: $dest does not hold $digest"
   log "registry: pushed $name as $dest"
 }
 
@@ -535,6 +545,10 @@ require_archives() {
 require_services() {
   curl -fs --noproxy '*' -o /dev/null "http://$REGISTRY/v2/" ||
     die "no registry answers on http://$REGISTRY"
+  if [[ -n $PRIVATE_REGISTRY ]]; then
+    curl -fs --noproxy '*' -o /dev/null -u "$PRIVATE_REGISTRY_USER:$PRIVATE_REGISTRY_PASSWORD" \
+      "http://$PRIVATE_REGISTRY/v2/" || die "no private registry answers on http://$PRIVATE_REGISTRY"
+  fi
   if [[ ! -S $CONTAINERD_SOCK ]] || ! ctr --address "$CONTAINERD_SOCK" version >/dev/null 2>&1; then
     die "containerd does not answer on $CONTAINERD_SOCK"
   fi
@@ -578,6 +592,10 @@ cmd_load() {
       push_image "$archive" "$name"
     done < <(archive_names "$archive")
   done
+  if [[ -n $PRIVATE_REGISTRY ]]; then
+    push_image "$IMAGES_CACHE/busybox.tar" "$BUSYBOX_IMAGE" "$PRIVATE_BUSYBOX" \
+      "$PRIVATE_REGISTRY_USER:$PRIVATE_REGISTRY_PASSWORD"
+  fi
   import_pause
 }
 

@@ -14,12 +14,13 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cni::{self, Cni, ProcessExec};
 use crate::cri::{Cri, CriClient, RuntimeHealth, api};
+use crate::dns::{self, HostDns};
 use crate::envvars::ServiceLister;
 use crate::events::{self, EventRecorder};
 use crate::kubelet::{Kubelet, SyncSettings, housekeeping};
 use crate::kuberuntime::RuntimeManager;
 use crate::kuberuntime::env::EnvSourceReader;
-use crate::kuberuntime::sandbox::{HostDns, SandboxSettings};
+use crate::kuberuntime::sandbox::SandboxSettings;
 use crate::lifecycle::admission::{PodAdmitter, SysctlWhitelist};
 use crate::node::{LinuxMachine, NodeAgent, NodeConfig, ReadinessCheck, wait_for_pod_cidr};
 use crate::pleg::Pleg;
@@ -311,18 +312,23 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
     tokio::spawn(status.clone().run());
 
     let host_dns = match &config.resolv_conf {
-        Some(path) => HostDns::parse(&tokio::fs::read_to_string(path).await.map_err(|source| {
-            AppError::Io {
-                what: format!("reading {}", path.display()),
-                source,
-            }
-        })?),
-        None => HostDns::default(),
+        Some(path) => Some(HostDns::parse(
+            &tokio::fs::read_to_string(path)
+                .await
+                .map_err(|source| AppError::Io {
+                    what: format!("reading {}", path.display()),
+                    source,
+                })?,
+        )),
+        None => None,
     };
     let sandbox_settings = SandboxSettings {
-        cluster_dns: config.cluster_dns.clone(),
-        cluster_domain: config.cluster_domain.clone(),
-        host_dns,
+        dns: dns::Configurer {
+            cluster_dns: config.cluster_dns.clone(),
+            cluster_domain: config.cluster_domain.clone(),
+            host: host_dns,
+            node_ips: vec![config.node_ip],
+        },
         pod_logs_dir: config.pod_logs_dir.clone(),
     };
     // The PLEG runs before the node registers, so the first status it reports is Ready.

@@ -1,32 +1,35 @@
 //! The image manager: makes sure a container's image is present before it is created,
 //! honouring `imagePullPolicy`, with a back-off per pod and image after failed pulls, and
 //! one pull at a time per image (pods that need the same image wait for the same pull).
+//! A pull uses the pod's image pull secrets: each credential that matches the image's
+//! repository is tried in turn (the kubelet's `PullImage`), else the pull is anonymous.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Container;
+use k8s_openapi::api::core::v1::{Container, Secret};
 
 use crate::backoff::Backoff;
-use crate::cri::{Cri, api};
+use crate::credentialprovider::{Keyring, repository};
+use crate::cri::{Cri, CriError, api};
 use crate::events::{EventRecorder, Involved};
 use crate::pod::PodId;
 
 /// Why an image is not there (the kubelet's waiting reasons).
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum ImageError {
-    /// The pull failed just now.
-    #[error("ErrImagePull: {0}")]
+    /// The pull failed just now: the runtime's error.
+    #[error("{0}")]
     Pull(String),
     /// A pull failed before and the back-off has not passed.
-    #[error("ImagePullBackOff: Back-off pulling image {0:?}")]
+    #[error("Back-off pulling image {0:?}")]
     BackOff(String),
     /// The policy is Never and the image is absent.
-    #[error("ErrImageNeverPull: Container image {0:?} is not present with pull policy of Never")]
+    #[error("Container image {0:?} is not present with pull policy of Never")]
     NeverPull(String),
     /// The container has no image.
-    #[error("InvalidImageName: container has no image")]
+    #[error("container has no image")]
     Missing,
 }
 
@@ -106,9 +109,10 @@ impl ImageManager {
         Ok(None)
     }
 
-    /// Pulls the container's image, unless a failed pull backs off; returns the runtime's
-    /// image reference. One pull per image at a time: with IfNotPresent, pods that waited
-    /// for another pod's pull use the image it brought.
+    /// Pulls the container's image with the pod's pull secrets, unless a failed pull
+    /// backs off; returns the runtime's image reference. One pull per image at a time:
+    /// with IfNotPresent, pods that waited for another pod's pull use the image it
+    /// brought.
     ///
     /// # Errors
     /// The waiting reason when the image is not there.
@@ -117,6 +121,7 @@ impl ImageManager {
         cri: &C,
         pod: &PodId,
         (container, name): (&Container, Involved<'_>),
+        pull_secrets: &[Secret],
         events: &EventRecorder,
     ) -> Result<String, ImageError> {
         let image = image_of(container)?;
@@ -145,15 +150,8 @@ impl ImageManager {
         }
         events.normal(pod, name, "Pulling", format!("Pulling image {image:?}"));
         let started = Instant::now();
-        let pulled = cri
-            .pull_image(api::PullImageRequest {
-                image: Some(image_spec(&image)),
-                auth: None,
-                sandbox_config: None,
-            })
-            .await;
-        match pulled {
-            Ok(resp) => {
+        match pull_with_secrets(cri, &image, pull_secrets).await {
+            Ok(image_ref) => {
                 self.lock_backoff().remove(&key);
                 events.normal(
                     pod,
@@ -164,16 +162,16 @@ impl ImageManager {
                         started.elapsed().as_secs_f64()
                     ),
                 );
-                Ok(resp.image_ref)
+                Ok(image_ref)
             }
-            Err(e) => {
+            Err(error) => {
                 self.lock_backoff()
                     .entry(key)
                     .or_insert_with(Backoff::image_pull)
                     .failed(Instant::now());
-                let message = format!("Failed to pull image {image:?}: {e}");
-                events.warning(pod, name, "Failed", message.clone());
-                Err(ImageError::Pull(message))
+                let message = format!("Failed to pull image {image:?}: {error}");
+                events.warning(pod, name, "Failed", message);
+                Err(ImageError::Pull(error))
             }
         }
     }
@@ -195,6 +193,63 @@ impl ImageManager {
         self.in_flight
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// The kubelet's `PullImage`: without credentials when none matches the image's
+/// repository, else with each matching one in turn until a pull succeeds. The error is
+/// the runtime's, or the errors of every try (Go's aggregate: `[a, b]`, repeats left out).
+async fn pull_with_secrets<C: Cri>(
+    cri: &C,
+    image: &str,
+    pull_secrets: &[Secret],
+) -> Result<String, String> {
+    let keyring = Keyring::from_secrets(pull_secrets).map_err(|e| e.to_string())?;
+    let creds = keyring.lookup(&repository(image));
+    let pull = |auth: Option<api::AuthConfig>| {
+        cri.pull_image(api::PullImageRequest {
+            image: Some(image_spec(image)),
+            auth,
+            sandbox_config: None,
+        })
+    };
+    if creds.is_empty() {
+        tracing::debug!(image, "pulling image without credentials");
+        return pull(None)
+            .await
+            .map(|r| r.image_ref)
+            .map_err(|e| runtime_error(&e));
+    }
+    let mut errors: Vec<String> = Vec::new();
+    for cred in creds {
+        let auth = api::AuthConfig {
+            username: cred.username,
+            password: cred.password,
+            ..Default::default()
+        };
+        match pull(Some(auth)).await {
+            Ok(resp) => return Ok(resp.image_ref),
+            Err(e) => {
+                let message = runtime_error(&e);
+                if !errors.contains(&message) {
+                    errors.push(message);
+                }
+            }
+        }
+    }
+    Err(match errors.as_slice() {
+        [one] => one.clone(),
+        all => format!("[{}]", all.join(", ")),
+    })
+}
+
+/// A runtime error as the kubelet shows it: a gRPC status in grpc-go's words.
+fn runtime_error(error: &CriError) -> String {
+    match error {
+        CriError::Rpc { code, message, .. } => {
+            format!("rpc error: code = {code:?} desc = {message}")
+        }
+        other => other.to_string(),
     }
 }
 
@@ -238,6 +293,10 @@ mod tests {
         present: Mutex<Vec<String>>,
         fail: bool,
         pulls: AtomicUsize,
+        /// When set, a pull needs this password.
+        password: Option<&'static str>,
+        /// The user names of the pulls, in order (`""` without credentials).
+        users: Mutex<Vec<String>>,
     }
 
     impl Cri for FakeImages {
@@ -264,6 +323,17 @@ mod tests {
             // A pull takes time: other pods' syncs run meanwhile.
             tokio::time::sleep(Duration::from_millis(10)).await;
             let name = req.image.unwrap().image;
+            let auth = req.auth.unwrap_or_default();
+            self.users.lock().unwrap().push(auth.username);
+            if let Some(password) = self.password
+                && auth.password != password
+            {
+                return Err(CriError::Rpc {
+                    rpc: "PullImage",
+                    code: tonic::Code::Unknown,
+                    message: "401 Unauthorized".into(),
+                });
+            }
             if self.fail {
                 return Err(CriError::Rpc {
                     rpc: "PullImage",
@@ -310,6 +380,7 @@ mod tests {
                         cri,
                         &pod(),
                         (container, Involved::Container(&container.name)),
+                        &[],
                         events,
                     )
                     .await
@@ -391,6 +462,98 @@ mod tests {
             .collect();
         assert_eq!(reasons.iter().filter(|r| **r == "Pulling").count(), 1);
         assert_eq!(reasons.iter().filter(|r| **r == "Pulled").count(), 5);
+    }
+
+    fn pull_secret(name: &str, registry: &str, user: &str, password: &str) -> Secret {
+        let config =
+            serde_json::json!({"auths": {registry: {"username": user, "password": password}}});
+        Secret {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            type_: Some(crate::credentialprovider::DOCKER_CONFIG_JSON.into()),
+            data: Some(
+                [(
+                    ".dockerconfigjson".to_owned(),
+                    k8s_openapi::ByteString(config.to_string().into_bytes()),
+                )]
+                .into_iter()
+                .collect(),
+            ),
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn pull_secrets_are_tried_in_turn_and_all_failures_are_reported() {
+        let cri = FakeImages {
+            password: Some("right"),
+            ..Default::default()
+        };
+        let (events, _rx) = EventRecorder::channel();
+        let images = ImageManager::default();
+        let c = container("127.0.0.1:5001/private/busybox:1.35", None);
+        let secrets = [
+            pull_secret("a", "127.0.0.1:5001/private", "first", "wrong"),
+            pull_secret("b", "127.0.0.1:5001", "second", "right"),
+            pull_secret("other", "127.0.0.1:5000", "third", "right"),
+        ];
+        let pulled = images
+            .pull(
+                &cri,
+                &pod(),
+                (&c, Involved::Container("c")),
+                &secrets,
+                &events,
+            )
+            .await;
+        assert_eq!(
+            pulled.unwrap(),
+            "sha256:127.0.0.1:5001/private/busybox:1.35"
+        );
+        assert_eq!(*cri.users.lock().unwrap(), ["first", "second"]);
+
+        let cri = FakeImages {
+            password: Some("right"),
+            ..Default::default()
+        };
+        let wrong = [
+            pull_secret("a", "127.0.0.1:5001/private", "first", "wrong"),
+            pull_secret("b", "127.0.0.1:5001", "second", "wrong"),
+        ];
+        let failed = images
+            .pull(
+                &cri,
+                &pod(),
+                (&c, Involved::Container("c")),
+                &wrong,
+                &events,
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(failed.reason(), "ErrImagePull");
+        assert_eq!(
+            failed.to_string(),
+            "rpc error: code = Unknown desc = 401 Unauthorized",
+            "one message for the same error twice, as Go's aggregate"
+        );
+        let anonymous = FakeImages::default();
+        images
+            .pull(
+                &anonymous,
+                &pod(),
+                (&container("busybox:1", None), Involved::Container("c")),
+                &wrong,
+                &events,
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            *anonymous.users.lock().unwrap(),
+            [""],
+            "no secret matches docker.io"
+        );
     }
 
     #[tokio::test]

@@ -16,6 +16,7 @@ use k8s_openapi::jiff::Timestamp;
 use tracing::Instrument;
 
 use crate::backoff::Backoff;
+use crate::credentialprovider::pod_pull_secrets;
 use crate::cri::{Cri, api};
 use crate::kuberuntime::env::EnvSourceReader;
 use crate::kuberuntime::sandbox::pod_log_dir;
@@ -334,6 +335,7 @@ impl<C: Cri + Clone> Kubelet<C> {
                     .instrument(tracing::info_span!("env_sources"))
                     .await,
             ),
+            pull_secrets: pod_pull_secrets(self.volumes.api(), pod).await,
         };
         let outcome = self.runtime.sync_pod(pod, id, &runtime, &ctx).await;
         lock(&self.reasons).insert(id.uid.clone(), outcome.waiting.clone());

@@ -13,13 +13,14 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::core::v1::{Container, Pod, Secret};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::Instrument;
 
 use super::actions::{PodActions, compute_pod_actions};
 use super::container::{ContainerContext, container_config};
 use super::env::EnvSources;
+use super::names;
 use super::runtime_status::{PodRuntimeStatus, RunState};
 use super::sandbox::{SandboxSettings, pod_log_dir, sandbox_config};
 use crate::backoff::Backoff;
@@ -111,6 +112,8 @@ pub struct PodContext {
     pub probes: Option<Arc<Results>>,
     /// The Secrets, ConfigMaps and Services the containers' environment is made from.
     pub env_sources: Arc<EnvSources>,
+    /// The pod's image pull secrets that could be read.
+    pub pull_secrets: Vec<Secret>,
 }
 
 /// The kubelet's `kubeGenericRuntimeManager`: pod-level operations over CRI.
@@ -152,18 +155,6 @@ fn mount(container_path: &str, host_path: &Path, readonly: bool) -> api::Mount {
         readonly,
         ..Default::default()
     }
-}
-
-/// The kubelet-managed `/etc/hosts` of a pod with its own network.
-fn hosts_file(hostname: &str, ips: &[IpAddr]) -> String {
-    let mut text = String::from(
-        "# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n\
-         fe00::0\tip6-localnet\nfe00::0\tip6-mcastprefix\nfe00::1\tip6-allnodes\nfe00::2\tip6-allrouters\n",
-    );
-    for ip in ips {
-        text.push_str(&format!("{ip}\t{hostname}\n"));
-    }
-    text
 }
 
 impl<C: Cri> RuntimeManager<C> {
@@ -268,7 +259,13 @@ impl<C: Cri> RuntimeManager<C> {
         };
         let init = spec.init_containers.as_deref().unwrap_or_default();
         let app = spec.containers.as_slice();
-        let sandbox_conf = sandbox_config(pod, id, 0, &self.settings);
+        let sandbox_conf = match sandbox_config(pod, id, 0, &self.settings) {
+            Ok(config) => config,
+            Err(e) => {
+                outcome.sandbox_error = Some(format!("GeneratePodSandboxConfig failed: {e}"));
+                return outcome;
+            }
+        };
         // The next init container, else the app containers: never both in one sync.
         let mut to_start: Vec<(&Container, u32, Involved<'_>)> = Vec::new();
         if let Some((i, restarts)) = actions.next_init
@@ -366,7 +363,18 @@ impl<C: Cri> RuntimeManager<C> {
                 .unwrap_or_default();
             return Ok((actions.sandbox_id.clone(), ips));
         };
-        let config = sandbox_config(pod, id, attempt, &self.settings);
+        let config = match sandbox_config(pod, id, attempt, &self.settings) {
+            Ok(config) => config,
+            Err(e) => {
+                let message = format!("Failed to create pod sandbox: {e}");
+                self.events
+                    .warning(id, None, "FailedCreatePodSandBox", message.clone());
+                return Err(message);
+            }
+        };
+        for event in self.settings.dns.pod_dns(pod, id).events {
+            self.events.warning(id, None, event.reason, event.message);
+        }
         let log_dir = pod_log_dir(&self.settings.pod_logs_dir, id);
         if let Err(e) = tokio::fs::create_dir_all(&log_dir).await {
             let message = format!(
@@ -423,7 +431,8 @@ impl<C: Cri> RuntimeManager<C> {
         Ok((Some(sandbox_id), ips))
     }
 
-    /// The kubelet's own mounts of a container: `/etc/hosts` and the termination log.
+    /// The kubelet's own mounts of a container: `/etc/hosts` (see [`names`]) and the
+    /// termination log.
     async fn kubelet_mounts(
         &self,
         pod: &Pod,
@@ -434,12 +443,23 @@ impl<C: Cri> RuntimeManager<C> {
         ctx: &PodContext,
     ) -> std::io::Result<Vec<api::Mount>> {
         let mut mounts = Vec::new();
-        if crate::pod::host_network(pod) {
-            mounts.push(mount("/etc/hosts", Path::new("/etc/hosts"), false));
-        } else {
-            let hosts = ctx.pod_dir.join("etc-hosts");
-            tokio::fs::write(&hosts, hosts_file(&super::sandbox::hostname(pod, id), ips)).await?;
-            mounts.push(mount("/etc/hosts", &hosts, false));
+        if names::manages_etc_hosts(container, ips) {
+            let aliases = pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.host_aliases.as_deref())
+                .unwrap_or_default();
+            let content = if crate::pod::host_network(pod) {
+                let node = tokio::fs::read_to_string(names::ETC_HOSTS).await?;
+                names::node_hosts_file(&node, aliases)
+            } else {
+                let cluster_domain = &self.settings.dns.cluster_domain;
+                let (hostname, domain) = names::hostname_and_domain(pod, id, cluster_domain);
+                names::managed_hosts_file(ips, &hostname, &domain, aliases)
+            };
+            let hosts = names::etc_hosts_path(&ctx.pod_dir);
+            tokio::fs::write(&hosts, content).await?;
+            mounts.push(mount(names::ETC_HOSTS, &hosts, false));
         }
         let dir = ctx.pod_dir.join("containers").join(&container.name);
         tokio::fs::create_dir_all(&dir).await?;
@@ -469,9 +489,15 @@ impl<C: Cri> RuntimeManager<C> {
         ctx: &PodContext,
         slot: &mut StartSlot,
     ) -> Result<(), Waiting> {
-        let image_waiting = |e: crate::images::ImageError| Waiting {
-            reason: e.reason().into(),
-            message: e.to_string(),
+        // As the kubelet's startContainer: a container whose image is not there gets a
+        // `Failed` event naming the waiting reason.
+        let image_waiting = |e: crate::images::ImageError| {
+            self.events
+                .warning(id, name, "Failed", format!("Error: {}", e.reason()));
+            Waiting {
+                reason: e.reason().into(),
+                message: e.to_string(),
+            }
         };
         let present = self
             .images
@@ -485,7 +511,13 @@ impl<C: Cri> RuntimeManager<C> {
                 slot.release();
                 let pulled = self
                     .images
-                    .pull(&self.cri, id, (container, name), &self.events)
+                    .pull(
+                        &self.cri,
+                        id,
+                        (container, name),
+                        &ctx.pull_secrets,
+                        &self.events,
+                    )
                     .instrument(tracing::info_span!("pull_image"))
                     .await
                     .map_err(image_waiting)?;
@@ -1018,12 +1050,5 @@ mod tests {
                 "RemovePodSandbox s1"
             ]
         );
-    }
-
-    #[test]
-    fn hosts_file_names_the_pod() {
-        let text = hosts_file("web-1", &["10.244.1.5".parse().unwrap()]);
-        assert!(text.starts_with("# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n"));
-        assert!(text.ends_with("10.244.1.5\tweb-1\n"));
     }
 }

@@ -7,6 +7,7 @@ pub mod container;
 pub mod env;
 pub mod labels;
 pub mod manager;
+pub mod names;
 pub mod runtime_status;
 pub mod sandbox;
 pub mod termination;

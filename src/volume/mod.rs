@@ -317,6 +317,12 @@ impl<A: VolumeApi, M: Mounter> VolumeManager<A, M> {
         self
     }
 
+    /// The API the manager reads secrets and configMaps through (image pull secrets
+    /// are read through it too).
+    pub fn api(&self) -> &A {
+        &self.api
+    }
+
     /// `<root_dir>/pods/<pod_uid>`: the pod's directory.
     #[must_use]
     pub fn pod_dir(&self, pod_uid: &str) -> PathBuf {
