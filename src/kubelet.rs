@@ -318,6 +318,7 @@ impl<C: Cri + Clone> Kubelet<C> {
             volume_mounts,
             runtime_handler,
             probes: Some(self.prober.results().clone()),
+            seccomp_profile_root: self.settings.root_dir.join("seccomp"),
         };
         let outcome = self.runtime.sync_pod(pod, id, &runtime, &ctx).await;
         lock(&self.reasons).insert(id.uid.clone(), outcome.waiting.clone());

@@ -8,6 +8,7 @@ pub mod labels;
 pub mod manager;
 pub mod runtime_status;
 pub mod sandbox;
+pub mod security_context;
 pub mod termination;
 
 pub use manager::{PodContext, RuntimeManager, SyncOutcome, Waiting};
