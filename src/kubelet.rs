@@ -336,6 +336,7 @@ impl<C: Cri + Clone> Kubelet<C> {
                     .await,
             ),
             pull_secrets: pod_pull_secrets(self.volumes.api(), pod).await,
+            seccomp_profile_root: self.settings.root_dir.join("seccomp"),
         };
         let outcome = self.runtime.sync_pod(pod, id, &runtime, &ctx).await;
         lock(&self.reasons).insert(id.uid.clone(), outcome.waiting.clone());

@@ -12,6 +12,7 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 
 use super::env::{EnvSources, environment, expand};
 use super::labels;
+use super::security_context::{self, ImageUser, NonRootError};
 use crate::cri::api;
 use crate::pod::PodId;
 use crate::resources::{Quantity, cpu_quota, cpu_shares};
@@ -41,6 +42,12 @@ pub enum ConfigError {
     /// the kubelet's.
     #[error("{0}")]
     Source(String),
+    /// `runAsNonRoot` cannot be honoured.
+    #[error(transparent)]
+    NonRoot(#[from] NonRootError),
+    /// The runtime could not say which user the image runs as.
+    #[error("{0}")]
+    ImageUser(String),
     /// A resource quantity that does not parse.
     #[error("container {container}: {reason}")]
     BadResource {
@@ -70,6 +77,10 @@ pub struct ContainerContext {
     pub image_ref: String,
     /// The Secrets, ConfigMaps and Services the environment is made from.
     pub sources: Arc<EnvSources>,
+    /// The user the image runs as (`ImageStatus`).
+    pub image_user: ImageUser,
+    /// Where the node's `Localhost` seccomp profiles live (`<root-dir>/seccomp`).
+    pub seccomp_profile_root: PathBuf,
 }
 
 /// FNV-1a, 64 bits: a stable hash of the container spec, so a changed spec is noticed
@@ -126,29 +137,6 @@ fn resources(container: &Container) -> Result<api::LinuxContainerResources, Conf
     Ok(out)
 }
 
-fn security_context(pod: &Pod, container: &Container) -> api::LinuxContainerSecurityContext {
-    let namespace_options = pod.spec.as_ref().map(super::sandbox::namespace_options);
-    let Some(sc) = &container.security_context else {
-        return api::LinuxContainerSecurityContext {
-            namespace_options,
-            ..Default::default()
-        };
-    };
-    api::LinuxContainerSecurityContext {
-        namespace_options,
-        privileged: sc.privileged.unwrap_or(false),
-        run_as_user: sc.run_as_user.map(|value| api::Int64Value { value }),
-        run_as_group: sc.run_as_group.map(|value| api::Int64Value { value }),
-        readonly_rootfs: sc.read_only_root_filesystem.unwrap_or(false),
-        no_new_privs: !sc.allow_privilege_escalation.unwrap_or(true),
-        capabilities: sc.capabilities.as_ref().map(|c| api::Capability {
-            add_capabilities: c.add.clone().unwrap_or_default(),
-            drop_capabilities: c.drop.clone().unwrap_or_default(),
-        }),
-        ..Default::default()
-    }
-}
-
 /// The container's log file, relative to the sandbox's log directory:
 /// `<container>/<restart count>.log`, as the kubelet names it.
 #[must_use]
@@ -167,6 +155,7 @@ pub fn container_config(
     container: &Container,
     ctx: &ContainerContext,
 ) -> Result<(api::ContainerConfig, Vec<String>), ConfigError> {
+    security_context::verify_run_as_non_root(pod, container, &ctx.image_user)?;
     let env = environment(pod, container, ctx)?;
     let envs = env.vars;
     let vars: HashMap<&str, &str> = envs
@@ -231,7 +220,12 @@ pub fn container_config(
         tty: container.tty.unwrap_or(false),
         linux: Some(api::LinuxContainerConfig {
             resources: Some(resources(container)?),
-            security_context: Some(security_context(pod, container)),
+            security_context: Some(security_context::container(
+                pod,
+                container,
+                &ctx.image_user,
+                &ctx.seccomp_profile_root,
+            )),
         }),
         ..Default::default()
     };
@@ -344,20 +338,5 @@ mod tests {
         assert_eq!(before, container_hash(&c));
         c.image = Some("nginx".into());
         assert_ne!(before, container_hash(&c));
-    }
-
-    #[test]
-    fn containers_get_the_pods_namespaces_with_their_own_pid_namespace() {
-        let mut p = pod("web", &[("c", "busybox")]);
-        let c = p.spec.as_ref().unwrap().containers[0].clone();
-        let pid = |p: &Pod| {
-            let options = security_context(p, &c).namespace_options.unwrap();
-            (options.pid, options.network)
-        };
-        let container = i32::from(api::NamespaceMode::Container);
-        let in_pod = i32::from(api::NamespaceMode::Pod);
-        assert_eq!(pid(&p), (container, in_pod));
-        p.spec.as_mut().unwrap().share_process_namespace = Some(true);
-        assert_eq!(pid(&p), (in_pod, in_pod));
     }
 }

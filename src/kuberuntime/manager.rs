@@ -18,11 +18,12 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::Instrument;
 
 use super::actions::{PodActions, compute_pod_actions};
-use super::container::{ContainerContext, container_config};
+use super::container::{ConfigError, ContainerContext, container_config};
 use super::env::EnvSources;
 use super::names;
 use super::runtime_status::{PodRuntimeStatus, RunState};
 use super::sandbox::{SandboxSettings, pod_log_dir, sandbox_config};
+use super::security_context::image_user;
 use crate::backoff::Backoff;
 use crate::cri::{Cri, api, ok_if_not_found};
 use crate::events::{EventRecorder, Involved};
@@ -114,6 +115,8 @@ pub struct PodContext {
     pub env_sources: Arc<EnvSources>,
     /// The pod's image pull secrets that could be read.
     pub pull_secrets: Vec<Secret>,
+    /// Where the node's `Localhost` seccomp profiles live (`<root-dir>/seccomp`).
+    pub seccomp_profile_root: PathBuf,
 }
 
 /// The kubelet's `kubeGenericRuntimeManager`: pod-level operations over CRI.
@@ -540,16 +543,26 @@ impl<C: Cri> RuntimeManager<C> {
                 message: format!("preparing the kubelet's mounts: {e}"),
             })?;
         mounts.extend(own);
-        let cctx = ContainerContext {
-            pod_ips: ips.to_vec(),
-            host_ip: ctx.host_ip,
-            node_name: ctx.node_name.clone(),
-            mounts,
-            restart_count,
-            image_ref,
-            sources: ctx.env_sources.clone(),
-        };
-        let (config, skipped) = container_config(pod, id, container, &cctx).map_err(|e| {
+        // The image's user: the container's when the pod names none, and what
+        // runAsNonRoot is checked against.
+        let image_user = image_user(&self.cri, &image_ref)
+            .await
+            .map_err(|e| ConfigError::ImageUser(e.to_string()));
+        let config = image_user.and_then(|image_user| {
+            let cctx = ContainerContext {
+                pod_ips: ips.to_vec(),
+                host_ip: ctx.host_ip,
+                node_name: ctx.node_name.clone(),
+                mounts,
+                restart_count,
+                image_ref,
+                image_user,
+                seccomp_profile_root: ctx.seccomp_profile_root.clone(),
+                sources: ctx.env_sources.clone(),
+            };
+            container_config(pod, id, container, &cctx)
+        });
+        let (config, skipped) = config.map_err(|e| {
             self.events
                 .warning(id, name, "Failed", format!("Error: {e}"));
             Waiting {

@@ -10,6 +10,7 @@ pub mod manager;
 pub mod names;
 pub mod runtime_status;
 pub mod sandbox;
+pub mod security_context;
 pub mod termination;
 
 pub use manager::{PodContext, RuntimeManager, SyncOutcome, Waiting};

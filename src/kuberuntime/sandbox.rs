@@ -74,16 +74,6 @@ pub(super) fn namespace_options(spec: &PodSpec) -> api::NamespaceOption {
     }
 }
 
-fn privileged(spec: &PodSpec) -> bool {
-    let containers = spec
-        .containers
-        .iter()
-        .chain(spec.init_containers.iter().flatten());
-    containers
-        .filter_map(|c| c.security_context.as_ref()?.privileged)
-        .any(|p| p)
-}
-
 /// The full sandbox config of a pod; `attempt` counts the sandboxes made for it before.
 ///
 /// # Errors
@@ -150,20 +140,7 @@ pub fn sandbox_config(
         annotations,
         linux: Some(api::LinuxPodSandboxConfig {
             cgroup_parent: String::new(),
-            security_context: Some(api::LinuxSandboxSecurityContext {
-                namespace_options: Some(namespace_options(spec)),
-                privileged: privileged(spec),
-                run_as_user: pod_security
-                    .and_then(|s| s.run_as_user)
-                    .map(|value| api::Int64Value { value }),
-                run_as_group: pod_security
-                    .and_then(|s| s.run_as_group)
-                    .map(|value| api::Int64Value { value }),
-                supplemental_groups: pod_security
-                    .and_then(|s| s.supplemental_groups.clone())
-                    .unwrap_or_default(),
-                ..Default::default()
-            }),
+            security_context: Some(super::security_context::sandbox(spec)),
             sysctls,
         }),
     })
