@@ -1,9 +1,11 @@
 //! A pod's names and resolver as its containers see them (`cat /etc/hosts`,
 //! `cat /etc/resolv.conf`, `hostname`), compared with what the kubelet writes: the managed
 //! hosts file with the pod's FQDN and `hostAliases`, none over a container's own
-//! `/etc/hosts` or on the host's network, hostnames cut to 63 characters or set to the
-//! FQDN, and each DNS policy with `dnsConfig` and the resolver's limits (with the
-//! kubelet's `DNSConfigForming` and `MissingClusterDNS` events).
+//! `/etc/hosts`, the node's hosts file with the aliases on the host's network, hostnames
+//! cut to 63 characters or set to the FQDN, and each DNS policy with `dnsConfig` and the
+//! resolver's limits (with the kubelet's `DNSConfigForming` and `MissingClusterDNS`
+//! events). The expected texts are what the real kubelet v1.20.2 wrote for the same pods
+//! on this cluster.
 //!
 //! Every resolver a pod gets stays on this machine: `--cluster-dns` is the node's own
 //! address and the agent runs without `--resolv-conf` (the kubelet then gives Default
@@ -239,8 +241,11 @@ async fn host_network_default_and_none_policies_without_cluster_dns() {
         .expect("UTF-8");
     let (hosts, resolv, hostname) = names(&host, "main").await;
     assert_eq!(
-        hosts, node_hosts,
-        "on the host's network the runtime reports no pod IPs: the kubelet v1.20 manages no /etc/hosts"
+        hosts,
+        format!(
+            "# Kubernetes-managed hosts file (host network).\n{node_hosts}\n# Entries added by HostAliases.\n127.0.0.2\tfoo.local\n"
+        ),
+        "the node's hosts file with the aliases (as the real kubelet v1.20.2 writes it here)"
     );
     assert_eq!(hostname, node_name);
     assert_eq!(resolv, "search .\nnameserver 127.0.0.1\n");

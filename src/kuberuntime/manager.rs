@@ -257,6 +257,13 @@ impl<C: Cri> RuntimeManager<C> {
         let Some(sandbox_id) = sandbox_id else {
             return outcome;
         };
+        // The kubelet takes the pod's IPs from its API status: the runtime reports none for
+        // a pod on the host's network, which has the node's.
+        let sandbox_ips = if sandbox_ips.is_empty() && crate::pod::host_network(pod) {
+            ctx.host_ip.into_iter().collect()
+        } else {
+            sandbox_ips
+        };
         let Some(spec) = pod.spec.as_ref() else {
             return outcome;
         };

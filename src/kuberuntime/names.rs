@@ -76,8 +76,8 @@ pub fn kernel_hostname(
 }
 
 /// Whether the kubelet manages the container's `/etc/hosts` (its `makeMounts`): only
-/// once the pod has IPs (a runtime reports none for a pod on the host's network), and not
-/// when the container mounts a volume there itself.
+/// once the pod has IPs (the node's for a pod on the host's network), and not when the
+/// container mounts a volume there itself.
 #[must_use]
 pub fn manages_etc_hosts(container: &Container, ips: &[IpAddr]) -> bool {
     !ips.is_empty()
@@ -227,10 +227,7 @@ mod tests {
         let ips: Vec<IpAddr> = vec!["10.244.1.5".parse().unwrap()];
         let mut c = Container::default();
         assert!(manages_etc_hosts(&c, &ips));
-        assert!(
-            !manages_etc_hosts(&c, &[]),
-            "a host-network sandbox has no IPs from the runtime"
-        );
+        assert!(!manages_etc_hosts(&c, &[]), "no IPs yet");
         c.volume_mounts = Some(vec![VolumeMount {
             name: "hosts".into(),
             mount_path: "/etc/hosts".into(),
