@@ -1,9 +1,10 @@
 //! Pod and container security contexts end to end, against the local cluster: what a
 //! container sees of its user and groups (the pod's runAsUser/runAsGroup, fsGroup and
-//! supplementalGroups, the container's own user winning), its seccomp mode, NoNewPrivs
-//! and capabilities, a read-only root filesystem, a privileged container, the masked
-//! `/proc` paths, runAsNonRoot refused on a root image with the kubelet's message, and the
-//! host and shared namespaces.
+//! supplementalGroups, the container's own user winning, the image's user under a lone
+//! group), its seccomp mode (RuntimeDefault, Unconfined, the pod annotation, a Localhost
+//! profile under the agent's root dir), NoNewPrivs and capabilities, a read-only root
+//! filesystem, a privileged container, the masked `/proc` paths, runAsNonRoot refused
+//! with the kubelet's messages, and the host and shared namespaces.
 
 mod common;
 
@@ -12,6 +13,7 @@ use std::time::Duration;
 use common::case::{Case, get};
 use common::pods::{containers_of, events_of, running_containers_of};
 use common::{cri, eventually};
+use k8s_openapi::api::core::v1::ContainerStateWaiting;
 use rkubelet::cri::{Cri, api};
 use serde_json::json;
 
@@ -82,6 +84,22 @@ async fn sh(all: &[(String, String)], container: &str, script: &str) -> (String,
         String::from_utf8_lossy(&out.stdout).trim().to_owned(),
         out.exit_code,
     )
+}
+
+/// The waiting state of the first container of the pod `name`, once it is
+/// `CreateContainerConfigError`.
+async fn config_error(name: &str) -> ContainerStateWaiting {
+    eventually(
+        "CreateContainerConfigError",
+        Duration::from_secs(60),
+        || async {
+            let p = get(name).await?;
+            let cs = p.status?.container_statuses?.into_iter().next()?;
+            let waiting = cs.state?.waiting?;
+            (waiting.reason.as_deref() == Some("CreateContainerConfigError")).then_some(waiting)
+        },
+    )
+    .await
 }
 
 /// The command line of the container's PID 1, its words joined by spaces.
@@ -251,17 +269,7 @@ async fn run_as_non_root_refuses_a_root_image_and_accepts_a_user() {
             sleepers(&[("c", json!({ "runAsNonRoot": true }))], json!({})),
         )
         .await;
-    let waiting = eventually(
-        "CreateContainerConfigError",
-        Duration::from_secs(60),
-        || async {
-            let p = get(&refused).await?;
-            let cs = p.status?.container_statuses?.into_iter().next()?;
-            let waiting = cs.state?.waiting?;
-            (waiting.reason.as_deref() == Some("CreateContainerConfigError")).then_some(waiting)
-        },
-    )
-    .await;
+    let waiting = config_error(&refused).await;
     let uid = get(&refused)
         .await
         .and_then(|p| p.metadata.uid)
@@ -292,6 +300,23 @@ async fn run_as_non_root_refuses_a_root_image_and_accepts_a_user() {
         .await;
     let all = containers(&accepted, 1).await;
     assert_eq!(sh(&all, "c", "id -u").await.0, "1000");
+
+    // runAsUser 0 cannot be non-root.
+    let zero = json!({ "runAsNonRoot": true, "runAsUser": 0 });
+    let broken = case
+        .create("zero", sleepers(&[("c", zero)], json!({})))
+        .await;
+    let waiting = config_error(&broken).await;
+    let uid = get(&broken)
+        .await
+        .and_then(|p| p.metadata.uid)
+        .expect("uid");
+    assert_eq!(
+        waiting.message,
+        Some(format!(
+            "container's runAsUser breaks non-root policy (pod: \"{broken}_default({uid})\", container: c)"
+        ))
+    );
     drop(case);
 }
 
@@ -331,5 +356,47 @@ async fn host_and_shared_namespaces_are_visible_in_the_container() {
     let host_init = String::from_utf8_lossy(&host_init).replace('\0', " ");
     assert_eq!(init_cmdline(&all).await, host_init.trim());
     assert_eq!(ipc_namespace(&all).await, host_ipc);
+    drop(case);
+}
+
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn a_localhost_seccomp_profile_from_the_agents_root_dir_applies() {
+    let case = Case::with_agent("sc-localhost", &[]).await;
+    // `<root-dir>/seccomp/<localhostProfile>`, as the kubelet finds profiles.
+    let dir = common::case::root_dir()
+        .join("seccomp")
+        .join(&case.pods.label);
+    std::fs::create_dir_all(&dir).expect("profile dir");
+    let profile = json!({
+        "defaultAction": "SCMP_ACT_ALLOW",
+        "syscalls": [{ "names": ["mkdir", "mkdirat"], "action": "SCMP_ACT_ERRNO" }],
+    });
+    std::fs::write(dir.join("deny-mkdir.json"), profile.to_string()).expect("profile");
+    let localhost = json!({ "seccompProfile": {
+        "type": "Localhost",
+        "localhostProfile": format!("{}/deny-mkdir.json", case.pods.label),
+    }});
+    let manifest = sleepers(&[("denied", localhost), ("plain", json!({}))], json!({}));
+    let name = case.create("p", manifest).await;
+    let all = containers(&name, 2).await;
+    let result = async |c: &str| sh(&all, c, "mkdir /tmp/d").await.1;
+    let (denied, plain) = (result("denied").await, result("plain").await);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(status(&all, "denied", "1", "Seccomp").await, "2");
+    assert_ne!(denied, 0, "mkdir is refused by the profile");
+    assert_eq!(plain, 0);
+    drop(case);
+}
+
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn a_group_without_a_user_runs_as_the_images_user() {
+    let case = Case::with_agent("sc-group", &[]).await;
+    let manifest = sleepers(&[("c", json!({ "runAsGroup": 5000 }))], json!({}));
+    let name = case.create("p", manifest).await;
+    let all = containers(&name, 1).await;
+    // busybox names no user: root, with the container's group.
+    assert_eq!(sh(&all, "c", "id -u; id -g").await.0, "0\n5000");
     drop(case);
 }
