@@ -661,6 +661,24 @@ mod tests {
     }
 
     #[test]
+    fn no_container_config_for_a_root_image_under_run_as_non_root() {
+        use crate::kuberuntime::container::{ConfigError, ContainerContext, container_config};
+        let p = web(
+            PodSecurityContext {
+                run_as_non_root: Some(true),
+                ..Default::default()
+            },
+            None,
+        );
+        let id = crate::pod::PodId::of(&p).unwrap();
+        let made = container_config(&p, &id, &first(&p), &ContainerContext::default());
+        assert!(matches!(
+            made,
+            Err(ConfigError::NonRoot(NonRootError::ImageRunsAsRoot { .. }))
+        ));
+    }
+
+    #[test]
     fn the_sandbox_runs_as_the_pod_with_the_default_seccomp_profile() {
         let pod_sc = PodSecurityContext {
             run_as_user: Some(1000),

@@ -105,19 +105,22 @@ pub async fn sandboxes_of(uid: &str) -> Vec<api::PodSandbox> {
         .items
 }
 
-/// The containers of the pod with this UID that are running.
-pub async fn running_containers_of(uid: &str) -> Vec<api::Container> {
+/// The containers of the pod with this UID, in `state` if given.
+pub async fn containers_of(uid: &str, state: Option<api::ContainerState>) -> Vec<api::Container> {
     cri()
         .list_containers(api::ListContainersRequest {
             filter: Some(api::ContainerFilter {
                 label_selector: [("io.kubernetes.pod.uid".to_owned(), uid.to_owned())].into(),
-                state: Some(api::ContainerStateValue {
-                    state: api::ContainerState::ContainerRunning.into(),
-                }),
+                state: state.map(|s| api::ContainerStateValue { state: s.into() }),
                 ..Default::default()
             }),
         })
         .await
         .expect("ListContainers")
         .containers
+}
+
+/// The containers of the pod with this UID that are running.
+pub async fn running_containers_of(uid: &str) -> Vec<api::Container> {
+    containers_of(uid, Some(api::ContainerState::ContainerRunning)).await
 }
