@@ -79,6 +79,12 @@ pub fn container_hash(container: &Container) -> String {
 /// an undefined one is left as written, and `$$` stands for a literal `$`.
 #[must_use]
 pub fn expand(input: &str, vars: &HashMap<String, String>) -> String {
+    expand_with(input, |name| vars.get(name).cloned())
+}
+
+/// [`expand`] with a lookup: `$(NAME)` becomes what `lookup` gives for `NAME`, and stays as
+/// written when it gives nothing.
+pub fn expand_with(input: &str, mut lookup: impl FnMut(&str) -> Option<String>) -> String {
     let mut out = String::with_capacity(input.len());
     let mut rest = input;
     while let Some(pos) = rest.find('$') {
@@ -91,8 +97,8 @@ pub fn expand(input: &str, vars: &HashMap<String, String>) -> String {
             && let Some(end) = inner.find(')')
         {
             let name = &inner[..end];
-            match vars.get(name) {
-                Some(value) => out.push_str(value),
+            match lookup(name) {
+                Some(value) => out.push_str(&value),
                 None => {
                     out.push_str("$(");
                     out.push_str(name);

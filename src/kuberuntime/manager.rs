@@ -18,7 +18,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::Instrument;
 
 use super::actions::{PodActions, compute_pod_actions};
-use super::container::{ContainerContext, container_config};
+use super::container::{ContainerContext, container_config, environment};
 use super::runtime_status::{PodRuntimeStatus, RunState};
 use super::sandbox::{SandboxSettings, pod_log_dir, sandbox_config};
 use crate::backoff::Backoff;
@@ -28,6 +28,7 @@ use crate::images::ImageManager;
 use crate::lifecycle::handlers::run_hook;
 use crate::pod::PodId;
 use crate::prober::Results;
+use crate::volume::PodVolumes;
 
 /// Crashing containers wait 10 s, doubling to 5 min, before they are started again.
 const CRASH_BACKOFF: (Duration, Duration) = (Duration::from_secs(10), Duration::from_secs(300));
@@ -106,8 +107,9 @@ pub struct PodContext {
     pub node_name: String,
     /// The node's IP.
     pub host_ip: Option<IpAddr>,
-    /// Each container's volume mounts, resolved to host paths by the volume manager.
-    pub volume_mounts: HashMap<String, Vec<api::Mount>>,
+    /// The pod's volumes, set up by the volume manager; each container's mounts are
+    /// resolved from them when it is created.
+    pub volumes: PodVolumes,
     /// The handler of the pod's RuntimeClass for a new sandbox; empty for the default.
     pub runtime_handler: String,
     /// The prober's results (liveness and startup failures restart containers).
@@ -457,6 +459,40 @@ impl<C: Cri> RuntimeManager<C> {
         Ok(mounts)
     }
 
+    /// The container's volume mounts (the kubelet's `makeMounts`): subPathExpr expanded
+    /// from its environment, subpaths made and bound. A failure is the container's
+    /// `CreateContainerConfigError`.
+    async fn volume_mounts(
+        &self,
+        pod: &Pod,
+        id: &PodId,
+        (container, name): (&Container, Involved<'_>),
+        cctx: &ContainerContext,
+        volumes: &PodVolumes,
+    ) -> Result<Vec<api::Mount>, Waiting> {
+        let config_error = |message: String| {
+            self.events
+                .warning(id, name, "Failed", format!("Error: {message}"));
+            Waiting {
+                reason: "CreateContainerConfigError".into(),
+                message,
+            }
+        };
+        let env: HashMap<String, String> = environment(pod, container, cctx)
+            .map_err(|e| config_error(e.to_string()))?
+            .into_iter()
+            .map(|kv| (kv.key, kv.value))
+            .collect();
+        let mounts = volumes
+            .container_mounts(container, &env)
+            .await
+            .map_err(|e| config_error(e.to_string()))?;
+        Ok(mounts
+            .iter()
+            .map(|m| mount(&m.container_path, &m.host_path, m.read_only))
+            .collect())
+    }
+
     #[allow(clippy::too_many_arguments)]
     async fn start_container(
         &self,
@@ -496,11 +532,17 @@ impl<C: Cri> RuntimeManager<C> {
                 pulled
             }
         };
-        let mut mounts = ctx
-            .volume_mounts
-            .get(&container.name)
-            .cloned()
-            .unwrap_or_default();
+        let mut cctx = ContainerContext {
+            pod_ips: ips.to_vec(),
+            host_ip: ctx.host_ip,
+            node_name: ctx.node_name.clone(),
+            mounts: Vec::new(),
+            restart_count,
+            image_ref,
+        };
+        let mut mounts = self
+            .volume_mounts(pod, id, (container, name), &cctx, &ctx.volumes)
+            .await?;
         let own = self
             .kubelet_mounts(pod, id, container, restart_count, ips, ctx)
             .await
@@ -509,14 +551,7 @@ impl<C: Cri> RuntimeManager<C> {
                 message: format!("preparing the kubelet's mounts: {e}"),
             })?;
         mounts.extend(own);
-        let cctx = ContainerContext {
-            pod_ips: ips.to_vec(),
-            host_ip: ctx.host_ip,
-            node_name: ctx.node_name.clone(),
-            mounts,
-            restart_count,
-            image_ref,
-        };
+        cctx.mounts = mounts;
         let config = container_config(pod, id, container, &cctx).map_err(|e| {
             self.events
                 .warning(id, name, "Failed", format!("Error: {e}"));

@@ -188,8 +188,18 @@ impl VolumeApi for FakeApi {
 /// A call made to the [`FakeMounter`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum MountCall {
-    Tmpfs { target: PathBuf, size: Option<u64> },
-    Unmount { target: PathBuf },
+    Tmpfs {
+        target: PathBuf,
+        size: Option<u64>,
+    },
+    /// `source` as resolved at the call (a `/proc/self/fd` link names the opened file).
+    Bind {
+        source: PathBuf,
+        target: PathBuf,
+    },
+    Unmount {
+        target: PathBuf,
+    },
 }
 
 /// A mounter that mounts nothing but records calls and keeps a mount table. Clones share
@@ -224,6 +234,17 @@ impl Mounter for FakeMounter {
         lock(&self.inner.calls).push(MountCall::Tmpfs {
             target: target.to_owned(),
             size: size_bytes,
+        });
+        lock(&self.inner.table).push(target.to_owned());
+        Ok(())
+    }
+
+    fn bind_mount(&self, source: &Path, target: &Path) -> io::Result<()> {
+        let source = std::fs::read_link(source).unwrap_or_else(|_| source.to_owned());
+        std::fs::symlink_metadata(target)?;
+        lock(&self.inner.calls).push(MountCall::Bind {
+            source,
+            target: target.to_owned(),
         });
         lock(&self.inner.table).push(target.to_owned());
         Ok(())
