@@ -277,16 +277,6 @@ mod tests {
 
     #[test]
     fn errors_name_pod_volume_and_object() {
-        let err = VolumeError::NotFound {
-            pod: "default/web".into(),
-            volume: "certs".into(),
-            kind: "secret",
-            name: "tls".into(),
-        };
-        assert_eq!(
-            err.to_string(),
-            r#"pod default/web: volume "certs": secret "tls" not found"#
-        );
         let err = VolumeError::Unsupported {
             pod: "default/db".into(),
             volume: "data".into(),
@@ -306,6 +296,10 @@ mod tests {
             kind: "secret",
             name: "tls".into(),
         };
+        assert_eq!(
+            err.to_string(),
+            r#"pod default/web: volume "certs": secret "tls" not found"#
+        );
         assert_eq!(
             err.failed_mount_message(),
             r#"MountVolume.SetUp failed for volume "certs" : secret "tls" not found"#

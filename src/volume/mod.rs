@@ -409,6 +409,13 @@ impl<A: VolumeApi, M: Mounter> VolumeManager<A, M> {
         self
     }
 
+    /// Reads the time for token refreshes from `clock` (Unix seconds).
+    #[cfg(test)]
+    fn with_token_clock(mut self, clock: token::Clock) -> Self {
+        self.tokens = TokenManager::with_clock(clock);
+        self
+    }
+
     /// `<root_dir>/pods/<pod_uid>`: the pod's directory.
     #[must_use]
     pub fn pod_dir(&self, pod_uid: &str) -> PathBuf {

@@ -132,17 +132,13 @@ pub(super) fn safe_make_dir(
             Err(e) => return Err(fail(format_args!("stat {}", next.display()))(e)),
         }
     }
-    let real = fs::canonicalize(&existing).map_err(fail(format_args!(
-        "error opening directory {}",
-        existing.display()
-    )))?;
-    if !real.starts_with(&base) {
-        return Err(SubPathFailure(format!(
+    let real = resolve_within(&existing, &base, |path, base| {
+        format!(
             "path {} is outside of allowed base {}",
-            real.display(),
+            path.display(),
             base.display()
-        )));
-    }
+        )
+    })?;
     let mut dir = safe_open(&real, &base, NOFOLLOW_DIR)?;
     let mut current = real;
     for part in &parts[created_from..] {
@@ -157,6 +153,24 @@ pub(super) fn safe_make_dir(
     // gets the volume's mode exactly.
     fchmod(dir.as_fd(), Mode::from_bits_truncate(mode))
         .map_err(errno(format_args!("chmod {}", current.display())))
+}
+
+/// `path` with its symlinks resolved, refused with the text `outside(path, base)` when that
+/// is not inside `base`.
+fn resolve_within(
+    path: &Path,
+    base: &Path,
+    outside: fn(&Path, &Path) -> String,
+) -> Result<PathBuf, SubPathFailure> {
+    let real = fs::canonicalize(path).map_err(fail(format_args!(
+        "error resolving symlinks in {}",
+        path.display()
+    )))?;
+    if real.starts_with(base) {
+        Ok(real)
+    } else {
+        Err(SubPathFailure(outside(&real, base)))
+    }
 }
 
 /// Opens `path` (resolved, inside `base`) element by element from `base` without following
@@ -236,17 +250,13 @@ pub(super) fn bind_sub_path<M: Mounter + ?Sized>(
         volume.display()
     )))?;
     let full = base.join(sub_path);
-    let path = fs::canonicalize(&full).map_err(fail(format_args!(
-        "error resolving symlinks in {}",
-        full.display()
-    )))?;
-    if !path.starts_with(&base) {
-        return Err(SubPathFailure(format!(
+    let path = resolve_within(&full, &base, |path, base| {
+        format!(
             "subpath {} not within volume path {}",
             path.display(),
             base.display()
-        )));
-    }
+        )
+    })?;
     let path_only = OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
     let fd = safe_open(&path, &base, path_only)
         .map_err(|e| SubPathFailure(format!("error opening subpath {}: {e}", path.display())))?;

@@ -731,3 +731,106 @@ async fn pods_without_a_usable_uid_are_refused() {
         Err(VolumeError::InvalidPod { .. })
     ));
 }
+
+/// Where the `..data` link of a volume points.
+fn data_dir(dir: &Path) -> PathBuf {
+    fs::read_link(dir.join(atomic_writer::DATA_DIR)).expect("..data")
+}
+
+#[tokio::test]
+async fn changed_sources_are_rewritten_in_place_and_unchanged_ones_left_alone() {
+    let f = fixture();
+    let start = i64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970")
+            .as_secs(),
+    )
+    .expect("in range");
+    let offset = Arc::new(std::sync::atomic::AtomicI64::new(0));
+    let now = Arc::clone(&offset);
+    let manager = VolumeManager::new(&f.root, f.api.clone(), f.mounter.clone()).with_token_clock(
+        Arc::new(move || start + now.load(std::sync::atomic::Ordering::Relaxed)),
+    );
+    let mut pod = pod(json!([
+        {"name": "config", "configMap": {"name": "settings"}},
+        {"name": "creds", "secret": {"secretName": "db"}},
+        {"name": "info", "downwardAPI": {"items": [
+            {"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}}]}},
+        {"name": "token", "projected": {"sources": [
+            {"serviceAccountToken": {"path": "token", "expirationSeconds": 3600}}]}},
+    ]));
+    let volumes = manager.setup(&pod).await.expect("setup");
+    let dir = |name: &str| volumes.host_path(name).expect("volume").to_owned();
+    let links = |names: &[&str]| names.iter().map(|n| data_dir(&dir(n))).collect::<Vec<_>>();
+    let all = ["config", "creds", "info", "token"];
+    let before = links(&all);
+    manager.setup(&pod).await.expect("setup again");
+    assert_eq!(links(&all), before, "nothing changed: nothing rewritten");
+
+    let _ = f
+        .api
+        .clone()
+        .with_config_map("shop", "settings", &[("app.yaml", "x: 2")], &[]);
+    manager.setup(&pod).await.expect("setup after the update");
+    assert_eq!(read(&dir("config").join("app.yaml")), "x: 2");
+    assert!(
+        !dir("config").join("logo.png").exists(),
+        "a key gone is gone"
+    );
+    let after = links(&all);
+    assert_ne!(after[0], before[0]);
+    assert_eq!(after[1..], before[1..], "the other volumes are left alone");
+
+    pod.metadata.labels = Some([("app".to_owned(), "shop".to_owned())].into());
+    manager
+        .setup(&pod)
+        .await
+        .expect("setup after a label change");
+    assert_eq!(read(&dir("info").join("labels")), "app=\"shop\"");
+
+    let token = read(&dir("token").join("token"));
+    offset.store(2881, std::sync::atomic::Ordering::Relaxed);
+    manager.setup(&pod).await.expect("setup at 80 %");
+    assert_ne!(read(&dir("token").join("token")), token, "refreshed");
+    assert_eq!(f.api.token_requests().len(), 2);
+}
+
+#[tokio::test]
+async fn fs_group_owns_the_volumes_and_their_updates() {
+    let f = fixture();
+    let gid = nix::unistd::getegid().as_raw();
+    let mut pod = pod(json!([
+        {"name": "scratch", "emptyDir": {}},
+        {"name": "creds", "secret": {"secretName": "db", "defaultMode": 0o400}},
+        {"name": "config", "configMap": {"name": "settings"}},
+    ]));
+    pod.spec.as_mut().expect("spec").security_context =
+        Some(serde_json::from_value(json!({"fsGroup": gid})).expect("context"));
+    let volumes = f.manager.setup(&pod).await.expect("setup");
+    let dir = |name: &str| volumes.host_path(name).expect("volume").to_owned();
+    let gid_of = |p: &Path| fs::metadata(p).expect("stat").gid();
+
+    assert_eq!(mode(&dir("scratch")), 0o2777);
+    assert_eq!(gid_of(&dir("scratch")), gid);
+    let user = dir("creds").join("user");
+    assert_eq!(mode(&user), 0o440, "read-only volume: group read");
+    assert_eq!(gid_of(&user), gid);
+    assert_eq!(mode(&dir("creds").join(data_dir(&dir("creds")))), 0o2755);
+    let data = data_dir(&dir("creds"));
+    f.manager.setup(&pod).await.expect("setup again");
+    assert_eq!(
+        data_dir(&dir("creds")),
+        data,
+        "the group bits count as written"
+    );
+
+    let _ = f
+        .api
+        .clone()
+        .with_config_map("shop", "settings", &[("new.yaml", "y")], &[]);
+    f.manager.setup(&pod).await.expect("setup after the update");
+    let new = dir("config").join("new.yaml");
+    assert_eq!(gid_of(&new), gid, "an update is owned too");
+    assert_eq!(mode(&new), 0o644);
+}
