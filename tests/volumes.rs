@@ -13,7 +13,7 @@ use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::case::{Case, get, running};
+use common::case::{Case, delete_and_wait, get, running};
 use common::pods::{events_of, running_containers_of};
 use common::{eventually, kube_client, node_name, unique};
 use futures::FutureExt;
@@ -579,6 +579,24 @@ async fn sub_path_expr_expands_a_downward_api_env_var() {
         exec_ok(&uid, "app", &format!("cat /vol/logs/{name}/x")).await,
         "hi"
     );
+    let pod_dir = common::case::root_dir().join("pods").join(&uid);
+    let subpaths = pod_dir.join("volume-subpaths");
+    assert!(
+        mounts_under(&subpaths)
+            .iter()
+            .any(|m| m.mount_point == subpaths.join("vol/app/1")),
+        "the subPath is a bind mount under volume-subpaths"
+    );
+    // Grace 0: the API forgets the pod at once, the agent tears it down after.
+    delete_and_wait(&name).await;
+    eventually("the pod's mounts gone", Duration::from_secs(30), || async {
+        mounts_under(&pod_dir).is_empty().then_some(())
+    })
+    .await;
+    eventually("the pod dir removed", Duration::from_secs(10), || async {
+        (!pod_dir.exists()).then_some(())
+    })
+    .await;
 
     for (suffix, value, message) in [
         (
