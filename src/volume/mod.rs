@@ -976,11 +976,18 @@ fn make_dir_volume<M: Mounter>(mounter: &M, dir: &Path, plan: &DirVolume) -> Res
         tracing::debug!(path = %dir.display(), files = files.len(), "wrote volume files");
     }
     // As the kubelet's plugins: an emptyDir gets its ownership when it is made, the
-    // volumes the agent writes on every set-up (after an update too).
-    if let Some(group) = plan.fs_group
-        && (fresh || plan.payload.is_some())
-    {
-        ownership::set_volume_ownership(dir, group, plan.read_only())?;
+    // volumes the agent writes on every set-up, whatever the change policy (so that the
+    // files of an update are owned too, while the root already matches).
+    if let Some(group) = plan.fs_group {
+        if plan.payload.is_some() {
+            let always = FsGroup {
+                on_root_mismatch: false,
+                ..group
+            };
+            ownership::set_volume_ownership(dir, always, true)?;
+        } else if fresh {
+            ownership::set_volume_ownership(dir, group, plan.read_only())?;
+        }
     }
     Ok(())
 }

@@ -103,16 +103,11 @@ fn walk_deep(root: &Path, visit: &mut impl FnMut(&Path, &fs::Metadata)) -> Resul
 mod tests {
     use std::os::unix::fs::symlink;
 
-    use super::super::testing::TempDir;
+    use super::super::testing::{TempDir, fs_group_for_tests};
     use super::*;
 
     fn mode(path: &Path) -> u32 {
         fs::metadata(path).expect("stat").permissions().mode() & 0o7777
-    }
-
-    /// A group the test process may give files: its own.
-    fn own_gid() -> u32 {
-        nix::unistd::getegid().as_raw()
     }
 
     fn tree(tmp: &TempDir) -> std::path::PathBuf {
@@ -131,7 +126,7 @@ mod tests {
         let tmp = TempDir::new("owner");
         let root = tree(&tmp);
         let group = FsGroup {
-            gid: own_gid(),
+            gid: fs_group_for_tests(),
             on_root_mismatch: false,
         };
         set_volume_ownership(&root, group, false).expect("owned");
@@ -140,7 +135,7 @@ mod tests {
         assert_eq!(mode(&root), 0o2775);
         assert_eq!(
             fs::metadata(root.join("sub/f")).expect("stat").gid(),
-            own_gid()
+            fs_group_for_tests()
         );
 
         let tmp = TempDir::new("owner");
@@ -155,9 +150,10 @@ mod tests {
         let tmp = TempDir::new("owner");
         let root = tree(&tmp);
         let group = FsGroup {
-            gid: own_gid(),
+            gid: fs_group_for_tests(),
             on_root_mismatch: true,
         };
+        std::os::unix::fs::chown(&root, None, Some(group.gid)).expect("chown");
         fs::set_permissions(&root, fs::Permissions::from_mode(0o2770)).expect("chmod");
         set_volume_ownership(&root, group, false).expect("owned");
         assert_eq!(mode(&root.join("sub/f")), 0o600, "not walked");

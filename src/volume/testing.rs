@@ -21,6 +21,16 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// A group the test process may give its files: any as root (one it is not in, so that
+/// the change shows), else its own.
+pub(crate) fn fs_group_for_tests() -> u32 {
+    if nix::unistd::geteuid().is_root() {
+        4321
+    } else {
+        nix::unistd::getegid().as_raw()
+    }
+}
+
 /// A directory under the system temp dir, removed with its contents on drop.
 #[derive(Debug)]
 pub(crate) struct TempDir(PathBuf);

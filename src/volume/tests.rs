@@ -7,7 +7,7 @@ use std::os::unix::fs::{MetadataExt, symlink};
 use k8s_openapi::api::core::v1::{Container, Pod};
 use serde_json::json;
 
-use super::testing::{FakeApi, FakeMounter, MountCall, TempDir};
+use super::testing::{self, FakeApi, FakeMounter, MountCall, TempDir};
 use super::*;
 
 const UID: &str = "5c1f-uid";
@@ -799,14 +799,16 @@ async fn changed_sources_are_rewritten_in_place_and_unchanged_ones_left_alone() 
 #[tokio::test]
 async fn fs_group_owns_the_volumes_and_their_updates() {
     let f = fixture();
-    let gid = nix::unistd::getegid().as_raw();
+    let gid = testing::fs_group_for_tests();
     let mut pod = pod(json!([
         {"name": "scratch", "emptyDir": {}},
         {"name": "creds", "secret": {"secretName": "db", "defaultMode": 0o400}},
         {"name": "config", "configMap": {"name": "settings"}},
     ]));
     pod.spec.as_mut().expect("spec").security_context =
-        Some(serde_json::from_value(json!({"fsGroup": gid})).expect("context"));
+        // The policy applies to the emptyDir only, as in the kubelet: the files of an
+        // update are owned although the root of their volume matches already.
+        Some(serde_json::from_value(json!({"fsGroup": gid, "fsGroupChangePolicy": "OnRootMismatch"})).expect("context"));
     let volumes = f.manager.setup(&pod).await.expect("setup");
     let dir = |name: &str| volumes.host_path(name).expect("volume").to_owned();
     let gid_of = |p: &Path| fs::metadata(p).expect("stat").gid();
@@ -828,9 +830,13 @@ async fn fs_group_owns_the_volumes_and_their_updates() {
     let _ = f
         .api
         .clone()
-        .with_config_map("shop", "settings", &[("new.yaml", "y")], &[]);
+        .with_config_map("shop", "settings", &[("new.yaml", "y")], &[])
+        .with_secret("shop", "db", &[("token", "t")]);
     f.manager.setup(&pod).await.expect("setup after the update");
     let new = dir("config").join("new.yaml");
     assert_eq!(gid_of(&new), gid, "an update is owned too");
     assert_eq!(mode(&new), 0o644);
+    let token = dir("creds").join("token");
+    assert_eq!(gid_of(&token), gid, "an update is owned too");
+    assert_eq!(mode(&token), 0o440);
 }
