@@ -203,12 +203,15 @@ impl VolumeError {
                 format!("volume type {kind} is not supported by this node"),
             ),
             Self::MissingKey {
+                volume, kind, key, ..
+            } => (
                 volume,
-                kind,
-                name,
-                key,
-                ..
-            } => (volume, format!("{kind} {name:?} has no key {key:?}")),
+                if *kind == "secret" {
+                    format!("references non-existent secret key: {key}")
+                } else {
+                    format!("configmap references non-existent config key: {key}")
+                },
+            ),
             Self::Api {
                 volume,
                 kind,
@@ -314,6 +317,17 @@ mod tests {
         assert_eq!(
             err.failed_mount_message(),
             r#"MountVolume.SetUp failed for volume "h" : hostPath type check failed: /var/run/x.sock is not a socket file"#
+        );
+        let err = VolumeError::MissingKey {
+            pod: "default/web".into(),
+            volume: "cfg".into(),
+            kind: "configmap",
+            name: "settings".into(),
+            key: "app.yaml".into(),
+        };
+        assert_eq!(
+            err.failed_mount_message(),
+            r#"MountVolume.SetUp failed for volume "cfg" : configmap references non-existent config key: app.yaml"#
         );
         let err = VolumeError::UnknownVolume {
             pod: "default/web".into(),

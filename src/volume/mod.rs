@@ -553,6 +553,13 @@ impl<A: VolumeApi, M: Mounter> VolumeManager<A, M> {
             host_path::TypeError::UnknownType => {
                 p.invalid(name, format!("{expected} is an invalid volume type"))
             }
+            host_path::TypeError::Create(action, source) => VolumeError::Io {
+                pod: p.key.clone(),
+                volume: name.to_owned(),
+                action,
+                path: host_path.clone(),
+                source,
+            },
             host_path::TypeError::Mismatch(reason) => VolumeError::HostPathType {
                 pod: p.key.clone(),
                 volume: name.to_owned(),
