@@ -796,3 +796,40 @@ async fn memory_empty_dirs_read_only_mounts_and_host_path_types() {
     })
     .await;
 }
+
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn a_failing_sub_path_expr_recovers_once_the_annotation_is_set() {
+    // The e2e test "should verify that a failing subpath expansion can be modified during
+    // the lifecycle of a container".
+    let case = Case::with_agent("vol-expr-fix", &[]).await;
+    let manifest = sleeper(
+        json!([{ "name": "workdir1", "emptyDir": {} }]),
+        json!({
+            "env": [
+                { "name": "POD_NAME", "value": "foo" },
+                { "name": "ANNOTATION", "valueFrom": { "fieldRef":
+                    { "apiVersion": "v1", "fieldPath": "metadata.annotations['mysubpath']" } } },
+            ],
+            "volumeMounts": [
+                { "name": "workdir1", "mountPath": "/subpath_mount",
+                  "subPathExpr": "$(ANNOTATION)/$(POD_NAME)" },
+                { "name": "workdir1", "mountPath": "/volume_mount" },
+            ],
+        }),
+    );
+    let name = case.create("pod", manifest).await;
+    assert_eq!(
+        waits_with(&name, "CreateContainerConfigError").await,
+        "missing value for ANNOTATION"
+    );
+    let admin = kube_client("admin.kubeconfig").await;
+    let patch = json!({ "metadata": { "annotations": { "mysubpath": "mypath" } } });
+    Api::<Pod>::namespaced(admin, "default")
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("annotate the pod");
+    let uid = running(&name).await.metadata.uid.expect("uid");
+    exec_ok(&uid, "app", "touch /volume_mount/mypath/foo/test.log").await;
+    exec_ok(&uid, "app", "test -f /subpath_mount/test.log").await;
+}

@@ -140,10 +140,17 @@ fn field_ref(pod: &Pod, ctx: &ContainerContext, path: &str) -> Option<String> {
                     .and_then(|k| k.strip_suffix("']"))
                     .map(str::to_owned)
             };
+            // A missing label or annotation is empty, as in the kubelet.
+            let entry = |map: &Option<std::collections::BTreeMap<String, String>>, k: String| {
+                map.as_ref()
+                    .and_then(|m| m.get(&k))
+                    .cloned()
+                    .unwrap_or_default()
+            };
             if let Some(k) = key("metadata.labels['") {
-                meta.labels.as_ref()?.get(&k)?.clone()
+                entry(&meta.labels, k)
             } else if let Some(k) = key("metadata.annotations['") {
-                meta.annotations.as_ref()?.get(&k)?.clone()
+                entry(&meta.annotations, k)
             } else {
                 return None;
             }
@@ -395,6 +402,22 @@ mod tests {
         let vars = HashMap::from([("A".to_owned(), "x".to_owned())]);
         assert_eq!(expand("$(A)-$(B)-$$(A)-$-$(", &vars), "x-$(B)-$(A)-$-$(");
         assert_eq!(expand("plain", &vars), "plain");
+    }
+
+    #[test]
+    fn a_missing_label_or_annotation_is_empty() {
+        let mut p = pod("web", &[("c", "busybox")]);
+        p.metadata.labels = Some([("app".to_owned(), "web".to_owned())].into());
+        let c = &mut p.spec.as_mut().unwrap().containers[0];
+        c.env = Some(vec![
+            field("APP", "metadata.labels['app']"),
+            field("NONE", "metadata.labels['none']"),
+            field("NOTE", "metadata.annotations['note']"),
+        ]);
+        let container = c.clone();
+        let envs = environment(&p, &container, &ContainerContext::default()).unwrap();
+        let values: Vec<_> = envs.iter().map(|e| e.value.as_str()).collect();
+        assert_eq!(values, ["web", "", ""]);
     }
 
     #[test]
