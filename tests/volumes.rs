@@ -833,3 +833,45 @@ async fn a_failing_sub_path_expr_recovers_once_the_annotation_is_set() {
     exec_ok(&uid, "app", "touch /volume_mount/mypath/foo/test.log").await;
     exec_ok(&uid, "app", "test -f /subpath_mount/test.log").await;
 }
+
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn a_restarted_container_gets_its_sub_path_bind_mount_again() {
+    let case = Case::with_agent("vol-restart", &[]).await;
+    let mut manifest = sleeper(
+        json!([{ "name": "vol", "emptyDir": {} }]),
+        json!({
+            "command": ["sh", "-c", "echo run >> /sub/runs; sleep 1; exit 1"],
+            "volumeMounts": [{ "name": "vol", "mountPath": "/sub", "subPath": "a/b" }],
+        }),
+    );
+    manifest["spec"]["restartPolicy"] = json!("Always");
+    let name = case.create("pod", manifest).await;
+    let restarted = eventually("a restart", Duration::from_secs(40), || async {
+        let pod = get(&name).await?;
+        let status = pod
+            .status
+            .as_ref()?
+            .container_statuses
+            .as_ref()?
+            .first()?
+            .clone();
+        (status.restart_count >= 1).then_some(pod)
+    })
+    .await;
+    let uid = restarted.metadata.uid.expect("uid");
+    let pod_dir = common::case::root_dir().join("pods").join(&uid);
+    let runs = pod_dir.join("volumes/kubernetes.io~empty-dir/vol/a/b/runs");
+    eventually("two runs written", Duration::from_secs(10), || async {
+        let text = std::fs::read_to_string(&runs).ok()?;
+        (text.lines().count() >= 2).then_some(())
+    })
+    .await;
+    let target = pod_dir.join("volume-subpaths/vol/app/0");
+    let bound = mounts_under(&pod_dir.join("volume-subpaths"));
+    assert_eq!(
+        bound.iter().filter(|m| m.mount_point == target).count(),
+        1,
+        "one bind mount, reused: {bound:?}"
+    );
+}
