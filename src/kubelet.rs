@@ -11,13 +11,13 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use tracing::Instrument;
 
 use crate::backoff::Backoff;
 use crate::credentialprovider::pod_pull_secrets;
-use crate::cri::{Cri, api};
+use crate::cri::Cri;
 use crate::kuberuntime::env::EnvSourceReader;
 use crate::kuberuntime::sandbox::pod_log_dir;
 use crate::kuberuntime::{PodContext, PodRuntimeStatus, RuntimeManager, Waiting, get_pod_status};
@@ -28,11 +28,14 @@ use crate::pod::workers::{Next, PodSyncer, PodWork, PodWorkers};
 use crate::pod::{PodId, source::PodStore};
 use crate::prober::{ProberManager, Wake};
 use crate::status::{StatusInputs, StatusManager, generate_pod_status};
-use crate::volume::{KubeVolumeApi, LinuxMounter, VolumeManager};
+use crate::volume::{KubeVolumeApi, LinuxMounter, PodVolumes, VolumeError, VolumeManager};
 
 /// How often a running pod is synced when nothing happens (the kubelet's
 /// `--sync-frequency`). Changes in the runtime wake it at once through the PLEG.
 const RESYNC: Duration = Duration::from_secs(60);
+/// How long volumes set up for a pod are used before the sources are read again: half the
+/// sync period, so that a changed secret or configMap reaches its files within one period.
+const VOLUME_RESYNC: Duration = Duration::from_secs(30);
 /// A failed termination step is retried after this long.
 const RETRY: Duration = Duration::from_secs(1);
 
@@ -62,18 +65,40 @@ pub struct Kubelet<C> {
     reasons: Mutex<HashMap<String, HashMap<String, Waiting>>>,
     /// Back-off of failed sandbox creations and volume set-ups, per pod UID.
     backoff: Mutex<HashMap<String, Backoff>>,
-    /// Each pod's container mounts and when its volumes were last set up. Syncs come with
-    /// every runtime change; the volume sources (secrets, configMaps, tokens) are read
-    /// again at most once per resync period, not on each of them.
-    mounts: Mutex<HashMap<String, (Instant, u64, Mounts)>>,
+    /// Each pod's volumes, when they were last set up and the pod metadata they show.
+    /// Syncs come with every runtime change; the volume sources (secrets, configMaps,
+    /// tokens) are read again when the pod's labels or annotations changed (downward API
+    /// files) a Secret or ConfigMap they hold changed, or the last set-up
+    /// is [`VOLUME_RESYNC`] old, not on each of them.
+    volumes_set_up: Mutex<HashMap<String, VolumesSetUp>>,
     /// The Secrets, ConfigMaps and Services of the pods' environment and volumes.
     env: EnvSourceReader,
     /// The probe workers of the pods' containers.
     prober: ProberManager<C>,
 }
 
-/// Each container's mounts, by container name.
-type Mounts = HashMap<String, Vec<api::Mount>>;
+/// A pod's volumes as last set up.
+struct VolumesSetUp {
+    at: Instant,
+    /// The changes seen to the pod's Secrets and ConfigMaps then.
+    changes: u64,
+    /// The pod's labels and annotations then.
+    metadata: PodMetadata,
+    volumes: PodVolumes,
+}
+
+/// What of a pod's metadata its volumes show (downward API files).
+type PodMetadata = (
+    Option<std::collections::BTreeMap<String, String>>,
+    Option<std::collections::BTreeMap<String, String>>,
+);
+
+fn volume_metadata(pod: &Pod) -> PodMetadata {
+    (
+        pod.metadata.labels.clone(),
+        pod.metadata.annotations.clone(),
+    )
+}
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -101,7 +126,7 @@ impl<C: Cri + Clone> Kubelet<C> {
             admission,
             reasons: Mutex::default(),
             backoff: Mutex::default(),
-            mounts: Mutex::default(),
+            volumes_set_up: Mutex::default(),
             env,
         }
     }
@@ -203,33 +228,34 @@ impl<C: Cri + Clone> Kubelet<C> {
             .failed(Instant::now())
     }
 
-    /// The volume mounts of each container, resolved to host paths.
-    async fn container_mounts(&self, pod: &Pod, id: &PodId) -> Result<Mounts, String> {
-        let volumes = self.volumes.setup(pod).await.map_err(|e| e.to_string())?;
-        let mut all = HashMap::new();
-        let mut containers: Vec<&Container> = Vec::new();
-        if let Some(spec) = &pod.spec {
-            containers.extend(spec.init_containers.iter().flatten());
-            containers.extend(&spec.containers);
+    /// The pod's volumes: set up again when its labels or annotations changed or the last
+    /// set-up is [`VOLUME_RESYNC`] old (changed secrets, configMaps and tokens are
+    /// rewritten then), else as last set up.
+    async fn pod_volumes(&self, pod: &Pod, id: &PodId) -> Result<PodVolumes, VolumeError> {
+        let metadata = volume_metadata(pod);
+        self.env.caches().register(&id.uid, pod);
+        let changes = self.env.caches().changes(&id.uid);
+        let fresh = lock(&self.volumes_set_up)
+            .get(&id.uid)
+            .filter(|s| {
+                s.at.elapsed() < VOLUME_RESYNC && s.metadata == metadata && s.changes == changes
+            })
+            .map(|s| s.volumes.clone());
+        if let Some(volumes) = fresh {
+            return Ok(volumes);
         }
-        for c in containers {
-            let mut mounts = Vec::new();
-            for m in c.volume_mounts.iter().flatten() {
-                let host = volumes
-                    .resolve_mount(m)
-                    .await
-                    .map_err(|e| format!("container {}: {e}", c.name))?;
-                mounts.push(api::Mount {
-                    container_path: m.mount_path.clone(),
-                    host_path: host.host_path.to_string_lossy().into_owned(),
-                    readonly: host.read_only,
-                    ..Default::default()
-                });
-            }
-            all.insert(c.name.clone(), mounts);
-        }
+        let volumes = self.volumes.setup(pod).await?;
         tracing::debug!(pod = %id, "volumes ready");
-        Ok(all)
+        lock(&self.volumes_set_up).insert(
+            id.uid.clone(),
+            VolumesSetUp {
+                at: Instant::now(),
+                changes,
+                metadata,
+                volumes: volumes.clone(),
+            },
+        );
+        Ok(volumes)
     }
 
     /// `syncPod`: one step of bringing a pod that should run to its spec.
@@ -280,31 +306,17 @@ impl<C: Cri + Clone> Kubelet<C> {
             let message = format!("Error making pod data directories: {e}");
             return self.retry_failed(id, "Failed", message);
         }
-        // Volumes are set up again once per resync period, and at once when a Secret or
-        // ConfigMap they hold changed.
-        self.env.caches().register(&id.uid, pod);
-        let changes = self.env.caches().changes(&id.uid);
-        let fresh = lock(&self.mounts)
-            .get(&id.uid)
-            .filter(|(at, seen, _)| at.elapsed() < RESYNC && *seen == changes)
-            .map(|(_, _, m)| m.clone());
-        let prepared = match fresh {
-            Some(m) => Ok(m),
-            None => self
-                .container_mounts(pod, id)
-                .instrument(tracing::info_span!("mount_volumes"))
-                .await
-                .inspect(|m| {
-                    let entry = (Instant::now(), changes, m.clone());
-                    lock(&self.mounts).insert(id.uid.clone(), entry);
-                }),
-        };
-        let volume_mounts = match prepared {
-            Ok(m) => m,
-            Err(message) => {
+        let prepared = self
+            .pod_volumes(pod, id)
+            .instrument(tracing::info_span!("mount_volumes"))
+            .await;
+        let volumes = match prepared {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not set up the pod's volumes");
                 self.runtime
                     .events()
-                    .warning(id, None, "FailedMount", message);
+                    .warning(id, None, "FailedMount", e.failed_mount_message());
                 self.publish_status(pod, id, Some(&runtime));
                 return Next::ResyncAfter(self.failed(&id.uid));
             }
@@ -326,7 +338,7 @@ impl<C: Cri + Clone> Kubelet<C> {
             pod_dir,
             node_name: self.settings.node_name.clone(),
             host_ip: Some(self.settings.node_ip),
-            volume_mounts,
+            volumes,
             runtime_handler,
             probes: Some(self.prober.results().clone()),
             env_sources: Arc::new(
@@ -459,7 +471,7 @@ impl<C: Cri + Clone> Kubelet<C> {
         }
         lock(&self.reasons).remove(&id.uid);
         lock(&self.backoff).remove(&id.uid);
-        lock(&self.mounts).remove(&id.uid);
+        lock(&self.volumes_set_up).remove(&id.uid);
         self.env.caches().unregister(&id.uid);
         self.prober.remove_pod(id);
         tracing::info!("pod terminated and cleaned up");

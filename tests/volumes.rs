@@ -1,7 +1,9 @@
 //! The volume manager for real: tmpfs mounts as root in a scratch root dir, and secret,
 //! configMap and projected token volumes read with only the node's identity from the local
-//! v1.20 cluster. Everything a test creates (mounts, dirs, API objects) is removed also
-//! when it fails.
+//! v1.20 cluster; then pods run by the agent, checked from inside their containers (exec):
+//! subPath safety and subPathExpr, fsGroup ownership, in-place updates of configMap and
+//! downwardAPI files, memory emptyDirs, read-only mounts and hostPath types. Everything a
+//! test creates (mounts, dirs, API objects) is removed also when it fails.
 
 mod common;
 
@@ -11,12 +13,15 @@ use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::{kube_client, node_name, unique};
+use common::case::{Case, delete_and_wait, get, running};
+use common::pods::{events_of, running_containers_of};
+use common::{eventually, kube_client, node_name, unique};
 use futures::FutureExt;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenReview, TokenReviewSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use rkubelet::cri::{Cri, api};
 use rkubelet::volume::{KubeVolumeApi, LinuxMounter, VolumeApi, VolumeError, VolumeManager};
 use rkubelet::watch_manager::{SourceCaches, Wake};
 use serde_json::json;
@@ -434,4 +439,450 @@ fn is_forbidden(e: &VolumeError) -> bool {
         _ => return false,
     };
     matches!(&**source, kube::Error::Api(s) if s.code == 403)
+}
+
+/// Runs `script` with `sh -c` in the running container `container` of the pod with this
+/// UID: its exit code and its output (stdout, then stderr).
+async fn exec(uid: &str, container: &str, script: &str) -> (i32, String) {
+    let found = running_containers_of(uid)
+        .await
+        .into_iter()
+        .find(|c| c.metadata.as_ref().is_some_and(|m| m.name == container))
+        .unwrap_or_else(|| panic!("no running container {container} in pod {uid}"));
+    let response = common::cri()
+        .exec_sync(api::ExecSyncRequest {
+            container_id: found.id,
+            cmd: vec!["sh".into(), "-c".into(), script.into()],
+            timeout: 10,
+        })
+        .await
+        .expect("ExecSync");
+    let mut output = String::from_utf8_lossy(&response.stdout).into_owned();
+    output.push_str(&String::from_utf8_lossy(&response.stderr));
+    (response.exit_code, output)
+}
+
+/// The output of `script`, which must succeed.
+async fn exec_ok(uid: &str, container: &str, script: &str) -> String {
+    let (code, output) = exec(uid, container, script).await;
+    assert_eq!(code, 0, "{script}: {output}");
+    output.trim().to_owned()
+}
+
+/// A busybox pod with one sleeping container `app` (`extra` merged into it) and `volumes`.
+fn sleeper(volumes: serde_json::Value, app: serde_json::Value) -> serde_json::Value {
+    let mut container = json!({
+        "name": "app",
+        "image": "busybox",
+        "command": ["sleep", "3600"],
+    });
+    container
+        .as_object_mut()
+        .expect("object")
+        .extend(app.as_object().expect("object").clone());
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {},
+        "spec": {
+            "terminationGracePeriodSeconds": 0,
+            "volumes": volumes,
+            "containers": [container],
+        }
+    })
+}
+
+/// Waits until the container `app` of the pod waits with `reason`; its message.
+async fn waits_with(name: &str, reason: &str) -> String {
+    eventually(
+        &format!("{name} waiting with {reason}"),
+        Duration::from_secs(60),
+        || async {
+            let pod = get(name).await?;
+            let status = pod.status?.container_statuses?.into_iter().next()?;
+            let waiting = status.state?.waiting?;
+            (waiting.reason.as_deref() == Some(reason)).then(|| waiting.message.unwrap_or_default())
+        },
+    )
+    .await
+}
+
+/// A host directory of this test under the cluster's state dir, removed when dropped.
+struct HostDir(PathBuf);
+
+impl HostDir {
+    fn new(name: &str) -> Self {
+        let dir = common::state_dir().join("test-volumes").join(unique(name));
+        std::fs::create_dir_all(&dir).expect("host dir");
+        Self(dir)
+    }
+}
+
+impl Drop for HostDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn a_symlink_planted_in_the_volume_cannot_lead_a_sub_path_out() {
+    let case = Case::with_agent("vol-escape", &[]).await;
+    let outside = HostDir::new("outside");
+    // An init container plants `escape -> <host dir>`: a path of the host, not of the
+    // container, that the agent would follow.
+    let mut manifest = sleeper(
+        json!([{ "name": "vol", "emptyDir": {} }]),
+        json!({ "volumeMounts": [{ "name": "vol", "mountPath": "/made", "subPath": "escape/made" }] }),
+    );
+    manifest["spec"]["initContainers"] = json!([{
+        "name": "plant",
+        "image": "busybox",
+        "command": ["ln", "-s", outside.0, "/vol/escape"],
+        "volumeMounts": [{ "name": "vol", "mountPath": "/vol" }],
+    }]);
+    let name = case.create("mkdir", manifest.clone()).await;
+    let message = waits_with(&name, "CreateContainerConfigError").await;
+    assert_eq!(
+        message,
+        r#"failed to create subPath directory for volumeMount "vol" of container "app""#
+    );
+    assert!(
+        !outside.0.join("made").exists(),
+        "a directory was made outside the volume"
+    );
+    let events = events_of(&name).await;
+    assert!(
+        events.iter().any(|e| e.reason.as_deref() == Some("Failed")
+            && e.message.as_deref() == Some(&format!("Error: {message}"))),
+        "{events:?}"
+    );
+
+    // The symlink's target exists: nothing to make, but it is not bound either.
+    manifest["spec"]["containers"][0]["volumeMounts"][0]["subPath"] = json!("escape");
+    let name = case.create("bind", manifest).await;
+    assert_eq!(
+        waits_with(&name, "CreateContainerConfigError").await,
+        r#"failed to prepare subPath for volumeMount "vol" of container "app""#
+    );
+}
+
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn sub_path_expr_expands_a_downward_api_env_var() {
+    let case = Case::with_agent("vol-expr", &[]).await;
+    let env = json!([{ "name": "POD_NAME", "valueFrom": { "fieldRef": { "fieldPath": "metadata.name" } } }]);
+    let manifest = sleeper(
+        json!([{ "name": "vol", "emptyDir": {} }]),
+        json!({
+            "env": env,
+            "volumeMounts": [
+                { "name": "vol", "mountPath": "/vol" },
+                { "name": "vol", "mountPath": "/mine", "subPathExpr": "logs/$(POD_NAME)" },
+            ],
+        }),
+    );
+    let name = case.create("ok", manifest).await;
+    let pod = running(&name).await;
+    let uid = pod.metadata.uid.expect("uid");
+    exec_ok(&uid, "app", "echo hi > /mine/x").await;
+    assert_eq!(
+        exec_ok(&uid, "app", &format!("cat /vol/logs/{name}/x")).await,
+        "hi"
+    );
+    let pod_dir = common::case::root_dir().join("pods").join(&uid);
+    let subpaths = pod_dir.join("volume-subpaths");
+    assert!(
+        mounts_under(&subpaths)
+            .iter()
+            .any(|m| m.mount_point == subpaths.join("vol/app/1")),
+        "the subPath is a bind mount under volume-subpaths"
+    );
+    // Grace 0: the API forgets the pod at once, the agent tears it down after.
+    delete_and_wait(&name).await;
+    eventually("the pod's mounts gone", Duration::from_secs(30), || async {
+        mounts_under(&pod_dir).is_empty().then_some(())
+    })
+    .await;
+    eventually("the pod dir removed", Duration::from_secs(10), || async {
+        (!pod_dir.exists()).then_some(())
+    })
+    .await;
+
+    for (suffix, value, message) in [
+        (
+            "dots",
+            "..",
+            "unable to provision SubPath `..`: must not contain '..'",
+        ),
+        (
+            "abs",
+            "/tmp",
+            "error SubPath `/tmp` must not be an absolute path",
+        ),
+    ] {
+        let manifest = sleeper(
+            json!([{ "name": "vol", "emptyDir": {} }]),
+            json!({
+                "env": [{ "name": "P", "value": value }],
+                "volumeMounts": [{ "name": "vol", "mountPath": "/m", "subPathExpr": "$(P)" }],
+            }),
+        );
+        let name = case.create(suffix, manifest).await;
+        assert_eq!(
+            waits_with(&name, "CreateContainerConfigError").await,
+            message
+        );
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn fs_group_owns_the_volumes() {
+    let case = Case::with_agent("vol-fsgroup", &[]).await;
+    for (suffix, policy) in [("always", "Always"), ("onroot", "OnRootMismatch")] {
+        let mut manifest = sleeper(
+            json!([
+                { "name": "scratch", "emptyDir": {} },
+                { "name": "info", "downwardAPI": { "items": [
+                    { "path": "name", "fieldRef": { "fieldPath": "metadata.name" } }] } },
+            ]),
+            json!({ "volumeMounts": [
+                { "name": "scratch", "mountPath": "/scratch" },
+                { "name": "info", "mountPath": "/info" },
+            ] }),
+        );
+        manifest["spec"]["securityContext"] =
+            json!({ "fsGroup": 2345, "fsGroupChangePolicy": policy });
+        let name = case.create(suffix, manifest).await;
+        let uid = running(&name).await.metadata.uid.expect("uid");
+        assert_eq!(
+            exec_ok(&uid, "app", "stat -c '%g %a' /scratch").await,
+            "2345 2777",
+            "{policy}"
+        );
+        assert_eq!(
+            exec_ok(&uid, "app", "stat -L -c '%g %a' /info/name").await,
+            "2345 644",
+            "{policy}"
+        );
+        let listing = exec_ok(&uid, "app", "ls -lnd /info/..data/").await;
+        assert!(listing.starts_with("drwxr-sr-x"), "{listing}");
+        assert!(listing.contains(" 2345 "), "{listing}");
+        exec_ok(&uid, "app", "touch /scratch/new").await;
+        assert_eq!(
+            exec_ok(&uid, "app", "stat -c '%g' /scratch/new").await,
+            "2345",
+            "setgid: new files get the group"
+        );
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn config_map_and_label_changes_reach_the_files_without_a_restart() {
+    let case = Case::with_agent("vol-update", &[]).await;
+    let admin = kube_client("admin.kubeconfig").await;
+    let config_maps = Api::<ConfigMap>::namespaced(admin.clone(), "default");
+    let cm_name = unique("rk-vol-cm");
+    let config_map: ConfigMap = serde_json::from_value(json!({
+        "metadata": { "name": cm_name },
+        "data": { "greeting": "v1" }
+    }))
+    .expect("config map");
+    config_maps
+        .create(&PostParams::default(), &config_map)
+        .await
+        .expect("create config map");
+    let outcome = AssertUnwindSafe(async {
+        let manifest = sleeper(
+            json!([
+                { "name": "config", "configMap": { "name": cm_name } },
+                { "name": "info", "downwardAPI": { "items": [
+                    { "path": "labels", "fieldRef": { "fieldPath": "metadata.labels" } }] } },
+            ]),
+            json!({ "volumeMounts": [
+                { "name": "config", "mountPath": "/config" },
+                { "name": "info", "mountPath": "/info" },
+            ] }),
+        );
+        let name = case.create("pod", manifest).await;
+        let uid = running(&name).await.metadata.uid.expect("uid");
+        assert_eq!(exec_ok(&uid, "app", "cat /config/greeting").await, "v1");
+
+        let patch = json!({ "metadata": { "labels": { "color": "blue" } } });
+        Api::<Pod>::namespaced(admin.clone(), "default")
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .expect("label the pod");
+        let labelled = Instant::now();
+        eventually(
+            "the new label in /info/labels",
+            Duration::from_secs(10),
+            || async {
+                let (_, labels) = exec(&uid, "app", "cat /info/labels").await;
+                labels.contains("color=\"blue\"").then_some(())
+            },
+        )
+        .await;
+        eprintln!(
+            "label change reached the file after {:?}",
+            labelled.elapsed()
+        );
+
+        let patch = json!({ "data": { "greeting": "v2" } });
+        config_maps
+            .patch(&cm_name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .expect("update the config map");
+        let updated = Instant::now();
+        eventually(
+            "v2 in /config/greeting",
+            Duration::from_secs(75),
+            || async {
+                let (_, greeting) = exec(&uid, "app", "cat /config/greeting").await;
+                (greeting.trim() == "v2").then_some(())
+            },
+        )
+        .await;
+        eprintln!(
+            "configMap change reached the file after {:?}",
+            updated.elapsed()
+        );
+        let pod = get(&name).await.expect("pod");
+        let status = pod
+            .status
+            .and_then(|s| s.container_statuses)
+            .expect("statuses");
+        assert_eq!(status[0].restart_count, 0, "no restart");
+    })
+    .catch_unwind()
+    .await;
+    let _ = config_maps.delete(&cm_name, &DeleteParams::default()).await;
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn memory_empty_dirs_read_only_mounts_and_host_path_types() {
+    let case = Case::with_agent("vol-kinds", &[]).await;
+    let manifest = sleeper(
+        json!([
+            { "name": "mem", "emptyDir": { "medium": "Memory", "sizeLimit": "64Mi" } },
+            { "name": "scratch", "emptyDir": {} },
+        ]),
+        json!({ "volumeMounts": [
+            { "name": "mem", "mountPath": "/mem" },
+            { "name": "scratch", "mountPath": "/ro", "readOnly": true },
+        ] }),
+    );
+    let name = case.create("mem", manifest).await;
+    let uid = running(&name).await.metadata.uid.expect("uid");
+    let df = exec_ok(&uid, "app", "df -k /mem | tail -1").await;
+    let fields: Vec<_> = df.split_whitespace().collect();
+    assert_eq!(fields.first(), Some(&"tmpfs"), "{df}");
+    assert_eq!(fields.get(1), Some(&"65536"), "64Mi: {df}");
+    let (code, output) = exec(&uid, "app", "touch /ro/x").await;
+    assert_ne!(code, 0, "a write to a read-only mount succeeded");
+    assert!(output.contains("Read-only file system"), "{output}");
+
+    let host = HostDir::new("hostpath");
+    let file = host.0.join("a-file");
+    std::fs::write(&file, "x").expect("write");
+    let manifest = sleeper(
+        json!([{ "name": "h", "hostPath": { "path": file, "type": "Directory" } }]),
+        json!({ "volumeMounts": [{ "name": "h", "mountPath": "/h" }] }),
+    );
+    let name = case.create("hostpath", manifest).await;
+    let expected = format!(
+        r#"MountVolume.SetUp failed for volume "h" : hostPath type check failed: {} is not a directory"#,
+        file.display()
+    );
+    eventually("a FailedMount event", Duration::from_secs(30), || async {
+        events_of(&name).await.into_iter().find(|e| {
+            e.reason.as_deref() == Some("FailedMount") && e.message.as_deref() == Some(&expected)
+        })
+    })
+    .await;
+}
+
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn a_failing_sub_path_expr_recovers_once_the_annotation_is_set() {
+    // The e2e test "should verify that a failing subpath expansion can be modified during
+    // the lifecycle of a container".
+    let case = Case::with_agent("vol-expr-fix", &[]).await;
+    let manifest = sleeper(
+        json!([{ "name": "workdir1", "emptyDir": {} }]),
+        json!({
+            "env": [
+                { "name": "POD_NAME", "value": "foo" },
+                { "name": "ANNOTATION", "valueFrom": { "fieldRef":
+                    { "apiVersion": "v1", "fieldPath": "metadata.annotations['mysubpath']" } } },
+            ],
+            "volumeMounts": [
+                { "name": "workdir1", "mountPath": "/subpath_mount",
+                  "subPathExpr": "$(ANNOTATION)/$(POD_NAME)" },
+                { "name": "workdir1", "mountPath": "/volume_mount" },
+            ],
+        }),
+    );
+    let name = case.create("pod", manifest).await;
+    assert_eq!(
+        waits_with(&name, "CreateContainerConfigError").await,
+        "missing value for ANNOTATION"
+    );
+    let admin = kube_client("admin.kubeconfig").await;
+    let patch = json!({ "metadata": { "annotations": { "mysubpath": "mypath" } } });
+    Api::<Pod>::namespaced(admin, "default")
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("annotate the pod");
+    let uid = running(&name).await.metadata.uid.expect("uid");
+    exec_ok(&uid, "app", "touch /volume_mount/mypath/foo/test.log").await;
+    exec_ok(&uid, "app", "test -f /subpath_mount/test.log").await;
+}
+
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn a_restarted_container_gets_its_sub_path_bind_mount_again() {
+    let case = Case::with_agent("vol-restart", &[]).await;
+    let mut manifest = sleeper(
+        json!([{ "name": "vol", "emptyDir": {} }]),
+        json!({
+            "command": ["sh", "-c", "echo run >> /sub/runs; sleep 1; exit 1"],
+            "volumeMounts": [{ "name": "vol", "mountPath": "/sub", "subPath": "a/b" }],
+        }),
+    );
+    manifest["spec"]["restartPolicy"] = json!("Always");
+    let name = case.create("pod", manifest).await;
+    let restarted = eventually("a restart", Duration::from_secs(40), || async {
+        let pod = get(&name).await?;
+        let status = pod
+            .status
+            .as_ref()?
+            .container_statuses
+            .as_ref()?
+            .first()?
+            .clone();
+        (status.restart_count >= 1).then_some(pod)
+    })
+    .await;
+    let uid = restarted.metadata.uid.expect("uid");
+    let pod_dir = common::case::root_dir().join("pods").join(&uid);
+    let runs = pod_dir.join("volumes/kubernetes.io~empty-dir/vol/a/b/runs");
+    eventually("two runs written", Duration::from_secs(10), || async {
+        let text = std::fs::read_to_string(&runs).ok()?;
+        (text.lines().count() >= 2).then_some(())
+    })
+    .await;
+    let target = pod_dir.join("volume-subpaths/vol/app/0");
+    let bound = mounts_under(&pod_dir.join("volume-subpaths"));
+    assert_eq!(
+        bound.iter().filter(|m| m.mount_point == target).count(),
+        1,
+        "one bind mount, reused: {bound:?}"
+    );
 }

@@ -1131,7 +1131,9 @@ fn sources_table(results: &[Value]) -> String {
             "| {} pods using one Secret and one ConfigMap (env and volumes) | {} | {} | {} |\n",
             r["count"],
             r["agent"].as_str().unwrap_or_default(),
-            reads.filter(|r| !r.is_empty()).unwrap_or_else(|| "none".into()),
+            reads
+                .filter(|r| !r.is_empty())
+                .unwrap_or_else(|| "none".into()),
             r["reads_per_pod"],
         ));
     }

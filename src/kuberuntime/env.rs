@@ -116,7 +116,7 @@ async fn read_all<K: Referenced + Send + Sync + 'static>(
 /// Expands `$(VAR)` references with the kubelet's rules: a defined variable is replaced,
 /// an undefined one is left as written, and `$$` stands for a literal `$`.
 #[must_use]
-pub fn expand(input: &str, lookup: impl Fn(&str) -> Option<String>) -> String {
+pub fn expand(input: &str, mut lookup: impl FnMut(&str) -> Option<String>) -> String {
     let mut out = String::with_capacity(input.len());
     let mut rest = input;
     while let Some(pos) = rest.find('$') {
@@ -173,10 +173,17 @@ fn field_ref(pod: &Pod, ctx: &ContainerContext, path: &str) -> Option<String> {
                     .and_then(|k| k.strip_suffix("']"))
                     .map(str::to_owned)
             };
+            // A missing label or annotation is empty, as in the kubelet.
+            let entry = |map: &Option<BTreeMap<String, String>>, k: String| {
+                map.as_ref()
+                    .and_then(|m| m.get(&k))
+                    .cloned()
+                    .unwrap_or_default()
+            };
             if let Some(k) = key("metadata.labels['") {
-                meta.labels.as_ref()?.get(&k)?.clone()
+                entry(&meta.labels, k)
             } else if let Some(k) = key("metadata.annotations['") {
-                meta.annotations.as_ref()?.get(&k)?.clone()
+                entry(&meta.annotations, k)
             } else {
                 return None;
             }
@@ -610,6 +617,28 @@ mod tests {
         assert!(run(&container(serde_json::json!([]), from)).is_ok());
         let from = serde_json::json!([{"secretRef": {"name": "absent"}}]);
         assert!(run(&container(serde_json::json!([]), from)).is_err());
+    }
+
+    #[test]
+    fn a_missing_label_or_annotation_is_empty() {
+        let c = container(
+            serde_json::json!([
+                {"name": "APP", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['app']"}}},
+                {"name": "NONE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['none']"}}},
+                {"name": "NOTE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['note']"}}},
+            ]),
+            serde_json::json!([]),
+        );
+        let mut p = pod("web", &[("c", "busybox")]);
+        p.metadata.labels = Some([("app".to_owned(), "web".to_owned())].into());
+        let env = environment(&p, &c, &context()).unwrap();
+        let values: Vec<_> = env
+            .vars
+            .iter()
+            .take(3)
+            .map(|kv| kv.value.as_str())
+            .collect();
+        assert_eq!(values, ["web", "", ""]);
     }
 
     #[test]

@@ -19,7 +19,7 @@ use tracing::Instrument;
 
 use super::actions::{PodActions, compute_pod_actions};
 use super::container::{ConfigError, ContainerContext, container_config};
-use super::env::EnvSources;
+use super::env::{EnvSources, environment};
 use super::names;
 use super::runtime_status::{PodRuntimeStatus, RunState};
 use super::sandbox::{SandboxSettings, pod_log_dir, sandbox_config};
@@ -31,6 +31,7 @@ use crate::images::ImageManager;
 use crate::lifecycle::handlers::run_hook;
 use crate::pod::PodId;
 use crate::prober::Results;
+use crate::volume::PodVolumes;
 
 /// Crashing containers wait 10 s, doubling to 5 min, before they are started again.
 const CRASH_BACKOFF: (Duration, Duration) = (Duration::from_secs(10), Duration::from_secs(300));
@@ -105,8 +106,9 @@ pub struct PodContext {
     pub node_name: String,
     /// The node's IP.
     pub host_ip: Option<IpAddr>,
-    /// Each container's volume mounts, resolved to host paths by the volume manager.
-    pub volume_mounts: HashMap<String, Vec<api::Mount>>,
+    /// The pod's volumes, set up by the volume manager; each container's mounts are
+    /// resolved from them when it is created.
+    pub volumes: PodVolumes,
     /// The handler of the pod's RuntimeClass for a new sandbox; empty for the default.
     pub runtime_handler: String,
     /// The prober's results (liveness and startup failures restart containers).
@@ -486,6 +488,44 @@ impl<C: Cri> RuntimeManager<C> {
         Ok(mounts)
     }
 
+    /// A container config that cannot be made: a `Failed` event, and the container waits
+    /// with `CreateContainerConfigError`.
+    fn config_error(&self, id: &PodId, name: Involved<'_>, e: &dyn std::fmt::Display) -> Waiting {
+        self.events
+            .warning(id, name, "Failed", format!("Error: {e}"));
+        Waiting {
+            reason: "CreateContainerConfigError".into(),
+            message: e.to_string(),
+        }
+    }
+
+    /// The container's volume mounts (the kubelet's `makeMounts`): subPathExpr expanded
+    /// from its environment, subpaths made and bound. A failure is the container's
+    /// `CreateContainerConfigError`.
+    async fn volume_mounts(
+        &self,
+        pod: &Pod,
+        id: &PodId,
+        (container, name): (&Container, Involved<'_>),
+        cctx: &ContainerContext,
+        volumes: &PodVolumes,
+    ) -> Result<Vec<api::Mount>, Waiting> {
+        let env: HashMap<String, String> = environment(pod, container, cctx)
+            .map_err(|e| self.config_error(id, name, &e))?
+            .vars
+            .into_iter()
+            .map(|kv| (kv.key, kv.value))
+            .collect();
+        let mounts = volumes
+            .container_mounts(container, &env)
+            .await
+            .map_err(|e| self.config_error(id, name, &e))?;
+        Ok(mounts
+            .iter()
+            .map(|m| mount(&m.container_path, &m.host_path, m.read_only))
+            .collect())
+    }
+
     #[allow(clippy::too_many_arguments)]
     async fn start_container(
         &self,
@@ -537,11 +577,25 @@ impl<C: Cri> RuntimeManager<C> {
                 pulled
             }
         };
-        let mut mounts = ctx
-            .volume_mounts
-            .get(&container.name)
-            .cloned()
-            .unwrap_or_default();
+        // The image's user: the container's when the pod names none, and what
+        // runAsNonRoot is checked against.
+        let image_user = image_user(&self.cri, &image_ref)
+            .await
+            .map_err(|e| self.config_error(id, name, &ConfigError::ImageUser(e.to_string())))?;
+        let mut cctx = ContainerContext {
+            pod_ips: ips.to_vec(),
+            host_ip: ctx.host_ip,
+            node_name: ctx.node_name.clone(),
+            mounts: Vec::new(),
+            restart_count,
+            image_ref,
+            image_user,
+            seccomp_profile_root: ctx.seccomp_profile_root.clone(),
+            sources: ctx.env_sources.clone(),
+        };
+        let mut mounts = self
+            .volume_mounts(pod, id, (container, name), &cctx, &ctx.volumes)
+            .await?;
         let own = self
             .kubelet_mounts(pod, id, container, restart_count, ips, ctx)
             .await
@@ -550,33 +604,9 @@ impl<C: Cri> RuntimeManager<C> {
                 message: format!("preparing the kubelet's mounts: {e}"),
             })?;
         mounts.extend(own);
-        // The image's user: the container's when the pod names none, and what
-        // runAsNonRoot is checked against.
-        let image_user = image_user(&self.cri, &image_ref)
-            .await
-            .map_err(|e| ConfigError::ImageUser(e.to_string()));
-        let config = image_user.and_then(|image_user| {
-            let cctx = ContainerContext {
-                pod_ips: ips.to_vec(),
-                host_ip: ctx.host_ip,
-                node_name: ctx.node_name.clone(),
-                mounts,
-                restart_count,
-                image_ref,
-                image_user,
-                seccomp_profile_root: ctx.seccomp_profile_root.clone(),
-                sources: ctx.env_sources.clone(),
-            };
-            container_config(pod, id, container, &cctx)
-        });
-        let (config, skipped) = config.map_err(|e| {
-            self.events
-                .warning(id, name, "Failed", format!("Error: {e}"));
-            Waiting {
-                reason: "CreateContainerConfigError".into(),
-                message: e.to_string(),
-            }
-        })?;
+        cctx.mounts = mounts;
+        let (config, skipped) = container_config(pod, id, container, &cctx)
+            .map_err(|e| self.config_error(id, name, &e))?;
         for message in skipped {
             self.events
                 .warning(id, None, "InvalidEnvironmentVariableNames", message);

@@ -89,7 +89,11 @@ pub enum VolumeError {
         reason: String,
     },
     /// A hostPath volume's path is not of the `type` the spec demands.
-    #[error("pod {pod}: volume {volume:?}: hostPath {path:?} is not a {expected}: {reason}")]
+    #[error(
+        "pod {pod}: volume {volume:?}: hostPath type check failed: {} is not a {}: {reason}",
+        path.display(),
+        host_path_kind(expected)
+    )]
     HostPathType {
         /// The pod, `namespace/name`.
         pod: String,
@@ -102,29 +106,28 @@ pub enum VolumeError {
         /// What was found instead.
         reason: String,
     },
-    /// A volumeMount's subPath cannot be used.
-    #[error("pod {pod}: volumeMount of volume {volume:?} at {mount_path:?}: {reason}")]
+    /// A volumeMount's subPath or subPathExpr cannot be used; the message is the
+    /// kubelet's (the container waits with `CreateContainerConfigError`).
+    #[error("{message}")]
     SubPath {
         /// The pod, `namespace/name`.
         pod: String,
         /// The volume the mount names.
         volume: String,
-        /// The mount's path in the container.
-        mount_path: String,
-        /// What is wrong.
-        reason: String,
+        /// The container.
+        container: String,
+        /// What is wrong, as the kubelet says it.
+        message: String,
     },
     /// A volumeMount names a volume the pod does not have.
-    #[error(
-        "pod {pod}: volumeMount at {mount_path:?} names volume {volume:?}, which the pod does not have"
-    )]
+    #[error("cannot find volume {volume:?} to mount into container {container:?}")]
     UnknownVolume {
         /// The pod, `namespace/name`.
         pod: String,
         /// The volume the mount names.
         volume: String,
-        /// The mount's path in the container.
-        mount_path: String,
+        /// The container.
+        container: String,
     },
     /// The pod object cannot be used (no UID, or a UID that is not a plain path segment).
     #[error("pod {pod}: {reason}")]
@@ -173,6 +176,78 @@ pub enum VolumeError {
     },
 }
 
+impl VolumeError {
+    /// The text of the `FailedMount` event for this error, as the kubelet's volume manager
+    /// words it: `MountVolume.SetUp failed for volume "<name>" : <what>`.
+    #[must_use]
+    pub fn failed_mount_message(&self) -> String {
+        let (volume, what) = match self {
+            Self::NotFound {
+                volume, kind, name, ..
+            } => (volume, format!("{kind} {name:?} not found")),
+            Self::HostPathType {
+                volume,
+                path,
+                expected,
+                ..
+            } => (
+                volume,
+                format!(
+                    "hostPath type check failed: {} is not a {}",
+                    path.display(),
+                    host_path_kind(expected)
+                ),
+            ),
+            Self::Unsupported { volume, kind, .. } => (
+                volume,
+                format!("volume type {kind} is not supported by this node"),
+            ),
+            Self::MissingKey {
+                volume, kind, key, ..
+            } => (
+                volume,
+                if *kind == "secret" {
+                    format!("references non-existent secret key: {key}")
+                } else {
+                    format!("configmap references non-existent config key: {key}")
+                },
+            ),
+            Self::Api {
+                volume,
+                kind,
+                name,
+                source,
+                ..
+            } => (volume, format!("getting {kind} {name:?}: {source}")),
+            Self::TokenRequest { volume, source, .. } => {
+                (volume, format!("failed to fetch token: {source}"))
+            }
+            Self::InvalidSpec { volume, reason, .. } => (volume, reason.clone()),
+            Self::Io {
+                volume,
+                action,
+                path,
+                source,
+                ..
+            } => (volume, format!("{action} {}: {source}", path.display())),
+            _ => return self.to_string(),
+        };
+        format!("MountVolume.SetUp failed for volume {volume:?} : {what}")
+    }
+}
+
+/// How the kubelet names what a hostPath `type` demands.
+fn host_path_kind(kind: &str) -> &str {
+    match kind {
+        "Directory" | "DirectoryOrCreate" => "directory",
+        "File" | "FileOrCreate" => "file",
+        "Socket" => "socket file",
+        "CharDevice" => "character device",
+        "BlockDevice" => "block device",
+        other => other,
+    }
+}
+
 /// Result of a volume operation.
 pub type Result<T, E = VolumeError> = std::result::Result<T, E>;
 
@@ -205,6 +280,19 @@ mod tests {
 
     #[test]
     fn errors_name_pod_volume_and_object() {
+        let err = VolumeError::Unsupported {
+            pod: "default/db".into(),
+            volume: "data".into(),
+            kind: "persistentVolumeClaim".into(),
+        };
+        assert_eq!(
+            err.to_string(),
+            r#"pod default/db: volume "data": volume type persistentVolumeClaim is not supported by this node"#
+        );
+    }
+
+    #[test]
+    fn failed_mount_events_read_like_the_kubelets() {
         let err = VolumeError::NotFound {
             pod: "default/web".into(),
             volume: "certs".into(),
@@ -215,14 +303,40 @@ mod tests {
             err.to_string(),
             r#"pod default/web: volume "certs": secret "tls" not found"#
         );
-        let err = VolumeError::Unsupported {
-            pod: "default/db".into(),
-            volume: "data".into(),
-            kind: "persistentVolumeClaim".into(),
+        assert_eq!(
+            err.failed_mount_message(),
+            r#"MountVolume.SetUp failed for volume "certs" : secret "tls" not found"#
+        );
+        let err = VolumeError::HostPathType {
+            pod: "default/web".into(),
+            volume: "h".into(),
+            path: "/var/run/x.sock".into(),
+            expected: "Socket".into(),
+            reason: "a directory".into(),
         };
         assert_eq!(
-            err.to_string(),
-            r#"pod default/db: volume "data": volume type persistentVolumeClaim is not supported by this node"#
+            err.failed_mount_message(),
+            r#"MountVolume.SetUp failed for volume "h" : hostPath type check failed: /var/run/x.sock is not a socket file"#
+        );
+        let err = VolumeError::MissingKey {
+            pod: "default/web".into(),
+            volume: "cfg".into(),
+            kind: "configmap",
+            name: "settings".into(),
+            key: "app.yaml".into(),
+        };
+        assert_eq!(
+            err.failed_mount_message(),
+            r#"MountVolume.SetUp failed for volume "cfg" : configmap references non-existent config key: app.yaml"#
+        );
+        let err = VolumeError::UnknownVolume {
+            pod: "default/web".into(),
+            volume: "v".into(),
+            container: "app".into(),
+        };
+        assert_eq!(
+            err.failed_mount_message(),
+            r#"cannot find volume "v" to mount into container "app""#
         );
     }
 }

@@ -17,40 +17,36 @@ const FILE_MODE: u32 = 0o644;
 pub(super) enum TypeError {
     /// The type itself is unknown.
     UnknownType,
+    /// Making the path for a `...OrCreate` type failed: `mkdir` or `open`, and why.
+    Create(&'static str, io::Error),
     /// The path is missing or of another kind; the text says what was found.
     Mismatch(String),
 }
 
 /// Checks `path` against the hostPath `type` (`None` or `""`: no check), creating it first
-/// for `DirectoryOrCreate` (mode 0755, with parents) and `FileOrCreate` (mode 0644; the
-/// parent must exist).
+/// when missing for `DirectoryOrCreate` (mode 0755, with parents) and `FileOrCreate` (mode
+/// 0644; the parent must exist).
 pub(super) fn check_type(path: &Path, kind: Option<&str>) -> Result<(), TypeError> {
     let kind = kind.unwrap_or_default();
     match kind {
         "" => return Ok(()),
-        "DirectoryOrCreate" => {
-            if let Err(e) = fs::DirBuilder::new()
+        // Made only when missing; whatever exists is checked below (the kubelet's order).
+        "DirectoryOrCreate" if !path.exists() => {
+            fs::DirBuilder::new()
                 .recursive(true)
                 .mode(DIR_MODE)
                 .create(path)
-            {
-                return Err(TypeError::Mismatch(format!("creating it: {e}")));
-            }
+                .map_err(|e| TypeError::Create("mkdir", e))?;
         }
-        "FileOrCreate" => {
-            let created = fs::OpenOptions::new()
+        "FileOrCreate" if !path.exists() => {
+            fs::OpenOptions::new()
                 .write(true)
-                .create(true)
-                .truncate(false)
+                .create_new(true)
                 .mode(FILE_MODE)
-                .open(path);
-            // Opening for writing fails on a directory: the check below names that case.
-            if let Err(e) = created
-                && e.kind() != io::ErrorKind::IsADirectory
-            {
-                return Err(TypeError::Mismatch(format!("creating it: {e}")));
-            }
+                .open(path)
+                .map_err(|e| TypeError::Create("open", e))?;
         }
+        "DirectoryOrCreate" | "FileOrCreate" => {}
         "Directory" | "File" | "Socket" | "CharDevice" | "BlockDevice" => {}
         _ => return Err(TypeError::UnknownType),
     }
@@ -115,13 +111,29 @@ mod tests {
         assert!(
             matches!(check_type(&dir, Some("File")), Err(TypeError::Mismatch(m)) if m.contains("directory"))
         );
-        assert!(check_type(&dir, Some("FileOrCreate")).is_err());
+        assert!(
+            matches!(check_type(&dir, Some("FileOrCreate")), Err(TypeError::Mismatch(m)) if m.contains("directory")),
+            "an existing directory is not a file"
+        );
 
         check_type(&file, Some("FileOrCreate")).expect("created");
         assert!(file.is_file());
         check_type(&file, Some("File")).expect("is a file");
-        assert!(check_type(&file, Some("DirectoryOrCreate")).is_err());
-        assert!(check_type(&tmp.path().join("no/parent"), Some("FileOrCreate")).is_err());
+        assert!(
+            matches!(
+                check_type(&file, Some("DirectoryOrCreate")),
+                Err(TypeError::Mismatch(_))
+            ),
+            "an existing file is not a directory"
+        );
+        assert!(matches!(
+            check_type(&tmp.path().join("no/parent"), Some("FileOrCreate")),
+            Err(TypeError::Create("open", _))
+        ));
+        assert!(matches!(
+            check_type(&file.join("sub"), Some("DirectoryOrCreate")),
+            Err(TypeError::Create("mkdir", _))
+        ));
 
         check_type(&sock, Some("Socket")).expect("is a socket");
         assert!(check_type(&sock, Some("CharDevice")).is_err());

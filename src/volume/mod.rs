@@ -13,14 +13,19 @@
 //!   configMap: a directory. Their files are written by the kubelet's atomic writer
 //!   (`..<timestamp>` directory, `..data` symlink swapped by rename, user-visible names as
 //!   symlinks into `..data`) with the items' modes (`defaultMode` 0644). A repeated
-//!   [`VolumeManager::setup`] rewrites what changed; nothing watches the sources.
+//!   [`VolumeManager::setup`] rewrites what changed and leaves the rest alone; the pod
+//!   worker calls it on pod updates and within each sync period.
 //! - projected service account tokens come from the TokenRequest API, bound to the pod, and
-//!   are reused until 80 % of their lifetime.
+//!   are requested anew at 80 % of their lifetime (at most after 24 h).
+//! - fsGroup: group ownership and setgid as the kubelet's `SetVolumeOwnership`.
+//! - subPath and subPathExpr: resolved when a container is created
+//!   ([`PodVolumes::container_mounts`]), made and bind-mounted without following symlinks
+//!   out of the volume, under `<pod dir>/volume-subpaths/`.
 //!
 //! Every other volume type is refused with [`VolumeError::Unsupported`].
 //!
 //! The two boundaries are traits: [`VolumeApi`] (the API server; [`KubeVolumeApi`]) and
-//! [`Mounter`] (tmpfs mounts and the mount table; [`LinuxMounter`]). File system work runs
+//! [`Mounter`] (tmpfs and bind mounts, the mount table; [`LinuxMounter`]). File system work runs
 //! on blocking threads, never on the async runtime.
 
 mod api;
@@ -29,6 +34,7 @@ mod downward_api;
 mod error;
 mod host_path;
 mod mounter;
+mod ownership;
 mod payload;
 mod subpath;
 mod teardown;
@@ -36,7 +42,7 @@ mod teardown;
 pub(crate) mod testing;
 mod token;
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs;
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
@@ -44,8 +50,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{
-    ConfigMapVolumeSource, EmptyDirVolumeSource, Pod, ProjectedVolumeSource, SecretVolumeSource,
-    ServiceAccountTokenProjection, Volume, VolumeMount,
+    ConfigMapVolumeSource, Container, EmptyDirVolumeSource, Pod, ProjectedVolumeSource,
+    SecretVolumeSource, ServiceAccountTokenProjection, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as ApiQuantity;
 use tracing::Instrument;
@@ -56,8 +62,8 @@ pub use mounter::{LinuxMounter, Mounter};
 
 use crate::resources::Quantity;
 use error::FsError;
+use ownership::FsGroup;
 use payload::{FileProjection, KeyPayloadError, Payload};
-use subpath::{SubPathError, check_sub_path, resolve_sub_path};
 use teardown::teardown_pod_dir;
 use token::{DEFAULT_EXPIRATION_SECONDS, TokenKey, TokenManager};
 
@@ -98,12 +104,48 @@ pub struct HostMount {
     pub read_only: bool,
 }
 
-/// A pod's volumes once set up: where each one is on the host.
-#[derive(Debug, Clone, Default)]
+/// A pod's volumes once set up: where each one is on the host, and how a container's
+/// volumeMounts (with their subpaths) reach them.
+#[derive(Clone)]
 pub struct PodVolumes {
     /// The pod, `namespace/name`, for errors.
     pod: String,
+    /// `<root_dir>/pods/<uid>`: subpath bind mounts go under it.
+    pod_dir: PathBuf,
     volumes: BTreeMap<String, HostMount>,
+    mounter: Arc<dyn Mounter>,
+}
+
+impl Default for PodVolumes {
+    /// No volumes.
+    fn default() -> Self {
+        Self {
+            pod: String::new(),
+            pod_dir: PathBuf::new(),
+            volumes: BTreeMap::new(),
+            mounter: Arc::new(LinuxMounter),
+        }
+    }
+}
+
+impl std::fmt::Debug for PodVolumes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PodVolumes")
+            .field("pod", &self.pod)
+            .field("volumes", &self.volumes)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A container's volumeMount resolved to the host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerMount {
+    /// Where the container sees it.
+    pub container_path: String,
+    /// What is bind-mounted there: the volume, or the bind mount of its subpath.
+    pub host_path: PathBuf,
+    /// Mount it read-only.
+    pub read_only: bool,
 }
 
 impl PodVolumes {
@@ -119,66 +161,98 @@ impl PodVolumes {
         self.volumes.get(volume_name)
     }
 
-    /// The host path and read-only flag for a container's volumeMount. A `subPath` is
-    /// resolved inside the volume: it must be relative without `..`, is created as a
-    /// directory (with the volume's mode) when missing, and must not lead out of the volume
-    /// through a symlink. `subPathExpr` is not supported.
+    /// The volumeMounts of `container`, resolved as the kubelet's `makeMounts` does when it
+    /// creates the container: a `subPathExpr` is expanded from `env` (the container's
+    /// environment); a subPath must be relative without `..`, is created when missing
+    /// (with the volume's mode) without leaving the volume, and is bind-mounted, opened
+    /// without following symlinks, under `<pod dir>/volume-subpaths/`.
     ///
     /// # Errors
-    /// [`VolumeError::UnknownVolume`], [`VolumeError::SubPath`] or [`VolumeError::Io`].
-    pub async fn resolve_mount(&self, mount: &VolumeMount) -> Result<HostMount> {
+    /// With the kubelet's texts (the container waits with `CreateContainerConfigError`):
+    /// [`VolumeError::UnknownVolume`] or [`VolumeError::SubPath`].
+    pub async fn container_mounts(
+        &self,
+        container: &Container,
+        env: &HashMap<String, String>,
+    ) -> Result<Vec<ContainerMount>> {
+        let mut mounts = Vec::new();
+        for (index, mount) in container.volume_mounts.iter().flatten().enumerate() {
+            mounts.push(
+                self.resolve_mount(&container.name, index, mount, env)
+                    .await?,
+            );
+        }
+        Ok(mounts)
+    }
+
+    async fn resolve_mount(
+        &self,
+        container: &str,
+        index: usize,
+        mount: &VolumeMount,
+        env: &HashMap<String, String>,
+    ) -> Result<ContainerMount> {
         let volume = self
             .volumes
             .get(&mount.name)
             .ok_or_else(|| VolumeError::UnknownVolume {
                 pod: self.pod.clone(),
                 volume: mount.name.clone(),
-                mount_path: mount.mount_path.clone(),
+                container: container.to_owned(),
             })?;
-        let read_only = volume.read_only || mount.read_only.unwrap_or(false);
-        let sub_path_error = |reason: String| VolumeError::SubPath {
+        let resolved = |host_path| ContainerMount {
+            container_path: mount.mount_path.clone(),
+            host_path,
+            read_only: volume.read_only || mount.read_only.unwrap_or(false),
+        };
+        let sub_path_error = |message: String| VolumeError::SubPath {
             pod: self.pod.clone(),
             volume: mount.name.clone(),
-            mount_path: mount.mount_path.clone(),
-            reason,
+            container: container.to_owned(),
+            message,
         };
-        if mount
-            .sub_path_expr
-            .as_deref()
-            .is_some_and(|e| !e.is_empty())
-        {
-            return Err(sub_path_error(
-                "subPathExpr is not supported by this node".into(),
-            ));
+        let sub_path = match mount.sub_path_expr.as_deref().filter(|e| !e.is_empty()) {
+            Some(expr) => subpath::expand(expr, env).map_err(sub_path_error)?,
+            None => mount.sub_path.clone().unwrap_or_default(),
+        };
+        if sub_path.is_empty() {
+            return Ok(resolved(volume.host_path.clone()));
         }
-        let Some(sub_path) = mount.sub_path.as_deref().filter(|s| !s.is_empty()) else {
-            return Ok(HostMount {
-                host_path: volume.host_path.clone(),
-                read_only,
-            });
+        subpath::check(&sub_path).map_err(sub_path_error)?;
+        let failed = |what: &str, why: &subpath::SubPathFailure| {
+            // The details stay in the log: they describe the host's file system.
+            tracing::warn!(volume = %mount.name, container, error = %why, "{what}");
+            sub_path_error(format!(
+                "{what} for volumeMount {:?} of container {container:?}",
+                mount.name
+            ))
         };
-        check_sub_path(sub_path).map_err(|why| sub_path_error(why.into()))?;
         let root = volume.host_path.clone();
-        let sub_path = sub_path.to_owned();
-        let host_path = blocking(move || resolve_sub_path(&root, &sub_path))
+        let made = {
+            let (root, sub_path) = (root.clone(), sub_path.clone());
+            blocking(move || {
+                let mode = fs::metadata(&root)
+                    .map(|m| m.permissions().mode() & 0o7777)
+                    .map_err(FsError::at("inspecting", &root))?;
+                subpath::safe_make_dir(&root, &sub_path, mode)
+            })
             .await
-            .map_err(|e| match e {
-                SubPathError::Escapes(path) => sub_path_error(format!(
-                    "subPath resolves to {}, outside the volume",
-                    path.display()
-                )),
-                SubPathError::Fs(e) => VolumeError::Io {
-                    pod: self.pod.clone(),
-                    volume: mount.name.clone(),
-                    action: e.action,
-                    path: e.path,
-                    source: e.source,
-                },
-            })?;
-        Ok(HostMount {
-            host_path,
-            read_only,
+        };
+        made.map_err(|e| failed("failed to create subPath directory", &e))?;
+        let (mounter, pod_dir) = (Arc::clone(&self.mounter), self.pod_dir.clone());
+        let (volume_name, container_name) = (mount.name.clone(), container.to_owned());
+        let bound = blocking(move || {
+            let target = subpath::BindTarget {
+                pod_dir: &pod_dir,
+                volume: &volume_name,
+                container: &container_name,
+                mount_index: index,
+            };
+            subpath::bind_sub_path(&*mounter, &root, &sub_path, &target)
         })
+        .await;
+        let host_path = bound.map_err(|e| failed("failed to prepare subPath", &e))?;
+        Ok(resolved(host_path))
     }
 }
 
@@ -237,6 +311,15 @@ impl<'a> PodRef<'a> {
         }
     }
 
+    /// The pod's `securityContext.fsGroup` with its change policy.
+    fn fs_group(&self) -> Option<FsGroup> {
+        let context = self.pod.spec.as_ref()?.security_context.as_ref()?;
+        Some(FsGroup {
+            gid: u32::try_from(context.fs_group?).ok()?,
+            on_root_mismatch: context.fs_group_change_policy.as_deref() == Some("OnRootMismatch"),
+        })
+    }
+
     /// The service account the pod runs as (`default` when unset).
     fn service_account(&self) -> &'a str {
         self.pod
@@ -276,6 +359,15 @@ struct DirVolume {
     medium: Medium,
     /// The files to write (secret, configMap, downwardAPI, projected).
     payload: Option<Payload>,
+    /// The pod's fsGroup, if any.
+    fs_group: Option<FsGroup>,
+}
+
+impl DirVolume {
+    /// Volumes the agent writes are read-only to containers.
+    fn read_only(&self) -> bool {
+        self.plugin != Plugin::EmptyDir
+    }
 }
 
 /// Turns an API error reading `kind/name` for a volume into a [`VolumeError::Api`].
@@ -323,6 +415,13 @@ impl<A: VolumeApi, M: Mounter> VolumeManager<A, M> {
         &self.api
     }
 
+    /// Reads the time for token refreshes from `clock` (Unix seconds).
+    #[cfg(test)]
+    fn with_token_clock(mut self, clock: token::Clock) -> Self {
+        self.tokens = TokenManager::with_clock(clock);
+        self
+    }
+
     /// `<root_dir>/pods/<pod_uid>`: the pod's directory.
     #[must_use]
     pub fn pod_dir(&self, pod_uid: &str) -> PathBuf {
@@ -360,7 +459,9 @@ impl<A: VolumeApi, M: Mounter> VolumeManager<A, M> {
             }
             Ok(PodVolumes {
                 pod: p.key.clone(),
+                pod_dir: self.pod_dir(p.uid),
                 volumes,
+                mounter: Arc::clone(&self.mounter) as Arc<dyn Mounter>,
             })
         }
         .instrument(span)
@@ -377,7 +478,7 @@ impl<A: VolumeApi, M: Mounter> VolumeManager<A, M> {
                 .setup_host_path(p, name, &source.path, source.type_.clone())
                 .await;
         }
-        let plan = if let Some(source) = &volume.empty_dir {
+        let mut plan = if let Some(source) = &volume.empty_dir {
             empty_dir(p, name, source)?
         } else if let Some(source) = &volume.secret {
             self.secret_volume(p, name, source).await?
@@ -393,6 +494,7 @@ impl<A: VolumeApi, M: Mounter> VolumeManager<A, M> {
                 plugin: Plugin::DownwardApi,
                 medium: Medium::Memory { size_bytes: None },
                 payload: Some(files),
+                fs_group: None,
             }
         } else if let Some(source) = &volume.projected {
             self.projected_volume(p, name, source).await?
@@ -403,8 +505,17 @@ impl<A: VolumeApi, M: Mounter> VolumeManager<A, M> {
                 kind: volume_kind(volume),
             });
         };
+        plan.fs_group = p.fs_group();
+        if plan.fs_group.is_some()
+            && let Some(files) = &mut plan.payload
+        {
+            // Written with the group's bits at once, so that an unchanged payload compares
+            // equal to what is on disk once the ownership is set.
+            let mask = ownership::file_mask(true);
+            files.values_mut().for_each(|f| f.mode |= mask);
+        }
         let dir = self.volume_dir(p.uid, plan.plugin, name);
-        let read_only = plan.plugin != Plugin::EmptyDir;
+        let read_only = plan.read_only();
         let mounter = Arc::clone(&self.mounter);
         let host_path = blocking(move || make_dir_volume(&*mounter, &dir, &plan).map(|()| dir))
             .await
@@ -446,8 +557,15 @@ impl<A: VolumeApi, M: Mounter> VolumeManager<A, M> {
                 })?;
         outcome.map_err(|e| match e {
             host_path::TypeError::UnknownType => {
-                p.invalid(name, format!("unknown hostPath type {expected:?}"))
+                p.invalid(name, format!("{expected} is an invalid volume type"))
             }
+            host_path::TypeError::Create(action, source) => VolumeError::Io {
+                pod: p.key.clone(),
+                volume: name.to_owned(),
+                action,
+                path: host_path.clone(),
+                source,
+            },
             host_path::TypeError::Mismatch(reason) => VolumeError::HostPathType {
                 pod: p.key.clone(),
                 volume: name.to_owned(),
@@ -488,6 +606,7 @@ impl<A: VolumeApi, M: Mounter> VolumeManager<A, M> {
             plugin: Plugin::Secret,
             medium: Medium::Memory { size_bytes: None },
             payload: Some(files),
+            fs_group: None,
         })
     }
 
@@ -512,6 +631,7 @@ impl<A: VolumeApi, M: Mounter> VolumeManager<A, M> {
             plugin: Plugin::ConfigMap,
             medium: Medium::Disk,
             payload: Some(files),
+            fs_group: None,
         })
     }
 
@@ -565,6 +685,7 @@ impl<A: VolumeApi, M: Mounter> VolumeManager<A, M> {
             plugin: Plugin::Projected,
             medium: Medium::Memory { size_bytes: None },
             payload: Some(files),
+            fs_group: None,
         })
     }
 
@@ -805,6 +926,7 @@ fn empty_dir(p: &PodRef<'_>, volume: &str, source: &EmptyDirVolumeSource) -> Res
         plugin: Plugin::EmptyDir,
         medium,
         payload: None,
+        fs_group: None,
     })
 }
 
@@ -833,16 +955,18 @@ fn make_dir_volume<M: Mounter>(mounter: &M, dir: &Path, plan: &DirVolume) -> Res
             .create(parent)
             .map_err(FsError::at("creating", parent))?;
     }
-    match fs::DirBuilder::new().mode(POD_DIR_MODE).create(dir) {
+    let mut fresh = match fs::DirBuilder::new().mode(POD_DIR_MODE).create(dir) {
         Err(e) if e.kind() != io::ErrorKind::AlreadyExists => {
             return Err(FsError::at("creating", dir)(e));
         }
-        _ => {}
-    }
+        created => created.is_ok(),
+    };
     match plan.medium {
         Medium::Disk => {
-            fs::set_permissions(dir, fs::Permissions::from_mode(VOLUME_DIR_MODE))
-                .map_err(FsError::at("setting the mode of", dir))?;
+            if fresh || plan.read_only() {
+                fs::set_permissions(dir, fs::Permissions::from_mode(VOLUME_DIR_MODE))
+                    .map_err(FsError::at("setting the mode of", dir))?;
+            }
         }
         Medium::Memory { size_bytes } => {
             let canonical = fs::canonicalize(dir).map_err(FsError::at("resolving", dir))?;
@@ -854,6 +978,7 @@ fn make_dir_volume<M: Mounter>(mounter: &M, dir: &Path, plan: &DirVolume) -> Res
                 mounter
                     .mount_tmpfs(dir, size_bytes)
                     .map_err(FsError::at("mounting tmpfs on", dir))?;
+                fresh = true;
                 tracing::debug!(path = %dir.display(), ?size_bytes, "mounted tmpfs");
             }
         }
@@ -862,6 +987,20 @@ fn make_dir_volume<M: Mounter>(mounter: &M, dir: &Path, plan: &DirVolume) -> Res
         && atomic_writer::write(dir, files)?
     {
         tracing::debug!(path = %dir.display(), files = files.len(), "wrote volume files");
+    }
+    // As the kubelet's plugins: an emptyDir gets its ownership when it is made, the
+    // volumes the agent writes on every set-up, whatever the change policy (so that the
+    // files of an update are owned too, while the root already matches).
+    if let Some(group) = plan.fs_group {
+        if plan.payload.is_some() {
+            let always = FsGroup {
+                on_root_mismatch: false,
+                ..group
+            };
+            ownership::set_volume_ownership(dir, always, true)?;
+        } else if fresh {
+            ownership::set_volume_ownership(dir, group, plan.read_only())?;
+        }
     }
     Ok(())
 }

@@ -1,5 +1,5 @@
-//! The OS mount boundary: tmpfs mounts for memory-backed volumes, their unmount, and the
-//! mount table. Behind a trait so the volume logic is tested without root.
+//! The OS mount boundary: tmpfs mounts for memory-backed volumes, bind mounts of subpaths,
+//! their unmount, and the mount table. Behind a trait so the volume logic is tested without root.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -13,6 +13,13 @@ pub trait Mounter: Send + Sync + 'static {
     /// # Errors
     /// The OS error of the mount.
     fn mount_tmpfs(&self, target: &Path, size_bytes: Option<u64>) -> io::Result<()>;
+
+    /// Bind-mounts `source` (a file or directory, or a `/proc/self/fd/<fd>` link to one) on
+    /// the existing `target` of the same kind.
+    ///
+    /// # Errors
+    /// The OS error of the mount.
+    fn bind_mount(&self, source: &Path, target: &Path) -> io::Result<()>;
 
     /// Unmounts the file system mounted on `target` (the topmost one, if stacked).
     ///
@@ -47,6 +54,18 @@ impl Mounter for LinuxMounter {
             Some("tmpfs"),
             MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
             data.as_deref(),
+        )
+        .map_err(io::Error::from)
+    }
+
+    fn bind_mount(&self, source: &Path, target: &Path) -> io::Result<()> {
+        use nix::mount::{MsFlags, mount};
+        mount(
+            Some(source),
+            target,
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
         )
         .map_err(io::Error::from)
     }

@@ -1,6 +1,6 @@
-//! Teardown of a pod's directory: unmount what the mount table shows under it, then remove
-//! its volumes without ever crossing into another file system. Blocking: call from a
-//! blocking thread.
+//! Teardown of a pod's directory: unmount what the mount table shows under it (volumes and
+//! subpath bind mounts), then remove its volumes and subpath targets without ever crossing
+//! into another file system. Blocking: call from a blocking thread.
 
 use std::fs;
 use std::io;
@@ -9,9 +9,10 @@ use std::path::{Path, PathBuf};
 
 use super::error::FsError;
 use super::mounter::Mounter;
+use super::subpath::SUBPATHS_DIR;
 
-/// Unmounts everything under `pod_dir`, deepest first, then removes its `volumes`
-/// directory, and `pod_dir` itself (`whole`) or only if empty.
+/// Unmounts everything under `pod_dir`, deepest first, then removes its `volumes` and
+/// `volume-subpaths` directories, and `pod_dir` itself (`whole`) or only if empty.
 pub(super) fn teardown_pod_dir<M: Mounter>(
     mounter: &M,
     pod_dir: &Path,
@@ -50,6 +51,7 @@ pub(super) fn teardown_pod_dir<M: Mounter>(
         ));
     }
     remove_all_one_filesystem(&pod_dir.join("volumes"))?;
+    remove_all_one_filesystem(&pod_dir.join(SUBPATHS_DIR))?;
     if whole {
         remove_all_one_filesystem(&pod_dir)?;
     } else {

@@ -21,6 +21,16 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// A group the test process may give its files: any as root (one it is not in, so that
+/// the change shows), else its own.
+pub(crate) fn fs_group_for_tests() -> u32 {
+    if nix::unistd::geteuid().is_root() {
+        4321
+    } else {
+        nix::unistd::getegid().as_raw()
+    }
+}
+
 /// A directory under the system temp dir, removed with its contents on drop.
 #[derive(Debug)]
 pub(crate) struct TempDir(PathBuf);
@@ -188,8 +198,18 @@ impl VolumeApi for FakeApi {
 /// A call made to the [`FakeMounter`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum MountCall {
-    Tmpfs { target: PathBuf, size: Option<u64> },
-    Unmount { target: PathBuf },
+    Tmpfs {
+        target: PathBuf,
+        size: Option<u64>,
+    },
+    /// `source` as resolved at the call (a `/proc/self/fd` link names the opened file).
+    Bind {
+        source: PathBuf,
+        target: PathBuf,
+    },
+    Unmount {
+        target: PathBuf,
+    },
 }
 
 /// A mounter that mounts nothing but records calls and keeps a mount table. Clones share
@@ -224,6 +244,17 @@ impl Mounter for FakeMounter {
         lock(&self.inner.calls).push(MountCall::Tmpfs {
             target: target.to_owned(),
             size: size_bytes,
+        });
+        lock(&self.inner.table).push(target.to_owned());
+        Ok(())
+    }
+
+    fn bind_mount(&self, source: &Path, target: &Path) -> io::Result<()> {
+        let source = std::fs::read_link(source).unwrap_or_else(|_| source.to_owned());
+        std::fs::symlink_metadata(target)?;
+        lock(&self.inner.calls).push(MountCall::Bind {
+            source,
+            target: target.to_owned(),
         });
         lock(&self.inner.table).push(target.to_owned());
         Ok(())

@@ -4,10 +4,10 @@
 use std::collections::HashSet;
 use std::os::unix::fs::{MetadataExt, symlink};
 
-use k8s_openapi::api::core::v1::{Pod, VolumeMount};
+use k8s_openapi::api::core::v1::{Container, Pod};
 use serde_json::json;
 
-use super::testing::{FakeApi, FakeMounter, MountCall, TempDir};
+use super::testing::{self, FakeApi, FakeMounter, MountCall, TempDir};
 use super::*;
 
 const UID: &str = "5c1f-uid";
@@ -89,7 +89,7 @@ impl Fixture {
             .into_iter()
             .filter_map(|c| match c {
                 MountCall::Tmpfs { target, .. } => Some(target),
-                MountCall::Unmount { .. } => None,
+                MountCall::Unmount { .. } | MountCall::Bind { .. } => None,
             })
             .collect()
     }
@@ -462,81 +462,161 @@ async fn host_path_types_are_enforced() {
     ));
 }
 
+fn container(mounts: serde_json::Value) -> Container {
+    serde_json::from_value(json!({"name": "app", "volumeMounts": mounts})).expect("container")
+}
+
+/// The mounts of `container`, or the error's text.
+async fn mounts_of(
+    volumes: &PodVolumes,
+    mounts: serde_json::Value,
+    env: &[(&str, &str)],
+) -> Result<Vec<ContainerMount>, String> {
+    let env = env
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    volumes
+        .container_mounts(&container(mounts), &env)
+        .await
+        .map_err(|e| e.to_string())
+}
+
 #[tokio::test]
-async fn sub_paths_resolve_inside_the_volume() {
+async fn sub_paths_are_made_inside_the_volume_and_bound() {
     let f = fixture();
     let pod = pod(json!([
         {"name": "scratch", "emptyDir": {}},
         {"name": "creds", "secret": {"secretName": "db"}},
     ]));
     let volumes = f.manager.setup(&pod).await.expect("setup");
-    let scratch = fs::canonicalize(volumes.host_path("scratch").expect("volume")).expect("canon");
-    let mount = |name: &str, sub_path: Option<&str>, read_only: Option<bool>| VolumeMount {
-        name: name.into(),
-        mount_path: "/mnt".into(),
-        sub_path: sub_path.map(Into::into),
-        read_only,
-        ..VolumeMount::default()
+    let scratch = volumes.host_path("scratch").expect("volume").to_owned();
+    let subpaths = f.root.join("pods").join(UID).join("volume-subpaths");
+
+    let mounts = mounts_of(
+        &volumes,
+        json!([
+            {"name": "scratch", "mountPath": "/all"},
+            {"name": "scratch", "mountPath": "/ro", "subPath": "", "readOnly": true},
+            {"name": "scratch", "mountPath": "/logs", "subPath": "logs/app"},
+            {"name": "creds", "mountPath": "/user", "subPath": "user"},
+            {"name": "scratch", "mountPath": "/mine", "subPathExpr": "per-pod/$(POD_NAME)"},
+        ]),
+        &[("POD_NAME", "web")],
+    )
+    .await
+    .expect("mounts");
+    let at = |path: &str| {
+        mounts
+            .iter()
+            .find(|m| m.container_path == path)
+            .unwrap_or_else(|| panic!("no mount at {path}"))
     };
+    assert_eq!(at("/all").host_path, scratch);
+    assert!(!at("/all").read_only);
+    assert_eq!(at("/ro").host_path, scratch);
+    assert!(at("/ro").read_only);
+    assert_eq!(at("/logs").host_path, subpaths.join("scratch/app/2"));
+    assert!(!at("/logs").read_only);
+    assert!(scratch.join("logs/app").is_dir(), "created");
+    assert_eq!(mode(&scratch.join("logs/app")), 0o777, "the volume's mode");
+    assert_eq!(at("/user").host_path, subpaths.join("creds/app/3"));
+    assert!(at("/user").read_only, "secrets are always read-only");
+    assert!(at("/user").host_path.is_file(), "a file target for a file");
+    assert_eq!(at("/mine").host_path, subpaths.join("scratch/app/4"));
+    assert!(scratch.join("per-pod/web").is_dir());
+    let bound: Vec<_> = f
+        .mounter
+        .calls()
+        .into_iter()
+        .filter_map(|c| match c {
+            MountCall::Bind { source, target } => Some((source, target)),
+            _ => None,
+        })
+        .collect();
+    let real = |p: &Path| fs::canonicalize(p).expect("canon");
+    assert_eq!(
+        bound,
+        [
+            (
+                real(&scratch.join("logs/app")),
+                real(&at("/logs").host_path)
+            ),
+            (
+                // The file of the current `..data`: as with the kubelet, a subPath mount of
+                // a secret sees no later updates.
+                real(&volumes.host_path("creds").expect("creds").join("user")),
+                real(&at("/user").host_path)
+            ),
+            (
+                real(&scratch.join("per-pod/web")),
+                real(&at("/mine").host_path)
+            ),
+        ]
+    );
 
-    let whole = volumes
-        .resolve_mount(&mount("scratch", None, None))
-        .await
-        .expect("resolve");
-    assert!(!whole.read_only);
-    let ro = volumes
-        .resolve_mount(&mount("scratch", Some(""), Some(true)))
-        .await
-        .expect("resolve");
-    assert!(ro.read_only);
+    // Teardown unmounts the bind mounts and removes their targets.
+    f.manager.teardown(UID).await.expect("teardown");
+    assert!(!subpaths.exists());
+    assert!(f.mounter.mount_points().expect("table").is_empty());
+}
 
-    let sub = volumes
-        .resolve_mount(&mount("scratch", Some("logs/app"), None))
-        .await
-        .expect("resolve");
-    assert_eq!(sub.host_path, scratch.join("logs/app"));
-    assert!(sub.host_path.is_dir(), "created");
-    assert_eq!(mode(&sub.host_path), 0o777, "the volume's mode");
-
-    let secret_file = volumes
-        .resolve_mount(&mount("creds", Some("user"), None))
-        .await
-        .expect("resolve");
-    assert!(secret_file.read_only, "secrets are always read-only");
-    assert_eq!(read(&secret_file.host_path), "admin");
-
-    for bad in ["../x", "a/../../x", "/etc"] {
-        match volumes
-            .resolve_mount(&mount("scratch", Some(bad), None))
-            .await
-        {
-            Err(VolumeError::SubPath { reason, .. }) => {
-                assert!(
-                    reason.contains("..") || reason.contains("relative"),
-                    "{reason}"
-                );
-            }
-            other => panic!("{bad:?} accepted: {other:?}"),
-        }
+#[tokio::test]
+async fn bad_sub_paths_fail_with_the_kubelets_messages() {
+    let f = fixture();
+    let outside = TempDir::new("outside");
+    let pod = pod(json!([{"name": "scratch", "emptyDir": {}}]));
+    let volumes = f.manager.setup(&pod).await.expect("setup");
+    let scratch = volumes.host_path("scratch").expect("volume").to_owned();
+    symlink(outside.path(), scratch.join("escape")).expect("symlink");
+    let env = [("DOTS", ".."), ("ABS", "/tmp"), ("EMPTY", "")];
+    for (mount, message) in [
+        (
+            json!({"subPath": "/etc"}),
+            "error SubPath `/etc` must not be an absolute path",
+        ),
+        (
+            json!({"subPath": "a/../../x"}),
+            "unable to provision SubPath `a/../../x`: must not contain '..'",
+        ),
+        (
+            json!({"subPathExpr": "$(DOTS)"}),
+            "unable to provision SubPath `..`: must not contain '..'",
+        ),
+        (
+            json!({"subPathExpr": "$(ABS)"}),
+            "error SubPath `/tmp` must not be an absolute path",
+        ),
+        (
+            json!({"subPathExpr": "x/$(EMPTY)$(UNSET)"}),
+            "missing value for EMPTY, UNSET",
+        ),
+        (
+            json!({"subPath": "escape/made"}),
+            r#"failed to create subPath directory for volumeMount "scratch" of container "app""#,
+        ),
+        (
+            json!({"subPath": "escape"}),
+            r#"failed to prepare subPath for volumeMount "scratch" of container "app""#,
+        ),
+        (
+            json!({"name": "nope"}),
+            r#"cannot find volume "nope" to mount into container "app""#,
+        ),
+    ] {
+        let mut m = json!({"name": "scratch", "mountPath": "/m"});
+        m.as_object_mut()
+            .expect("object")
+            .extend(mount.as_object().expect("object").clone());
+        assert_eq!(
+            mounts_of(&volumes, json!([m]), &env).await,
+            Err(message.to_owned())
+        );
     }
-    symlink("/etc", scratch.join("escape")).expect("symlink");
-    match volumes
-        .resolve_mount(&mount("scratch", Some("escape"), None))
-        .await
-    {
-        Err(VolumeError::SubPath { reason, .. }) => assert!(reason.contains("outside"), "{reason}"),
-        other => panic!("symlink escape accepted: {other:?}"),
-    }
-    assert!(matches!(
-        volumes.resolve_mount(&mount("nope", None, None)).await,
-        Err(VolumeError::UnknownVolume { .. })
-    ));
-    let mut expr = mount("scratch", None, None);
-    expr.sub_path_expr = Some("$(POD_NAME)".into());
-    assert!(matches!(
-        volumes.resolve_mount(&expr).await,
-        Err(VolumeError::SubPath { .. })
-    ));
+    assert!(
+        !outside.path().join("made").exists(),
+        "nothing made outside the volume"
+    );
 }
 
 #[tokio::test]
@@ -564,7 +644,7 @@ async fn teardown_unmounts_everything_under_the_pod_and_removes_its_dirs() {
         .into_iter()
         .filter_map(|c| match c {
             MountCall::Unmount { target } => Some(target),
-            MountCall::Tmpfs { .. } => None,
+            MountCall::Tmpfs { .. } | MountCall::Bind { .. } => None,
         })
         .collect();
     let canon = |name: &str| {
@@ -650,4 +730,113 @@ async fn pods_without_a_usable_uid_are_refused() {
         f.manager.teardown("../..").await,
         Err(VolumeError::InvalidPod { .. })
     ));
+}
+
+/// Where the `..data` link of a volume points.
+fn data_dir(dir: &Path) -> PathBuf {
+    fs::read_link(dir.join(atomic_writer::DATA_DIR)).expect("..data")
+}
+
+#[tokio::test]
+async fn changed_sources_are_rewritten_in_place_and_unchanged_ones_left_alone() {
+    let f = fixture();
+    let start = i64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970")
+            .as_secs(),
+    )
+    .expect("in range");
+    let offset = Arc::new(std::sync::atomic::AtomicI64::new(0));
+    let now = Arc::clone(&offset);
+    let manager = VolumeManager::new(&f.root, f.api.clone(), f.mounter.clone()).with_token_clock(
+        Arc::new(move || start + now.load(std::sync::atomic::Ordering::Relaxed)),
+    );
+    let mut pod = pod(json!([
+        {"name": "config", "configMap": {"name": "settings"}},
+        {"name": "creds", "secret": {"secretName": "db"}},
+        {"name": "info", "downwardAPI": {"items": [
+            {"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}}]}},
+        {"name": "token", "projected": {"sources": [
+            {"serviceAccountToken": {"path": "token", "expirationSeconds": 3600}}]}},
+    ]));
+    let volumes = manager.setup(&pod).await.expect("setup");
+    let dir = |name: &str| volumes.host_path(name).expect("volume").to_owned();
+    let links = |names: &[&str]| names.iter().map(|n| data_dir(&dir(n))).collect::<Vec<_>>();
+    let all = ["config", "creds", "info", "token"];
+    let before = links(&all);
+    manager.setup(&pod).await.expect("setup again");
+    assert_eq!(links(&all), before, "nothing changed: nothing rewritten");
+
+    let _ = f
+        .api
+        .clone()
+        .with_config_map("shop", "settings", &[("app.yaml", "x: 2")], &[]);
+    manager.setup(&pod).await.expect("setup after the update");
+    assert_eq!(read(&dir("config").join("app.yaml")), "x: 2");
+    assert!(
+        !dir("config").join("logo.png").exists(),
+        "a key gone is gone"
+    );
+    let after = links(&all);
+    assert_ne!(after[0], before[0]);
+    assert_eq!(after[1..], before[1..], "the other volumes are left alone");
+
+    pod.metadata.labels = Some([("app".to_owned(), "shop".to_owned())].into());
+    manager
+        .setup(&pod)
+        .await
+        .expect("setup after a label change");
+    assert_eq!(read(&dir("info").join("labels")), "app=\"shop\"");
+
+    let token = read(&dir("token").join("token"));
+    offset.store(2881, std::sync::atomic::Ordering::Relaxed);
+    manager.setup(&pod).await.expect("setup at 80 %");
+    assert_ne!(read(&dir("token").join("token")), token, "refreshed");
+    assert_eq!(f.api.token_requests().len(), 2);
+}
+
+#[tokio::test]
+async fn fs_group_owns_the_volumes_and_their_updates() {
+    let f = fixture();
+    let gid = testing::fs_group_for_tests();
+    let mut pod = pod(json!([
+        {"name": "scratch", "emptyDir": {}},
+        {"name": "creds", "secret": {"secretName": "db", "defaultMode": 0o400}},
+        {"name": "config", "configMap": {"name": "settings"}},
+    ]));
+    pod.spec.as_mut().expect("spec").security_context =
+        // The policy applies to the emptyDir only, as in the kubelet: the files of an
+        // update are owned although the root of their volume matches already.
+        Some(serde_json::from_value(json!({"fsGroup": gid, "fsGroupChangePolicy": "OnRootMismatch"})).expect("context"));
+    let volumes = f.manager.setup(&pod).await.expect("setup");
+    let dir = |name: &str| volumes.host_path(name).expect("volume").to_owned();
+    let gid_of = |p: &Path| fs::metadata(p).expect("stat").gid();
+
+    assert_eq!(mode(&dir("scratch")), 0o2777);
+    assert_eq!(gid_of(&dir("scratch")), gid);
+    let user = dir("creds").join("user");
+    assert_eq!(mode(&user), 0o440, "read-only volume: group read");
+    assert_eq!(gid_of(&user), gid);
+    assert_eq!(mode(&dir("creds").join(data_dir(&dir("creds")))), 0o2755);
+    let data = data_dir(&dir("creds"));
+    f.manager.setup(&pod).await.expect("setup again");
+    assert_eq!(
+        data_dir(&dir("creds")),
+        data,
+        "the group bits count as written"
+    );
+
+    let _ = f
+        .api
+        .clone()
+        .with_config_map("shop", "settings", &[("new.yaml", "y")], &[])
+        .with_secret("shop", "db", &[("token", "t")]);
+    f.manager.setup(&pod).await.expect("setup after the update");
+    let new = dir("config").join("new.yaml");
+    assert_eq!(gid_of(&new), gid, "an update is owned too");
+    assert_eq!(mode(&new), 0o644);
+    let token = dir("creds").join("token");
+    assert_eq!(gid_of(&token), gid, "an update is owned too");
+    assert_eq!(mode(&token), 0o440);
 }

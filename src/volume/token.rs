@@ -1,10 +1,10 @@
 //! The kubelet's token manager, simplified: service account tokens for projected volumes,
 //! requested with the TokenRequest API bound to the pod, and reused until 80 % of their
 //! lifetime (at most 24 h) has passed, so that repeated `setup` calls do not mint a token
-//! each.
+//! each; the first `setup` after that gets a new token and rewrites the file.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
@@ -54,20 +54,37 @@ struct CachedToken {
     refresh_at: i64,
 }
 
+/// The current Unix time, in seconds.
+pub(super) type Clock = Arc<dyn Fn() -> i64 + Send + Sync>;
+
 /// Tokens by request, shared by all pods of the node.
-#[derive(Debug, Default)]
 pub(super) struct TokenManager {
     cache: Mutex<HashMap<TokenKey, CachedToken>>,
+    clock: Clock,
+}
+
+impl Default for TokenManager {
+    fn default() -> Self {
+        Self::with_clock(Arc::new(unix_now))
+    }
 }
 
 impl TokenManager {
+    /// A manager that reads the time from `clock`.
+    pub(super) fn with_clock(clock: Clock) -> Self {
+        Self {
+            cache: Mutex::default(),
+            clock,
+        }
+    }
+
     /// The token for `key`: the cached one while fresh, else a new one from the API.
     pub(super) async fn token<A: VolumeApi>(
         &self,
         api: &A,
         key: &TokenKey,
     ) -> kube::Result<String> {
-        let now = unix_now();
+        let now = (self.clock)();
         if let Some(cached) = self.lock().get(key)
             && now < cached.refresh_at
         {
