@@ -16,6 +16,7 @@ use k8s_openapi::jiff::Timestamp;
 use tracing::Instrument;
 
 use crate::backoff::Backoff;
+use crate::cm::ContainerManager;
 use crate::cri::{Cri, api};
 use crate::kuberuntime::sandbox::pod_log_dir;
 use crate::kuberuntime::{PodContext, PodRuntimeStatus, RuntimeManager, Waiting, get_pod_status};
@@ -47,6 +48,8 @@ pub struct SyncSettings {
     pub pod_logs_dir: PathBuf,
     /// The runtime's name for container ids (`containerd`).
     pub runtime_name: String,
+    /// The node's memory capacity in bytes.
+    pub memory_capacity: u64,
 }
 
 /// The pod-level logic of the agent.
@@ -66,6 +69,8 @@ pub struct Kubelet<C> {
     mounts: Mutex<HashMap<String, (Instant, Mounts)>>,
     /// The probe workers of the pods' containers.
     prober: ProberManager<C>,
+    /// The pod cgroups (none with `--cgroups-per-qos=false`).
+    cm: Option<Arc<ContainerManager>>,
 }
 
 /// Each container's mounts, by container name.
@@ -76,8 +81,9 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl<C: Cri + Clone> Kubelet<C> {
-    /// The kubelet over a runtime manager, a volume manager, a status manager and pod
-    /// admission; probe results wake pod workers through `wake`.
+    /// The kubelet over a runtime manager, a volume manager, a status manager, pod
+    /// admission and the container manager; probe results wake pod workers through
+    /// `wake`.
     pub fn new(
         settings: SyncSettings,
         runtime: RuntimeManager<C>,
@@ -85,6 +91,7 @@ impl<C: Cri + Clone> Kubelet<C> {
         status: StatusManager,
         admission: PodAdmitter,
         wake: Wake,
+        cm: Option<Arc<ContainerManager>>,
     ) -> Self {
         let prober = ProberManager::new(runtime.cri().clone(), runtime.events().clone(), wake);
         Self {
@@ -97,6 +104,19 @@ impl<C: Cri + Clone> Kubelet<C> {
             reasons: Mutex::default(),
             backoff: Mutex::default(),
             mounts: Mutex::default(),
+            cm,
+        }
+    }
+
+    /// Removes the pod's cgroup once nothing of it runs.
+    async fn destroy_pod_cgroup(&self, uid: &str) -> Result<(), crate::cm::CmError> {
+        match &self.cm {
+            Some(cm) => {
+                cm.destroy_pod(uid)
+                    .instrument(tracing::info_span!("destroy_pod_cgroup"))
+                    .await
+            }
+            None => Ok(()),
         }
     }
 
@@ -242,7 +262,8 @@ impl<C: Cri + Clone> Kubelet<C> {
         // Probe workers follow the running containers (none once the pod has finished).
         self.prober.update_pod(pod, id, &runtime);
         if terminal {
-            // A finished pod keeps its status; whatever still runs of it is stopped.
+            // A finished pod keeps its status; whatever still runs of it is stopped, and
+            // its cgroup goes (the kubelet's housekeeping removes those of terminated pods).
             if runtime.ready_sandbox().is_some() {
                 let grace = crate::pod::termination_grace_period(pod);
                 if self
@@ -253,6 +274,10 @@ impl<C: Cri + Clone> Kubelet<C> {
                 {
                     return Next::ResyncAfter(RETRY);
                 }
+            }
+            if let Err(e) = self.destroy_pod_cgroup(&id.uid).await {
+                tracing::warn!(error = %e, "could not remove the pod cgroup");
+                return Next::ResyncAfter(RETRY);
             }
             return Next::ResyncAfter(RESYNC);
         }
@@ -311,6 +336,17 @@ impl<C: Cri + Clone> Kubelet<C> {
         } else {
             String::new()
         };
+        // The pod cgroup, the sandbox's cgroup parent, exists before the sandbox.
+        if let Some(cm) = &self.cm {
+            let ensured = cm
+                .ensure_pod(pod)
+                .instrument(tracing::info_span!("ensure_pod_cgroup"))
+                .await;
+            if let Err(e) = ensured {
+                let message = format!("unable to ensure pod container exists: {e}");
+                return self.retry_failed(id, "FailedCreatePodContainer", message);
+            }
+        }
         let ctx = PodContext {
             pod_dir,
             node_name: self.settings.node_name.clone(),
@@ -318,6 +354,7 @@ impl<C: Cri + Clone> Kubelet<C> {
             volume_mounts,
             runtime_handler,
             probes: Some(self.prober.results().clone()),
+            memory_capacity: self.settings.memory_capacity,
         };
         let outcome = self.runtime.sync_pod(pod, id, &runtime, &ctx).await;
         lock(&self.reasons).insert(id.uid.clone(), outcome.waiting.clone());
@@ -388,6 +425,11 @@ impl<C: Cri + Clone> Kubelet<C> {
         };
         if let Err(e) = self.volumes.teardown(&id.uid).await {
             tracing::warn!(error = %e, "could not tear down the pod's volumes");
+            return Next::ResyncAfter(RETRY);
+        }
+        // Resources are reclaimed only once the pod cgroup is gone too.
+        if let Err(e) = self.destroy_pod_cgroup(&id.uid).await {
+            tracing::warn!(error = %e, "could not remove the pod cgroup");
             return Next::ResyncAfter(RETRY);
         }
         if let Some(pod) = pod {
@@ -538,6 +580,9 @@ pub async fn housekeeping<C: Cri + Clone>(
         let keep: HashSet<String> = known.union(&working).cloned().collect();
         if let Err(e) = kubelet.volumes.cleanup_orphans(&keep).await {
             tracing::warn!(error = %e, "could not clean up orphaned pod directories");
+        }
+        if let Some(cm) = &kubelet.cm {
+            cm.cleanup_orphans(&keep).await;
         }
     }
 }

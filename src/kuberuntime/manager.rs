@@ -112,6 +112,8 @@ pub struct PodContext {
     pub runtime_handler: String,
     /// The prober's results (liveness and startup failures restart containers).
     pub probes: Option<Arc<Results>>,
+    /// The node's memory capacity in bytes (containers' OOM scores).
+    pub memory_capacity: u64,
 }
 
 /// The kubelet's `kubeGenericRuntimeManager`: pod-level operations over CRI.
@@ -516,6 +518,7 @@ impl<C: Cri> RuntimeManager<C> {
             mounts,
             restart_count,
             image_ref,
+            memory_capacity: ctx.memory_capacity,
         };
         let config = container_config(pod, id, container, &cctx).map_err(|e| {
             self.events

@@ -24,6 +24,8 @@ pub struct SandboxSettings {
     pub host_dns: HostDns,
     /// Where pod log directories live (`/var/log/pods` for the kubelet).
     pub pod_logs_dir: PathBuf,
+    /// The QoS cgroups pods go under (`--cgroups-per-qos`); none: no cgroup parent.
+    pub qos_containers: Option<crate::cm::QosContainers>,
 }
 
 /// Resolver settings read from a resolv.conf file.
@@ -259,7 +261,7 @@ pub fn sandbox_config(
         labels: pod_labels,
         annotations,
         linux: Some(api::LinuxPodSandboxConfig {
-            cgroup_parent: String::new(),
+            cgroup_parent: crate::cm::cgroup_parent(settings.qos_containers.as_ref(), pod),
             security_context: Some(api::LinuxSandboxSecurityContext {
                 namespace_options: Some(namespace_options(spec)),
                 privileged: privileged(spec),
@@ -291,6 +293,7 @@ mod tests {
             cluster_domain: "cluster.local".into(),
             host_dns: HostDns::parse("nameserver 127.0.0.53\nsearch example.test\noptions edns0\n"),
             pod_logs_dir: "/var/log/pods".into(),
+            qos_containers: Some(crate::cm::QosContainers::under("/")),
         }
     }
 
@@ -379,6 +382,11 @@ mod tests {
         );
         assert_eq!(config.port_mappings.len(), 1);
         assert_eq!(config.port_mappings[0].host_port, 8080);
+        // A BestEffort pod's cgroup, as the sandbox's cgroup parent.
+        assert_eq!(
+            config.linux.as_ref().unwrap().cgroup_parent,
+            "/kubepods/besteffort/poduid-web-7d4b9c-abcde"
+        );
         let ns = namespaces(config);
         assert_eq!(ns.network(), api::NamespaceMode::Pod);
         assert_eq!(ns.pid(), api::NamespaceMode::Container);
