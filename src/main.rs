@@ -115,7 +115,14 @@ struct RunArgs {
     allowed_unsafe_sysctls: Vec<String>,
     /// Pod cgroups under a QoS hierarchy (`kubepods`, `kubepods/burstable`,
     /// `kubepods/besteffort`), each the cgroup parent of its pod's sandbox.
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    #[arg(
+        long,
+        default_value_t = true,
+        action = clap::ArgAction::Set,
+        num_args = 0..=1,
+        default_missing_value = "true",
+        require_equals = true
+    )]
     cgroups_per_qos: bool,
     /// The cgroup the QoS hierarchy goes under.
     #[arg(long, default_value = "/")]

@@ -450,6 +450,29 @@ async fn an_orphaned_pod_cgroup_found_at_start_is_emptied_and_removed() {
     drop(case);
 }
 
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn without_cgroups_per_qos_pods_get_no_pod_cgroup() {
+    let case = Case::with_agent("cgroups-off", &["--cgroups-per-qos=false"]).await;
+    let name = case
+        .create(
+            "p",
+            pod(
+                "Always",
+                vec![container("main", json!({ "requests": { "cpu": "100m" } }))],
+            ),
+        )
+        .await;
+    let p = running(&name).await;
+    let out = output(&case, &p, "main").await;
+    let cgroup = memory_cgroup(&out);
+    assert!(!cgroup.contains("kubepods"), "{cgroup}");
+    assert!(cgroup.ends_with(&container_id(&p, "main")), "{cgroup}");
+    assert!(pod_gone_everywhere("kubepods/burstable", &uid(&p)));
+    delete_and_wait(&name).await;
+    drop(case);
+}
+
 #[test]
 fn the_systemd_driver_is_refused() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_rkubelet"))
