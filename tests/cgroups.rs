@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use common::case::{Case, delete_and_wait, get, running};
 use common::eventually;
+use common::pods::sandboxes_of;
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::json;
 
@@ -248,6 +249,14 @@ async fn pods_of_each_qos_class_get_the_kubelets_cgroups_and_oom_scores() {
     );
     // -997, or the least the runtime allows (containerd's restrict_oom_score_adj).
     assert_eq!(oom_score_adj(&out), (-997).max(runtime_oom_floor()));
+    // The sandbox (pause) runs in the pod cgroup too, at the runtime's -998.
+    let sandbox = sandboxes_of(&uid(&g)).await;
+    let procs = read(&memory.join(&sandbox[0].id).join("cgroup.procs")).expect("sandbox cgroup");
+    let pause = procs.lines().next().expect("the pause process");
+    assert_eq!(
+        read_i64(&Path::new("/proc").join(pause).join("oom_score_adj")),
+        (-998).max(runtime_oom_floor())
+    );
 
     // Burstable, every container limited: the pod gets the sums.
     let b = running(&burstable).await;
