@@ -19,7 +19,9 @@ use crate::backoff::Backoff;
 use crate::cm::ContainerManager;
 use crate::cri::{Cri, api};
 use crate::kuberuntime::sandbox::pod_log_dir;
-use crate::kuberuntime::{PodContext, PodRuntimeStatus, RuntimeManager, Waiting, get_pod_status};
+use crate::kuberuntime::{
+    PodContext, PodRuntimeStatus, RunState, RuntimeManager, Waiting, get_pod_status,
+};
 use crate::lifecycle::active_deadline;
 use crate::lifecycle::admission::{PodAdmitter, rejected_status};
 use crate::pod::source::PodAdmission;
@@ -106,6 +108,36 @@ impl<C: Cri + Clone> Kubelet<C> {
             mounts: Mutex::default(),
             cm,
         }
+    }
+
+    /// The pod cgroup, the sandbox's cgroup parent, made before the sandbox (`syncPod`);
+    /// `Some` when the sync must stop here. A pod found running without its cgroup (it
+    /// was started with `--cgroups-per-qos=false`) is killed first, to come back in it.
+    async fn ensure_pod_cgroup(
+        &self,
+        pod: &Pod,
+        id: &PodId,
+        runtime: &PodRuntimeStatus,
+    ) -> Option<Next> {
+        let cm = self.cm.as_ref()?;
+        let running = runtime
+            .containers
+            .iter()
+            .any(|c| c.state == RunState::Running);
+        if running && !cm.pod_exists(pod).await.unwrap_or(true) {
+            tracing::info!("pod runs outside its pod cgroup: killing it to restart it inside");
+            let grace = crate::pod::termination_grace_period(pod);
+            if let Err(e) = self.runtime.kill_pod((id, Some(pod)), runtime, grace).await {
+                tracing::warn!(error = %e, "could not kill the pod");
+                return Some(Next::ResyncAfter(RETRY));
+            }
+            return Some(Next::ResyncAfter(Duration::ZERO));
+        }
+        let message = format!(
+            "unable to ensure pod container exists: {}",
+            cm.ensure_pod(pod).await.err()?
+        );
+        Some(self.retry_failed(id, "FailedCreatePodContainer", message))
     }
 
     /// Removes the pod's cgroup once nothing of it runs.
@@ -336,16 +368,12 @@ impl<C: Cri + Clone> Kubelet<C> {
         } else {
             String::new()
         };
-        // The pod cgroup, the sandbox's cgroup parent, exists before the sandbox.
-        if let Some(cm) = &self.cm {
-            let ensured = cm
-                .ensure_pod(pod)
-                .instrument(tracing::info_span!("ensure_pod_cgroup"))
-                .await;
-            if let Err(e) = ensured {
-                let message = format!("unable to ensure pod container exists: {e}");
-                return self.retry_failed(id, "FailedCreatePodContainer", message);
-            }
+        if let Some(next) = self
+            .ensure_pod_cgroup(pod, id, &runtime)
+            .instrument(tracing::info_span!("ensure_pod_cgroup"))
+            .await
+        {
+            return next;
         }
         let ctx = PodContext {
             pod_dir,

@@ -461,8 +461,8 @@ async fn an_orphaned_pod_cgroup_found_at_start_is_emptied_and_removed() {
 
 #[tokio::test]
 #[ignore = "needs root and the local cluster: run scripts/test.sh"]
-async fn without_cgroups_per_qos_pods_get_no_pod_cgroup() {
-    let case = Case::with_agent("cgroups-off", &["--cgroups-per-qos=false"]).await;
+async fn without_cgroups_per_qos_pods_get_no_pod_cgroup_and_are_moved_in_once_on() {
+    let mut case = Case::with_agent("cgroups-off", &["--cgroups-per-qos=false"]).await;
     let name = case
         .create(
             "p",
@@ -478,7 +478,29 @@ async fn without_cgroups_per_qos_pods_get_no_pod_cgroup() {
     assert!(!cgroup.contains("kubepods"), "{cgroup}");
     assert!(cgroup.ends_with(&container_id(&p, "main")), "{cgroup}");
     assert!(pod_gone_everywhere("kubepods/burstable", &uid(&p)));
+
+    // With the QoS hierarchy again, the pod is restarted inside its pod cgroup.
+    case.start_agent(&[]);
+    let dir = Path::new(CGROUP)
+        .join("memory/kubepods/burstable")
+        .join(format!("pod{}", uid(&p)));
+    eventually(
+        "the container in its pod cgroup",
+        Duration::from_secs(60),
+        || async {
+            let now = get(&name).await?;
+            let id = container_id(&now, "main");
+            let running = now.status.as_ref()?.container_statuses.as_ref()?[0]
+                .state
+                .as_ref()?
+                .running
+                .is_some();
+            (running && dir.join(id).is_dir()).then_some(())
+        },
+    )
+    .await;
     delete_and_wait(&name).await;
+    assert!(pod_gone_everywhere("kubepods/burstable", &uid(&p)));
     drop(case);
 }
 

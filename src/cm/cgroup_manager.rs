@@ -443,6 +443,10 @@ impl<F: CgroupFs> CgroupManager<F> {
     /// # Errors
     /// A cgroup that still holds processes or cannot be removed.
     pub fn destroy(&self, name: &CgroupName) -> Result<(), CmError> {
+        // Never the root: its processes are the whole host's.
+        if name.0.is_empty() {
+            return Ok(());
+        }
         let dirs: Vec<PathBuf> = self
             .paths(name)
             .into_iter()

@@ -271,6 +271,15 @@ impl<F: CgroupFs> ContainerManager<F> {
         .await
     }
 
+    /// Whether the pod's cgroup exists.
+    ///
+    /// # Errors
+    /// The check could not run.
+    pub async fn pod_exists(&self, pod: &Pod) -> Result<bool, CmError> {
+        let name = self.qos.pod_cgroup(pod);
+        self.blocking(move |cg| Ok(cg.exists(&name))).await
+    }
+
     /// Makes the pod's cgroup with `ResourceConfigForPod` unless it exists
     /// (`EnsureExists`); the QoS cgroups are updated first for a new one.
     ///
@@ -289,11 +298,7 @@ impl<F: CgroupFs> ContainerManager<F> {
             0
         };
         let counted = lock(&self.pods).insert(uid, cpu) != Some(cpu);
-        let name = self.qos.pod_cgroup(pod);
-        let exists = {
-            let name = name.clone();
-            self.blocking(move |cg| Ok(cg.exists(&name))).await?
-        };
+        let exists = self.pod_exists(pod).await?;
         if (counted || !exists)
             && let Err(e) = self.update_qos().await
         {
@@ -302,6 +307,7 @@ impl<F: CgroupFs> ContainerManager<F> {
         if exists {
             return Ok(());
         }
+        let name = self.qos.pod_cgroup(pod);
         let config = resource_config_for_pod(spec);
         tracing::info!(cgroup = %name.to_cgroupfs(), ?config, "creating the pod cgroup");
         self.blocking(move |cg| cg.create(&name, &config)).await
