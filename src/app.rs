@@ -324,6 +324,7 @@ async fn node_capacity(node: &k8s_openapi::api::core::v1::Node) -> NodeCapacity 
         cpu_millis: get("cpu", true),
         memory_bytes: get("memory", false),
         pids,
+        hugepages: crate::cm::hugepage_limits(Some(&capacity)),
     }
 }
 
@@ -419,6 +420,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
     )
     .with_node_allocatable(allocatable);
     let capacity = node_capacity(&registered).await;
+    let memory_capacity = u64::try_from(capacity.memory_bytes).unwrap_or(0);
     let cm = if config.cgroups_per_qos {
         let root = config.cgroup_root.clone();
         let cm = tokio::task::spawn_blocking(move || ContainerManager::linux(&root, capacity))
@@ -436,7 +438,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
             root_dir: config.root_dir.clone(),
             pod_logs_dir: config.pod_logs_dir.clone(),
             runtime_name,
-            memory_capacity: u64::try_from(capacity.memory_bytes).unwrap_or(0),
+            memory_capacity,
         },
         RuntimeManager::new(
             config.cri.clone(),

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::CmError;
-use super::resource_config::ResourceConfig;
+use super::resource_config::{ResourceConfig, hugepage_unit};
 
 /// A cgroup by its path components below the hierarchy root (`["kubepods", "burstable"]`).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
@@ -228,12 +228,40 @@ const REMOVE_ATTEMPTS: u32 = 5;
 pub struct CgroupManager<F> {
     fs: F,
     layout: CgroupLayout,
+    /// The machine's huge page sizes, in bytes: each gets a hugetlb limit.
+    hugepage_sizes: Vec<u64>,
 }
 
 impl<F: CgroupFs> CgroupManager<F> {
     /// A manager over `fs` with this layout.
     pub fn new(fs: F, layout: CgroupLayout) -> Self {
-        Self { fs, layout }
+        Self {
+            fs,
+            layout,
+            hugepage_sizes: Vec::new(),
+        }
+    }
+
+    /// The same, limiting huge pages of these sizes.
+    #[must_use]
+    pub fn with_hugepage_sizes(mut self, sizes: Vec<u64>) -> Self {
+        self.hugepage_sizes = sizes;
+        self
+    }
+
+    /// Each huge page size's limit file (`hugetlb.2MB.<suffix>`) and its value: the
+    /// configured limit, else 0.
+    fn hugetlb(&self, config: &ResourceConfig, suffix: &str) -> Vec<(String, String)> {
+        self.hugepage_sizes
+            .iter()
+            .map(|size| {
+                let limit = config.hugepage_limits.get(size).copied().unwrap_or(0);
+                (
+                    format!("hugetlb.{}.{suffix}", hugepage_unit(*size)),
+                    limit.to_string(),
+                )
+            })
+            .collect()
     }
 
     fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> CmError + 'a {
@@ -340,6 +368,11 @@ impl<F: CgroupFs> CgroupManager<F> {
                     {
                         self.set(&dir, "pids.max", &pids.to_string())?;
                     }
+                    if h.has("hugetlb") {
+                        for (file, limit) in self.hugetlb(config, "limit_in_bytes") {
+                            self.set(&dir, &file, &limit)?;
+                        }
+                    }
                 }
                 Ok(())
             }
@@ -389,6 +422,11 @@ impl<F: CgroupFs> CgroupManager<F> {
         }
         if let Some(pids) = config.pids_limit {
             self.set(&dir, "pids.max", &pids.to_string())?;
+        }
+        if enable.iter().any(|c| c == "+hugetlb") {
+            for (file, limit) in self.hugetlb(config, "max") {
+                self.set(&dir, &file, &limit)?;
+            }
         }
         Ok(())
     }
@@ -619,6 +657,7 @@ mod tests {
 33 30 0:29 / /sys/fs/cgroup/cpuset rw - cgroup cgroup rw,cpuset
 34 30 0:30 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory
 35 30 0:31 / /sys/fs/cgroup/pids rw - cgroup cgroup rw,pids
+39 30 0:34 / /sys/fs/cgroup/hugetlb rw - cgroup cgroup rw,hugetlb
 36 30 0:32 / /sys/fs/cgroup/systemd rw - cgroup cgroup rw,xattr,name=systemd
 37 30 0:33 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw
 38 30 0:30 /sub /mnt/memory rw - cgroup cgroup rw,memory
@@ -650,6 +689,7 @@ mod tests {
                 ("/sys/fs/cgroup/cpuset", vec!["cpuset"]),
                 ("/sys/fs/cgroup/memory", vec!["memory"]),
                 ("/sys/fs/cgroup/pids", vec!["pids"]),
+                ("/sys/fs/cgroup/hugetlb", vec!["hugetlb"]),
                 ("/sys/fs/cgroup/systemd", vec!["name=systemd"]),
                 ("/sys/fs/cgroup/unified", vec![]),
             ]
@@ -664,7 +704,7 @@ mod tests {
 
     fn v1() -> (FakeCgroupFs, CgroupManager<FakeCgroupFs>) {
         let fs = FakeCgroupFs::default();
-        for h in ["cpu", "cpuset", "memory", "pids", "unified"] {
+        for h in ["cpu", "cpuset", "memory", "pids", "hugetlb", "unified"] {
             fs.create_dir_all(&Path::new("/cg").join(h)).unwrap();
         }
         fs.put("/cg/cpuset/cpuset.cpus", "0-1\n");
@@ -675,7 +715,8 @@ mod tests {
             unreachable!()
         };
         let h = h.into_iter().filter(|h| fs.exists(&h.mount)).collect();
-        (fs.clone(), CgroupManager::new(fs, CgroupLayout::V1(h)))
+        let m = CgroupManager::new(fs.clone(), CgroupLayout::V1(h));
+        (fs, m.with_hugepage_sizes(vec![2 << 20, 1 << 30]))
     }
 
     #[test]
@@ -689,6 +730,7 @@ mod tests {
             cpu_period: Some(100_000),
             memory: Some(64 << 20),
             pids_limit: None,
+            hugepage_limits: [(2 << 20, 4 << 20)].into(),
         };
         m.create(&pod, &config).unwrap();
         assert!(m.exists(&pod));
@@ -708,6 +750,14 @@ mod tests {
             Some("67108864")
         );
         assert_eq!(fs.file("/cg/pids/kubepods/burstable/podX/pids.max"), None);
+        // Huge pages: what the pod asks for, 0 for the sizes it does not.
+        let hugetlb = |size: &str| {
+            fs.file(&format!(
+                "/cg/hugetlb/kubepods/burstable/podX/hugetlb.{size}.limit_in_bytes"
+            ))
+        };
+        assert_eq!(hugetlb("2MB").as_deref(), Some("4194304"));
+        assert_eq!(hugetlb("1GB").as_deref(), Some("0"));
         for level in ["kubepods", "kubepods/burstable", "kubepods/burstable/podX"] {
             assert_eq!(
                 fs.file(&format!("/cg/cpuset/{level}/cpuset.cpus"))
@@ -750,13 +800,15 @@ mod tests {
             "/cg/cgroup.controllers",
             "cpuset cpu io memory hugetlb pids rdma\n",
         );
-        let m = CgroupManager::new(fs.clone(), CgroupLayout::V2("/cg".into()));
+        let m = CgroupManager::new(fs.clone(), CgroupLayout::V2("/cg".into()))
+            .with_hugepage_sizes(vec![2 << 20]);
         let config = ResourceConfig {
             cpu_shares: Some(2),
             cpu_quota: Some(150_000),
             cpu_period: Some(100_000),
             memory: Some(1 << 30),
             pids_limit: Some(1024),
+            hugepage_limits: [(2 << 20, 2 << 20)].into(),
         };
         m.create(&name("/kubepods/podG"), &config).unwrap();
         let enabled = "+cpuset +cpu +memory +hugetlb +pids";
@@ -783,6 +835,10 @@ mod tests {
         assert_eq!(
             fs.file("/cg/kubepods/podG/pids.max").as_deref(),
             Some("1024")
+        );
+        assert_eq!(
+            fs.file("/cg/kubepods/podG/hugetlb.2MB.max").as_deref(),
+            Some("2097152")
         );
     }
 

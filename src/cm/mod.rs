@@ -11,7 +11,7 @@ mod cgroup_manager;
 mod policy;
 mod resource_config;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
@@ -22,8 +22,8 @@ pub use cgroup_manager::{
 };
 pub use policy::{BEST_EFFORT_OOM_SCORE_ADJ, GUARANTEED_OOM_SCORE_ADJ, container_oom_score_adj};
 pub use resource_config::{
-    MIN_SHARES, QUOTA_PERIOD, ResourceConfig, milli_cpu_to_quota, milli_cpu_to_shares,
-    pod_requests_and_limits, resource_config_for_pod,
+    MIN_SHARES, QUOTA_PERIOD, ResourceConfig, hugepage_limits, hugepage_unit, milli_cpu_to_quota,
+    milli_cpu_to_shares, pod_requests_and_limits, resource_config_for_pod,
 };
 
 use crate::resources::{QosClass, qos_class};
@@ -107,7 +107,7 @@ pub fn cgroup_parent(qos: Option<&QosContainers>, pod: &Pod) -> String {
 
 /// Node facts the `kubepods` cgroup is sized from (node allocatable with nothing
 /// reserved: the node's capacity).
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct NodeCapacity {
     /// CPUs, in millicores.
     pub cpu_millis: i64,
@@ -115,7 +115,12 @@ pub struct NodeCapacity {
     pub memory_bytes: i64,
     /// `kernel.pid_max`.
     pub pids: i64,
+    /// Huge pages, in bytes, by page size in bytes: every size the machine has.
+    pub hugepages: BTreeMap<u64, i64>,
 }
+
+/// No limit on huge pages (the QoS cgroups').
+const HUGEPAGES_UNBOUNDED: i64 = 1 << 62;
 
 /// The container manager over a cgroup file system.
 pub struct ContainerManager<F = LinuxCgroupFs> {
@@ -177,10 +182,11 @@ impl ContainerManager<LinuxCgroupFs> {
 impl<F: CgroupFs> ContainerManager<F> {
     /// The manager over `cgroups`, with the QoS hierarchy under `cgroup_root`.
     pub fn new(cgroups: CgroupManager<F>, cgroup_root: &str, capacity: NodeCapacity) -> Self {
+        let sizes = capacity.hugepages.keys().copied().collect();
         Self {
             qos: QosContainers::under(cgroup_root),
             capacity,
-            cgroups: Arc::new(cgroups),
+            cgroups: Arc::new(cgroups.with_hugepage_sizes(sizes)),
             pods: Mutex::default(),
         }
     }
@@ -211,17 +217,15 @@ impl<F: CgroupFs> ContainerManager<F> {
             cpu_shares: Some(milli_cpu_to_shares(self.capacity.cpu_millis)),
             memory: (self.capacity.memory_bytes > 0).then_some(self.capacity.memory_bytes),
             pids_limit: (self.capacity.pids > 0).then_some(self.capacity.pids),
+            hugepage_limits: self.capacity.hugepages.clone(),
             ..Default::default()
         };
         let classes = [
             (self.qos.guaranteed.clone(), node),
-            (self.qos.burstable.clone(), ResourceConfig::default()),
+            (self.qos.burstable.clone(), self.qos_config(None)),
             (
                 self.qos.best_effort.clone(),
-                ResourceConfig {
-                    cpu_shares: Some(MIN_SHARES),
-                    ..Default::default()
-                },
+                self.qos_config(Some(MIN_SHARES)),
             ),
         ];
         self.blocking(move |cg| {
@@ -239,6 +243,20 @@ impl<F: CgroupFs> ContainerManager<F> {
         self.update_qos().await
     }
 
+    /// A QoS cgroup's settings: these CPU shares and no limit on huge pages.
+    fn qos_config(&self, cpu_shares: Option<u64>) -> ResourceConfig {
+        ResourceConfig {
+            cpu_shares,
+            hugepage_limits: self
+                .capacity
+                .hugepages
+                .keys()
+                .map(|size| (*size, HUGEPAGES_UNBOUNDED))
+                .collect(),
+            ..Default::default()
+        }
+    }
+
     /// Sets the `burstable` cgroup's CPU shares from the Burstable pods' requests and
     /// `besteffort`'s to the fewest (`UpdateCgroups`).
     ///
@@ -249,17 +267,11 @@ impl<F: CgroupFs> ContainerManager<F> {
         let updates = [
             (
                 self.qos.burstable.clone(),
-                ResourceConfig {
-                    cpu_shares: Some(milli_cpu_to_shares(requests)),
-                    ..Default::default()
-                },
+                self.qos_config(Some(milli_cpu_to_shares(requests))),
             ),
             (
                 self.qos.best_effort.clone(),
-                ResourceConfig {
-                    cpu_shares: Some(MIN_SHARES),
-                    ..Default::default()
-                },
+                self.qos_config(Some(MIN_SHARES)),
             ),
         ];
         self.blocking(move |cg| {
@@ -404,11 +416,11 @@ mod tests {
 
     fn manager() -> (FakeCgroupFs, ContainerManager<FakeCgroupFs>) {
         let fs = FakeCgroupFs::default();
-        for h in ["cpu", "memory", "pids"] {
+        for h in ["cpu", "memory", "pids", "hugetlb"] {
             fs.create_dir_all(&Path::new("/cg").join(h)).unwrap();
         }
         let layout = CgroupLayout::V1(
-            ["cpu", "memory", "pids"]
+            ["cpu", "memory", "pids", "hugetlb"]
                 .iter()
                 .map(|c| Hierarchy {
                     mount: Path::new("/cg").join(c),
@@ -420,6 +432,7 @@ mod tests {
             cpu_millis: 2000,
             memory_bytes: 4 << 30,
             pids: 32768,
+            hugepages: [(2 << 20, 0)].into(),
         };
         (
             fs.clone(),
@@ -463,6 +476,13 @@ mod tests {
         assert_eq!(
             fs.file("/cg/pids/kubepods/pids.max").as_deref(),
             Some("32768")
+        );
+        // Huge pages: the node's on kubepods, unbounded on the QoS classes.
+        let hugetlb = |dir: &str| fs.file(&format!("/cg/hugetlb/{dir}/hugetlb.2MB.limit_in_bytes"));
+        assert_eq!(hugetlb("kubepods").as_deref(), Some("0"));
+        assert_eq!(
+            hugetlb("kubepods/burstable").as_deref(),
+            Some("4611686018427387904")
         );
         assert_eq!(
             fs.file("/cg/cpu/kubepods/besteffort/cpu.shares").as_deref(),

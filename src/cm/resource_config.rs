@@ -31,6 +31,41 @@ pub struct ResourceConfig {
     pub memory: Option<i64>,
     /// `pids.max`.
     pub pids_limit: Option<i64>,
+    /// Huge page limits by page size in bytes (`hugetlb.<size>.limit_in_bytes`); the
+    /// sizes the machine has and this map lacks are limited to 0, as the kubelet does.
+    pub hugepage_limits: BTreeMap<u64, i64>,
+}
+
+/// The huge page amounts of a resource list (`hugepages-2Mi: 4Mi`), by page size in
+/// bytes (`HugePageLimits`).
+#[must_use]
+pub fn hugepage_limits(list: Option<&BTreeMap<String, ApiQuantity>>) -> BTreeMap<u64, i64> {
+    let mut out = BTreeMap::new();
+    for (name, amount) in list.into_iter().flatten() {
+        let Some(size) = name.strip_prefix("hugepages-") else {
+            continue;
+        };
+        let (Ok(size), Ok(amount)) = (Quantity::parse(size), Quantity::parse(&amount.0)) else {
+            continue;
+        };
+        let size = u64::try_from(size.value()).unwrap_or(u64::MAX);
+        let amount = i64::try_from(amount.value()).unwrap_or(i64::MAX);
+        let total: &mut i64 = out.entry(size).or_default();
+        *total = total.saturating_add(amount);
+    }
+    out
+}
+
+/// A page size as cgroup file names spell it: `2MB`, `1GB` (`HugePageUnitSizeFromByteSize`).
+#[must_use]
+pub fn hugepage_unit(mut size: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KB", "MB", "GB", "TB", "PB"];
+    let mut unit = 0;
+    while size.is_multiple_of(1024) && size > 0 && unit < UNITS.len() - 1 {
+        size /= 1024;
+        unit += 1;
+    }
+    format!("{size}{}", UNITS[unit])
 }
 
 /// CPU shares for millicores, between 2 and 262144 (`MilliCPUToShares`).
@@ -136,6 +171,17 @@ pub fn resource_config_for_pod(spec: &PodSpec) -> ResourceConfig {
     let shares = milli_cpu_to_shares(reqs.cpu.unwrap_or(0));
     let quota = milli_cpu_to_quota(limits.cpu.unwrap_or(0), QUOTA_PERIOD);
     let memory = limits.memory.unwrap_or(0);
+    let mut hugepages = BTreeMap::new();
+    for c in &spec.containers {
+        // Requests default to the limits, as the API defaults them.
+        let r = c.resources.as_ref();
+        let mut requests = r.and_then(|r| r.limits.clone()).unwrap_or_default();
+        requests.extend(r.and_then(|r| r.requests.clone()).unwrap_or_default());
+        for (size, amount) in hugepage_limits(Some(&requests)) {
+            let total: &mut i64 = hugepages.entry(size).or_default();
+            *total = total.saturating_add(amount);
+        }
+    }
     let declared = |pick: fn(&Amounts) -> Option<i64>| {
         spec.containers
             .iter()
@@ -148,6 +194,7 @@ pub fn resource_config_for_pod(spec: &PodSpec) -> ResourceConfig {
             cpu_period: Some(QUOTA_PERIOD),
             memory: Some(memory),
             pids_limit: None,
+            hugepage_limits: hugepages,
         },
         QosClass::Burstable => {
             let cpu_limited = declared(|a| a.cpu);
@@ -157,10 +204,12 @@ pub fn resource_config_for_pod(spec: &PodSpec) -> ResourceConfig {
                 cpu_period: cpu_limited.then_some(QUOTA_PERIOD),
                 memory: declared(|a| a.memory).then_some(memory),
                 pids_limit: None,
+                hugepage_limits: hugepages,
             }
         }
         QosClass::BestEffort => ResourceConfig {
             cpu_shares: Some(MIN_SHARES),
+            hugepage_limits: hugepages,
             ..Default::default()
         },
     }
@@ -224,7 +273,7 @@ pub(crate) mod tests {
                 cpu_quota: Some(100_000),
                 cpu_period: Some(100_000),
                 memory: Some(128 << 20),
-                pids_limit: None,
+                ..Default::default()
             }
         );
     }
@@ -245,7 +294,7 @@ pub(crate) mod tests {
                 cpu_quota: Some(20_000),
                 cpu_period: Some(100_000),
                 memory: Some(32 << 20),
-                pids_limit: None,
+                ..Default::default()
             }
         );
         let mixed = spec(vec![limited, unlimited], vec![]);
@@ -280,6 +329,30 @@ pub(crate) mod tests {
         s.overhead = Some([("cpu".to_owned(), ApiQuantity("50m".into()))].into());
         let (reqs, limits) = pod_requests_and_limits(&s);
         assert_eq!((reqs.cpu, limits.cpu), (Some(1050), Some(1050)));
+    }
+
+    #[test]
+    fn huge_pages_are_the_containers_requests_by_page_size() {
+        let g = |n| {
+            container(
+                n,
+                &[],
+                &[
+                    ("cpu", "1"),
+                    ("memory", "64Mi"),
+                    ("hugepages-2Mi", "4Mi"),
+                    ("hugepages-1Gi", "1Gi"),
+                ],
+            )
+        };
+        let config = resource_config_for_pod(&spec(vec![g("a"), g("b")], vec![]));
+        assert_eq!(
+            config.hugepage_limits,
+            BTreeMap::from([(2 << 20, 8 << 20), (1 << 30, 2 << 30)])
+        );
+        assert_eq!(hugepage_unit(2 << 20), "2MB");
+        assert_eq!(hugepage_unit(1 << 30), "1GB");
+        assert_eq!(hugepage_unit(64 << 10), "64KB");
     }
 
     #[test]
