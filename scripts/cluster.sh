@@ -823,11 +823,12 @@ is_our_shim() {
 }
 
 # The /<namespace> parent cgroups our containerd's runc made (k8s.io for CRI pods without
-# a cgroup parent), if they were not there before and are empty now (rmdir only).
+# a cgroup parent), and the agents' QoS hierarchy (/kubepods, --cgroups-per-qos), if they
+# were not there before and are empty now (rmdir only).
 remove_ns_cgroups() {
   [[ -f $REC/cgroups-before ]] || return 0
   local ns h d
-  for ns in $(sort -u "$REC/namespaces" 2>/dev/null) k8s.io default; do
+  for ns in $(sort -u "$REC/namespaces" 2>/dev/null) k8s.io default kubepods; do
     [[ $ns =~ ^[A-Za-z0-9][A-Za-z0-9._-]*$ ]] || continue
     for h in $(findmnt -rn -t cgroup,cgroup2 -o TARGET); do
       d="$h/$ns"

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::cm::{ContainerManager, NodeCapacity};
 use crate::cni::{self, Cni, ProcessExec};
 use crate::cri::{Cri, CriClient, RuntimeHealth, api};
 use crate::dns::{self, HostDns};
@@ -22,9 +23,12 @@ use crate::kuberuntime::RuntimeManager;
 use crate::kuberuntime::env::EnvSourceReader;
 use crate::kuberuntime::sandbox::SandboxSettings;
 use crate::lifecycle::admission::{PodAdmitter, SysctlWhitelist};
-use crate::node::{LinuxMachine, NodeAgent, NodeConfig, ReadinessCheck, wait_for_pod_cidr};
+use crate::node::{
+    LinuxMachine, MachineInfo, NodeAgent, NodeConfig, ReadinessCheck, wait_for_pod_cidr,
+};
 use crate::pleg::Pleg;
 use crate::pod::workers::PodWorkers;
+use crate::resources::Quantity;
 use crate::status::StatusManager;
 use crate::volume::{KubeVolumeApi, LinuxMounter, VolumeManager};
 use crate::watch_manager::SourceCaches;
@@ -81,6 +85,12 @@ pub struct Config {
     pub allowed_unsafe_sysctls: Vec<String>,
     /// The kubelet API server; `None` when disabled (`--port 0`).
     pub server: Option<crate::server::ServerConfig>,
+    /// `--cgroups-per-qos`: pod cgroups under the QoS hierarchy.
+    pub cgroups_per_qos: bool,
+    /// `--cgroup-root`: where the QoS hierarchy goes.
+    pub cgroup_root: String,
+    /// `--cgroup-driver` (only `cgroupfs`).
+    pub cgroup_driver: String,
 }
 
 /// Start-up failures.
@@ -100,6 +110,9 @@ pub enum AppError {
     /// Pod networking could not be set up.
     #[error(transparent)]
     Cni(#[from] cni::CniError),
+    /// The QoS cgroups could not be set up.
+    #[error(transparent)]
+    Cgroups(#[from] crate::cm::CmError),
     /// The admission configuration is invalid.
     #[error(transparent)]
     Admission(#[from] crate::lifecycle::admission::AdmissionError),
@@ -289,12 +302,43 @@ async fn setup_network(
     Ok(())
 }
 
+/// The node's capacity as registered (CPU, memory) and `kernel.pid_max`: what the
+/// `kubepods` cgroup is sized to.
+async fn node_capacity(node: &k8s_openapi::api::core::v1::Node) -> NodeCapacity {
+    let capacity = node
+        .status
+        .as_ref()
+        .and_then(|s| s.capacity.clone())
+        .unwrap_or_default();
+    let get = |name: &str, milli: bool| {
+        capacity
+            .get(name)
+            .and_then(|q| Quantity::parse(&q.0).ok())
+            .map(|q| if milli { q.milli_value() } else { q.value() })
+            .and_then(|v| i64::try_from(v).ok())
+            .unwrap_or(0)
+    };
+    let pids = tokio::task::spawn_blocking(|| LinuxMachine.pid_usage())
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .and_then(|p| i64::try_from(p.max).ok())
+        .unwrap_or(0);
+    NodeCapacity {
+        cpu_millis: get("cpu", true),
+        memory_bytes: get("memory", false),
+        pids,
+        hugepages: crate::cm::hugepage_limits(Some(&capacity)),
+    }
+}
+
 /// Runs the agent until `cancel` fires.
 ///
 /// # Errors
 /// Start-up failures; once running, failures are logged and retried.
 pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppError> {
     let sysctls = SysctlWhitelist::new(&config.allowed_unsafe_sysctls)?;
+    crate::cm::check_driver(&config.cgroup_driver)?;
     let client = kube_client(&config.kubeconfig).await?;
     let Some(runtime_name) = wait_for_runtime(&config.cri, &cancel).await else {
         return Ok(());
@@ -330,6 +374,9 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
             node_ips: vec![config.node_ip],
         },
         pod_logs_dir: config.pod_logs_dir.clone(),
+        qos_containers: config
+            .cgroups_per_qos
+            .then(|| crate::cm::QosContainers::under(&config.cgroup_root)),
     };
     // The PLEG runs before the node registers, so the first status it reports is Ready.
     // Its wake-ups reach the pod workers once they exist.
@@ -392,6 +439,18 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
         LinuxMounter,
     )
     .with_node_allocatable(allocatable);
+    let capacity = node_capacity(&registered).await;
+    let memory_capacity = u64::try_from(capacity.memory_bytes).unwrap_or(0);
+    let cm = if config.cgroups_per_qos {
+        let root = config.cgroup_root.clone();
+        let cm = tokio::task::spawn_blocking(move || ContainerManager::linux(&root, capacity))
+            .await
+            .map_err(|e| crate::cm::CmError::Task(e.to_string()))??;
+        cm.start().await?;
+        Some(Arc::new(cm))
+    } else {
+        None
+    };
     let kubelet = Arc::new(Kubelet::new(
         SyncSettings {
             node_name: config.node_name.clone(),
@@ -399,6 +458,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
             root_dir: config.root_dir.clone(),
             pod_logs_dir: config.pod_logs_dir.clone(),
             runtime_name,
+            memory_capacity,
         },
         RuntimeManager::new(
             config.cri.clone(),
@@ -411,6 +471,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
         PodAdmitter::new(node_store, registered, sysctls, client.clone()),
         wake,
         env_sources,
+        cm,
     ));
     let workers = PodWorkers::new(kubelet.clone());
     let _ = workers_cell.set(workers.clone());

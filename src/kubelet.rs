@@ -16,11 +16,14 @@ use k8s_openapi::jiff::Timestamp;
 use tracing::Instrument;
 
 use crate::backoff::Backoff;
+use crate::cm::ContainerManager;
 use crate::credentialprovider::pod_pull_secrets;
 use crate::cri::Cri;
 use crate::kuberuntime::env::EnvSourceReader;
 use crate::kuberuntime::sandbox::pod_log_dir;
-use crate::kuberuntime::{PodContext, PodRuntimeStatus, RuntimeManager, Waiting, get_pod_status};
+use crate::kuberuntime::{
+    PodContext, PodRuntimeStatus, RunState, RuntimeManager, Waiting, get_pod_status,
+};
 use crate::lifecycle::active_deadline;
 use crate::lifecycle::admission::{PodAdmitter, rejected_status};
 use crate::pod::source::PodAdmission;
@@ -52,6 +55,8 @@ pub struct SyncSettings {
     pub pod_logs_dir: PathBuf,
     /// The runtime's name for container ids (`containerd`).
     pub runtime_name: String,
+    /// The node's memory capacity in bytes.
+    pub memory_capacity: u64,
 }
 
 /// The pod-level logic of the agent.
@@ -75,6 +80,8 @@ pub struct Kubelet<C> {
     env: EnvSourceReader,
     /// The probe workers of the pods' containers.
     prober: ProberManager<C>,
+    /// The pod cgroups (none with `--cgroups-per-qos=false`).
+    cm: Option<Arc<ContainerManager>>,
 }
 
 /// A pod's volumes as last set up.
@@ -105,8 +112,10 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl<C: Cri + Clone> Kubelet<C> {
-    /// The kubelet over a runtime manager, a volume manager, a status manager and pod
-    /// admission; probe results wake pod workers through `wake`.
+    /// The kubelet over its managers (runtime, volumes, status, admission, environment
+    /// sources, cgroups: one argument each, as the kubelet's own fields); probe results and
+    /// Secret/ConfigMap changes wake pod workers through `wake`.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         settings: SyncSettings,
         runtime: RuntimeManager<C>,
@@ -115,6 +124,7 @@ impl<C: Cri + Clone> Kubelet<C> {
         admission: PodAdmitter,
         wake: Wake,
         env: EnvSourceReader,
+        cm: Option<Arc<ContainerManager>>,
     ) -> Self {
         let prober = ProberManager::new(runtime.cri().clone(), runtime.events().clone(), wake);
         Self {
@@ -128,6 +138,49 @@ impl<C: Cri + Clone> Kubelet<C> {
             backoff: Mutex::default(),
             volumes_set_up: Mutex::default(),
             env,
+            cm,
+        }
+    }
+
+    /// The pod cgroup, the sandbox's cgroup parent, made before the sandbox (`syncPod`);
+    /// `Some` when the sync must stop here. A pod found running without its cgroup (it
+    /// was started with `--cgroups-per-qos=false`) is killed first, to come back in it.
+    async fn ensure_pod_cgroup(
+        &self,
+        pod: &Pod,
+        id: &PodId,
+        runtime: &PodRuntimeStatus,
+    ) -> Option<Next> {
+        let cm = self.cm.as_ref()?;
+        let running = runtime
+            .containers
+            .iter()
+            .any(|c| c.state == RunState::Running);
+        if running && !cm.pod_exists(pod).await.unwrap_or(true) {
+            tracing::info!("pod runs outside its pod cgroup: killing it to restart it inside");
+            let grace = crate::pod::termination_grace_period(pod);
+            if let Err(e) = self.runtime.kill_pod((id, Some(pod)), runtime, grace).await {
+                tracing::warn!(error = %e, "could not kill the pod");
+                return Some(Next::ResyncAfter(RETRY));
+            }
+            return Some(Next::ResyncAfter(Duration::ZERO));
+        }
+        let message = format!(
+            "unable to ensure pod container exists: {}",
+            cm.ensure_pod(pod).await.err()?
+        );
+        Some(self.retry_failed(id, "FailedCreatePodContainer", message))
+    }
+
+    /// Removes the pod's cgroup once nothing of it runs.
+    async fn destroy_pod_cgroup(&self, uid: &str) -> Result<(), crate::cm::CmError> {
+        match &self.cm {
+            Some(cm) => {
+                cm.destroy_pod(uid)
+                    .instrument(tracing::info_span!("destroy_pod_cgroup"))
+                    .await
+            }
+            None => Ok(()),
         }
     }
 
@@ -274,7 +327,8 @@ impl<C: Cri + Clone> Kubelet<C> {
         // Probe workers follow the running containers (none once the pod has finished).
         self.prober.update_pod(pod, id, &runtime);
         if terminal {
-            // A finished pod keeps its status; whatever still runs of it is stopped.
+            // A finished pod keeps its status; whatever still runs of it is stopped, and
+            // its cgroup goes (the kubelet's housekeeping removes those of terminated pods).
             if runtime.ready_sandbox().is_some() {
                 let grace = crate::pod::termination_grace_period(pod);
                 if self
@@ -285,6 +339,10 @@ impl<C: Cri + Clone> Kubelet<C> {
                 {
                     return Next::ResyncAfter(RETRY);
                 }
+            }
+            if let Err(e) = self.destroy_pod_cgroup(&id.uid).await {
+                tracing::warn!(error = %e, "could not remove the pod cgroup");
+                return Next::ResyncAfter(RETRY);
             }
             return Next::ResyncAfter(RESYNC);
         }
@@ -334,6 +392,13 @@ impl<C: Cri + Clone> Kubelet<C> {
         } else {
             String::new()
         };
+        if let Some(next) = self
+            .ensure_pod_cgroup(pod, id, &runtime)
+            .instrument(tracing::info_span!("ensure_pod_cgroup"))
+            .await
+        {
+            return next;
+        }
         let ctx = PodContext {
             pod_dir,
             node_name: self.settings.node_name.clone(),
@@ -349,6 +414,7 @@ impl<C: Cri + Clone> Kubelet<C> {
             ),
             pull_secrets: pod_pull_secrets(self.volumes.api(), pod).await,
             seccomp_profile_root: self.settings.root_dir.join("seccomp"),
+            memory_capacity: self.settings.memory_capacity,
         };
         let outcome = self.runtime.sync_pod(pod, id, &runtime, &ctx).await;
         lock(&self.reasons).insert(id.uid.clone(), outcome.waiting.clone());
@@ -419,6 +485,11 @@ impl<C: Cri + Clone> Kubelet<C> {
         };
         if let Err(e) = self.volumes.teardown(&id.uid).await {
             tracing::warn!(error = %e, "could not tear down the pod's volumes");
+            return Next::ResyncAfter(RETRY);
+        }
+        // Resources are reclaimed only once the pod cgroup is gone too.
+        if let Err(e) = self.destroy_pod_cgroup(&id.uid).await {
+            tracing::warn!(error = %e, "could not remove the pod cgroup");
             return Next::ResyncAfter(RETRY);
         }
         if let Some(pod) = pod {
@@ -570,6 +641,9 @@ pub async fn housekeeping<C: Cri + Clone>(
         let keep: HashSet<String> = known.union(&working).cloned().collect();
         if let Err(e) = kubelet.volumes.cleanup_orphans(&keep).await {
             tracing::warn!(error = %e, "could not clean up orphaned pod directories");
+        }
+        if let Some(cm) = &kubelet.cm {
+            cm.cleanup_orphans(&keep).await;
         }
     }
 }

@@ -113,6 +113,23 @@ struct RunArgs {
     /// ones, comma-separated.
     #[arg(long, value_delimiter = ',')]
     allowed_unsafe_sysctls: Vec<String>,
+    /// Pod cgroups under a QoS hierarchy (`kubepods`, `kubepods/burstable`,
+    /// `kubepods/besteffort`), each the cgroup parent of its pod's sandbox.
+    #[arg(
+        long,
+        default_value_t = true,
+        action = clap::ArgAction::Set,
+        num_args = 0..=1,
+        default_missing_value = "true",
+        require_equals = true
+    )]
+    cgroups_per_qos: bool,
+    /// The cgroup the QoS hierarchy goes under.
+    #[arg(long, default_value = "/")]
+    cgroup_root: String,
+    /// How cgroups are managed: only `cgroupfs` (the runtime must not use systemd).
+    #[arg(long, default_value = "cgroupfs")]
+    cgroup_driver: String,
     #[command(flatten)]
     server: ServerFlags,
 }
@@ -278,6 +295,9 @@ async fn run_command(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
         max_pods: args.max_pods,
         allowed_unsafe_sysctls: args.allowed_unsafe_sysctls,
         server,
+        cgroups_per_qos: args.cgroups_per_qos,
+        cgroup_root: args.cgroup_root,
+        cgroup_driver: args.cgroup_driver,
     };
     let cancel = tokio_util::sync::CancellationToken::new();
     let stop = cancel.clone();

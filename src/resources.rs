@@ -185,9 +185,32 @@ pub fn container_resource_value(
     Ok(amount.map_or(0, |q| value(q).div_ceil(divisor)).to_string())
 }
 
-/// The pod's QoS class: `Guaranteed`, `Burstable` or `BestEffort` (the API's `GetPodQOS`).
+/// A pod's QoS class (`v1.PodQOSClass`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QosClass {
+    /// Every container has equal CPU and memory requests and limits.
+    Guaranteed,
+    /// Some request or limit, but not guaranteed.
+    Burstable,
+    /// No request or limit at all.
+    BestEffort,
+}
+
+impl QosClass {
+    /// The name in `status.qosClass`.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Guaranteed => "Guaranteed",
+            Self::Burstable => "Burstable",
+            Self::BestEffort => "BestEffort",
+        }
+    }
+}
+
+/// The pod's QoS class (the API's `GetPodQOS`).
 #[must_use]
-pub fn qos_class(spec: &PodSpec) -> &'static str {
+pub fn qos_class(spec: &PodSpec) -> QosClass {
     let containers: Vec<&Container> = spec
         .containers
         .iter()
@@ -213,11 +236,11 @@ pub fn qos_class(spec: &PodSpec) -> &'static str {
         }
     }
     if !any {
-        "BestEffort"
+        QosClass::BestEffort
     } else if guaranteed {
-        "Guaranteed"
+        QosClass::Guaranteed
     } else {
-        "Burstable"
+        QosClass::Burstable
     }
 }
 
@@ -289,18 +312,21 @@ mod tests {
 
     #[test]
     fn qos_classes() {
-        assert_eq!(qos_class(&spec(&[], &[])), "BestEffort");
-        assert_eq!(qos_class(&spec(&[("cpu", "100m")], &[])), "Burstable");
+        assert_eq!(qos_class(&spec(&[], &[])), QosClass::BestEffort);
+        assert_eq!(
+            qos_class(&spec(&[("cpu", "100m")], &[])),
+            QosClass::Burstable
+        );
         assert_eq!(
             qos_class(&spec(&[], &[("cpu", "1"), ("memory", "1Gi")])),
-            "Guaranteed"
+            QosClass::Guaranteed
         );
         assert_eq!(
             qos_class(&spec(
                 &[("cpu", "500m"), ("memory", "1Gi")],
                 &[("cpu", "1"), ("memory", "1Gi")]
             )),
-            "Burstable"
+            QosClass::Burstable
         );
     }
 }

@@ -81,6 +81,8 @@ pub struct ContainerContext {
     pub image_user: ImageUser,
     /// Where the node's `Localhost` seccomp profiles live (`<root-dir>/seccomp`).
     pub seccomp_profile_root: PathBuf,
+    /// The node's memory capacity in bytes, for the container's OOM score.
+    pub memory_capacity: u64,
 }
 
 /// FNV-1a, 64 bits: a stable hash of the container spec, so a changed spec is noticed
@@ -99,7 +101,14 @@ fn millis(q: Quantity) -> i64 {
     i64::try_from(q.milli_value()).unwrap_or(i64::MAX)
 }
 
-fn resources(container: &Container) -> Result<api::LinuxContainerResources, ConfigError> {
+/// The container's cgroup settings as `generateLinuxContainerConfig` makes them: CPU
+/// shares, the CFS period (always) and quota, the memory limit and the OOM score of the
+/// pod's QoS class.
+fn resources(
+    pod: &Pod,
+    container: &Container,
+    memory_capacity: u64,
+) -> Result<api::LinuxContainerResources, ConfigError> {
     let bad = |reason: String| ConfigError::BadResource {
         container: container.name.clone(),
         reason,
@@ -125,10 +134,11 @@ fn resources(container: &Container) -> Result<api::LinuxContainerResources, Conf
     let memory_limit = get(limits, "memory")?;
     let mut out = api::LinuxContainerResources {
         cpu_shares: cpu_shares(cpu_request.map(millis)),
+        cpu_period: 100_000,
+        oom_score_adj: crate::cm::container_oom_score_adj(pod, container, memory_capacity),
         ..Default::default()
     };
     if let Some(limit) = cpu_limit {
-        out.cpu_period = 100_000;
         out.cpu_quota = cpu_quota(millis(limit), out.cpu_period);
     }
     if let Some(limit) = memory_limit {
@@ -219,7 +229,7 @@ pub fn container_config(
         stdin_once: container.stdin_once.unwrap_or(false),
         tty: container.tty.unwrap_or(false),
         linux: Some(api::LinuxContainerConfig {
-            resources: Some(resources(container)?),
+            resources: Some(resources(pod, container, ctx.memory_capacity)?),
             security_context: Some(security_context::container(
                 pod,
                 container,
@@ -322,12 +332,27 @@ mod tests {
         });
         let id = PodId::of(&p).unwrap();
         let container = p.spec.as_ref().unwrap().containers[0].clone();
-        let (config, _) =
-            container_config(&p, &id, &container, &ContainerContext::default()).unwrap();
+        let ctx = ContainerContext {
+            memory_capacity: 1 << 30,
+            ..Default::default()
+        };
+        let (config, _) = container_config(&p, &id, &container, &ctx).unwrap();
         let r = config.linux.unwrap().resources.unwrap();
         assert_eq!(r.cpu_shares, 512);
         assert_eq!((r.cpu_period, r.cpu_quota), (100_000, 50_000));
         assert_eq!(r.memory_limit_in_bytes, 64 * 1024 * 1024);
+        // Guaranteed (requests default to the limits).
+        assert_eq!(r.oom_score_adj, -997);
+        // Burstable: a 256Mi request of a 1Gi node.
+        p.spec.as_mut().unwrap().containers[0].resources = Some(ResourceRequirements {
+            requests: Some([("memory".to_owned(), Q("256Mi".into()))].into()),
+            ..Default::default()
+        });
+        let container = p.spec.as_ref().unwrap().containers[0].clone();
+        let (config, _) = container_config(&p, &id, &container, &ctx).unwrap();
+        let r = config.linux.unwrap().resources.unwrap();
+        assert_eq!((r.cpu_shares, r.cpu_quota, r.cpu_period), (2, 0, 100_000));
+        assert_eq!(r.oom_score_adj, 750);
     }
 
     #[test]

@@ -119,6 +119,8 @@ pub struct PodContext {
     pub pull_secrets: Vec<Secret>,
     /// Where the node's `Localhost` seccomp profiles live (`<root-dir>/seccomp`).
     pub seccomp_profile_root: PathBuf,
+    /// The node's memory capacity in bytes (containers' OOM scores).
+    pub memory_capacity: u64,
 }
 
 /// The kubelet's `kubeGenericRuntimeManager`: pod-level operations over CRI.
@@ -592,6 +594,7 @@ impl<C: Cri> RuntimeManager<C> {
             image_user,
             seccomp_profile_root: ctx.seccomp_profile_root.clone(),
             sources: ctx.env_sources.clone(),
+            memory_capacity: ctx.memory_capacity,
         };
         let mut mounts = self
             .volume_mounts(pod, id, (container, name), &cctx, &ctx.volumes)

@@ -20,6 +20,8 @@ pub struct SandboxSettings {
     pub dns: Configurer,
     /// Where pod log directories live (`/var/log/pods` for the kubelet).
     pub pod_logs_dir: PathBuf,
+    /// The QoS cgroups pods go under (`--cgroups-per-qos`); none: no cgroup parent.
+    pub qos_containers: Option<crate::cm::QosContainers>,
 }
 
 /// The directory holding the pod's container logs: `<logs>/<namespace>_<name>_<uid>`.
@@ -139,7 +141,7 @@ pub fn sandbox_config(
         labels: pod_labels,
         annotations,
         linux: Some(api::LinuxPodSandboxConfig {
-            cgroup_parent: String::new(),
+            cgroup_parent: crate::cm::cgroup_parent(settings.qos_containers.as_ref(), pod),
             security_context: Some(super::security_context::sandbox(spec)),
             sysctls,
         }),
@@ -164,6 +166,7 @@ mod tests {
                 node_ips: vec![],
             },
             pod_logs_dir: "/var/log/pods".into(),
+            qos_containers: Some(crate::cm::QosContainers::under("/")),
         }
     }
 
@@ -197,6 +200,11 @@ mod tests {
         assert_eq!(config.port_mappings.len(), 1);
         assert_eq!(config.port_mappings[0].host_port, 8080);
         assert_eq!(config.dns_config.as_ref().unwrap().servers, ["10.96.0.10"]);
+        // A BestEffort pod's cgroup, as the sandbox's cgroup parent.
+        assert_eq!(
+            config.linux.as_ref().unwrap().cgroup_parent,
+            "/kubepods/besteffort/poduid-web-7d4b9c-abcde"
+        );
         let ns = namespaces(config);
         assert_eq!(ns.network(), api::NamespaceMode::Pod);
         assert_eq!(ns.pid(), api::NamespaceMode::Container);

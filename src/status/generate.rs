@@ -386,7 +386,7 @@ pub fn generate_pod_status(pod: &Pod, inputs: &StatusInputs<'_>) -> PodStatus {
         qos_class: pod
             .spec
             .as_ref()
-            .map(|s| crate::resources::qos_class(s).to_owned()),
+            .map(|s| crate::resources::qos_class(s).as_str().to_owned()),
         container_statuses: Some(statuses),
         init_container_statuses: (!init_statuses.is_empty()).then_some(init_statuses),
         ..Default::default()

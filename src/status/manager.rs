@@ -123,9 +123,7 @@ impl StatusManager {
 
     async fn patch(&self, id: &PodId, status: &PodStatus) -> Result<(), StatusError> {
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &id.namespace);
-        // The uid in the patch is a precondition: a pod re-created under the same name is
-        // never given the old pod's status.
-        let body = serde_json::json!({ "metadata": { "uid": id.uid }, "status": status });
+        let body = patch_body(id, status);
         api.patch_status(&id.name, &PatchParams::default(), &Patch::Strategic(body))
             .instrument(tracing::info_span!("status_patch", pod_uid = %id.uid))
             .await
@@ -235,5 +233,46 @@ impl StatusManager {
                 self.notify.notify_one();
             }
         }
+    }
+}
+
+/// The strategic merge patch of a pod's status. The uid is a precondition: a pod
+/// re-created under the same name is never given the old pod's status. `podIPs` merges
+/// by IP, so a new sandbox's IP would be added to the old one (which the API refuses):
+/// the list is replaced instead.
+fn patch_body(id: &PodId, status: &PodStatus) -> serde_json::Value {
+    let mut body = serde_json::json!({ "metadata": { "uid": id.uid }, "status": status });
+    if let Some(serde_json::Value::Array(ips)) = body["status"].get_mut("podIPs") {
+        ips.insert(0, serde_json::json!({ "$patch": "replace" }));
+    }
+    body
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::PodIP;
+
+    #[test]
+    fn pod_ips_are_replaced_not_merged() {
+        let id = PodId {
+            namespace: "default".into(),
+            name: "p".into(),
+            uid: "u".into(),
+        };
+        let status = PodStatus {
+            pod_ips: Some(vec![PodIP {
+                ip: "10.0.0.2".into(),
+            }]),
+            ..Default::default()
+        };
+        let body = patch_body(&id, &status);
+        assert_eq!(body["metadata"]["uid"], "u");
+        assert_eq!(
+            body["status"]["podIPs"],
+            serde_json::json!([{ "$patch": "replace" }, { "ip": "10.0.0.2" }])
+        );
+        let none = patch_body(&id, &PodStatus::default());
+        assert!(none["status"].get("podIPs").is_none());
     }
 }
