@@ -779,17 +779,21 @@ kill_leftover_shims() {
 }
 
 # Shims with no task left in the state dir: any containerd shim serving our socket for a
-# container id our containerd held (recorded by remove_containers).
+# container id our containerd held (recorded by remove_containers), or whose working
+# directory is a (deleted) task bundle of our containerd's state dir (a shim whose
+# container was removed before the cluster went down).
 kill_recorded_shims() {
-  [[ -s $REC/containers ]] || return 0
-  local p pid cmd ns id
+  local p pid cmd ns id cwd
   for p in /proc/[0-9]*; do
     pid=${p#/proc/}
     [[ $(readlink "$p/exe" 2>/dev/null) == */containerd-shim* ]] || continue
     cmd=$(tr '\0' ' ' <"$p/cmdline" 2>/dev/null) || continue
     [[ $cmd =~ -namespace\ ([^ ]+)\ .*-id\ ([0-9a-f]+)\  ]] || continue
     ns=${BASH_REMATCH[1]} id=${BASH_REMATCH[2]}
-    if grep -qxF "$ns $id" "$REC/containers" && is_our_shim "$pid" "$ns"; then
+    cwd=$(readlink "$p/cwd" 2>/dev/null) || cwd=""
+    if { grep -qxF "$ns $id" "$REC/containers" 2>/dev/null ||
+      [[ $cwd == "$CTRD/state/io.containerd.runtime.v2.task/$ns/"* ]]; } &&
+      is_our_shim "$pid" "$ns"; then
       stop_pid "shim $ns/$id" "$pid" 5
     fi
   done
