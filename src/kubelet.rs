@@ -1,7 +1,8 @@
 //! The kubelet: the pod sync that pod workers run — `syncPod` for a pod that should run,
 //! `syncTerminatingPod` for one that must go — and the housekeeping that finds orphans.
 //! Each step has its own tracing span, so a pod's start-up reads as a timeline:
-//! `make_data_dirs → mount_volumes → run_pod_sandbox (CNI inside) → pull/create/start`.
+//! `ensure_pod_cgroup → make_data_dirs → mount_volumes → run_pod_sandbox (CNI inside) →
+//! pull/env_sources/create/start`.
 //! Pods are admitted (or rejected, ending Failed) before their first sync, and a running
 //! pod past its `activeDeadlineSeconds` ends Failed; both rules live in [`crate::lifecycle`].
 
@@ -36,8 +37,8 @@ use crate::volume::{KubeVolumeApi, LinuxMounter, PodVolumes, VolumeError, Volume
 /// How often a running pod is synced when nothing happens (the kubelet's
 /// `--sync-frequency`). Changes in the runtime wake it at once through the PLEG.
 const RESYNC: Duration = Duration::from_secs(60);
-/// How long volumes set up for a pod are used before the sources are read again: half the
-/// sync period, so that a changed secret or configMap reaches its files within one period.
+/// How long volumes set up for a pod are used before they are set up again: tokens are
+/// refreshed then (changed Secrets and ConfigMaps come at once through their watches).
 const VOLUME_RESYNC: Duration = Duration::from_secs(30);
 /// A failed termination step is retried after this long.
 const RETRY: Duration = Duration::from_secs(1);
@@ -71,10 +72,9 @@ pub struct Kubelet<C> {
     /// Back-off of failed sandbox creations and volume set-ups, per pod UID.
     backoff: Mutex<HashMap<String, Backoff>>,
     /// Each pod's volumes, when they were last set up and the pod metadata they show.
-    /// Syncs come with every runtime change; the volume sources (secrets, configMaps,
-    /// tokens) are read again when the pod's labels or annotations changed (downward API
-    /// files) a Secret or ConfigMap they hold changed, or the last set-up
-    /// is [`VOLUME_RESYNC`] old, not on each of them.
+    /// Syncs come with every runtime change; the volumes are set up again only when the
+    /// pod's labels or annotations changed (downward API files), a Secret or ConfigMap the
+    /// pod references changed, or the last set-up is [`VOLUME_RESYNC`] old.
     volumes_set_up: Mutex<HashMap<String, VolumesSetUp>>,
     /// The Secrets, ConfigMaps and Services of the pods' environment and volumes.
     env: EnvSourceReader,
@@ -281,9 +281,9 @@ impl<C: Cri + Clone> Kubelet<C> {
             .failed(Instant::now())
     }
 
-    /// The pod's volumes: set up again when its labels or annotations changed or the last
-    /// set-up is [`VOLUME_RESYNC`] old (changed secrets, configMaps and tokens are
-    /// rewritten then), else as last set up.
+    /// The pod's volumes: set up again when its labels or annotations changed, a Secret or
+    /// ConfigMap it references changed, or the last set-up is [`VOLUME_RESYNC`] old (tokens
+    /// are refreshed then), else as last set up.
     async fn pod_volumes(&self, pod: &Pod, id: &PodId) -> Result<PodVolumes, VolumeError> {
         let metadata = volume_metadata(pod);
         self.env.caches().register(&id.uid, pod);
@@ -355,6 +355,14 @@ impl<C: Cri + Clone> Kubelet<C> {
         if let Some(wait) = self.backing_off(&id.uid) {
             return Next::ResyncAfter(wait);
         }
+        // As the kubelet's syncPod: the pod cgroup first, then data dirs and volumes.
+        if let Some(next) = self
+            .ensure_pod_cgroup(pod, id, &runtime)
+            .instrument(tracing::info_span!("ensure_pod_cgroup"))
+            .await
+        {
+            return next;
+        }
         let pod_dir = self.volumes.pod_dir(&id.uid);
         let dirs = async {
             tokio::fs::create_dir_all(pod_dir.join("containers")).await?;
@@ -392,13 +400,6 @@ impl<C: Cri + Clone> Kubelet<C> {
         } else {
             String::new()
         };
-        if let Some(next) = self
-            .ensure_pod_cgroup(pod, id, &runtime)
-            .instrument(tracing::info_span!("ensure_pod_cgroup"))
-            .await
-        {
-            return next;
-        }
         let ctx = PodContext {
             pod_dir,
             node_name: self.settings.node_name.clone(),
@@ -406,12 +407,8 @@ impl<C: Cri + Clone> Kubelet<C> {
             volumes,
             runtime_handler,
             probes: Some(self.prober.results().clone()),
-            env_sources: Arc::new(
-                self.env
-                    .read(pod)
-                    .instrument(tracing::info_span!("env_sources"))
-                    .await,
-            ),
+            sources: self.env.clone(),
+            env_sources: tokio::sync::OnceCell::new(),
             pull_secrets: pod_pull_secrets(self.volumes.api(), pod).await,
             seccomp_profile_root: self.settings.root_dir.join("seccomp"),
             memory_capacity: self.settings.memory_capacity,

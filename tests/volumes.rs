@@ -23,7 +23,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use rkubelet::cri::{Cri, api};
 use rkubelet::volume::{KubeVolumeApi, LinuxMounter, VolumeApi, VolumeError, VolumeManager};
-use rkubelet::watch_manager::{SourceCaches, Wake};
+use rkubelet::watch_manager::{CacheError, SourceCaches, Wake};
 use serde_json::json;
 
 /// A scratch `--root-dir` under the temp dir. On drop, whatever is still mounted under it
@@ -99,7 +99,7 @@ fn mode(path: &Path) -> u32 {
 struct OneSecret;
 
 impl VolumeApi for OneSecret {
-    async fn get_secret(&self, _namespace: &str, name: &str) -> kube::Result<Option<Secret>> {
+    async fn get_secret(&self, _namespace: &str, name: &str) -> Result<Option<Secret>, CacheError> {
         Ok((name == "db").then(|| Secret {
             data: Some(BTreeMap::from([
                 ("user".to_owned(), ByteString(b"admin".to_vec())),
@@ -109,7 +109,7 @@ impl VolumeApi for OneSecret {
         }))
     }
 
-    async fn get_config_map(&self, _: &str, _: &str) -> kube::Result<Option<ConfigMap>> {
+    async fn get_config_map(&self, _: &str, _: &str) -> Result<Option<ConfigMap>, CacheError> {
         Ok(None)
     }
 
@@ -433,12 +433,16 @@ async fn setup_with_retry(
     }
 }
 
+/// Not yet allowed to the node: a watch not listed yet (the Node authorizer does not see
+/// the pod yet), or a refused TokenRequest.
 fn is_forbidden(e: &VolumeError) -> bool {
-    let source = match e {
-        VolumeError::Api { source, .. } | VolumeError::TokenRequest { source, .. } => source,
-        _ => return false,
-    };
-    matches!(&**source, kube::Error::Api(s) if s.code == 403)
+    match e {
+        VolumeError::Api { source, .. } => matches!(**source, CacheError::NotSynced { .. }),
+        VolumeError::TokenRequest { source, .. } => {
+            matches!(&**source, kube::Error::Api(s) if s.code == 403)
+        }
+        _ => false,
+    }
 }
 
 /// Runs `script` with `sh -c` in the running container `container` of the pod with this

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 
-use super::env::{EnvSources, environment, expand};
+use super::env::{EnvSources, expand};
 use super::labels;
 use super::security_context::{self, ImageUser, NonRootError};
 use crate::cri::api;
@@ -154,8 +154,8 @@ pub fn log_path(container: &str, restart_count: u32) -> PathBuf {
     PathBuf::from(container).join(format!("{restart_count}.log"))
 }
 
-/// The full container config, with the `InvalidEnvironmentVariableNames` warnings of its
-/// environment.
+/// The full container config, with `envs`, the container's environment
+/// ([`super::env::environment`]), made before its mounts as the kubelet does.
 ///
 /// # Errors
 /// A spec the agent cannot turn into a config (reported as `CreateContainerConfigError`).
@@ -164,10 +164,9 @@ pub fn container_config(
     id: &PodId,
     container: &Container,
     ctx: &ContainerContext,
-) -> Result<(api::ContainerConfig, Vec<String>), ConfigError> {
+    envs: Vec<api::KeyValue>,
+) -> Result<api::ContainerConfig, ConfigError> {
     security_context::verify_run_as_non_root(pod, container, &ctx.image_user)?;
-    let env = environment(pod, container, ctx)?;
-    let envs = env.vars;
     let vars: HashMap<&str, &str> = envs
         .iter()
         .map(|kv| (kv.key.as_str(), kv.value.as_str()))
@@ -239,7 +238,7 @@ pub fn container_config(
         }),
         ..Default::default()
     };
-    Ok((config, env.skipped))
+    Ok(config)
 }
 
 #[cfg(test)]
@@ -250,6 +249,17 @@ mod tests {
         EnvVar, EnvVarSource, ObjectFieldSelector, ResourceRequirements,
     };
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity as Q;
+
+    /// The config of `container`, with its environment.
+    fn made(
+        p: &Pod,
+        id: &PodId,
+        container: &Container,
+        ctx: &ContainerContext,
+    ) -> api::ContainerConfig {
+        let env = crate::kuberuntime::env::environment(p, container, ctx).unwrap();
+        container_config(p, id, container, ctx, env.vars).unwrap()
+    }
 
     fn env(name: &str, value: &str) -> EnvVar {
         EnvVar {
@@ -293,7 +303,7 @@ mod tests {
         };
         let id = PodId::of(&p).unwrap();
         let container = p.spec.as_ref().unwrap().containers[0].clone();
-        let (config, _) = container_config(&p, &id, &container, &ctx).unwrap();
+        let config = made(&p, &id, &container, &ctx);
         let envs: Vec<_> = config
             .envs
             .iter()
@@ -336,7 +346,7 @@ mod tests {
             memory_capacity: 1 << 30,
             ..Default::default()
         };
-        let (config, _) = container_config(&p, &id, &container, &ctx).unwrap();
+        let config = made(&p, &id, &container, &ctx);
         let r = config.linux.unwrap().resources.unwrap();
         assert_eq!(r.cpu_shares, 512);
         assert_eq!((r.cpu_period, r.cpu_quota), (100_000, 50_000));
@@ -349,7 +359,7 @@ mod tests {
             ..Default::default()
         });
         let container = p.spec.as_ref().unwrap().containers[0].clone();
-        let (config, _) = container_config(&p, &id, &container, &ctx).unwrap();
+        let config = made(&p, &id, &container, &ctx);
         let r = config.linux.unwrap().resources.unwrap();
         assert_eq!((r.cpu_shares, r.cpu_quota, r.cpu_period), (2, 0, 100_000));
         assert_eq!(r.oom_score_adj, 750);

@@ -99,18 +99,18 @@ impl EnvSourceReader {
     }
 }
 
-/// Every object of `K` the pod references, from its cache.
+/// Every object of `K` the pod references, from its cache, all at once (a read waits for
+/// an object's first list).
 async fn read_all<K: Referenced + Send + Sync + 'static>(
     cache: &ObjectCache<K>,
     namespace: &str,
     pod: &Pod,
 ) -> HashMap<String, Lookup<K>> {
-    let mut all = HashMap::new();
-    for name in K::names(pod) {
+    let reads = K::names(pod).into_iter().map(|name| async move {
         let got = cache.get(namespace, &name).await.map_err(|e| e.to_string());
-        all.insert(name, got);
-    }
-    all
+        (name, got)
+    });
+    futures::future::join_all(reads).await.into_iter().collect()
 }
 
 /// Expands `$(VAR)` references with the kubelet's rules: a defined variable is replaced,

@@ -19,11 +19,11 @@ use tracing::Instrument;
 
 use super::actions::{PodActions, compute_pod_actions};
 use super::container::{ConfigError, ContainerContext, container_config};
-use super::env::{EnvSources, environment};
+use super::env::{EnvSourceReader, EnvSources, environment};
 use super::names;
 use super::runtime_status::{PodRuntimeStatus, RunState};
 use super::sandbox::{SandboxSettings, pod_log_dir, sandbox_config};
-use super::security_context::image_user;
+use super::security_context::{ImageUser, image_user};
 use crate::backoff::Backoff;
 use crate::cri::{Cri, api, ok_if_not_found};
 use crate::events::{EventRecorder, Involved};
@@ -52,11 +52,6 @@ struct Stop<'a> {
     spec: Option<&'a Container>,
     /// The pod's IP, the default host of an HTTP hook.
     pod_ip: &'a str,
-}
-
-/// The spec of the pod's container (init or app) with this name.
-fn container_spec<'a>(pod: Option<&'a Pod>, name: &str) -> Option<&'a Container> {
-    crate::pod::container(pod?, name)
 }
 
 /// The primary IP of the pod's ready sandbox, if any.
@@ -98,7 +93,7 @@ impl SyncOutcome {
 }
 
 /// Host-side facts a pod's containers need.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug)]
 pub struct PodContext {
     /// `<root-dir>/pods/<uid>`.
     pub pod_dir: PathBuf,
@@ -113,8 +108,10 @@ pub struct PodContext {
     pub runtime_handler: String,
     /// The prober's results (liveness and startup failures restart containers).
     pub probes: Option<Arc<Results>>,
-    /// The Secrets, ConfigMaps and Services the containers' environment is made from.
-    pub env_sources: Arc<EnvSources>,
+    /// Where the containers' Secrets, ConfigMaps and Services are read from.
+    pub sources: EnvSourceReader,
+    /// What was read from `sources`: once per sync, when the first container starts.
+    pub env_sources: tokio::sync::OnceCell<Arc<EnvSources>>,
     /// The pod's image pull secrets that could be read.
     pub pull_secrets: Vec<Secret>,
     /// Where the node's `Localhost` seccomp profiles live (`<root-dir>/seccomp`).
@@ -502,21 +499,18 @@ impl<C: Cri> RuntimeManager<C> {
     }
 
     /// The container's volume mounts (the kubelet's `makeMounts`): subPathExpr expanded
-    /// from its environment, subpaths made and bound. A failure is the container's
+    /// from its environment `envs`, subpaths made and bound. A failure is the container's
     /// `CreateContainerConfigError`.
     async fn volume_mounts(
         &self,
-        pod: &Pod,
         id: &PodId,
         (container, name): (&Container, Involved<'_>),
-        cctx: &ContainerContext,
+        envs: &[api::KeyValue],
         volumes: &PodVolumes,
     ) -> Result<Vec<api::Mount>, Waiting> {
-        let env: HashMap<String, String> = environment(pod, container, cctx)
-            .map_err(|e| self.config_error(id, name, &e))?
-            .vars
-            .into_iter()
-            .map(|kv| (kv.key, kv.value))
+        let env: HashMap<String, String> = envs
+            .iter()
+            .map(|kv| (kv.key.clone(), kv.value.clone()))
             .collect();
         let mounts = volumes
             .container_mounts(container, &env)
@@ -579,11 +573,16 @@ impl<C: Cri> RuntimeManager<C> {
                 pulled
             }
         };
-        // The image's user: the container's when the pod names none, and what
-        // runAsNonRoot is checked against.
-        let image_user = image_user(&self.cri, &image_ref)
-            .await
-            .map_err(|e| self.config_error(id, name, &ConfigError::ImageUser(e.to_string())))?;
+        // As the kubelet's generateContainerConfig: the environment (with its warnings),
+        // then the mounts, then the image's user (the container's when the pod names none,
+        // and what runAsNonRoot is checked against).
+        let sources = ctx
+            .env_sources
+            .get_or_init(|| async {
+                let read = ctx.sources.read(pod);
+                Arc::new(read.instrument(tracing::info_span!("env_sources")).await)
+            })
+            .await;
         let mut cctx = ContainerContext {
             pod_ips: ips.to_vec(),
             host_ip: ctx.host_ip,
@@ -591,13 +590,19 @@ impl<C: Cri> RuntimeManager<C> {
             mounts: Vec::new(),
             restart_count,
             image_ref,
-            image_user,
+            image_user: ImageUser::default(),
             seccomp_profile_root: ctx.seccomp_profile_root.clone(),
-            sources: ctx.env_sources.clone(),
+            sources: sources.clone(),
             memory_capacity: ctx.memory_capacity,
         };
+        let env =
+            environment(pod, container, &cctx).map_err(|e| self.config_error(id, name, &e))?;
+        for message in env.skipped {
+            self.events
+                .warning(id, None, "InvalidEnvironmentVariableNames", message);
+        }
         let mut mounts = self
-            .volume_mounts(pod, id, (container, name), &cctx, &ctx.volumes)
+            .volume_mounts(id, (container, name), &env.vars, &ctx.volumes)
             .await?;
         let own = self
             .kubelet_mounts(pod, id, container, restart_count, ips, ctx)
@@ -608,12 +613,11 @@ impl<C: Cri> RuntimeManager<C> {
             })?;
         mounts.extend(own);
         cctx.mounts = mounts;
-        let (config, skipped) = container_config(pod, id, container, &cctx)
+        cctx.image_user = image_user(&self.cri, &cctx.image_ref)
+            .await
+            .map_err(|e| self.config_error(id, name, &ConfigError::ImageUser(e.to_string())))?;
+        let config = container_config(pod, id, container, &cctx, env.vars)
             .map_err(|e| self.config_error(id, name, &e))?;
-        for message in skipped {
-            self.events
-                .warning(id, None, "InvalidEnvironmentVariableNames", message);
-        }
         let failed = |e: crate::cri::CriError, reason: &str| {
             self.events
                 .warning(id, name, "Failed", format!("Error: {e}"));
@@ -778,7 +782,7 @@ impl<C: Cri> RuntimeManager<C> {
                 pod: id,
                 container_id: cid,
                 name,
-                spec: container_spec(Some(pod), name),
+                spec: crate::pod::container(pod, name),
                 pod_ip: &pod_ip,
             };
             self.stop_container(&target, grace, why.clone()).await;
@@ -808,7 +812,7 @@ impl<C: Cri> RuntimeManager<C> {
                 pod: id,
                 container_id: &c.id,
                 name: &c.name,
-                spec: container_spec(pod, &c.name),
+                spec: pod.and_then(|p| crate::pod::container(p, &c.name)),
                 pod_ip: &pod_ip,
             };
             self.stop_container(&target, grace, format!("Stopping container {}", c.name))

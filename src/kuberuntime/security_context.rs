@@ -201,17 +201,24 @@ fn field_profile(profile: &SeccompProfile, root: &Path) -> String {
     match (profile.type_.as_str(), profile.localhost_profile.as_deref()) {
         ("RuntimeDefault", _) => RUNTIME_DEFAULT.into(),
         ("Unconfined", _) => UNCONFINED.into(),
-        ("Localhost", Some(name)) if !name.is_empty() => {
-            format!("{LOCALHOST_PREFIX}{}", root.join(name).display())
-        }
+        ("Localhost", Some(name)) if !name.is_empty() => localhost(root, name),
         _ => String::new(),
     }
+}
+
+/// `localhost/<root>/<name>`, `name` kept under `root` as Go's `filepath.Join` keeps it (a
+/// leading `/` does not replace the root).
+fn localhost(root: &Path, name: &str) -> String {
+    format!(
+        "{LOCALHOST_PREFIX}{}",
+        root.join(name.trim_start_matches('/')).display()
+    )
 }
 
 /// A seccomp profile named by an annotation: a `localhost/` one is a file under `root`.
 fn annotation_profile(profile: &str, root: &Path) -> String {
     match profile.strip_prefix(LOCALHOST_PREFIX) {
-        Some(name) => format!("{LOCALHOST_PREFIX}{}", root.join(name).display()),
+        Some(name) => localhost(root, name),
         None => profile.to_owned(),
     }
 }
@@ -671,7 +678,13 @@ mod tests {
             None,
         );
         let id = crate::pod::PodId::of(&p).unwrap();
-        let made = container_config(&p, &id, &first(&p), &ContainerContext::default());
+        let made = container_config(
+            &p,
+            &id,
+            &first(&p),
+            &ContainerContext::default(),
+            Vec::new(),
+        );
         assert!(matches!(
             made,
             Err(ConfigError::NonRoot(NonRootError::ImageRunsAsRoot { .. }))

@@ -2,8 +2,9 @@
 //! node's watch-based caches) and the tokens it requests, behind a trait so the volume
 //! logic is tested without a cluster.
 //!
-//! With the node's own identity the Node authorizer allows exactly these calls for objects
-//! that pods bound to this node reference; everything else is `403 Forbidden`.
+//! With the node's own identity the Node authorizer allows these reads (a list and watch on
+//! `metadata.name`) and token requests only for objects that pods bound to this node
+//! reference; a refused watch never lists, and its reads fail as unsynced.
 
 use std::future::Future;
 
@@ -13,21 +14,22 @@ use kube::api::{Api, PostParams};
 
 use crate::watch_manager::{CacheError, SourceCaches};
 
-/// The reads and the one write the volume manager needs from the API server.
+/// The reads and the one write the volume manager needs.
 pub trait VolumeApi: Send + Sync + 'static {
-    /// `GET secrets/<name>` in `namespace`; `None` when it does not exist.
+    /// The Secret `namespace/name` as its watch last saw it; `None` when it does not exist.
     fn get_secret(
         &self,
         namespace: &str,
         name: &str,
-    ) -> impl Future<Output = kube::Result<Option<Secret>>> + Send;
+    ) -> impl Future<Output = Result<Option<Secret>, CacheError>> + Send;
 
-    /// `GET configmaps/<name>` in `namespace`; `None` when it does not exist.
+    /// The ConfigMap `namespace/name` as its watch last saw it; `None` when it does not
+    /// exist.
     fn get_config_map(
         &self,
         namespace: &str,
         name: &str,
-    ) -> impl Future<Output = kube::Result<Option<ConfigMap>>> + Send;
+    ) -> impl Future<Output = Result<Option<ConfigMap>, CacheError>> + Send;
 
     /// `POST serviceaccounts/<service_account>/token` in `namespace`: a TokenRequest,
     /// answered with the token in its status.
@@ -55,14 +57,6 @@ impl KubeVolumeApi {
     }
 }
 
-/// A cache error as the API error the volume manager reports.
-fn cache_error(e: &CacheError) -> kube::Error {
-    kube::Error::Api(Box::new(kube::core::Status::failure(
-        &e.to_string(),
-        "CacheNotReady",
-    )))
-}
-
 impl std::fmt::Debug for KubeVolumeApi {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("KubeVolumeApi").finish_non_exhaustive()
@@ -70,16 +64,18 @@ impl std::fmt::Debug for KubeVolumeApi {
 }
 
 impl VolumeApi for KubeVolumeApi {
-    async fn get_secret(&self, namespace: &str, name: &str) -> kube::Result<Option<Secret>> {
-        let got = self.caches.secrets.get(namespace, name).await;
-        got.map(|s| s.as_deref().cloned())
-            .map_err(|e| cache_error(&e))
+    async fn get_secret(&self, namespace: &str, name: &str) -> Result<Option<Secret>, CacheError> {
+        let got = self.caches.secrets.get(namespace, name).await?;
+        Ok(got.as_deref().cloned())
     }
 
-    async fn get_config_map(&self, namespace: &str, name: &str) -> kube::Result<Option<ConfigMap>> {
-        let got = self.caches.config_maps.get(namespace, name).await;
-        got.map(|c| c.as_deref().cloned())
-            .map_err(|e| cache_error(&e))
+    async fn get_config_map(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<ConfigMap>, CacheError> {
+        let got = self.caches.config_maps.get(namespace, name).await?;
+        Ok(got.as_deref().cloned())
     }
 
     async fn create_token(

@@ -1,6 +1,7 @@
 //! Errors of the volume manager: each names the pod (`namespace/name`, or its UID where only
 //! that is known) and the volume, so the pod worker can turn it into a `FailedMount` event.
 
+use crate::watch_manager::CacheError;
 use std::io;
 use std::path::PathBuf;
 
@@ -46,8 +47,9 @@ pub enum VolumeError {
         /// The missing key.
         key: String,
     },
-    /// Reading a secret or config map from the API failed (other than "not found"); a
-    /// `403` usually means the Node authorizer does not (yet) see the pod on this node.
+    /// Reading a secret or config map from the node's cache failed (other than "not
+    /// found"): its watch has not listed it, e.g. while the Node authorizer does not (yet)
+    /// see the pod on this node.
     #[error("pod {pod}: volume {volume:?}: getting {kind} {name:?}: {source}")]
     Api {
         /// The pod, `namespace/name`.
@@ -58,9 +60,9 @@ pub enum VolumeError {
         kind: &'static str,
         /// The object's name.
         name: String,
-        /// The client's error.
+        /// The cache's error.
         #[source]
-        source: Box<kube::Error>,
+        source: Box<CacheError>,
     },
     /// The TokenRequest for a projected service account token failed.
     #[error(
@@ -212,13 +214,7 @@ impl VolumeError {
                     format!("configmap references non-existent config key: {key}")
                 },
             ),
-            Self::Api {
-                volume,
-                kind,
-                name,
-                source,
-                ..
-            } => (volume, format!("getting {kind} {name:?}: {source}")),
+            Self::Api { volume, source, .. } => (volume, source.to_string()),
             Self::TokenRequest { volume, source, .. } => {
                 (volume, format!("failed to fetch token: {source}"))
             }

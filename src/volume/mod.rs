@@ -60,6 +60,8 @@ pub use api::{KubeVolumeApi, VolumeApi};
 pub use error::{Result, VolumeError};
 pub use mounter::{LinuxMounter, Mounter};
 
+use crate::watch_manager::CacheError;
+
 use crate::resources::Quantity;
 use error::FsError;
 use ownership::FsGroup;
@@ -376,7 +378,7 @@ fn api_error<'a>(
     volume: &'a str,
     kind: &'static str,
     name: &'a str,
-) -> impl FnOnce(kube::Error) -> VolumeError + 'a {
+) -> impl FnOnce(CacheError) -> VolumeError + 'a {
     move |source| VolumeError::Api {
         pod: p.key.clone(),
         volume: volume.to_owned(),

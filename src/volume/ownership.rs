@@ -1,6 +1,6 @@
-//! fsGroup ownership of a volume, as the kubelet's `SetVolumeOwnership`: every file and
-//! directory (not symlinks) gets the group `fsGroup` and the group's read (read-only
-//! volumes) or read-write bits, directories also the group's search bit and setgid, so
+//! fsGroup ownership of a volume, as the kubelet's `SetVolumeOwnership`: every file,
+//! directory and symlink (the link itself) gets the group `fsGroup`; files and directories
+//! also the group's read (read-only volumes) or read-write bits, directories also the group's search bit and setgid, so
 //! files made later inherit the group. With `fsGroupChangePolicy: OnRootMismatch` the walk
 //! is skipped when the volume's root already has that group and those bits. Blocking: call
 //! from a blocking thread.
@@ -64,12 +64,13 @@ fn requires_change(dir: &Path, gid: u32, read_only: bool) -> bool {
 }
 
 fn change_file(path: &Path, meta: &fs::Metadata, gid: u32, read_only: bool) {
+    // The link itself is chowned (as the kubelet's Lchown), never followed.
+    if let Err(e) = std::os::unix::fs::lchown(path, None, Some(gid)) {
+        tracing::warn!(path = %path.display(), error = %e, "chown to the fsGroup failed");
+    }
     if meta.file_type().is_symlink() {
         // chmod would reach the link's target and undo its mode.
         return;
-    }
-    if let Err(e) = std::os::unix::fs::chown(path, None, Some(gid)) {
-        tracing::warn!(path = %path.display(), error = %e, "chown to the fsGroup failed");
     }
     let mut mask = file_mask(read_only);
     if meta.is_dir() {
@@ -137,6 +138,8 @@ mod tests {
             fs::metadata(root.join("sub/f")).expect("stat").gid(),
             fs_group_for_tests()
         );
+        let link = fs::symlink_metadata(root.join("link")).expect("lstat");
+        assert_eq!(link.gid(), fs_group_for_tests(), "the link itself");
 
         let tmp = TempDir::new("owner");
         let root = tree(&tmp);

@@ -2,6 +2,7 @@
 //! calls) and a self-removing temporary directory. Compiled for tests only; the pod
 //! worker's unit tests may use them too.
 
+use crate::watch_manager::CacheError;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io;
 use std::path::{Path, PathBuf};
@@ -85,12 +86,9 @@ fn meta(namespace: &str, name: &str) -> ObjectMeta {
     }
 }
 
-fn forbidden(name: &str) -> kube::Error {
-    kube::Error::Api(
-        kube::core::Status::failure(&format!("{name} is forbidden"), "Forbidden")
-            .with_code(403)
-            .boxed(),
-    )
+/// What the cache answers for an object whose watch is refused: it never syncs.
+fn forbidden(resource: &'static str) -> CacheError {
+    CacheError::NotSynced { resource }
 }
 
 impl FakeApi {
@@ -137,7 +135,7 @@ impl FakeApi {
         self
     }
 
-    /// Every read of an object of this name answers 403 Forbidden.
+    /// Every read of an object of this name fails as for a watch the API server refuses.
     pub(crate) fn forbid(self, name: &str) -> Self {
         lock(&self.inner.forbidden).insert(name.into());
         self
@@ -148,9 +146,9 @@ impl FakeApi {
         lock(&self.inner.token_requests).clone()
     }
 
-    fn check(&self, name: &str) -> kube::Result<()> {
+    fn check(&self, name: &str, resource: &'static str) -> Result<(), CacheError> {
         if lock(&self.inner.forbidden).contains(name) {
-            Err(forbidden(name))
+            Err(forbidden(resource))
         } else {
             Ok(())
         }
@@ -158,15 +156,19 @@ impl FakeApi {
 }
 
 impl VolumeApi for FakeApi {
-    async fn get_secret(&self, namespace: &str, name: &str) -> kube::Result<Option<Secret>> {
-        self.check(name)?;
+    async fn get_secret(&self, namespace: &str, name: &str) -> Result<Option<Secret>, CacheError> {
+        self.check(name, "secret")?;
         Ok(lock(&self.inner.secrets)
             .get(&(namespace.into(), name.into()))
             .cloned())
     }
 
-    async fn get_config_map(&self, namespace: &str, name: &str) -> kube::Result<Option<ConfigMap>> {
-        self.check(name)?;
+    async fn get_config_map(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<ConfigMap>, CacheError> {
+        self.check(name, "configmap")?;
         Ok(lock(&self.inner.config_maps)
             .get(&(namespace.into(), name.into()))
             .cloned())
