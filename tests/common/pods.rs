@@ -63,6 +63,11 @@ impl Drop for TestPods {
         let selector = self.selector();
         cleanup_blocking(move || async move {
             let api = pods_api().await;
+            let uids: Vec<String> = api
+                .list(&selector)
+                .await
+                .map(|l| l.items.into_iter().filter_map(|p| p.metadata.uid).collect())
+                .unwrap_or_default();
             let _ = api
                 .delete_collection(&DeleteParams::default(), &selector)
                 .await;
@@ -77,6 +82,13 @@ impl Drop for TestPods {
                 ..DeleteParams::default()
             };
             let _ = api.delete_collection(&force, &selector).await;
+            // A pod with no grace period leaves the API at once: the agent (still running)
+            // tears it down after, its sandboxes removed last (its cgroup before them).
+            for uid in &uids {
+                while Instant::now() < deadline && !sandboxes_of(uid).await.is_empty() {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
         });
     }
 }
