@@ -1,6 +1,5 @@
 //! Compute resources: Kubernetes quantities (`500m`, `64Mi`, `1G`), parsed exactly as
-//! `resource.Quantity` does, their cgroup settings (CPU shares and quota, as the kubelet's `MilliCPUToShares`/`MilliCPUToQuota`),
-//! the pod's QoS class, and the values the downward API exposes (`resourceFieldRef`).
+//! `resource.Quantity` does (their cgroup settings are [`crate::cm`]'s), the pod's QoS class, and the values the downward API exposes (`resourceFieldRef`).
 
 use std::collections::BTreeMap;
 
@@ -104,21 +103,6 @@ impl Quantity {
 
 fn pow10(exp: u32) -> Option<u128> {
     10u128.checked_pow(exp)
-}
-
-/// CPU shares for a CPU request in millicores: 1024 per core, at least 2.
-#[must_use]
-pub fn cpu_shares(request_millis: Option<i64>) -> i64 {
-    match request_millis {
-        None | Some(0) => 2,
-        Some(m) => (m * 1024 / 1000).max(2),
-    }
-}
-
-/// CFS quota for a CPU limit in millicores within `period` µs, at least 1 ms.
-#[must_use]
-pub fn cpu_quota(limit_millis: i64, period: i64) -> i64 {
-    (limit_millis * period / 1000).max(1000)
 }
 
 /// The value of a `resourceFieldRef` (`limits.cpu`, `requests.memory`, ...) of
@@ -277,15 +261,6 @@ mod tests {
         for bad in ["", "-1", "1Xi", "abc", "1e", "1e99", "."] {
             assert!(Quantity::parse(bad).is_err(), "{bad:?} parsed");
         }
-    }
-
-    #[test]
-    fn cpu_settings_match_the_kubelet() {
-        assert_eq!(cpu_shares(None), 2);
-        assert_eq!(cpu_shares(Some(1)), 2);
-        assert_eq!(cpu_shares(Some(250)), 256);
-        assert_eq!(cpu_quota(500, 100_000), 50_000);
-        assert_eq!(cpu_quota(1, 100_000), 1000);
     }
 
     fn spec(requests: &[(&str, &str)], limits: &[(&str, &str)]) -> PodSpec {

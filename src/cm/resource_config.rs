@@ -253,10 +253,13 @@ pub(crate) mod tests {
         assert_eq!(milli_cpu_to_shares(0), 2);
         assert_eq!(milli_cpu_to_shares(1), 2);
         assert_eq!(milli_cpu_to_shares(100), 102);
+        assert_eq!(milli_cpu_to_shares(250), 256);
         assert_eq!(milli_cpu_to_shares(300_000), 262_144);
         assert_eq!(milli_cpu_to_quota(0, QUOTA_PERIOD), 0);
         assert_eq!(milli_cpu_to_quota(5, QUOTA_PERIOD), 1000);
         assert_eq!(milli_cpu_to_quota(250, QUOTA_PERIOD), 25_000);
+        assert_eq!(milli_cpu_to_quota(500, QUOTA_PERIOD), 50_000);
+        assert_eq!(milli_cpu_to_quota(1, QUOTA_PERIOD), 1000);
     }
 
     #[test]

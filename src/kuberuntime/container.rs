@@ -15,7 +15,8 @@ use super::labels;
 use super::security_context::{self, ImageUser, NonRootError};
 use crate::cri::api;
 use crate::pod::PodId;
-use crate::resources::{Quantity, cpu_quota, cpu_shares};
+use crate::cm::{QUOTA_PERIOD, milli_cpu_to_quota, milli_cpu_to_shares};
+use crate::resources::Quantity;
 
 /// Why a container config could not be made (the kubelet's `CreateContainerConfigError`).
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -132,14 +133,16 @@ fn resources(
     // As in the API's defaulting, a request defaults to the limit.
     let cpu_request = get(requests, "cpu")?.or(cpu_limit);
     let memory_limit = get(limits, "memory")?;
+    let period = QUOTA_PERIOD;
     let mut out = api::LinuxContainerResources {
-        cpu_shares: cpu_shares(cpu_request.map(millis)),
-        cpu_period: 100_000,
+        cpu_shares: i64::try_from(milli_cpu_to_shares(cpu_request.map_or(0, millis)))
+            .unwrap_or(i64::MAX),
+        cpu_period: i64::try_from(period).unwrap_or(i64::MAX),
         oom_score_adj: crate::cm::container_oom_score_adj(pod, container, memory_capacity),
         ..Default::default()
     };
     if let Some(limit) = cpu_limit {
-        out.cpu_quota = cpu_quota(millis(limit), out.cpu_period);
+        out.cpu_quota = milli_cpu_to_quota(millis(limit), period);
     }
     if let Some(limit) = memory_limit {
         out.memory_limit_in_bytes = i64::try_from(limit.value()).unwrap_or(i64::MAX);
