@@ -15,10 +15,9 @@ mod common;
 
 use std::time::Duration;
 
+use common::agent::NODE_IP;
 use common::case::{Case, running};
-use common::pods::{events_of, running_containers_of};
-use common::{agent::NODE_IP, cri};
-use rkubelet::cri::{Cri, api};
+use common::pods::{events_of, exec_in};
 use serde_json::json;
 
 const CLUSTER_DNS: [&str; 4] = [
@@ -55,20 +54,8 @@ fn pod(spec: serde_json::Value) -> serde_json::Value {
 async fn exec(name: &str, container: &str, cmd: &[&str]) -> String {
     let pod = running(name).await;
     let uid = pod.metadata.uid.expect("uid");
-    let id = running_containers_of(&uid)
-        .await
-        .into_iter()
-        .find(|c| c.metadata.as_ref().is_some_and(|m| m.name == container))
-        .unwrap_or_else(|| panic!("{name}: no running container {container}"))
-        .id;
-    let out = cri()
-        .exec_sync(api::ExecSyncRequest {
-            container_id: id,
-            cmd: cmd.iter().map(|s| (*s).to_owned()).collect(),
-            timeout: 10,
-        })
-        .await
-        .expect("ExecSync");
+    let argv = cmd.iter().map(|s| (*s).to_owned()).collect();
+    let out = exec_in(&uid, container, argv).await;
     assert_eq!(
         out.exit_code,
         0,

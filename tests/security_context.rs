@@ -11,10 +11,9 @@ mod common;
 use std::time::Duration;
 
 use common::case::{Case, get};
-use common::pods::{containers_of, events_of, running_containers_of};
-use common::{cri, eventually};
+use common::eventually;
+use common::pods::{containers_of, events_of, exec_sync, running_containers_of};
 use k8s_openapi::api::core::v1::ContainerStateWaiting;
-use rkubelet::cri::{Cri, api};
 use serde_json::json;
 
 /// A pod of busybox containers that sleep, each `(name, securityContext)`, with the pod's
@@ -72,14 +71,7 @@ async fn sh(all: &[(String, String)], container: &str, script: &str) -> (String,
         .find(|(n, _)| n == container)
         .unwrap_or_else(|| panic!("container {container} runs"))
         .1;
-    let out = cri()
-        .exec_sync(api::ExecSyncRequest {
-            container_id: id.clone(),
-            cmd: vec!["sh".into(), "-c".into(), script.into()],
-            timeout: 10,
-        })
-        .await
-        .expect("ExecSync");
+    let out = exec_sync(id.clone(), vec!["sh".into(), "-c".into(), script.into()]).await;
     (
         String::from_utf8_lossy(&out.stdout).trim().to_owned(),
         out.exit_code,

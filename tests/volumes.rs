@@ -14,14 +14,13 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::case::{Case, delete_and_wait, get, running};
-use common::pods::{events_of, running_containers_of};
+use common::pods::{events_of, exec_in};
 use common::{eventually, kube_client, node_name, unique};
 use futures::FutureExt;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenReview, TokenReviewSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use rkubelet::cri::{Cri, api};
 use rkubelet::volume::{KubeVolumeApi, LinuxMounter, VolumeApi, VolumeError, VolumeManager};
 use rkubelet::watch_manager::{CacheError, SourceCaches, Wake};
 use serde_json::json;
@@ -448,19 +447,8 @@ fn is_forbidden(e: &VolumeError) -> bool {
 /// Runs `script` with `sh -c` in the running container `container` of the pod with this
 /// UID: its exit code and its output (stdout, then stderr).
 async fn exec(uid: &str, container: &str, script: &str) -> (i32, String) {
-    let found = running_containers_of(uid)
-        .await
-        .into_iter()
-        .find(|c| c.metadata.as_ref().is_some_and(|m| m.name == container))
-        .unwrap_or_else(|| panic!("no running container {container} in pod {uid}"));
-    let response = common::cri()
-        .exec_sync(api::ExecSyncRequest {
-            container_id: found.id,
-            cmd: vec!["sh".into(), "-c".into(), script.into()],
-            timeout: 10,
-        })
-        .await
-        .expect("ExecSync");
+    let cmd = vec!["sh".into(), "-c".into(), script.into()];
+    let response = exec_in(uid, container, cmd).await;
     let mut output = String::from_utf8_lossy(&response.stdout).into_owned();
     output.push_str(&String::from_utf8_lossy(&response.stderr));
     (response.exit_code, output)

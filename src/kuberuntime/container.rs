@@ -13,9 +13,9 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 use super::env::{EnvSources, expand};
 use super::labels;
 use super::security_context::{self, ImageUser, NonRootError};
+use crate::cm::{QUOTA_PERIOD, milli_cpu_to_quota, milli_cpu_to_shares};
 use crate::cri::api;
 use crate::pod::PodId;
-use crate::cm::{QUOTA_PERIOD, milli_cpu_to_quota, milli_cpu_to_shares};
 use crate::resources::Quantity;
 
 /// Why a container config could not be made (the kubelet's `CreateContainerConfigError`).

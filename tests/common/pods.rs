@@ -136,3 +136,25 @@ pub async fn containers_of(uid: &str, state: Option<api::ContainerState>) -> Vec
 pub async fn running_containers_of(uid: &str) -> Vec<api::Container> {
     containers_of(uid, Some(api::ContainerState::ContainerRunning)).await
 }
+
+/// Runs `cmd` in the container `container_id` (CRI ExecSync, 10 s).
+pub async fn exec_sync(container_id: String, cmd: Vec<String>) -> api::ExecSyncResponse {
+    cri()
+        .exec_sync(api::ExecSyncRequest {
+            container_id,
+            cmd,
+            timeout: 10,
+        })
+        .await
+        .expect("ExecSync")
+}
+
+/// Runs `cmd` in the running container `container` of the pod with this UID.
+pub async fn exec_in(uid: &str, container: &str, cmd: Vec<String>) -> api::ExecSyncResponse {
+    let found = running_containers_of(uid)
+        .await
+        .into_iter()
+        .find(|c| c.metadata.as_ref().is_some_and(|m| m.name == container))
+        .unwrap_or_else(|| panic!("no running container {container} in pod {uid}"));
+    exec_sync(found.id, cmd).await
+}
