@@ -54,6 +54,9 @@ pub struct Config {
     pub node_ip: IpAddr,
     /// The runtime's CRI client.
     pub cri: CriClient,
+    /// Where the pods' start-up timelines are recorded (by the tracing layer) and read
+    /// from (by the server and the debug socket).
+    pub timelines: Arc<crate::timeline::Timelines>,
     /// `--root-dir`.
     pub root_dir: PathBuf,
     /// Pod log directories.
@@ -122,6 +125,9 @@ pub enum AppError {
     /// The kubelet API server could not start.
     #[error(transparent)]
     Server(#[from] crate::server::ServerError),
+    /// The debug socket cannot be bound.
+    #[error("debug socket: {0}")]
+    DebugSocket(#[from] crate::unix_socket::BindError),
     /// A file could not be read.
     #[error("{what}: {source}")]
     Io {
@@ -489,10 +495,16 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
             client,
             config.cri.clone(),
             store.clone(),
+            config.timelines.clone(),
             cancel.clone(),
         )
         .await?;
     }
+    let debug_socket = crate::server::debug::bind(&config.root_dir)?;
+    let debug = tokio::spawn(crate::server::debug::serve(
+        debug_socket,
+        config.timelines.clone(),
+    ));
     tokio::spawn(housekeeping(store, workers, pleg, kubelet, cancel.clone()));
     tokio::spawn(crate::allocator::trim_every(TRIM_PERIOD));
     tracing::info!(node = %config.node_name, "rkubelet running");
@@ -506,6 +518,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
             tracing::warn!(error = %e, "could not remove the thin plugin from the runtime's CNI config");
         }
     }
+    debug.abort();
     tracing::info!("rkubelet stopped; pods keep running");
     Ok(())
 }

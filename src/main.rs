@@ -243,7 +243,9 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
         return Ok(rkubelet::cni::shim::run_plugin());
     }
     let cli = Cli::parse();
-    observability::init(cli.log_format, &cli.log_level, cli.log_span_timings)
+    let timelines = rkubelet::timeline::Timelines::new();
+    let record = matches!(cli.command, Command::Run(_)).then(|| timelines.clone());
+    observability::init(cli.log_format, &cli.log_level, cli.log_span_timings, record)
         .map_err(|e| anyhow::anyhow!("setting up logging: {e}"))?;
     // The blocking pool serves short file-system calls: a few threads are plenty, and
     // every extra thread is resident memory.
@@ -253,13 +255,16 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
         .build()?;
     runtime.block_on(async {
         match cli.command {
-            Command::Run(args) => run_command(*args).await,
+            Command::Run(args) => run_command(*args, timelines).await,
             Command::Cri(args) => cri_command(args).await,
         }
     })
 }
 
-async fn run_command(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
+async fn run_command(
+    args: RunArgs,
+    timelines: std::sync::Arc<rkubelet::timeline::Timelines>,
+) -> anyhow::Result<std::process::ExitCode> {
     let node_name = match args.hostname_override {
         Some(name) => name,
         None => nix::unistd::gethostname()?.to_string_lossy().to_lowercase(),
@@ -277,6 +282,7 @@ async fn run_command(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
         node_name,
         node_ip: args.node_ip,
         cri: args.runtime.client()?,
+        timelines,
         root_dir: args.root_dir,
         pod_logs_dir: args.pod_logs_dir,
         network_owner: match args.network_owner {

@@ -1,9 +1,16 @@
 //! Logging set-up, in one place: human-readable text or JSON lines on stderr, filtered by
 //! `RUST_LOG` or the `--log-level`, and optionally one line per closed span with its busy
-//! and idle time — the per-step timings `bench breakdown` reads.
+//! and idle time. The pods' start-up [`timeline`](crate::timeline) is recorded from the
+//! same spans, whatever the log filter.
 
-use tracing_subscriber::EnvFilter;
+use std::sync::Arc;
+
 use tracing_subscriber::fmt::format::FmtSpan;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer};
+
+use crate::timeline::{TimelineLayer, Timelines};
 
 /// The log line format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -16,7 +23,9 @@ pub enum LogFormat {
 }
 
 /// Installs the global subscriber. `default_level` applies when `RUST_LOG` is unset;
-/// with `span_timings`, every span that closes logs `time.busy` and `time.idle`.
+/// with `span_timings`, every span that closes logs `time.busy` and `time.idle`. With
+/// `timelines`, the spans of pods are recorded there (at info level, whatever the log
+/// filter says).
 ///
 /// # Errors
 /// When a subscriber is already installed.
@@ -24,6 +33,7 @@ pub fn init(
     format: LogFormat,
     default_level: &str,
     span_timings: bool,
+    timelines: Option<Arc<Timelines>>,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
@@ -32,12 +42,18 @@ pub fn init(
     } else {
         FmtSpan::NONE
     };
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let fmt = tracing_subscriber::fmt::layer()
         .with_span_events(spans)
         .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
-    }
+    let fmt = match format {
+        LogFormat::Text => fmt.boxed(),
+        LogFormat::Json => fmt.json().flatten_event(true).boxed(),
+    };
+    let timeline = timelines
+        .map(|t| TimelineLayer::new(t).with_filter(tracing_subscriber::filter::LevelFilter::INFO));
+    tracing_subscriber::registry()
+        .with(fmt.with_filter(filter))
+        .with(timeline)
+        .try_init()
+        .map_err(Into::into)
 }

@@ -316,7 +316,7 @@ impl<E: PluginExec> Cni<E> {
     /// # Errors
     /// The first failure: [`CniError::Plugin`], [`CniError::PluginNotFound`],
     /// [`CniError::Exec`], [`CniError::BadResult`], or the cache write's error.
-    #[tracing::instrument(name = "cni_add", skip_all, fields(container_id = %att.container_id))]
+    #[tracing::instrument(name = "cni_add", skip_all, fields(pod_uid = %att.pod.uid, container_id = %att.container_id))]
     pub async fn add(&self, att: &Attachment) -> Result<CniResult, CniError> {
         att.validate()?;
         let _serial = self.lock(&att.container_id).await;

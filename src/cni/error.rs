@@ -136,6 +136,9 @@ pub enum CniError {
         #[source]
         source: std::io::Error,
     },
+    /// The shim socket cannot be bound.
+    #[error(transparent)]
+    Socket(#[from] crate::unix_socket::BindError),
     /// The thin plugin sent a request the agent cannot serve.
     #[error("bad request from the rkubelet-cni plugin: {reason}")]
     ShimRequest {
@@ -194,7 +197,7 @@ impl CniError {
             Self::IncompatibleVersion { .. } => CODE_INCOMPATIBLE_VERSION,
             Self::NotAttached { .. } => CODE_UNKNOWN_CONTAINER,
             Self::InvalidAttachment { .. } => CODE_INVALID_ENV,
-            Self::Io { .. } => CODE_IO,
+            Self::Io { .. } | Self::Socket(_) => CODE_IO,
             Self::InvalidConfig { .. } | Self::NoConfig { .. } => CODE_INVALID_CONFIG,
             Self::ShimRequest { code, .. } => *code,
             Self::PluginNotFound { .. }

@@ -19,7 +19,6 @@
 
 use std::ffi::OsStr;
 use std::io::{BufRead, Read, Write};
-use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -28,12 +27,13 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
-use tokio::net::{UnixListener, UnixStream};
+use tokio::net::UnixStream;
 
 use super::error::{
     CODE_DECODE, CODE_INVALID_CONFIG, CODE_INVALID_ENV, CODE_RKUBELET, ErrorResult,
 };
 use super::{Attachment, Cni, CniError, Command, PluginExec, PodNetworkRef, PortMapping};
+use crate::unix_socket::{self, OwnerSocket};
 
 /// The plugin type and executable name of the thin plugin.
 pub const PLUGIN_NAME: &str = "rkubelet-cni";
@@ -214,56 +214,17 @@ fn forward(
 /// The agent's end of the shim socket, bound and ready to [`serve`](Self::serve). The
 /// socket file is removed when it is dropped.
 #[derive(Debug)]
-pub struct ShimListener {
-    listener: UnixListener,
-    path: PathBuf,
-}
+pub struct ShimListener(OwnerSocket);
 
-/// Binds the shim socket at `socket` (mode 0600; missing parent dirs are made with mode
-/// 0700). A stale socket file left by a previous agent is replaced. Call within a Tokio
-/// runtime.
+/// Binds the shim socket at `socket` as [`unix_socket::bind`] does.
 ///
 /// # Errors
-/// [`CniError::Io`] when the path holds something else than a socket, another process
-/// still serves it (`AddrInUse`), or binding fails.
+/// [`CniError::Socket`] when the path holds something else than a socket, another
+/// process still serves it (`AddrInUse`), or binding fails.
 pub fn bind(socket: &Path) -> Result<ShimListener, CniError> {
-    let io = |op, path: &Path| {
-        let path = path.to_owned();
-        move |source| CniError::Io { op, path, source }
-    };
-    if let Some(parent) = socket.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(parent)
-            .map_err(io("creating the shim socket's dir", parent))?;
-    }
-    match std::fs::symlink_metadata(socket) {
-        Ok(meta) if meta.file_type().is_socket() => {
-            if std::os::unix::net::UnixStream::connect(socket).is_ok() {
-                return Err(io("another process serves the shim socket", socket)(
-                    std::io::ErrorKind::AddrInUse.into(),
-                ));
-            }
-            std::fs::remove_file(socket).map_err(io("removing the stale shim socket", socket))?;
-        }
-        Ok(_) => {
-            return Err(io(
-                "refusing to replace a non-socket with the shim socket",
-                socket,
-            )(std::io::ErrorKind::AlreadyExists.into()));
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(io("inspecting the shim socket path", socket)(e)),
-    }
-    let listener = UnixListener::bind(socket).map_err(io("binding the shim socket", socket))?;
-    let shim = ShimListener {
-        listener,
-        path: socket.to_owned(),
-    };
-    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600))
-        .map_err(io("restricting the shim socket to its owner", socket))?;
-    Ok(shim)
+    unix_socket::bind(socket)
+        .map(ShimListener)
+        .map_err(CniError::Socket)
 }
 
 impl ShimListener {
@@ -271,16 +232,17 @@ impl ShimListener {
     /// Each connection is handled in its own task, so requests run concurrently, and a
     /// request whose plugin went away still runs to completion (no half-done chain).
     pub async fn serve<E: PluginExec>(self, cni: Arc<Cni<E>>) {
-        tracing::info!(socket = %self.path.display(), network = cni.network().name(), "serving the rkubelet-cni shim");
+        let OwnerSocket { listener, path } = &self.0;
+        tracing::info!(socket = %path.display(), network = cni.network().name(), "serving the rkubelet-cni shim");
         loop {
-            match self.listener.accept().await {
+            match listener.accept().await {
                 Ok((stream, _)) => {
                     let cni = cni.clone();
                     tokio::spawn(async move { handle_connection(stream, &cni).await });
                 }
                 Err(e) => {
                     // Out of file descriptors and the like: keep serving.
-                    tracing::warn!(socket = %self.path.display(), "accepting a shim connection: {e}");
+                    tracing::warn!(socket = %path.display(), "accepting a shim connection: {e}");
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
             }
@@ -288,24 +250,9 @@ impl ShimListener {
     }
 }
 
-impl Drop for ShimListener {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
-    }
-}
-
 async fn handle_connection<E: PluginExec>(stream: UnixStream, cni: &Cni<E>) {
-    let own_uid = nix::unistd::geteuid().as_raw();
-    match stream.peer_cred() {
-        Ok(cred) if cred.uid() == 0 || cred.uid() == own_uid => {}
-        Ok(cred) => {
-            tracing::warn!(uid = cred.uid(), pid = ?cred.pid(), "refusing a shim request from an unprivileged peer");
-            return;
-        }
-        Err(e) => {
-            tracing::warn!("refusing a shim request: no peer credentials: {e}");
-            return;
-        }
+    if !unix_socket::peer_allowed(&stream, "shim") {
+        return;
     }
     let (read, mut write) = stream.into_split();
     let mut line = Vec::new();
@@ -519,6 +466,7 @@ pub async fn uninstall(runtime_conf_dir: &Path, runtime_bin_dir: &Path) -> Resul
 #[cfg(test)]
 mod tests {
     use std::collections::HashMap;
+    use std::os::unix::fs::PermissionsExt;
     use std::sync::atomic::Ordering;
 
     use super::*;

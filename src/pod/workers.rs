@@ -174,6 +174,20 @@ impl<S: PodSyncer> PodWorkers<S> {
 
     async fn run_worker(self, uid: String, mut rx: watch::Receiver<PodWork>, wake: Arc<Notify>) {
         let mut first = true;
+        // The root of the pod's span tree, from the moment its worker saw it until the
+        // worker ends: every sync is a child (the pod's start-up timeline).
+        let pod_span = {
+            let work = rx.borrow();
+            let key = match &*work {
+                PodWork::Sync(p) => format!(
+                    "{}/{}",
+                    p.metadata.namespace.as_deref().unwrap_or_default(),
+                    p.metadata.name.as_deref().unwrap_or_default()
+                ),
+                PodWork::Remove(id) => format!("{}/{}", id.namespace, id.name),
+            };
+            tracing::info_span!(crate::timeline::POD_SPAN, pod_uid = %uid, pod = %key)
+        };
         loop {
             let work = rx.borrow_and_update().clone();
             let operation = match &work {
@@ -194,7 +208,7 @@ impl<S: PodSyncer> PodWorkers<S> {
                 ),
                 PodWork::Remove(id) => (id.namespace.clone(), id.name.clone()),
             };
-            let span = tracing::info_span!("sync_pod", pod_uid = %uid, pod = %format!("{namespace}/{name}"));
+            let span = tracing::info_span!(parent: &pod_span, "sync_pod", pod_uid = %uid, pod = %format!("{namespace}/{name}"), operation);
             // Boxed: the deep state of a sync lives on the heap only while it runs, and an
             // idle worker stays small.
             let sync = Box::pin(self.syncer.sync(&work)).instrument(span);

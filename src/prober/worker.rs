@@ -8,6 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::core::v1::{Container, Probe};
 use tokio::time::{Instant, MissedTickBehavior};
+use tracing::Instrument;
 
 use super::run::Check;
 use super::{ProbeKind, Results, Wake, metrics};
@@ -147,6 +148,7 @@ pub(super) async fn run<C: Cri>(
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut last = None;
     let mut run = 0u32;
+    let mut passed = false;
     loop {
         ticker.tick().await;
         if started.elapsed() < timing.initial_delay {
@@ -160,13 +162,22 @@ pub(super) async fn run<C: Cri>(
                 continue;
             }
         }
-        let outcome = probe_once(&shared, &target, kind, &check, timing.timeout).await;
+        // Until the probe first passes, each run is a step of the pod's start-up timeline.
+        let span = if passed {
+            tracing::Span::none()
+        } else {
+            tracing::info_span!("probe", pod_uid = %target.pod.uid, container = %target.container.name, kind = kind.as_str(), result = tracing::field::Empty)
+        };
+        let outcome = probe_once(&shared, &target, kind, &check, timing.timeout)
+            .instrument(span.clone())
+            .await;
         let result = match outcome.result {
             ProbeResult::Success | ProbeResult::Warning => ProbeResult::Success,
             ProbeResult::Failure => ProbeResult::Failure,
             // An errored probe changes nothing (the kubelet skips it).
             ProbeResult::Unknown => continue,
         };
+        span.record("result", result.as_str());
         counters.count(result);
         if last == Some(result) {
             run = run.saturating_add(1);
@@ -182,6 +193,7 @@ pub(super) async fn run<C: Cri>(
         if run < threshold {
             continue;
         }
+        passed |= result == ProbeResult::Success;
         shared.set(&target, kind, result);
         if kind != ProbeKind::Readiness && result == ProbeResult::Failure {
             // On hold: the container is restarted, and its new instance gets a new worker.

@@ -12,6 +12,7 @@
 //! | `/portForward/{ns}/{pod}[/{uid}]` | port-forward through CRI | `nodes/proxy` |
 //! | `/metrics` | Prometheus text ([`metrics`]) | `nodes/metrics` |
 //! | `/stats/summary` | CPU and memory of node and pods ([`stats`]) | `nodes/stats` |
+//! | `/debug/timeline[/{ns}/{pod}]` | pods' start-up timelines ([`debug`]) | `nodes/proxy` |
 //!
 //! Every request on 10250 is authenticated (client certificate, else bearer token, else
 //! 401) and authorized with a `SubjectAccessReview` ([`auth`]). The serving certificate
@@ -20,6 +21,7 @@
 
 pub mod auth;
 pub mod certificate;
+pub mod debug;
 pub mod logs;
 pub mod metrics;
 pub mod stats;
@@ -47,6 +49,7 @@ use tokio_util::sync::CancellationToken;
 use crate::cri::{Cri, CriClient, api};
 use crate::node::LinuxMachine;
 use crate::pod::source::PodStore;
+use crate::timeline::Timelines;
 use auth::{ApiReviews, Auth, UserInfo};
 use certificate::{CertificateError, CertificateManager, NodeIdentity};
 use logs::{LogError, LogOptions};
@@ -72,7 +75,7 @@ pub fn empty() -> Body {
 /// How long a TLS handshake may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a request head may take to arrive (and a kept-alive connection may idle).
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Where the serving certificate comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -204,6 +207,7 @@ fn route(path: &str) -> &'static str {
         "exec" => "/exec",
         "attach" => "/attach",
         "portForward" => "/portForward",
+        "debug" => "/debug",
         _ => "other",
     }
 }
@@ -265,6 +269,7 @@ struct Server {
     pods: PodStore,
     auth: Auth<ApiReviews>,
     stats: stats::StatsProvider,
+    timelines: Arc<Timelines>,
 }
 
 impl Server {
@@ -326,6 +331,8 @@ impl Server {
                     None => text(StatusCode::NOT_FOUND, "404 page not found"),
                 }
             }
+            ["debug", rest @ ..] if get => debug::route(&self.timelines, rest)
+                .unwrap_or_else(|| text(StatusCode::NOT_FOUND, "404 page not found")),
             ["portForward", ns, pod, rest @ ..] if stream && rest.len() <= 1 => {
                 let p = PodPath {
                     namespace: ns,
@@ -669,6 +676,7 @@ pub async fn start(
     client: kube::Client,
     cri: CriClient,
     pods: PodStore,
+    timelines: Arc<Timelines>,
     cancel: CancellationToken,
 ) -> Result<(), ServerError> {
     let store = serving_certificates(&config, &client, &cancel).await?;
@@ -690,6 +698,7 @@ pub async fn start(
         pods,
         auth: Auth::new(ApiReviews(client), config.node_name.clone()),
         stats: stats::StatsProvider::default(),
+        timelines,
     });
     tracing::info!(%address, "kubelet API serving");
     tokio::spawn(serve_tls(listener, acceptor, server, cancel.clone()));

@@ -124,14 +124,23 @@ impl StatusManager {
     async fn patch(&self, id: &PodId, status: &PodStatus) -> Result<(), StatusError> {
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &id.namespace);
         let body = patch_body(id, status);
-        api.patch_status(&id.name, &PatchParams::default(), &Patch::Strategic(body))
-            .instrument(tracing::info_span!("status_patch", pod_uid = %id.uid))
-            .await
-            .map(drop)
-            .map_err(|source| StatusError::Patch {
-                pod: id.clone(),
-                source,
-            })
+        // The timeline's end: the first acknowledged patch that says Ready.
+        let span = tracing::info_span!(
+            crate::timeline::STATUS_PATCH_SPAN,
+            pod_uid = %id.uid,
+            phase = status.phase.as_deref().unwrap_or_default(),
+            ready = is_ready(status),
+            outcome = tracing::field::Empty
+        );
+        let patched = api
+            .patch_status(&id.name, &PatchParams::default(), &Patch::Strategic(body))
+            .instrument(span.clone())
+            .await;
+        span.record("outcome", if patched.is_ok() { "ok" } else { "error" });
+        patched.map(drop).map_err(|source| StatusError::Patch {
+            pod: id.clone(),
+            source,
+        })
     }
 
     /// Sends the status of a pod now, waiting for the API (for the final status of a pod
@@ -240,6 +249,14 @@ impl StatusManager {
 /// re-created under the same name is never given the old pod's status. `podIPs` merges
 /// by IP, so a new sandbox's IP would be added to the old one (which the API refuses):
 /// the list is replaced instead.
+fn is_ready(status: &PodStatus) -> bool {
+    status
+        .conditions
+        .iter()
+        .flatten()
+        .any(|c| c.type_ == "Ready" && c.status == "True")
+}
+
 fn patch_body(id: &PodId, status: &PodStatus) -> serde_json::Value {
     let mut body = serde_json::json!({ "metadata": { "uid": id.uid }, "status": status });
     if let Some(serde_json::Value::Array(ips)) = body["status"].get_mut("podIPs") {

@@ -1,0 +1,492 @@
+//! The start-up timeline of each pod: every step of its sync, with its start counted from
+//! the moment the agent saw the pod and its duration, up to the status patch that reported
+//! the pod Ready and that the API acknowledged.
+//!
+//! It is recorded from the pod workers' own tracing spans, not by a second bookkeeping
+//! path: [`TimelineLayer`] sees every span; one that carries a `pod_uid` field, or whose
+//! parent is a step of a pod, is a step of that pod. The `pod` span a worker opens when
+//! it first sees a pod starts the timeline (it is the root of the pod's span tree); a
+//! `status_patch` span whose `ready` field is `true` and whose `outcome` is `ok` ends it,
+//! and steps that start later are not kept. [`Timelines`] keeps the most recent pods, a
+//! bounded number of steps each; the kubelet API serves them at `/debug/timeline` and
+//! `rkubelet inspect timeline` shows and draws them.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Instant, SystemTime};
+
+use serde::{Deserialize, Serialize};
+use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id, Record};
+use tracing_subscriber::layer::{Context, Layer};
+use tracing_subscriber::registry::LookupSpan;
+
+/// The name of the span a pod worker opens when it first sees its pod: the root of the
+/// pod's span tree.
+pub const POD_SPAN: &str = "pod";
+/// The name of the span around a pod status patch.
+pub const STATUS_PATCH_SPAN: &str = "status_patch";
+/// How many pods' timelines are kept: the oldest goes first.
+const MAX_PODS: usize = 256;
+/// How many steps a timeline keeps; later ones are counted, not kept.
+const MAX_STEPS: usize = 400;
+
+/// One step of a pod's sync.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Step {
+    /// The span's name: `sync_pod`, `mount_volumes`, `run_pod_sandbox`, `cri`, ...
+    pub name: String,
+    /// The span's other fields: `rpc`, `container`, `plugin`, `command`, ...
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub fields: BTreeMap<String, String>,
+    /// When it started, in milliseconds after the pod was seen.
+    pub start_ms: f64,
+    /// How long it took, in milliseconds.
+    pub duration_ms: f64,
+    /// How deep in the pod's span tree: 0 for a sync, a status patch or a probe.
+    pub depth: u16,
+}
+
+impl Step {
+    /// The step's name with the values of its fields, ids cut to 12 characters as
+    /// `crictl` shows them: `cri RunPodSandbox`.
+    #[must_use]
+    pub fn label(&self) -> String {
+        self.fields
+            .values()
+            .fold(self.name.clone(), |mut label, v| {
+                label.push(' ');
+                let is_id = v.len() == 64 && v.bytes().all(|b| b.is_ascii_hexdigit());
+                label.push_str(if is_id { &v[..12] } else { v });
+                label
+            })
+    }
+
+    /// When it ended, in milliseconds after the pod was seen.
+    #[must_use]
+    pub fn end_ms(&self) -> f64 {
+        self.start_ms + self.duration_ms
+    }
+}
+
+/// The start-up timeline of one pod.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodTimeline {
+    /// The pod's UID.
+    pub uid: String,
+    /// The pod's namespace.
+    pub namespace: String,
+    /// The pod's name.
+    pub name: String,
+    /// When the agent first saw the pod (RFC 3339): the origin of every offset.
+    pub seen: String,
+    /// The steps, in the order they started.
+    pub steps: Vec<Step>,
+    /// When the API acknowledged the status that first reported the pod Ready, in
+    /// milliseconds after it was seen; none while it has not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_ms: Option<f64>,
+    /// Steps not kept because the timeline was full.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub dropped_steps: u32,
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+struct Entry {
+    namespace: String,
+    name: String,
+    seen: Instant,
+    seen_wall: SystemTime,
+    steps: Vec<Step>,
+    ready_ms: Option<f64>,
+    dropped_steps: u32,
+}
+
+impl Entry {
+    fn timeline(&self, uid: &str) -> PodTimeline {
+        let mut steps = self.steps.clone();
+        steps.sort_by(|a, b| {
+            a.start_ms
+                .total_cmp(&b.start_ms)
+                .then(a.depth.cmp(&b.depth))
+        });
+        PodTimeline {
+            uid: uid.to_owned(),
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+            seen: k8s_openapi::jiff::Timestamp::try_from(self.seen_wall)
+                .map(|t| t.to_string())
+                .unwrap_or_default(),
+            steps,
+            ready_ms: self.ready_ms,
+            dropped_steps: self.dropped_steps,
+        }
+    }
+
+    fn offset_ms(&self, at: Instant) -> f64 {
+        at.saturating_duration_since(self.seen).as_secs_f64() * 1000.0
+    }
+}
+
+#[derive(Default)]
+struct State {
+    pods: HashMap<Arc<str>, Entry>,
+    /// The UIDs in the order they were first seen.
+    order: VecDeque<Arc<str>>,
+}
+
+/// The timelines of the most recent pods.
+#[derive(Default)]
+pub struct Timelines {
+    state: Mutex<State>,
+}
+
+impl Timelines {
+    /// An empty store, shared by the layer that fills it and the server that reads it.
+    #[must_use]
+    pub fn new() -> Arc<Self> {
+        Arc::default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A pod seen for the first time (`pod` is `namespace/name`) starts its timeline; a
+    /// pod already known keeps the one it has.
+    fn seen(&self, uid: &Arc<str>, pod: &str, at: Instant) {
+        let mut state = self.lock();
+        if state.pods.contains_key(uid) {
+            return;
+        }
+        if state.order.len() >= MAX_PODS
+            && let Some(oldest) = state.order.pop_front()
+        {
+            state.pods.remove(&oldest);
+        }
+        let (namespace, name) = pod.split_once('/').unwrap_or(("", pod));
+        state.pods.insert(
+            uid.clone(),
+            Entry {
+                namespace: namespace.to_owned(),
+                name: name.to_owned(),
+                seen: at,
+                seen_wall: SystemTime::now(),
+                steps: Vec::new(),
+                ready_ms: None,
+                dropped_steps: 0,
+            },
+        );
+        state.order.push_back(uid.clone());
+    }
+
+    /// A step that ended at `end`.
+    fn record(&self, uid: &str, name: &str, rec: &Rec, end: Instant) {
+        let mut state = self.lock();
+        let Some(entry) = state.pods.get_mut(uid) else {
+            return;
+        };
+        let start_ms = entry.offset_ms(rec.start);
+        if entry.ready_ms.is_some_and(|ready| start_ms > ready) {
+            return;
+        }
+        if entry.steps.len() >= MAX_STEPS {
+            entry.dropped_steps = entry.dropped_steps.saturating_add(1);
+            return;
+        }
+        let end_ms = entry.offset_ms(end);
+        if name == STATUS_PATCH_SPAN
+            && entry.ready_ms.is_none()
+            && rec.fields.get("ready").map(String::as_str) == Some("true")
+            && rec.fields.get("outcome").map(String::as_str) == Some("ok")
+        {
+            entry.ready_ms = Some(end_ms);
+        }
+        entry.steps.push(Step {
+            name: name.to_owned(),
+            fields: rec
+                .fields
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), v.clone()))
+                .collect(),
+            start_ms,
+            duration_ms: end_ms - start_ms,
+            depth: rec.depth,
+        });
+    }
+
+    /// The timeline of the pod `namespace/name` seen last.
+    #[must_use]
+    pub fn get(&self, namespace: &str, name: &str) -> Option<PodTimeline> {
+        let state = self.lock();
+        state
+            .order
+            .iter()
+            .rev()
+            .find_map(|uid| {
+                state
+                    .pods
+                    .get(uid)
+                    .filter(|e| e.namespace == namespace && e.name == name)
+                    .map(|e| (uid, e))
+            })
+            .map(|(uid, e)| e.timeline(uid))
+    }
+
+    /// Every timeline kept, oldest first.
+    #[must_use]
+    pub fn all(&self) -> Vec<PodTimeline> {
+        let state = self.lock();
+        state
+            .order
+            .iter()
+            .filter_map(|uid| state.pods.get(uid).map(|e| e.timeline(uid)))
+            .collect()
+    }
+}
+
+impl std::fmt::Debug for Timelines {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Timelines")
+            .field("pods", &self.lock().pods.len())
+            .finish()
+    }
+}
+
+/// What the layer keeps on a span of a pod.
+struct Rec {
+    uid: Arc<str>,
+    /// Fields other than the pod's UID and name.
+    fields: BTreeMap<&'static str, String>,
+    start: Instant,
+    depth: u16,
+    /// False for the pod's root span, which is not a step.
+    step: bool,
+}
+
+/// The fields of a span.
+#[derive(Default)]
+struct Fields {
+    pod_uid: Option<String>,
+    pod: Option<String>,
+    others: BTreeMap<&'static str, String>,
+}
+
+impl Visit for Fields {
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        self.record_str(field, &format!("{value:?}"));
+    }
+
+    fn record_str(&mut self, field: &Field, value: &str) {
+        match field.name() {
+            "pod_uid" => self.pod_uid = Some(value.to_owned()),
+            "pod" => self.pod = Some(value.to_owned()),
+            name => {
+                self.others.insert(name, value.to_owned());
+            }
+        }
+    }
+}
+
+/// Fills [`Timelines`] from the spans of pods.
+pub struct TimelineLayer {
+    timelines: Arc<Timelines>,
+}
+
+impl TimelineLayer {
+    /// A layer that records into `timelines`.
+    #[must_use]
+    pub fn new(timelines: Arc<Timelines>) -> Self {
+        Self { timelines }
+    }
+}
+
+impl<S> Layer<S> for TimelineLayer
+where
+    S: tracing::Subscriber + for<'a> LookupSpan<'a>,
+{
+    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+        let Some(span) = ctx.span(id) else { return };
+        let mut fields = Fields::default();
+        attrs.record(&mut fields);
+        let parent = span.parent().and_then(|p| {
+            p.extensions()
+                .get::<Rec>()
+                .map(|r| (r.uid.clone(), if r.step { r.depth + 1 } else { 0 }))
+        });
+        let (uid, depth): (Arc<str>, u16) = match (fields.pod_uid, parent) {
+            (Some(uid), parent) => (uid.into(), parent.map_or(0, |(_, depth)| depth)),
+            (None, Some(parent)) => parent,
+            (None, None) => return,
+        };
+        let start = Instant::now();
+        let step = span.name() != POD_SPAN;
+        if !step {
+            self.timelines
+                .seen(&uid, fields.pod.as_deref().unwrap_or_default(), start);
+        }
+        span.extensions_mut().insert(Rec {
+            uid,
+            fields: fields.others,
+            start,
+            depth,
+            step,
+        });
+    }
+
+    fn on_record(&self, id: &Id, values: &Record<'_>, ctx: Context<'_, S>) {
+        let Some(span) = ctx.span(id) else { return };
+        let mut extensions = span.extensions_mut();
+        let Some(rec) = extensions.get_mut::<Rec>() else {
+            return;
+        };
+        let mut fields = Fields::default();
+        values.record(&mut fields);
+        rec.fields.append(&mut fields.others);
+    }
+
+    fn on_close(&self, id: Id, ctx: Context<'_, S>) {
+        let Some(span) = ctx.span(&id) else { return };
+        let Some(rec) = span.extensions_mut().remove::<Rec>() else {
+            return;
+        };
+        if rec.step {
+            self.timelines
+                .record(&rec.uid, span.name(), &rec, Instant::now());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tracing::Instrument;
+    use tracing_subscriber::layer::SubscriberExt;
+
+    fn recorded<F: Future<Output = ()>>(f: impl FnOnce() -> F) -> Arc<Timelines> {
+        let timelines = Timelines::new();
+        let subscriber = tracing_subscriber::registry().with(TimelineLayer::new(timelines.clone()));
+        let _guard = tracing::subscriber::set_default(subscriber);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("runtime");
+        rt.block_on(f());
+        timelines
+    }
+
+    async fn sleep_ms(ms: u64) {
+        tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+    }
+
+    async fn status_patch(ready: bool, ok: bool) {
+        let span = tracing::info_span!(
+            "status_patch",
+            pod_uid = "u1",
+            ready,
+            outcome = tracing::field::Empty
+        );
+        sleep_ms(2).instrument(span.clone()).await;
+        span.record("outcome", if ok { "ok" } else { "error" });
+    }
+
+    #[test]
+    fn steps_of_a_pod_tree_with_offsets_depths_and_fields() {
+        let timelines = recorded(|| async {
+            let pod = tracing::info_span!("pod", pod_uid = "u1", pod = "ns/web");
+            sleep_ms(5).await;
+            let sync = tracing::info_span!(parent: &pod, "sync_pod", pod_uid = "u1");
+            async {
+                sleep_ms(1).await;
+                async {
+                    sleep_ms(3)
+                        .instrument(tracing::info_span!("cri", rpc = "RunPodSandbox"))
+                        .await;
+                }
+                .instrument(tracing::info_span!("run_pod_sandbox", attempt = 1))
+                .await;
+            }
+            .instrument(sync)
+            .await;
+            // Spans of no pod are not steps.
+            sleep_ms(1)
+                .instrument(tracing::info_span!("node_status"))
+                .await;
+            status_patch(false, true).await;
+            status_patch(true, false).await;
+            status_patch(true, true).await;
+            // After Ready was acknowledged: not a start-up step any more.
+            sleep_ms(1)
+                .instrument(tracing::info_span!(parent: &pod, "sync_pod", pod_uid = "u1"))
+                .await;
+        });
+        let t = timelines.get("ns", "web").expect("a timeline");
+        assert_eq!(t.uid, "u1");
+        let labels: Vec<_> = t.steps.iter().map(|s| (s.label(), s.depth)).collect();
+        assert_eq!(
+            labels,
+            [
+                ("sync_pod".to_owned(), 0),
+                ("run_pod_sandbox 1".to_owned(), 1),
+                ("cri RunPodSandbox".to_owned(), 2),
+                ("status_patch ok false".to_owned(), 0),
+                ("status_patch error true".to_owned(), 0),
+                ("status_patch ok true".to_owned(), 0),
+            ]
+        );
+        let sync = &t.steps[0];
+        assert!(sync.start_ms >= 5.0, "offset from the pod span: {sync:?}");
+        assert!(sync.duration_ms >= 4.0, "{sync:?}");
+        let cri = &t.steps[2];
+        assert!(cri.start_ms >= sync.start_ms && cri.end_ms() <= sync.end_ms());
+        let last = t.steps.last().expect("steps");
+        assert_eq!(t.ready_ms, Some(last.end_ms()));
+        assert!(timelines.get("ns", "other").is_none());
+    }
+
+    #[test]
+    fn kept_pods_and_steps_are_bounded() {
+        let timelines = recorded(|| async {
+            for i in 0..MAX_PODS + 3 {
+                let uid = format!("u{i}");
+                let _pod = tracing::info_span!("pod", pod_uid = %uid, pod = %format!("ns/p{i}"));
+            }
+            let pod = tracing::info_span!("pod", pod_uid = "many", pod = "ns/many");
+            for _ in 0..MAX_STEPS + 5 {
+                drop(tracing::info_span!(parent: &pod, "probe"));
+            }
+        });
+        let all = timelines.all();
+        assert_eq!(all.len(), MAX_PODS);
+        assert_eq!(all[0].name, "p4", "the oldest went first");
+        let many = timelines.get("ns", "many").expect("kept");
+        assert_eq!(many.steps.len(), MAX_STEPS);
+        assert_eq!(many.dropped_steps, 5);
+        assert!(timelines.get("ns", "p0").is_none());
+    }
+
+    #[test]
+    fn timelines_serialize_with_camel_case_and_parse_back() {
+        let timelines = recorded(|| async {
+            let pod = tracing::info_span!("pod", pod_uid = "u1", pod = "ns/web");
+            drop(
+                tracing::info_span!(parent: &pod, "cni_plugin", plugin = "bridge", command = "ADD"),
+            );
+        });
+        let json = serde_json::to_value(timelines.all()).expect("json");
+        let step = &json[0]["steps"][0];
+        assert_eq!(step["fields"]["plugin"], "bridge");
+        assert!(step["startMs"].is_f64() && step["durationMs"].is_f64());
+        assert!(json[0]["seen"].as_str().is_some_and(|s| s.ends_with('Z')));
+        let back: Vec<PodTimeline> = serde_json::from_value(json).expect("parses");
+        assert_eq!(back, timelines.all());
+    }
+}
