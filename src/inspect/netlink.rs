@@ -546,6 +546,18 @@ fn attributes(mut rest: &[u8]) -> Result<Vec<(u16, &[u8])>, Fault> {
     Ok(attrs)
 }
 
+/// The attributes after a family header of `len` bytes.
+fn attributes_after<'a>(
+    payload: &'a [u8],
+    len: usize,
+    header: &str,
+) -> Result<Vec<(u16, &'a [u8])>, Fault> {
+    let rest = payload
+        .get(len..)
+        .ok_or_else(|| Fault::Malformed(format!("a truncated {header}")))?;
+    attributes(rest)
+}
+
 fn attr_u32(ty: u16, value: &[u8]) -> Result<u32, Fault> {
     u32_at(value, 0).ok_or_else(|| Fault::Malformed(format!("attribute {ty} is not a u32")))
 }
@@ -588,7 +600,7 @@ fn parse_link(payload: &[u8]) -> Result<Link, Fault> {
         addresses: Vec::new(),
     };
     let mut lower = None;
-    for (ty, value) in attributes(&payload[IFINFOMSG_LEN..])? {
+    for (ty, value) in attributes_after(payload, IFINFOMSG_LEN, "ifinfomsg")? {
         match ty {
             IFLA_IFNAME => link.name = attr_string(value),
             IFLA_MTU => link.mtu = attr_u32(ty, value)?,
@@ -627,11 +639,12 @@ fn parse_address(payload: &[u8]) -> Result<Option<(u32, Address)>, Fault> {
     else {
         return Err(malformed("a truncated ifaddrmsg"));
     };
+    let attrs = attributes_after(payload, IFADDRMSG_LEN, "ifaddrmsg")?;
     if family != AF_INET && family != AF_INET6 {
         return Ok(None);
     }
     let (mut local, mut address) = (None, None);
-    for (ty, value) in attributes(&payload[IFADDRMSG_LEN..])? {
+    for (ty, value) in attrs {
         match ty {
             IFA_LOCAL => local = Some(attr_ip(family, ty, value)?),
             IFA_ADDRESS => address = Some(attr_ip(family, ty, value)?),
@@ -659,9 +672,7 @@ fn parse_route(payload: &[u8]) -> Result<Option<Route>, Fault> {
     let Some(&[family, dst_len, _, _, table, protocol, scope, _]) = payload.get(..8) else {
         return Err(malformed("a truncated rtmsg"));
     };
-    if payload.len() < RTMSG_LEN {
-        return Err(malformed("a truncated rtmsg"));
-    }
+    let attrs = attributes_after(payload, RTMSG_LEN, "rtmsg")?;
     if family != AF_INET && family != AF_INET6 {
         return Ok(None);
     }
@@ -675,7 +686,7 @@ fn parse_route(payload: &[u8]) -> Result<Option<Route>, Fault> {
         protocol: protocol_name(protocol),
         table: u32::from(table),
     };
-    for (ty, value) in attributes(&payload[RTMSG_LEN..])? {
+    for (ty, value) in attrs {
         match ty {
             RTA_DST if dst_len > 0 => {
                 route.destination = Some((attr_ip(family, ty, value)?, dst_len))
@@ -727,5 +738,460 @@ fn protocol_name(protocol: u8) -> String {
         n => names
             .get(usize::from(n))
             .map_or_else(|| n.to_string(), |s| (*s).to_owned()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NLA_F_NESTED: u16 = 0x8000;
+
+    fn attr(ty: u16, value: &[u8]) -> Vec<u8> {
+        let mut a = Vec::new();
+        a.extend_from_slice(&((4 + value.len()) as u16).to_ne_bytes());
+        a.extend_from_slice(&ty.to_ne_bytes());
+        a.extend_from_slice(value);
+        a.resize(align(a.len()), 0);
+        a
+    }
+
+    fn message(ty: u16, flags: u16, seq: u32, payload: &[u8]) -> Vec<u8> {
+        let mut m = Vec::new();
+        m.extend_from_slice(&((NLMSG_HDRLEN + payload.len()) as u32).to_ne_bytes());
+        m.extend_from_slice(&ty.to_ne_bytes());
+        m.extend_from_slice(&flags.to_ne_bytes());
+        m.extend_from_slice(&seq.to_ne_bytes());
+        m.extend_from_slice(&4242u32.to_ne_bytes());
+        m.extend_from_slice(payload);
+        m
+    }
+
+    fn ifinfomsg(index: u32, flags: u32, attrs: &[Vec<u8>]) -> Vec<u8> {
+        let mut p = vec![0u8, 0, 1, 0]; // AF_UNSPEC, ARPHRD_ETHER
+        p.extend_from_slice(&index.to_ne_bytes());
+        p.extend_from_slice(&flags.to_ne_bytes());
+        p.extend_from_slice(&0u32.to_ne_bytes());
+        p.extend(attrs.concat());
+        p
+    }
+
+    fn ifaddrmsg(family: u8, prefix_len: u8, scope: u8, index: u32, attrs: &[Vec<u8>]) -> Vec<u8> {
+        let mut p = vec![family, prefix_len, 0, scope];
+        p.extend_from_slice(&index.to_ne_bytes());
+        p.extend(attrs.concat());
+        p
+    }
+
+    /// An rtmsg: family, dst_len, table, protocol, scope, then attributes.
+    fn rtmsg(
+        family: u8,
+        dst_len: u8,
+        table: u8,
+        proto: u8,
+        scope: u8,
+        attrs: &[Vec<u8>],
+    ) -> Vec<u8> {
+        let mut p = vec![family, dst_len, 0, 0, table, proto, scope, 1];
+        p.extend_from_slice(&0u32.to_ne_bytes());
+        p.extend(attrs.concat());
+        p
+    }
+
+    /// The host end of a pod's veth pair: enslaved to cni0 (index 3), its peer eth0 (index
+    /// 2) in the namespace numbered 1.
+    fn veth_payload() -> Vec<u8> {
+        let info = attr(IFLA_INFO_KIND, b"veth\0");
+        ifinfomsg(
+            7,
+            IFF_UP | 0x1000,
+            &[
+                attr(IFLA_IFNAME, b"veth1a2b3c4d\0"),
+                attr(IFLA_MTU, &1450u32.to_ne_bytes()),
+                attr(IFLA_ADDRESS, &[0x0a, 0x58, 0x0a, 0xf4, 0x00, 0x01]),
+                attr(IFLA_LINK, &2u32.to_ne_bytes()),
+                attr(IFLA_MASTER, &3u32.to_ne_bytes()),
+                attr(IFLA_OPERSTATE, &[6]),
+                attr(IFLA_LINKINFO | NLA_F_NESTED, &info),
+                attr(IFLA_LINK_NETNSID, &1i32.to_ne_bytes()),
+            ],
+        )
+    }
+
+    fn lo_payload() -> Vec<u8> {
+        ifinfomsg(
+            1,
+            IFF_UP,
+            &[
+                attr(IFLA_IFNAME, b"lo\0"),
+                attr(IFLA_MTU, &65536u32.to_ne_bytes()),
+                attr(IFLA_ADDRESS, &[0; 6]),
+                attr(IFLA_OPERSTATE, &[0]),
+            ],
+        )
+    }
+
+    fn default_route() -> Vec<u8> {
+        rtmsg(
+            AF_INET,
+            0,
+            254,
+            3,
+            0,
+            &[
+                attr(RTA_TABLE, &254u32.to_ne_bytes()),
+                attr(RTA_GATEWAY, &[10, 88, 0, 1]),
+                attr(RTA_OIF, &2u32.to_ne_bytes()),
+            ],
+        )
+    }
+
+    fn connected_route() -> Vec<u8> {
+        rtmsg(
+            AF_INET,
+            16,
+            254,
+            2,
+            253,
+            &[
+                attr(RTA_TABLE, &254u32.to_ne_bytes()),
+                attr(RTA_DST, &[10, 88, 0, 0]),
+                attr(RTA_PREFSRC, &[10, 88, 0, 5]),
+                attr(RTA_OIF, &2u32.to_ne_bytes()),
+            ],
+        )
+    }
+
+    /// Feeds one datagram as the replies to request `seq`; the payloads of the replies.
+    fn feed(replies: &mut Replies, datagram: &[u8]) -> Result<Vec<Vec<u8>>, Fault> {
+        let mut payloads = Vec::new();
+        replies.feed(datagram, |p| {
+            payloads.push(p.to_vec());
+            Ok(())
+        })?;
+        Ok(payloads)
+    }
+
+    #[test]
+    fn a_veth_link_names_its_master_and_its_peer_in_another_namespace() {
+        let link = parse_link(&veth_payload()).expect("veth");
+        assert_eq!(
+            link,
+            Link {
+                index: 7,
+                name: "veth1a2b3c4d".into(),
+                kind: Some("veth".into()),
+                mtu: 1450,
+                mac: Some("0a:58:0a:f4:00:01".into()),
+                master: Some(3),
+                peer_index: Some(2),
+                peer_netns_id: Some(1),
+                up: true,
+                oper_state: "up".into(),
+                addresses: vec![],
+            }
+        );
+    }
+
+    #[test]
+    fn loopback_has_no_kind_and_no_peer() {
+        let lo = parse_link(&lo_payload()).expect("lo");
+        assert_eq!((lo.kind, lo.peer_index, lo.master), (None, None, None));
+        assert_eq!((lo.mtu, lo.oper_state.as_str()), (65536, "unknown"));
+        assert_eq!(lo.mac.as_deref(), Some("00:00:00:00:00:00"));
+        // A link whose lower link is itself, in the same namespace, has no peer.
+        let own = ifinfomsg(
+            4,
+            0,
+            &[
+                attr(IFLA_LINK, &4u32.to_ne_bytes()),
+                attr(IFLA_OPERSTATE, &[2]),
+            ],
+        );
+        let own = parse_link(&own).expect("own");
+        assert_eq!(
+            (own.peer_index, own.up, own.oper_state.as_str()),
+            (None, false, "down")
+        );
+        // ...but a peer in another namespace may share its index.
+        let same = ifinfomsg(
+            4,
+            0,
+            &[
+                attr(IFLA_LINK, &4u32.to_ne_bytes()),
+                attr(IFLA_LINK_NETNSID, &0i32.to_ne_bytes()),
+            ],
+        );
+        assert_eq!(parse_link(&same).expect("same").peer_index, Some(4));
+    }
+
+    #[test]
+    fn an_address_is_the_local_one_with_its_prefix() {
+        let v4 = ifaddrmsg(
+            AF_INET,
+            24,
+            0,
+            2,
+            &[
+                attr(IFA_ADDRESS, &[10, 88, 0, 99]),
+                attr(IFA_LOCAL, &[10, 88, 0, 5]),
+            ],
+        );
+        let expected = Address {
+            address: "10.88.0.5".parse().expect("ip"),
+            prefix_len: 24,
+            scope: "universe".into(),
+        };
+        assert_eq!(parse_address(&v4), Ok(Some((2, expected))));
+        let fe80: std::net::Ipv6Addr = "fe80::858:aff:fef4:1".parse().expect("ip");
+        let v6 = ifaddrmsg(AF_INET6, 64, 253, 7, &[attr(IFA_ADDRESS, &fe80.octets())]);
+        let (index, address) = parse_address(&v6).expect("v6").expect("some");
+        assert_eq!(
+            (index, address.address, address.prefix_len),
+            (7, IpAddr::V6(fe80), 64)
+        );
+        assert_eq!(address.scope, "link");
+        assert_eq!(
+            parse_address(&ifaddrmsg(17, 0, 0, 1, &[])),
+            Ok(None),
+            "AF_PACKET is skipped"
+        );
+    }
+
+    #[test]
+    fn default_and_connected_routes_of_the_main_table() {
+        let default = parse_route(&default_route())
+            .expect("default")
+            .expect("main");
+        assert_eq!(
+            default,
+            Route {
+                destination: None,
+                gateway: Some("10.88.0.1".parse().expect("ip")),
+                device: Some(2),
+                device_name: None,
+                source: None,
+                scope: "universe".into(),
+                protocol: "boot".into(),
+                table: 254,
+            }
+        );
+        let connected = parse_route(&connected_route())
+            .expect("connected")
+            .expect("main");
+        assert_eq!(
+            connected.destination,
+            Some(("10.88.0.0".parse().expect("ip"), 16))
+        );
+        assert_eq!(connected.source, Some("10.88.0.5".parse().expect("ip")));
+        assert_eq!(
+            (connected.scope.as_str(), connected.protocol.as_str()),
+            ("link", "kernel")
+        );
+        assert_eq!(connected.gateway, None);
+        // The local table is not shown; RTA_TABLE wins over the 8-bit rtm_table.
+        let local = rtmsg(AF_INET, 32, 255, 2, 254, &[attr(RTA_DST, &[10, 88, 0, 5])]);
+        assert_eq!(parse_route(&local), Ok(None));
+        for (table, shown) in [(1000u32, None), (254, Some("200"))] {
+            let route = rtmsg(
+                AF_INET6,
+                0,
+                252,
+                200,
+                0,
+                &[attr(RTA_TABLE, &table.to_ne_bytes())],
+            );
+            let route = parse_route(&route).expect("v6");
+            assert_eq!(route.as_ref().map(|r| r.table), shown.map(|_| table));
+            assert_eq!(
+                route.as_ref().map(|r| r.protocol.as_str()),
+                shown,
+                "an unnamed protocol"
+            );
+        }
+    }
+
+    #[test]
+    fn a_datagram_holds_many_messages_and_the_dump_ends_at_done() {
+        let mut datagram = message(RTM_NEWLINK, 2, 9, &lo_payload());
+        datagram.extend(message(RTM_NEWLINK, 2, 8, &veth_payload())); // an older request's
+        datagram.extend(message(RTM_NEWLINK, 2, 9, &veth_payload()));
+        let mut replies = Replies::new(9, RTM_NEWLINK);
+        let payloads = feed(&mut replies, &datagram).expect("links");
+        assert_eq!(payloads, vec![lo_payload(), veth_payload()]);
+        assert!(!replies.done);
+        let done = message(NLMSG_DONE, 2, 9, &0i32.to_ne_bytes());
+        assert_eq!(feed(&mut replies, &done), Ok(vec![]));
+        assert!(replies.done && !replies.interrupted);
+    }
+
+    #[test]
+    fn an_interrupted_dump_is_noticed() {
+        let mut replies = Replies::new(1, RTM_NEWROUTE);
+        let datagram = [
+            message(RTM_NEWROUTE, 2 | NLM_F_DUMP_INTR, 1, &default_route()),
+            message(NLMSG_DONE, 2, 1, &[0; 4]),
+        ]
+        .concat();
+        assert_eq!(feed(&mut replies, &datagram).map(|p| p.len()), Ok(1));
+        assert!(replies.done && replies.interrupted);
+    }
+
+    #[test]
+    fn kernel_errors_are_errors_and_acks_are_not() {
+        let mut replies = Replies::new(1, RTM_NEWLINK);
+        let ack = message(NLMSG_ERROR, 0, 1, &[0i32.to_ne_bytes(), [0; 4]].concat());
+        assert_eq!(feed(&mut replies, &ack), Ok(vec![]));
+        let eperm = message(NLMSG_ERROR, 0, 1, &(-(Errno::EPERM as i32)).to_ne_bytes());
+        assert_eq!(feed(&mut replies, &eperm), Err(Fault::Kernel(Errno::EPERM)));
+        let done = message(NLMSG_DONE, 2, 1, &(-(Errno::ENOBUFS as i32)).to_ne_bytes());
+        assert_eq!(
+            feed(&mut replies, &done),
+            Err(Fault::Kernel(Errno::ENOBUFS))
+        );
+        let error = Fault::Kernel(Errno::EPERM).into_error("/proc/1/ns/net", Request::Links);
+        assert_eq!(
+            error.to_string(),
+            "RTM_GETLINK dump in network namespace /proc/1/ns/net: the kernel answered EPERM: Operation not permitted"
+        );
+    }
+
+    #[test]
+    fn truncated_or_malformed_replies_are_errors_never_panics() {
+        let datagram = [
+            message(RTM_NEWLINK, 2, 1, &veth_payload()),
+            message(
+                RTM_NEWADDR,
+                2,
+                1,
+                &ifaddrmsg(AF_INET, 24, 0, 2, &[attr(IFA_LOCAL, &[10, 88, 0, 5])]),
+            ),
+            message(RTM_NEWROUTE, 2, 1, &connected_route()),
+            message(NLMSG_DONE, 2, 1, &[0; 4]),
+        ]
+        .concat();
+        let parse_all = |buf: &[u8]| -> Result<(), Fault> {
+            let mut replies = Replies::new(1, RTM_NEWLINK);
+            replies.feed(buf, |p| parse_link(p).map(drop))?;
+            for reply in [RTM_NEWADDR, RTM_NEWROUTE] {
+                Replies::new(1, reply).feed(buf, |p| {
+                    parse_address(p)?;
+                    parse_route(p).map(drop)
+                })?;
+            }
+            Ok(())
+        };
+        for len in 0..datagram.len() {
+            let _ = parse_all(&datagram[..len]);
+            for value in [0x00, 0x03, 0xff] {
+                let mut corrupt = datagram.clone();
+                corrupt[len] = value;
+                let _ = parse_all(&corrupt);
+            }
+        }
+        // Each truncation is reported, not skipped.
+        let link = message(RTM_NEWLINK, 2, 1, &veth_payload());
+        let mut replies = Replies::new(1, RTM_NEWLINK);
+        assert!(
+            matches!(feed(&mut replies, &link[..10]), Err(Fault::Malformed(_))),
+            "header"
+        );
+        assert!(
+            matches!(
+                feed(&mut replies, &link[..link.len() - 1]),
+                Err(Fault::Malformed(_))
+            ),
+            "body"
+        );
+        let mut short = link.clone();
+        short[..4].copy_from_slice(&8u32.to_ne_bytes());
+        assert!(
+            matches!(feed(&mut replies, &short), Err(Fault::Malformed(_))),
+            "length < header"
+        );
+        assert!(matches!(
+            parse_link(&veth_payload()[..12]),
+            Err(Fault::Malformed(_))
+        ));
+        let bad_attr = ifinfomsg(1, 0, &[vec![200, 0, 3, 0, b'l', b'o']]);
+        assert!(
+            matches!(parse_link(&bad_attr), Err(Fault::Malformed(_))),
+            "attribute length"
+        );
+        let bad_mtu = ifinfomsg(1, 0, &[attr(IFLA_MTU, &[1, 0])]);
+        assert!(
+            matches!(parse_link(&bad_mtu), Err(Fault::Malformed(_))),
+            "short u32"
+        );
+        let bad_ip = ifaddrmsg(AF_INET, 24, 0, 2, &[attr(IFA_LOCAL, &[10, 88, 0])]);
+        assert!(
+            matches!(parse_address(&bad_ip), Err(Fault::Malformed(_))),
+            "3-byte IPv4"
+        );
+        assert!(matches!(
+            parse_address(&ifaddrmsg(AF_INET, 24, 0, 2, &[])),
+            Err(Fault::Malformed(_))
+        ));
+        assert!(
+            matches!(
+                parse_route(&connected_route()[..10]),
+                Err(Fault::Malformed(_))
+            ),
+            "rtmsg"
+        );
+    }
+
+    #[test]
+    fn a_dump_request_asks_every_family() {
+        let msg = Request::Routes.message(7);
+        assert_eq!(msg.len(), NLMSG_HDRLEN + RTMSG_LEN);
+        assert_eq!(u32_at(&msg, 0), Some(28));
+        assert_eq!(
+            (u16_at(&msg, 4), u16_at(&msg, 6)),
+            (Some(RTM_GETROUTE), Some(0x301))
+        );
+        assert_eq!((u32_at(&msg, 8), u32_at(&msg, 12)), (Some(7), Some(0)));
+        assert!(msg[NLMSG_HDRLEN..].iter().all(|&b| b == 0));
+        assert_eq!(Request::Links.message(1).len(), 32);
+        assert_eq!(Request::Addresses.message(1).len(), 24);
+    }
+
+    #[test]
+    fn addresses_join_their_links_and_routes_name_their_devices() {
+        let eth0 = Link {
+            index: 2,
+            name: "eth0".into(),
+            ..parse_link(&lo_payload()).expect("lo")
+        };
+        let lo = parse_link(&lo_payload()).expect("lo");
+        let address = Address {
+            address: "10.88.0.5".parse().expect("ip"),
+            prefix_len: 16,
+            scope: "universe".into(),
+        };
+        let route = parse_route(&default_route()).expect("route").expect("main");
+        let orphan = Route {
+            device: Some(99),
+            ..route.clone()
+        };
+        let interfaces = assemble(
+            vec![eth0, lo],
+            vec![(2, address.clone()), (98, address.clone())],
+            vec![route, orphan],
+        );
+        assert_eq!(
+            interfaces.links.iter().map(|l| l.index).collect::<Vec<_>>(),
+            vec![1, 2]
+        );
+        assert_eq!(
+            interfaces.link_named("eth0").map(|l| l.addresses.clone()),
+            Some(vec![address])
+        );
+        assert_eq!(interfaces.link(1).map(|l| l.addresses.len()), Some(0));
+        assert_eq!(interfaces.routes[0].device_name.as_deref(), Some("eth0"));
+        assert_eq!(interfaces.routes[1].device_name, None);
+        let json = serde_json::to_value(&interfaces).expect("json");
+        assert_eq!(json["links"][1]["operState"], "unknown");
+        assert_eq!(json["routes"][0]["deviceName"], "eth0");
     }
 }
