@@ -277,7 +277,10 @@ pub enum NetlinkError {
 /// Reads the interfaces of the netns at `netns` (a path like /var/run/netns/cni-… or
 /// /proc/<pid>/ns/net), or of the caller's own when None. Blocking.
 pub fn read(netns: Option<&Path>) -> Result<Interfaces, NetlinkError> {
-    let name = netns.map_or_else(|| "(own)".to_owned(), |p| p.display().to_string());
+    let name = netns.map_or_else(
+        || "(the caller's own)".to_owned(),
+        |p| p.display().to_string(),
+    );
     let fd = match netns {
         None => open_socket(&name)?,
         Some(path) => socket_in(path, name.clone())?,
@@ -356,6 +359,8 @@ fn open_socket(netns: &str) -> Result<OwnedFd, NetlinkError> {
     Ok(fd)
 }
 
+/// A `NETLINK_ROUTE` socket, the namespace it reads (for errors) and the last request's
+/// sequence number.
 struct Socket {
     fd: OwnedFd,
     netns: String,
