@@ -1,5 +1,78 @@
 //! Reads the live system for `rkubelet inspect`: the runtime over CRI, /proc, netlink,
 //! the CNI cache and the host-local store — not the agent's memory, so it also works
 //! while the agent is stopped — and shows how pods are wired, in tables, JSON and SVG.
+//! Only the start-up timelines come from the agent (its debug socket).
 
+pub mod cni_store;
+pub mod netlink;
+pub mod node;
+pub mod pod;
+pub mod procfs;
 pub mod view;
+
+use std::path::PathBuf;
+
+use procfs::ProcFs;
+
+/// Where the node keeps what `inspect` reads: the agent's flags where they matter.
+#[derive(Debug, Clone)]
+pub struct Locations {
+    /// The agent's `--root-dir` (its CNI cache is under `cni/results`).
+    pub root_dir: PathBuf,
+    /// The runtime's CNI conf dir (`--runtime-cni-conf-dir`): whether the agent's thin
+    /// plugin is installed there tells who runs the plugins.
+    pub runtime_cni_conf_dir: PathBuf,
+    /// libcni's dir, where the runtime caches its CNI results (`/var/lib/cni`).
+    pub libcni_dir: PathBuf,
+    /// `/proc`.
+    pub proc: ProcFs,
+}
+
+impl Locations {
+    /// The agent's CNI result cache.
+    #[must_use]
+    pub fn agent_cni_cache(&self) -> PathBuf {
+        self.root_dir.join("cni").join("results")
+    }
+
+    /// The runtime's (libcni's) CNI result cache.
+    #[must_use]
+    pub fn runtime_cni_cache(&self) -> PathBuf {
+        self.libcni_dir.join("results")
+    }
+}
+
+/// Why a pod or the node cannot be inspected at all (what is only partly visible is
+/// reported in the view's notes instead).
+#[derive(Debug, thiserror::Error)]
+pub enum InspectError {
+    /// The runtime cannot be asked.
+    #[error("asking the runtime ({what}): {source}")]
+    Cri {
+        /// The CRI call.
+        what: &'static str,
+        /// Its error.
+        source: crate::cri::CriError,
+    },
+    /// The runtime has no sandbox of the pod.
+    #[error("the runtime has no sandbox of pod {pod}")]
+    NoSandbox {
+        /// `namespace/name`.
+        pod: String,
+    },
+}
+
+/// Runs blocking file-system or netlink work off the async threads.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(v) => v,
+        Err(e) => std::panic::resume_unwind(e.into_panic()),
+    }
+}
+
+/// A CRI timestamp (ns since the epoch) in RFC 3339.
+fn timestamp(ns: i64) -> String {
+    k8s_openapi::jiff::Timestamp::from_nanosecond(i128::from(ns))
+        .map(|t| t.to_string())
+        .unwrap_or_default()
+}

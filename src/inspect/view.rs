@@ -65,3 +65,147 @@ pub struct PodLink {
     /// The bridge it is attached to.
     pub bridge: Option<String>,
 }
+
+/// One pod, as `rkubelet inspect pod` reports it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodView {
+    /// The pod's namespace.
+    pub namespace: String,
+    /// The pod's name.
+    pub name: String,
+    /// The pod's UID, from the sandbox's labels.
+    pub uid: Option<String>,
+    /// The pod's newest sandbox.
+    pub sandbox: SandboxView,
+    /// Older sandboxes of the pod the runtime still has (`id state`).
+    pub other_sandboxes: Vec<String>,
+    /// The pod's network, when it has its own network namespace.
+    pub network: Option<PodNetwork>,
+    /// The sandbox's containers, newest attempt first per name.
+    pub containers: Vec<ContainerView>,
+    /// What could not be seen, and why.
+    pub notes: Vec<String>,
+}
+
+/// The pod sandbox: the pause container holding the pod's namespaces.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxView {
+    /// Its id.
+    pub id: String,
+    /// `SANDBOX_READY` or `SANDBOX_NOTREADY`.
+    pub state: String,
+    /// When it was created (RFC 3339).
+    pub created_at: String,
+    /// The runtime handler (`runc` when empty).
+    pub runtime_handler: String,
+    /// The pause process's PID on the host.
+    pub pause_pid: Option<u32>,
+    /// The pause container's image.
+    pub pause_image: Option<String>,
+    /// The path of the pod's network namespace (none on the host network).
+    pub netns_path: Option<String>,
+    /// The pause process's namespaces.
+    pub namespaces: Vec<NamespaceView>,
+}
+
+/// A Linux namespace of a process.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NamespaceView {
+    /// `net`, `ipc`, `uts`, `pid`, `mnt`, `cgroup` or `user`.
+    pub kind: String,
+    /// Its inode number (`/proc/<pid>/ns/<kind>` links to `<kind>:[<inode>]`).
+    pub inode: u64,
+}
+
+/// The pod's network namespace, its veth pair and its IP.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodNetwork {
+    /// The interfaces inside the pod's network namespace.
+    pub interfaces: Vec<super::netlink::Link>,
+    /// The routes inside it.
+    pub routes: Vec<super::netlink::Route>,
+    /// The host end of the pod's veth pair.
+    pub host_veth: Option<HostVeth>,
+    /// The host-local reservation of the pod's IP.
+    pub reservation: Option<Reservation>,
+    /// Where the CNI result was cached, and by whom (`agent` or `runtime`).
+    pub cni_cache: Option<String>,
+    /// The CNI result as the plugins returned it.
+    pub cni_result: Option<serde_json::Value>,
+    /// The port mappings given to the portmap plugin.
+    pub port_mappings: Vec<serde_json::Value>,
+    /// The NAT rules that carry them (`iptables-save -t nat` lines of the sandbox).
+    pub port_rules: Vec<String>,
+}
+
+/// The host end of a pod's veth pair.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HostVeth {
+    /// Its name on the host.
+    pub name: String,
+    /// Its interface index on the host.
+    pub index: u32,
+    /// Its MAC address.
+    pub mac: Option<String>,
+    /// The bridge it is attached to.
+    pub bridge: Option<String>,
+    /// The bridge's addresses.
+    pub bridge_addresses: Vec<String>,
+}
+
+/// A host-local IPAM reservation file.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Reservation {
+    /// The file (`<dataDir>/<network>/<ip>`).
+    pub path: String,
+    /// Who holds it: the sandbox id and the interface, as the plugin wrote them.
+    pub holder: String,
+}
+
+/// One container of the pod.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainerView {
+    /// Its name in the pod spec.
+    pub name: String,
+    /// Its id.
+    pub id: String,
+    /// Which attempt it is (the pod status's restartCount).
+    pub attempt: u32,
+    /// `CONTAINER_RUNNING`, `CONTAINER_EXITED`, ...
+    pub state: String,
+    /// Its process's PID on the host, while it runs.
+    pub pid: Option<u32>,
+    /// The image as the pod names it.
+    pub image: String,
+    /// The image's id (digest).
+    pub image_id: String,
+    /// Its log file.
+    pub log_path: String,
+    /// Its cgroup (from `/proc/<pid>/cgroup`, else the runtime spec's).
+    pub cgroup: Option<String>,
+    /// The namespaces it shares with the pause process.
+    pub shared_namespaces: Vec<String>,
+    /// The namespaces it has of its own.
+    pub own_namespaces: Vec<String>,
+    /// Its mounts.
+    pub mounts: Vec<MountView>,
+}
+
+/// A mount of a container.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MountView {
+    /// On the host.
+    pub source: String,
+    /// In the container.
+    pub destination: String,
+    /// Whether it is read-only.
+    pub read_only: bool,
+}

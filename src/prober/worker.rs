@@ -142,13 +142,17 @@ pub(super) async fn run<C: Cri>(
     let check = Check::of(&probe, &target.container, &target.pod_ip);
     let counters = metrics::register(&target.pod, &target.container.name, kind);
     let started = start_instant(target.started_at_ns);
+    // From the worker's start until the probe first passes: the wait and each run are
+    // steps of the pod's start-up timeline.
+    let mut until_passed = Some(
+        tracing::info_span!("probe", pod_uid = %target.pod.uid, container = %target.container.name, kind = kind.as_str()),
+    );
     shared.set(&target, kind, kind.initial());
     tokio::time::sleep(jitter(&target.container_id, timing.period)).await;
     let mut ticker = tokio::time::interval(timing.period);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut last = None;
     let mut run = 0u32;
-    let mut passed = false;
     loop {
         ticker.tick().await;
         if started.elapsed() < timing.initial_delay {
@@ -163,11 +167,9 @@ pub(super) async fn run<C: Cri>(
             }
         }
         // Until the probe first passes, each run is a step of the pod's start-up timeline.
-        let span = if passed {
-            tracing::Span::none()
-        } else {
-            tracing::info_span!("probe", pod_uid = %target.pod.uid, container = %target.container.name, kind = kind.as_str(), result = tracing::field::Empty)
-        };
+        let span = until_passed.as_ref().map_or_else(tracing::Span::none, |parent| {
+            tracing::info_span!(parent: parent, "probe_run", result = tracing::field::Empty)
+        });
         let outcome = probe_once(&shared, &target, kind, &check, timing.timeout)
             .instrument(span.clone())
             .await;
@@ -193,7 +195,9 @@ pub(super) async fn run<C: Cri>(
         if run < threshold {
             continue;
         }
-        passed |= result == ProbeResult::Success;
+        if result == ProbeResult::Success {
+            until_passed = None;
+        }
         shared.set(&target, kind, result);
         if kind != ProbeKind::Readiness && result == ProbeResult::Failure {
             // On hold: the container is restarted, and its new instance gets a new worker.

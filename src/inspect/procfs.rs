@@ -1,0 +1,148 @@
+//! What `/proc` says of a process: its namespaces (the inode each `/proc/<pid>/ns/<kind>`
+//! link names) and its cgroup. The root is a parameter, so tests use a directory of
+//! their own.
+
+use std::path::{Path, PathBuf};
+
+use super::view::NamespaceView;
+
+/// The namespace kinds a pod's processes have, in the order they are shown.
+pub const NAMESPACE_KINDS: [&str; 7] = ["net", "ipc", "uts", "pid", "mnt", "cgroup", "user"];
+
+/// A `/proc` file system.
+#[derive(Debug, Clone)]
+pub struct ProcFs {
+    root: PathBuf,
+}
+
+impl Default for ProcFs {
+    fn default() -> Self {
+        Self::at("/proc")
+    }
+}
+
+impl ProcFs {
+    /// The `/proc` mounted at `root`.
+    #[must_use]
+    pub fn at(root: impl Into<PathBuf>) -> Self {
+        Self { root: root.into() }
+    }
+
+    /// The path of `/proc/<pid>/<rest>`.
+    #[must_use]
+    pub fn path(&self, pid: u32, rest: &str) -> PathBuf {
+        self.root.join(pid.to_string()).join(rest)
+    }
+
+    /// The namespaces of `pid` that can be read, in [`NAMESPACE_KINDS`] order. Blocking.
+    ///
+    /// # Errors
+    /// The process is gone or cannot be read (its net namespace link cannot be read).
+    pub fn namespaces(&self, pid: u32) -> std::io::Result<Vec<NamespaceView>> {
+        let mut found = Vec::new();
+        for kind in NAMESPACE_KINDS {
+            match std::fs::read_link(self.path(pid, &format!("ns/{kind}"))) {
+                Ok(target) => {
+                    if let Some(inode) = namespace_inode(&target, kind) {
+                        found.push(NamespaceView {
+                            kind: kind.to_owned(),
+                            inode,
+                        });
+                    }
+                }
+                // The first one read tells whether the process is there at all.
+                Err(e) if found.is_empty() => return Err(e),
+                Err(_) => {}
+            }
+        }
+        Ok(found)
+    }
+
+    /// The cgroup of `pid`: the unified hierarchy's path on cgroup v2, else the memory
+    /// controller's. Blocking.
+    #[must_use]
+    pub fn cgroup(&self, pid: u32) -> Option<String> {
+        let text = std::fs::read_to_string(self.path(pid, "cgroup")).ok()?;
+        cgroup_of(&text)
+    }
+}
+
+/// The inode a namespace link names: `net:[4026531840]` → 4026531840.
+fn namespace_inode(target: &Path, kind: &str) -> Option<u64> {
+    target
+        .to_str()?
+        .strip_prefix(kind)?
+        .strip_prefix(":[")?
+        .strip_suffix(']')?
+        .parse()
+        .ok()
+}
+
+/// The path in a `/proc/<pid>/cgroup` file: the v2 line `0::<path>`, else the v1 memory
+/// controller's line.
+fn cgroup_of(text: &str) -> Option<String> {
+    let lines = || {
+        text.lines()
+            .filter_map(|l| l.splitn(3, ':').nth(2).zip(l.split(':').nth(1)))
+    };
+    lines()
+        .find(|(_, controllers)| controllers.is_empty())
+        .or_else(|| lines().find(|(_, controllers)| controllers.split(',').any(|c| c == "memory")))
+        .map(|(path, _)| path.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn namespace_links_and_cgroup_files_are_read() {
+        let dir = std::env::temp_dir().join(format!("rk-procfs-{}", std::process::id()));
+        let ns = dir.join("42/ns");
+        std::fs::create_dir_all(&ns).unwrap();
+        std::os::unix::fs::symlink("net:[4026532100]", ns.join("net")).unwrap();
+        std::os::unix::fs::symlink("pid:[4026531836]", ns.join("pid")).unwrap();
+        std::os::unix::fs::symlink("garbage", ns.join("uts")).unwrap();
+        std::fs::write(dir.join("42/cgroup"), "0::/kubepods/burstable/podu1/abc\n").unwrap();
+        let proc = ProcFs::at(&dir);
+        assert_eq!(
+            proc.namespaces(42).unwrap(),
+            [
+                NamespaceView {
+                    kind: "net".into(),
+                    inode: 4_026_532_100
+                },
+                NamespaceView {
+                    kind: "pid".into(),
+                    inode: 4_026_531_836
+                },
+            ]
+        );
+        assert_eq!(
+            proc.cgroup(42).as_deref(),
+            Some("/kubepods/burstable/podu1/abc")
+        );
+        assert!(proc.namespaces(43).is_err(), "a process that is gone");
+        assert_eq!(proc.cgroup(43), None);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn cgroup_v1_takes_the_memory_controller() {
+        let v1 =
+            "12:cpu,cpuacct:/kubepods/x\n11:memory:/kubepods/podu1/abc\n1:name=systemd:/init\n";
+        assert_eq!(cgroup_of(v1).as_deref(), Some("/kubepods/podu1/abc"));
+        assert_eq!(cgroup_of(""), None);
+    }
+
+    #[test]
+    fn the_host_has_its_own_namespaces() {
+        let own = ProcFs::default()
+            .namespaces(std::process::id())
+            .expect("our own /proc entry");
+        assert!(
+            own.iter().any(|n| n.kind == "net" && n.inode > 0),
+            "{own:?}"
+        );
+    }
+}
