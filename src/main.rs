@@ -36,6 +36,9 @@ enum Command {
     Run(Box<RunArgs>),
     /// Talk to the container runtime over CRI.
     Cri(CriArgs),
+    /// Show how the node's pods are wired and where their start-up time went, from the
+    /// live system (run as root on the node).
+    Inspect(InspectArgs),
 }
 
 /// Who runs the CNI plugins.
@@ -203,10 +206,14 @@ impl ServerFlags {
 #[derive(Debug, clap::Args)]
 struct RuntimeFlags {
     /// The container runtime's CRI endpoint.
-    #[arg(long, default_value = "unix:///run/containerd/containerd.sock")]
+    #[arg(
+        long,
+        default_value = "unix:///run/containerd/containerd.sock",
+        global = true
+    )]
     container_runtime_endpoint: String,
     /// Deadline of each CRI call but image pulls, in seconds.
-    #[arg(long, default_value_t = 120)]
+    #[arg(long, default_value_t = 120, global = true)]
     runtime_request_timeout: u64,
 }
 
@@ -216,6 +223,57 @@ impl RuntimeFlags {
         let timeout = Duration::from_secs(self.runtime_request_timeout);
         Ok(CriClient::new(endpoint, timeout, timeout))
     }
+}
+
+/// How `inspect` prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum OutputArg {
+    /// Aligned tables.
+    Table,
+    /// JSON.
+    Json,
+    /// A picture (`node` and `timeline`).
+    Svg,
+}
+
+/// Flags of `rkubelet inspect`: the agent's own where they differ from its defaults.
+#[derive(Debug, clap::Args)]
+struct InspectArgs {
+    #[command(flatten)]
+    runtime: RuntimeFlags,
+    /// The agent's state directory.
+    #[arg(long, default_value = "/var/lib/rkubelet", global = true)]
+    root_dir: PathBuf,
+    /// The runtime's CNI conf dir.
+    #[arg(long, default_value = "/etc/cni/net.d", global = true)]
+    runtime_cni_conf_dir: PathBuf,
+    /// The agent's kubeconfig: with it, `node` reads the Node's pod CIDR from the API.
+    #[arg(long, global = true)]
+    kubeconfig: Option<PathBuf>,
+    /// The node's name (default: the host name).
+    #[arg(long, global = true)]
+    hostname_override: Option<String>,
+    /// How to print.
+    #[arg(long, short, value_enum, default_value = "table", global = true)]
+    output: OutputArg,
+    #[command(subcommand)]
+    what: InspectCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum InspectCommand {
+    /// One pod: sandbox, pause process, namespaces, veth, bridge, IP, CNI, containers.
+    Pod {
+        /// `namespace/name`.
+        pod: String,
+    },
+    /// The node's pod network: pod CIDR, bridge and its ports, each pod's IP and veth.
+    Node,
+    /// A pod's start-up timeline, kept by the running agent (every pod's without one).
+    Timeline {
+        /// `namespace/name`.
+        pod: Option<String>,
+    },
 }
 
 #[derive(Debug, clap::Args)]
@@ -257,6 +315,7 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
         match cli.command {
             Command::Run(args) => run_command(*args, timelines).await,
             Command::Cri(args) => cri_command(args).await,
+            Command::Inspect(args) => inspect_command(args).await,
         }
     })
 }
@@ -351,4 +410,99 @@ async fn cri_command(args: CriArgs) -> anyhow::Result<std::process::ExitCode> {
             })
         }
     }
+}
+
+fn to_json(value: &impl serde::Serialize) -> anyhow::Result<String> {
+    Ok(serde_json::to_string_pretty(value)?)
+}
+
+fn pod_key(pod: &str) -> anyhow::Result<(&str, &str)> {
+    pod.split_once('/')
+        .filter(|(ns, name)| !ns.is_empty() && !name.is_empty() && !name.contains('/'))
+        .with_context(|| format!("{pod:?} is not namespace/name"))
+}
+
+async fn inspect_command(args: InspectArgs) -> anyhow::Result<std::process::ExitCode> {
+    use rkubelet::inspect::{self, Locations, table};
+    let at = Locations {
+        root_dir: args.root_dir.clone(),
+        runtime_cni_conf_dir: args.runtime_cni_conf_dir.clone(),
+        libcni_dir: "/var/lib/cni".into(),
+        proc: inspect::procfs::ProcFs::default(),
+    };
+    let text = match (&args.what, args.output) {
+        (InspectCommand::Pod { .. }, OutputArg::Svg) => {
+            anyhow::bail!("there is no picture of one pod: try `inspect node --output svg`")
+        }
+        (InspectCommand::Pod { pod }, output) => {
+            let (namespace, name) = pod_key(pod)?;
+            let view = inspect::pod::inspect(&args.runtime.client()?, &at, namespace, name).await?;
+            if output == OutputArg::Json {
+                to_json(&view)?
+            } else {
+                table::pod(&view)
+            }
+        }
+        (InspectCommand::Node, output) => {
+            let node_name = match args.hostname_override.clone() {
+                Some(name) => name,
+                None => nix::unistd::gethostname()?.to_string_lossy().to_lowercase(),
+            };
+            let pod_cidr = match &args.kubeconfig {
+                Some(path) => node_pod_cidr(path, &node_name).await?,
+                None => None,
+            };
+            let view =
+                inspect::node::inspect(&args.runtime.client()?, &at, Some(node_name), pod_cidr)
+                    .await?;
+            match output {
+                OutputArg::Json => to_json(&view)?,
+                OutputArg::Svg => anyhow::bail!("SVG_PENDING"),
+                OutputArg::Table => table::node(&view),
+            }
+        }
+        (InspectCommand::Timeline { pod: None }, output) => {
+            let all: Vec<rkubelet::timeline::PodTimeline> =
+                inspect::ask_agent(&args.root_dir, "/debug/timeline").await?;
+            match output {
+                OutputArg::Json => to_json(&all)?,
+                OutputArg::Svg => anyhow::bail!("one picture per pod: name the pod"),
+                OutputArg::Table => all
+                    .iter()
+                    .map(table::timeline)
+                    .collect::<Vec<_>>()
+                    .join("\n"),
+            }
+        }
+        (InspectCommand::Timeline { pod: Some(pod) }, output) => {
+            let (namespace, name) = pod_key(pod)?;
+            let timeline: rkubelet::timeline::PodTimeline = inspect::ask_agent(
+                &args.root_dir,
+                &format!("/debug/timeline/{namespace}/{name}"),
+            )
+            .await?;
+            match output {
+                OutputArg::Json => to_json(&timeline)?,
+                OutputArg::Svg => anyhow::bail!("SVG_PENDING"),
+                OutputArg::Table => table::timeline(&timeline),
+            }
+        }
+    };
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())?;
+    if !text.ends_with('\n') {
+        writeln!(out)?;
+    }
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// The Node's pod CIDR, from the API.
+async fn node_pod_cidr(kubeconfig: &std::path::Path, node: &str) -> anyhow::Result<Option<String>> {
+    let client = app::kube_client(kubeconfig).await?;
+    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client);
+    let found = nodes
+        .get_opt(node)
+        .await
+        .with_context(|| format!("reading node {node}"))?;
+    Ok(found.and_then(|n| n.spec).and_then(|s| s.pod_cidr))
 }

@@ -50,15 +50,21 @@ pub struct Step {
 
 impl Step {
     /// The step's name with the values of its fields, ids cut to 12 characters as
-    /// `crictl` shows them: `cri RunPodSandbox`.
+    /// `crictl` shows them, and a flag as its name (`not` before a false one):
+    /// `cri RunPodSandbox`, `status_patch ok Running ready`.
     #[must_use]
     pub fn label(&self) -> String {
         self.fields
-            .values()
-            .fold(self.name.clone(), |mut label, v| {
+            .iter()
+            .fold(self.name.clone(), |mut label, (k, v)| {
                 label.push(' ');
                 let is_id = v.len() == 64 && v.bytes().all(|b| b.is_ascii_hexdigit());
-                label.push_str(if is_id { &v[..12] } else { v });
+                match v.as_str() {
+                    "true" => label.push_str(k),
+                    "false" => label.push_str(&format!("not {k}")),
+                    _ if is_id => label.push_str(&v[..12]),
+                    _ => label.push_str(v),
+                }
                 label
             })
     }
@@ -437,9 +443,9 @@ mod tests {
                 ("sync_pod".to_owned(), 0),
                 ("run_pod_sandbox 1".to_owned(), 1),
                 ("cri RunPodSandbox".to_owned(), 2),
-                ("status_patch ok false".to_owned(), 0),
-                ("status_patch error true".to_owned(), 0),
-                ("status_patch ok true".to_owned(), 0),
+                ("status_patch ok not ready".to_owned(), 0),
+                ("status_patch error ready".to_owned(), 0),
+                ("status_patch ok ready".to_owned(), 0),
             ]
         );
         let sync = &t.steps[0];

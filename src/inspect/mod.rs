@@ -8,6 +8,7 @@ pub mod netlink;
 pub mod node;
 pub mod pod;
 pub mod procfs;
+pub mod table;
 pub mod view;
 
 use std::path::PathBuf;
@@ -54,12 +55,75 @@ pub enum InspectError {
         /// Its error.
         source: crate::cri::CriError,
     },
+    /// The agent's debug socket cannot be asked.
+    #[error("asking the agent at {}: {reason} (is rkubelet running with this --root-dir?)", socket.display())]
+    Agent {
+        /// The debug socket.
+        socket: PathBuf,
+        /// What failed.
+        reason: String,
+    },
+    /// The agent answered with an error.
+    #[error("the agent answered {status}: {message}")]
+    AgentStatus {
+        /// The HTTP status.
+        status: u16,
+        /// Its message.
+        message: String,
+    },
     /// The runtime has no sandbox of the pod.
     #[error("the runtime has no sandbox of pod {pod}")]
     NoSandbox {
         /// `namespace/name`.
         pod: String,
     },
+}
+
+/// `GET <path>` on the debug socket of the agent whose root dir is `root_dir`: its JSON
+/// answer.
+///
+/// # Errors
+/// The agent cannot be reached, or answers with an error.
+pub async fn ask_agent<T: serde::de::DeserializeOwned>(
+    root_dir: &std::path::Path,
+    path: &str,
+) -> Result<T, InspectError> {
+    use http_body_util::BodyExt;
+    let socket = crate::server::debug::socket_path(root_dir);
+    let agent = |reason: String| InspectError::Agent {
+        socket: socket.clone(),
+        reason,
+    };
+    let stream = tokio::net::UnixStream::connect(&socket)
+        .await
+        .map_err(|e| agent(e.to_string()))?;
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .map_err(|e| agent(e.to_string()))?;
+    tokio::spawn(connection);
+    let request = hyper::Request::get(path)
+        .header(hyper::header::HOST, "localhost")
+        .body(http_body_util::Empty::<hyper::body::Bytes>::new())
+        .map_err(|e| agent(e.to_string()))?;
+    let response = sender
+        .send_request(request)
+        .await
+        .map_err(|e| agent(e.to_string()))?;
+    let status = response.status();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| agent(e.to_string()))?
+        .to_bytes();
+    if !status.is_success() {
+        return Err(InspectError::AgentStatus {
+            status: status.as_u16(),
+            message: String::from_utf8_lossy(&body).trim().to_owned(),
+        });
+    }
+    serde_json::from_slice(&body).map_err(|e| agent(format!("its answer: {e}")))
 }
 
 /// Runs blocking file-system or netlink work off the async threads.

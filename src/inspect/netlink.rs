@@ -67,7 +67,7 @@ const RECV_TIMEOUT: Duration = Duration::from_secs(5);
 const DUMP_ATTEMPTS: usize = 3;
 
 /// A network interface (`ip -d link`), with its addresses (`ip addr`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Link {
     /// The interface index in its namespace.
@@ -108,7 +108,7 @@ pub struct Address {
 }
 
 /// A route of the main table (`ip route`, `ip -6 route`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Route {
     /// The destination subnet; none for the default route.

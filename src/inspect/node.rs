@@ -58,7 +58,16 @@ pub async fn inspect<C: Cri>(
     let cached = cni_store::all_cached(at).await;
     if let Some(host) = &host {
         view.bridge = bridge(host, &view.pods, &cached);
-        view.routes = host.routes.iter().map(route_line).collect();
+        // As `ip route` shows them: IPv4.
+        view.routes = host
+            .routes
+            .iter()
+            .filter(|r| {
+                r.destination.is_none_or(|(ip, _)| ip.is_ipv4())
+                    && r.gateway.is_none_or(|g| g.is_ipv4())
+            })
+            .map(route_line)
+            .collect();
     }
     view.pod_cidr = pod_cidr
         .or_else(|| cached.iter().flat_map(cni_store::Cached::subnets).next())

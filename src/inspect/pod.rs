@@ -418,6 +418,7 @@ mod tests {
         bridge.addresses.push(Address {
             address: "10.88.0.1".parse().unwrap(),
             prefix_len: 24,
+            scope: "universe".into(),
         });
         let host = Interfaces {
             links: vec![
