@@ -17,7 +17,8 @@
 # all use one Secret and one ConfigMap in env and volumes, the agent's reads of Secrets and
 # ConfigMaps counted per node identity from the API server's audit log. Then the CRI
 # floor.
-# rkubelet logs every step's duration (--log-span-timings), so the report breaks its
+# rkubelet's bursts are broken down per step from its pods' start-up timelines (read from
+# its debug socket), its deletions from its log (--log-span-timings), so the report breaks its
 # largest burst down per step.
 #
 # The machine is noisy (single runs of the same scenario differ by 15 % and more), so the
@@ -140,7 +141,9 @@ footprint() { # AGENT STATE
 }
 
 scenarios() { # AGENT NODE
-  local agent=$1 node=$2 n runs run
+  local agent=$1 node=$2 n runs run timelines=()
+  # rkubelet's start-up breakdown comes from its pods' timelines (its debug socket).
+  [[ $agent != rkubelet* ]] || timelines=(--agent-root-dir "$RKUBELET_STATE/bench/rkubelet-$node")
   if want idle; then footprint "$agent" idle; fi
   if want bursts; then
     for n in "${BURSTS[@]}"; do
@@ -149,7 +152,8 @@ scenarios() { # AGENT NODE
       for ((run = 1; run <= runs; run++)); do
         settle
         log "$agent: burst of $n (run $run of $runs)"
-        "$BENCH" burst --kubeconfig "$KUBECONFIG_ADMIN" --node "$node" --count "$n" --agent "$agent" >>"$OUT/burst.json"
+        "$BENCH" burst --kubeconfig "$KUBECONFIG_ADMIN" --node "$node" --count "$n" --agent "$agent" \
+          "${timelines[@]}" >>"$OUT/burst.json"
       done
     done
   fi

@@ -2,6 +2,7 @@
 # The main job: set up this machine, bring up the local cluster, start rkubelet as the
 # node agent of node rk-node1 (with only its node identity), and follow the seed's story:
 # `kubectl create deployment nginx --image=nginx --replicas=3`, until the pods serve HTTP.
+# Then tells the story of one pod with `rkubelet inspect` (scripts/story.sh).
 # Leaves everything running; stop it all with `scripts/cluster.sh down`.
 set -euo pipefail
 # shellcheck source=scripts/common.sh
@@ -39,4 +40,7 @@ k get pods -o wide
 ip=$(k get pods -l app=nginx -o jsonpath='{.items[0].status.podIP}')
 log "HTTP answer of pod $ip:"
 curl -sS -i "http://$ip/" | head -n 12
+# How the pod is wired and where its start-up time went, as `rkubelet inspect` shows it.
+bash scripts/story.sh "$RKUBELET_STATE/story"
+log "the story's outputs and pictures (node.svg, timeline.svg): $RKUBELET_STATE/story (the README tells it)"
 log "rkubelet's log: $RKUBELET_STATE/logs/rkubelet.log; stop everything with: bash scripts/cluster.sh down"

@@ -27,6 +27,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::watcher::{self, Event};
 use rkubelet::cri::{Cri, CriClient, api};
+use rkubelet::timeline::{PodTimeline, Step};
 use serde_json::{Value, json};
 
 #[derive(Debug, Parser)]
@@ -78,6 +79,10 @@ struct ApiArgs {
     /// How long to wait for all pods, in seconds.
     #[arg(long, default_value_t = 600)]
     timeout: u64,
+    /// The agent's `--root-dir`, for an rkubelet agent: its pods' start-up timelines
+    /// (from its debug socket) give the start-up breakdown per step.
+    #[arg(long)]
+    agent_root_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -232,6 +237,9 @@ struct Timings {
     held: Value,
     /// Wall-clock bounds of the start-up and of the deletion, for `report`'s breakdown.
     windows: Value,
+    /// From the agent's timelines of the run's pods: each step's durations, and each
+    /// pod's seen → Ready acknowledged (seconds).
+    startup: Value,
 }
 
 async fn time_pods<F, Fut>(
@@ -304,7 +312,39 @@ where
             "start-up": [created_at.to_string(), ready_at.to_string()],
             "deletion": [held_at.to_string(), Timestamp::now().to_string()],
         }),
+        startup: Value::Null,
     })
+}
+
+/// The step a timeline step stands for across pods: its name, with the RPC, plugin,
+/// command or probe kind (not the ids and names that differ from pod to pod).
+fn timeline_step(step: &Step) -> String {
+    ["rpc", "plugin", "command", "kind", "phase"]
+        .iter()
+        .filter_map(|k| step.fields.get(*k))
+        .fold(step.name.clone(), |name, v| format!("{name} {v}"))
+}
+
+/// The start-up breakdown of the run's pods (named `<run>-…`) from the agent's timelines.
+fn startup_breakdown(timelines: &[PodTimeline], run: &str) -> Value {
+    let prefix = format!("{run}-");
+    let mine: Vec<&PodTimeline> = timelines
+        .iter()
+        .filter(|t| t.namespace == "default" && t.name.starts_with(&prefix))
+        .collect();
+    let mut steps: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    for step in mine.iter().flat_map(|t| &t.steps) {
+        steps
+            .entry(timeline_step(step))
+            .or_default()
+            .push(step.duration_ms / 1000.0);
+    }
+    let ready: Vec<f64> = mine
+        .iter()
+        .filter_map(|t| t.ready_ms)
+        .map(|ms| ms / 1000.0)
+        .collect();
+    json!({ "pods": mine.len(), "steps": steps, "seen_to_ready": ready })
 }
 
 fn timings_json(kind: &str, args: &ApiArgs, t: &Timings) -> Value {
@@ -312,6 +352,7 @@ fn timings_json(kind: &str, args: &ApiArgs, t: &Timings) -> Value {
         "kind": kind, "agent": args.agent, "count": args.count,
         "running": t.running, "ready": t.ready,
         "all_ready": t.all_ready, "all_gone": t.all_gone, "windows": t.windows,
+        "startup": t.startup,
     })
 }
 
@@ -365,7 +406,7 @@ async fn bound_pods(
         .await?;
         Ok(())
     };
-    time_pods(
+    let mut timings = time_pods(
         pods.clone(),
         &run,
         args.count,
@@ -374,7 +415,14 @@ async fn bound_pods(
         hold,
         delete,
     )
-    .await
+    .await?;
+    // The agent keeps its recent pods' timelines after they are gone.
+    if let Some(root) = &args.agent_root_dir {
+        let timelines: Vec<PodTimeline> =
+            rkubelet::inspect::ask_agent(root, "/debug/timeline").await?;
+        timings.startup = startup_breakdown(&timelines, &run);
+    }
+    Ok(timings)
 }
 
 async fn burst(args: ApiArgs) -> anyhow::Result<Value> {
@@ -937,6 +985,23 @@ fn breakdown(log: &Path, window: &Value) -> anyhow::Result<BTreeMap<String, Vec<
     Ok(steps)
 }
 
+/// The steps of a run's `startup.steps`, each one's durations sorted.
+fn timeline_steps(steps: &serde_json::Map<String, Value>) -> BTreeMap<String, Vec<f64>> {
+    steps
+        .iter()
+        .map(|(step, v)| {
+            let mut d: Vec<f64> = v
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_f64)
+                .collect();
+            d.sort_by(f64::total_cmp);
+            (step.clone(), d)
+        })
+        .collect()
+}
+
 /// The result of `kind` for `agent` with `count` pods (`state`, for footprints), its runs
 /// merged.
 fn find<'a>(
@@ -1158,14 +1223,37 @@ fn breakdown_tables(dir: &Path, rows: &[&Value]) -> anyhow::Result<String> {
             continue;
         };
         for (phase, window) in windows {
-            let steps = breakdown(&log, window)?;
+            // The start-up from the agent's timelines of the run's pods, when it has them;
+            // otherwise (and the deletion) from the spans in its log.
+            let timelines = r["startup"]["steps"]
+                .as_object()
+                .filter(|_| phase == "start-up");
+            let (steps, source) = match timelines {
+                Some(steps) => (timeline_steps(steps), "its pods' timelines"),
+                None => (breakdown(&log, window)?, "its spans"),
+            };
             if steps.is_empty() {
                 continue;
             }
             md.push_str(&format!(
-                "\n**{agent}, {} pods, {phase}: per step, from its spans** (seconds; a step's calls overlap across pods)\n\n| step | calls | p50 | p90 | max | sum |\n|---|---|---|---|---|---|\n",
+                "\n**{agent}, {} pods, {phase}: per step, from {source}** (seconds; a step's calls overlap across pods)\n\n",
                 r["count"]
             ));
+            if let Some(ready) = r["startup"]["seen_to_ready"]
+                .as_array()
+                .filter(|_| timelines.is_some())
+            {
+                let mut ready: Vec<f64> = ready.iter().filter_map(Value::as_f64).collect();
+                ready.sort_by(f64::total_cmp);
+                md.push_str(&format!(
+                    "Each pod from seen by the agent to Ready acknowledged by the API: p50 {:.3} s, p90 {:.3} s, max {:.3} s ({} pods).\n\n",
+                    percentile(&ready, 50.0),
+                    percentile(&ready, 90.0),
+                    percentile(&ready, 100.0),
+                    ready.len()
+                ));
+            }
+            md.push_str("| step | calls | p50 | p90 | max | sum |\n|---|---|---|---|---|---|\n");
             let mut by_sum: Vec<(&String, &Vec<f64>)> = steps.iter().collect();
             by_sum.sort_by(|a, b| b.1.iter().sum::<f64>().total_cmp(&a.1.iter().sum::<f64>()));
             for (step, v) in by_sum {
@@ -1336,6 +1424,44 @@ mod tests {
         // The breakdown reads the windows of the run closest to the median.
         assert_eq!(burst["windows"]["w"], 2.0);
         assert_eq!(wall(burst, "all_ready"), "2.00 s (1.00–3.00)");
+    }
+
+    #[test]
+    fn the_start_up_breakdown_pools_the_runs_pods_steps_without_their_ids() {
+        let step = |name: &str, fields: &[(&str, &str)], ms: f64| Step {
+            name: name.into(),
+            fields: fields
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            start_ms: 0.0,
+            duration_ms: ms,
+            depth: 0,
+        };
+        let timeline = |name: &str, ready: Option<f64>| PodTimeline {
+            uid: format!("uid-{name}"),
+            namespace: "default".into(),
+            name: name.into(),
+            seen: String::new(),
+            steps: vec![
+                step("cri", &[("rpc", "RunPodSandbox")], 500.0),
+                step("cni_add", &[("container_id", name)], 100.0),
+                step("start_container", &[("container", "c")], 250.0),
+            ],
+            ready_ms: ready,
+            dropped_steps: 0,
+        };
+        let all = [
+            timeline("b1-0", Some(900.0)),
+            timeline("b1-1", Some(1100.0)),
+            timeline("b0-0", Some(5.0)),
+        ];
+        let b = startup_breakdown(&all, "b1");
+        assert_eq!(b["pods"], 2);
+        assert_eq!(b["steps"]["cri RunPodSandbox"], json!([0.5, 0.5]));
+        assert_eq!(b["steps"]["cni_add"], json!([0.1, 0.1]));
+        assert_eq!(b["steps"]["start_container"], json!([0.25, 0.25]));
+        assert_eq!(b["seen_to_ready"], json!([0.9, 1.1]));
     }
 
     #[test]

@@ -57,6 +57,13 @@ impl Case {
         ));
     }
 
+    /// Stops the agent (SIGTERM); its pods keep running.
+    pub fn stop_agent(&mut self) {
+        if let Some(agent) = self.agent.take() {
+            agent.stop();
+        }
+    }
+
     /// The running agent.
     pub fn agent(&self) -> &AgentProcess {
         self.agent.as_ref().expect("the agent runs")
