@@ -16,10 +16,10 @@ const LINE: f64 = 16.0;
 const INK: &str = "#24292f";
 const MUTED: &str = r##"fill="#57606a""##;
 const WARN: &str = r##"fill="#9a6700""##;
-const HOST: &str = r##"fill="#f6f8fa" stroke="#8c959f""##;
-const BRIDGE: &str = r##"fill="#dbe9f6" stroke="#4a79a5""##;
-const POD: &str = r##"fill="#fff8e8" stroke="#c8a15a""##;
-const VETH: &str = r##"fill="#e6f2e6" stroke="#5b8f5b""##;
+const HOST: &str = r##"rx="8" fill="#f6f8fa" stroke="#8c959f""##;
+const BRIDGE: &str = r##"rx="4" fill="#dbe9f6" stroke="#4a79a5""##;
+const POD: &str = r##"rx="6" fill="#fff8e8" stroke="#c8a15a""##;
+const VETH: &str = r##"rx="3" fill="#e6f2e6" stroke="#5b8f5b""##;
 const LINK: &str = r##"fill="none" stroke="#5b8f5b" stroke-width="1.5""##;
 const BOLD: &str = r#"font-weight="bold""#;
 
@@ -303,27 +303,16 @@ pub fn node(view: &NodeView) -> String {
     };
     let routes_y = pods_y + pods_h;
     let host_h = routes_y - host_y + 20.0 + LINE * view.routes.len().max(1) as f64;
-    svg.rect(
-        host_x,
-        host_y,
-        inner_w + 32.0,
-        host_h,
-        &format!(r#"rx="8" {HOST}"#),
-    );
-    svg.text(
-        host_x + 12.0,
-        host_y + 20.0,
-        13.0,
-        BOLD,
-        "host (root network namespace)",
-    );
+    let host = "host (root network namespace)";
+    svg.rect(host_x, host_y, inner_w + 32.0, host_h, HOST);
+    svg.text(host_x + 12.0, host_y + 20.0, 13.0, BOLD, host);
 
     let bridge_name = view.bridge.as_ref().map(|b| b.name.as_str());
     match (&view.bridge, &bridge_texts) {
         (Some(bridge), Some([first, second])) => {
             let title = format!("{first}\n{second}\nports: {}", bridge.ports.join(", "));
             svg.open("bridge", "name", &bridge.name, &title);
-            svg.rect(x0, bridge_y, inner_w, 40.0, &format!(r#"rx="4" {BRIDGE}"#));
+            svg.rect(x0, bridge_y, inner_w, 40.0, BRIDGE);
             svg.text(x0 + 10.0, bridge_y + 17.0, 13.0, BOLD, first);
             svg.text(x0 + 10.0, bridge_y + 33.0, CHIP_FONT, "", second);
         }
@@ -334,7 +323,7 @@ pub fn node(view: &NodeView) -> String {
                 bridge_y,
                 inner_w,
                 40.0,
-                &format!(r#"rx="4" {BRIDGE} stroke-dasharray="4 3" fill-opacity="0.3""#),
+                &format!(r#"{BRIDGE} stroke-dasharray="4 3" fill-opacity="0.3""#),
             );
             svg.text(x0 + 10.0, bridge_y + 25.0, 13.0, MUTED, "no bridge seen");
         }
@@ -345,23 +334,12 @@ pub fn node(view: &NodeView) -> String {
         let (col, row) = (i % grid.cols, i / grid.cols);
         let cx = x0 + col as f64 * grid.cell_w;
         let cy = pods_y + row as f64 * CELL_H;
-        draw_pod(
-            &mut svg,
-            &grid,
-            pod,
-            bridge_name,
-            (cx, cy, row),
-            bridge_bottom,
-        );
+        let at = (cx, cy, row);
+        draw_pod(&mut svg, &grid, pod, bridge_name, at, bridge_bottom);
     }
     if view.pods.is_empty() {
-        svg.text(
-            x0,
-            pods_y + 4.0,
-            POD_FONT,
-            MUTED,
-            "no pod sandboxes on the pod network",
-        );
+        let none = "no pod sandboxes on the pod network";
+        svg.text(x0, pods_y + 4.0, POD_FONT, MUTED, none);
     }
 
     svg.text(x0, routes_y + 14.0, POD_FONT, BOLD, "routes (main table)");
@@ -408,7 +386,7 @@ fn draw_pod(
                 ));
             }
             let chip_w = text_w(&label, CHIP_FONT) + 12.0;
-            svg.rect(x, cy, chip_w, CHIP_H, &format!(r#"rx="3" {VETH}"#));
+            svg.rect(x, cy, chip_w, CHIP_H, VETH);
             svg.text(x + 6.0, cy + 15.0, CHIP_FONT, "", &label);
             svg.line(wire_x, cy + CHIP_H, wire_x, box_y - 9.0, LINK);
             let italic = format!(r#"{MUTED} font-style="italic""#);
@@ -418,16 +396,10 @@ fn draw_pod(
             svg.text(x, cy + 15.0, CHIP_FONT, MUTED, "no veth seen on the host");
         }
     }
-    svg.rect(x, box_y, grid.box_w, POD_BOX_H, &format!(r#"rx="6" {POD}"#));
+    svg.rect(x, box_y, grid.box_w, POD_BOX_H, POD);
     let eth0 = eth0_label(pod);
     let eth0_w = text_w(&eth0, CHIP_FONT) + 12.0;
-    svg.rect(
-        x + 8.0,
-        box_y - 9.0,
-        eth0_w,
-        18.0,
-        &format!(r#"rx="3" {VETH}"#),
-    );
+    svg.rect(x + 8.0, box_y - 9.0, eth0_w, 18.0, VETH);
     svg.text(x + 14.0, box_y + 4.0, CHIP_FONT, "", &eth0);
     let max_chars = ((grid.box_w - 20.0) / (POD_FONT * CHAR_EM)) as usize;
     for (i, line) in pod_lines(pod).iter().enumerate() {
@@ -456,27 +428,26 @@ const KINDS: [(&str, &str); 8] = [
     ("other", "#afb8c1"),
 ];
 
-/// The kind of a step, by its name or else by its label (`cri RunPodSandbox`).
+/// The kind of a step, by its name or else by its label (`cri RunPodSandbox`), and its
+/// color.
 fn kind(step: &Step) -> (&'static str, &'static str) {
     let of = |s: &str| {
         let s = s.to_ascii_lowercase();
-        let keys: [(&str, usize); 8] = [
-            ("probe", 5),
-            ("status", 6),
-            ("cni", 2),
-            ("image", 3),
-            ("pull", 3),
-            ("sandbox", 1),
-            ("container", 4),
-            ("sync", 0),
-        ];
-        keys.iter()
-            .find(|(k, _)| s.contains(k))
-            .map(|&(_, i)| KINDS[i])
+        let kind = if s.starts_with("probe") {
+            "probe"
+        } else if s.starts_with("status") {
+            "status"
+        } else {
+            ["cni", "image", "pull", "sandbox", "container", "sync"]
+                .into_iter()
+                .find(|k| s.contains(k))
+                .map(|k| if k == "pull" { "image" } else { k })?
+        };
+        KINDS.into_iter().find(|(k, _)| *k == kind)
     };
     of(&step.name)
         .or_else(|| of(&step.label()))
-        .unwrap_or(KINDS[7])
+        .unwrap_or(KINDS[KINDS.len() - 1])
 }
 
 /// A millisecond count as text, with as many decimals as its size deserves.
@@ -616,13 +587,8 @@ pub fn timeline(t: &PodTimeline) -> String {
     };
     for i in (1..t.steps.len()).step_by(2) {
         let y = rows_y + ROW_H * i as f64;
-        svg.rect(
-            MARGIN,
-            y,
-            x0 + PLOT_W - MARGIN,
-            ROW_H,
-            r##"fill="#f6f8fa""##,
-        );
+        let stripe = r##"fill="#f6f8fa""##;
+        svg.rect(MARGIN, y, x0 + PLOT_W - MARGIN, ROW_H, stripe);
     }
     plot.axis(&mut svg, tick, axis_end);
     if let Some(r) = ready {
@@ -647,35 +613,20 @@ pub fn timeline(t: &PodTimeline) -> String {
         // On a backdrop, to stay readable where it crosses the Ready marker.
         let took = ms(duration);
         let backdrop = r##"fill="#ffffff" fill-opacity="0.85""##;
-        svg.rect(
-            bx + bw + 2.0,
-            y + 4.0,
-            text_w(&took, 10.0) + 4.0,
-            11.0,
-            backdrop,
-        );
+        let took_w = text_w(&took, 10.0) + 4.0;
+        svg.rect(bx + bw + 2.0, y + 4.0, took_w, 11.0, backdrop);
         svg.text(bx + bw + 4.0, y + 13.0, 10.0, MUTED, &took);
         svg.close();
     }
     if t.steps.is_empty() {
-        svg.text(
-            x0 + 8.0,
-            rows_y + 13.0,
-            POD_FONT,
-            MUTED,
-            "no steps recorded",
-        );
+        let none = "no steps recorded";
+        svg.text(x0 + 8.0, rows_y + 13.0, POD_FONT, MUTED, none);
     }
     let legend_y = rows_end + 44.0;
     let mut lx = x0;
     for (name, color) in KINDS {
-        svg.rect(
-            lx,
-            legend_y - 9.0,
-            10.0,
-            10.0,
-            &format!(r#"fill="{color}""#),
-        );
+        let fill = format!(r#"fill="{color}""#);
+        svg.rect(lx, legend_y - 9.0, 10.0, 10.0, &fill);
         svg.text(lx + 14.0, legend_y, CHIP_FONT, "", name);
         lx += 14.0 + text_w(name, CHIP_FONT) + 18.0;
     }
@@ -804,10 +755,23 @@ mod tests {
         view.pods[0].host_veth = None;
         view.pods[1].bridge = None;
         view.notes = vec!["netlink: permission denied".to_owned()];
+        let long = "x".repeat(200);
+        view.pods[2].name.clone_from(&long);
         let svg = node(&view);
         sample("node-degraded.svg", &svg);
         let doc = roxmltree::Document::parse(&svg).expect("well-formed");
-        assert_eq!(groups(&doc, "pod").len(), 3);
+        let pods = groups(&doc, "pod");
+        let full = format!("default/{long}");
+        assert_eq!(pods[2].attribute("data-pod"), Some(full.as_str()));
+        let cut = pods[2]
+            .descendants()
+            .filter_map(|n| n.text())
+            .find(|t| t.starts_with("default/x"))
+            .expect("the name");
+        assert!(
+            cut.ends_with("xx…") && cut.chars().count() <= 64,
+            "cut to the box: {cut}"
+        );
         assert_eq!(groups(&doc, "bridge").len(), 1, "a placeholder");
         assert!(!svg.contains(r#"class="link""#));
         assert!(svg.contains("no veth seen on the host"));
@@ -944,27 +908,17 @@ mod tests {
 
     #[test]
     fn steps_are_colored_by_kind() {
-        let kinds: Vec<_> = pod_timeline(None).steps.iter().map(|s| kind(s).0).collect();
-        assert_eq!(
-            kinds,
-            [
-                "status",
-                "sync",
-                "other",
-                "other",
-                "sandbox",
-                "sandbox",
-                "cni",
-                "cni",
-                "cni",
-                "image",
-                "image",
-                "container",
-                "container",
-                "probe",
-                "status"
-            ]
-        );
+        let mut steps = pod_timeline(None).steps;
+        steps.extend([
+            step("image_status", None, 0.0, 1.0, 1),
+            step("cri", Some(("rpc", "PodSandboxStatus")), 0.0, 1.0, 2),
+            step("cri", Some(("rpc", "ContainerStatus")), 0.0, 1.0, 2),
+            step("final_status", None, 0.0, 1.0, 0),
+        ]);
+        let kinds: Vec<_> = steps.iter().map(|s| kind(s).0).collect();
+        let want = "status sync other other sandbox sandbox cni cni cni image image container \
+                    container probe status image sandbox container other";
+        assert_eq!(kinds, want.split_whitespace().collect::<Vec<_>>());
     }
 
     #[test]
