@@ -457,7 +457,7 @@ async fn inspect_command(args: InspectArgs) -> anyhow::Result<std::process::Exit
                     .await?;
             match output {
                 OutputArg::Json => to_json(&view)?,
-                OutputArg::Svg => anyhow::bail!("SVG_PENDING"),
+                OutputArg::Svg => inspect::svg::node(&view),
                 OutputArg::Table => table::node(&view),
             }
         }
@@ -483,7 +483,7 @@ async fn inspect_command(args: InspectArgs) -> anyhow::Result<std::process::Exit
             .await?;
             match output {
                 OutputArg::Json => to_json(&timeline)?,
-                OutputArg::Svg => anyhow::bail!("SVG_PENDING"),
+                OutputArg::Svg => inspect::svg::timeline(&timeline),
                 OutputArg::Table => table::timeline(&timeline),
             }
         }

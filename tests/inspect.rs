@@ -317,7 +317,7 @@ async fn the_timeline_comes_in_the_kubelets_order_and_accounts_for_create_to_rea
             .then_some(())
     })
     .await;
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let (mut tx, rx) = tokio::sync::oneshot::channel::<()>();
     let watch = tokio::spawn(watch_until_ready(case.pods.label.clone(), rx));
     let _ = tx.closed().await;
     let name = case.create("pod", pod()).await;

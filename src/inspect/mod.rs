@@ -8,6 +8,7 @@ pub mod netlink;
 pub mod node;
 pub mod pod;
 pub mod procfs;
+pub mod svg;
 pub mod table;
 pub mod view;
 
