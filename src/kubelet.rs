@@ -426,7 +426,12 @@ impl<C: Cri + Clone> Kubelet<C> {
                 .instrument(tracing::info_span!("runtime_status"))
                 .await;
             match fresh {
-                Ok(after) => self.publish_status(pod, id, Some(&after)),
+                Ok(after) => {
+                    // Containers started just now are probed now, not after the next
+                    // relist has seen them run (up to a PLEG period later).
+                    self.prober.update_pod(pod, id, &after);
+                    self.publish_status(pod, id, Some(&after));
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "could not read the pod's runtime state after sync")
                 }

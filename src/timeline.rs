@@ -26,6 +26,9 @@ use tracing_subscriber::registry::LookupSpan;
 pub const POD_SPAN: &str = "pod";
 /// The name of the span around a pod status patch.
 pub const STATUS_PATCH_SPAN: &str = "status_patch";
+/// The name of the span of a pod worker waiting for its next sync; a wait still under
+/// way when Ready is acknowledged is cut there (what follows is no longer start-up).
+pub const WAIT_SPAN: &str = "wait";
 /// How many pods' timelines are kept: the oldest goes first.
 const MAX_PODS: usize = 256;
 /// How many steps a timeline keeps; later ones are counted, not kept.
@@ -208,7 +211,12 @@ impl Timelines {
             entry.dropped_steps = entry.dropped_steps.saturating_add(1);
             return;
         }
-        let end_ms = entry.offset_ms(end);
+        let mut end_ms = entry.offset_ms(end);
+        if name == WAIT_SPAN
+            && let Some(ready) = entry.ready_ms
+        {
+            end_ms = end_ms.min(ready);
+        }
         if name == STATUS_PATCH_SPAN
             && entry.ready_ms.is_none()
             && rec.fields.get("ready").map(String::as_str) == Some("true")
@@ -428,11 +436,14 @@ mod tests {
                 .await;
             status_patch(false, true).await;
             status_patch(true, false).await;
+            // A wait under way when Ready is acknowledged ends there.
+            let wait = tracing::info_span!(parent: &pod, "wait");
             status_patch(true, true).await;
             // After Ready was acknowledged: not a start-up step any more.
             sleep_ms(1)
                 .instrument(tracing::info_span!(parent: &pod, "sync_pod", pod_uid = "u1"))
                 .await;
+            drop(wait);
         });
         let t = timelines.get("ns", "web").expect("a timeline");
         assert_eq!(t.uid, "u1");
@@ -445,6 +456,7 @@ mod tests {
                 ("cri RunPodSandbox".to_owned(), 2),
                 ("status_patch ok not ready".to_owned(), 0),
                 ("status_patch error ready".to_owned(), 0),
+                ("wait".to_owned(), 0),
                 ("status_patch ok ready".to_owned(), 0),
             ]
         );
@@ -455,6 +467,8 @@ mod tests {
         assert!(cri.start_ms >= sync.start_ms && cri.end_ms() <= sync.end_ms());
         let last = t.steps.last().expect("steps");
         assert_eq!(t.ready_ms, Some(last.end_ms()));
+        let wait = &t.steps[t.steps.len() - 2];
+        assert_eq!(wait.end_ms(), last.end_ms(), "cut at Ready: {wait:?}");
         assert!(timelines.get("ns", "other").is_none());
     }
 

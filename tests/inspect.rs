@@ -415,9 +415,13 @@ async fn the_timeline_comes_in_the_kubelets_order_and_accounts_for_create_to_rea
             reach = e;
         }
     }
+    let table = inspect(&root, &["timeline", &format!("default/{name}")]).expect("table");
+    eprintln!(
+        "timeline: Ready acknowledged at {ready_ms:.0} ms, watch {watched_ms:.0} ms, top-level steps cover {covered:.0} ms"
+    );
     assert!(
         covered >= 0.9 * ready_ms,
-        "top-level steps cover {covered:.0} of {ready_ms:.0} ms"
+        "top-level steps cover {covered:.0} of {ready_ms:.0} ms:\n{table}"
     );
     // The picture: one element per step.
     let svg = inspect(
@@ -432,7 +436,6 @@ async fn the_timeline_comes_in_the_kubelets_order_and_accounts_for_create_to_rea
         .count();
     assert_eq!(drawn, steps.len());
     // The table shows the same steps.
-    let table = inspect(&root, &["timeline", &format!("default/{name}")]).expect("table");
     assert!(
         table.contains("run_pod_sandbox") && table.contains("Ready acknowledged"),
         "{table}"

@@ -229,11 +229,15 @@ impl<S: PodSyncer> PodWorkers<S> {
             match next {
                 Next::Done => break,
                 Next::ResyncAfter(after) => {
-                    tokio::select! {
-                        changed = rx.changed() => if changed.is_err() { break },
-                        () = wake.notified() => {}
-                        () = tokio::time::sleep(after) => {}
-                    }
+                    // Waiting for the next sync is a step of the pod's timeline too: what
+                    // ended it says what the pod waited for.
+                    let waiting = tracing::info_span!(parent: &pod_span, crate::timeline::WAIT_SPAN, until = tracing::field::Empty);
+                    let until = tokio::select! {
+                        changed = rx.changed() => if changed.is_err() { break } else { "pod update" },
+                        () = wake.notified() => "runtime event or probe",
+                        () = tokio::time::sleep(after) => "resync",
+                    };
+                    waiting.record("until", until);
                 }
             }
         }
