@@ -944,7 +944,10 @@ fn span_seconds(line: &Value) -> Option<f64> {
 /// The step a closed span stands for: its name, with the RPC or plugin and command.
 fn step_name(line: &Value) -> Option<String> {
     let span = &line["span"];
-    let name = span["name"].as_str()?;
+    // A pod's root span lives as long as its worker, and waits are not work.
+    let name = span["name"]
+        .as_str()
+        .filter(|n| ![rkubelet::timeline::POD_SPAN, rkubelet::timeline::WAIT_SPAN].contains(n))?;
     let detail: Vec<&str> = ["rpc", "plugin", "command"]
         .iter()
         .filter_map(|k| span[*k].as_str())
