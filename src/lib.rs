@@ -16,6 +16,7 @@ pub mod dns;
 pub mod envvars;
 pub mod events;
 pub mod images;
+pub mod kubeclient;
 pub mod kubelet;
 pub mod kuberuntime;
 pub mod lifecycle;
