@@ -979,10 +979,7 @@ mod tests {
         manager_and_events().0
     }
 
-    fn manager_and_events() -> (
-        RuntimeManager<Recorder>,
-        tokio::sync::mpsc::UnboundedReceiver<crate::events::PodEvent>,
-    ) {
+    fn manager_and_events() -> (RuntimeManager<Recorder>, crate::events::EventReceiver) {
         let (events, rx) = EventRecorder::channel();
         let m = RuntimeManager::new(Recorder::default(), SandboxSettings::default(), events, 1);
         (m, rx)
