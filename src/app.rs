@@ -237,7 +237,9 @@ async fn collect_network_garbage(cri: &CriClient, cni: &Cni, min_age: Duration) 
     match listed {
         Ok(resp) => {
             let live = resp.items.into_iter().map(|s| s.id).collect();
-            cni.garbage_collect(&live, min_age).await;
+            // Read after the list: a sandbox created meanwhile is not in it.
+            let creating_since = cri.sandbox_creations_since();
+            cni.garbage_collect(&live, min_age, creating_since).await;
         }
         Err(e) => {
             tracing::warn!(error = %e, "cannot list sandboxes; network garbage collection skipped")

@@ -1,9 +1,12 @@
 //! The CRI gRPC client over a Unix socket.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;
 use std::str::FromStr;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use hyper_util::rt::TokioIo;
 use tokio::net::UnixStream;
@@ -70,6 +73,38 @@ pub struct CriClient {
     /// Deadline of `PullImage`: none for the agent, as the kubelet's CRI client pulls
     /// without one (a large image takes as long as it takes).
     pull_timeout: Option<Duration>,
+    /// The `RunPodSandbox` calls under way (shared by clones).
+    creations: Arc<Creations>,
+}
+
+/// When each `RunPodSandbox` call under way began, by call number.
+#[derive(Debug, Default)]
+struct Creations {
+    next: AtomicU64,
+    started: Mutex<BTreeMap<u64, Instant>>,
+}
+
+impl Creations {
+    fn started(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Instant>> {
+        self.started.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// One `RunPodSandbox` call under way; it ends when dropped.
+struct Creating<'a>(&'a Creations, u64);
+
+impl<'a> Creating<'a> {
+    fn begin(creations: &'a Creations) -> Self {
+        let n = creations.next.fetch_add(1, Ordering::Relaxed);
+        creations.started().insert(n, Instant::now());
+        Self(creations, n)
+    }
+}
+
+impl Drop for Creating<'_> {
+    fn drop(&mut self) {
+        self.0.started().remove(&self.1);
+    }
 }
 
 impl CriClient {
@@ -92,7 +127,16 @@ impl CriClient {
             image: ImageServiceClient::new(channel),
             timeout,
             pull_timeout,
+            creations: Arc::default(),
         }
+    }
+
+    /// When the oldest `RunPodSandbox` call of this client (or its clones) still under way
+    /// began: the runtime lists a sandbox only once the call returns, after its network
+    /// was set up.
+    #[must_use]
+    pub fn sandbox_creations_since(&self) -> Option<Instant> {
+        self.creations.started().values().min().copied()
     }
 
     /// The endpoint this client talks to.
@@ -114,11 +158,12 @@ impl CriClient {
         F: FnOnce(tonic::Request<Req>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
     {
+        let _creating = (rpc == "RunPodSandbox").then(|| Creating::begin(&self.creations));
         let mut request = tonic::Request::new(req);
         if let Some(deadline) = deadline {
             request.set_timeout(deadline);
         }
-        let started = std::time::Instant::now();
+        let started = Instant::now();
         let response = send(request).instrument(tracing::info_span!("cri", rpc));
         let outcome = match deadline {
             Some(deadline) => tokio::time::timeout(deadline, response)
@@ -302,7 +347,7 @@ mod tests {
     }
 
     /// Each call the fake runtime received: its path and `grpc-timeout` header.
-    type Calls = std::sync::Arc<std::sync::Mutex<Vec<(String, Option<String>)>>>;
+    type Calls = Arc<Mutex<Vec<(String, Option<String>)>>>;
 
     /// A runtime on a Unix socket in `dir` that answers every call after `delay`:
     /// `PullImage` with an image reference, other calls with an empty message.
@@ -357,6 +402,33 @@ mod tests {
         });
         let endpoint = socket.to_str().unwrap().parse().unwrap();
         (endpoint, calls)
+    }
+
+    /// A `RunPodSandbox` under way is known (for the network garbage collector) until it
+    /// returns.
+    #[tokio::test]
+    async fn sandbox_creations_under_way_are_known_until_they_return() {
+        let dir = std::env::temp_dir().join(format!("rkubelet-cri-run-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let (endpoint, _) = slow_runtime(&dir, Duration::from_millis(300));
+        let client = CriClient::new(endpoint, Duration::from_secs(5), None);
+        assert!(client.sandbox_creations_since().is_none());
+        let before = Instant::now();
+        let run = tokio::spawn({
+            let client = client.clone();
+            async move {
+                client
+                    .run_pod_sandbox(api::RunPodSandboxRequest::default())
+                    .await
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let since = client.sandbox_creations_since().expect("under way");
+        assert!(since >= before);
+        run.await.unwrap().expect("the fake answers");
+        assert!(client.sandbox_creations_since().is_none(), "returned");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// A pull longer than the runtime request timeout finishes, as with the kubelet (no
