@@ -1,6 +1,7 @@
 //! The agent's connections to the API server, as the kubelet's client configuration: a
 //! dialer with a 30 s connect timeout and 30 s TCP keepalives (a half-open connection is
-//! found and dropped), and a deadline on every request that is not a watch, so a stalled
+//! found and dropped), and a deadline on every request that is not a watch (on its
+//! response and its body, as Go's `http.Client.Timeout`), so a stalled
 //! connection cannot hold a lease renewal or a status patch forever. The heartbeat client
 //! (lease and node status) gets the kubelet's heartbeat timeout: the node status update
 //! frequency, at most the lease duration.
@@ -89,15 +90,15 @@ struct Deadline<S> {
     limit: Duration,
 }
 
-impl<S, B> Service<hyper::Request<B>> for Deadline<S>
+impl<S, B, RB> Service<hyper::Request<B>> for Deadline<S>
 where
-    S: Service<hyper::Request<B>>,
+    S: Service<hyper::Request<B>, Response = hyper::Response<RB>>,
     S::Future: Send + 'static,
     S::Error: Into<BoxError>,
 {
-    type Response = S::Response;
+    type Response = hyper::Response<TimedBody<RB>>;
     type Error = BoxError;
-    type Future = Pin<Box<dyn Future<Output = Result<S::Response, BoxError>> + Send>>;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, BoxError>> + Send>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         self.inner.poll_ready(cx).map_err(Into::into)
@@ -107,14 +108,65 @@ where
         let limit = (!is_stream(&req)).then_some(self.limit);
         let response = self.inner.call(req);
         Box::pin(async move {
-            match limit {
-                Some(limit) => tokio::time::timeout(limit, response)
-                    .await
-                    .map_err(|_| BoxError::from(RequestTimedOut(limit)))?
-                    .map_err(Into::into),
-                None => response.await.map_err(Into::into),
-            }
+            let Some(limit) = limit else {
+                let response = response.await.map_err(Into::into)?;
+                return Ok(response.map(|body| TimedBody::new(body, None)));
+            };
+            // One deadline for the response and its body, as Go's `http.Client.Timeout`.
+            let deadline = tokio::time::Instant::now() + limit;
+            let response = tokio::time::timeout_at(deadline, response)
+                .await
+                .map_err(|_| BoxError::from(RequestTimedOut(limit)))?
+                .map_err(Into::into)?;
+            Ok(response.map(|body| TimedBody::new(body, Some((deadline, limit)))))
         })
+    }
+}
+
+/// A response body that fails once its request's deadline (if any) passes.
+pub struct TimedBody<B> {
+    inner: Pin<Box<B>>,
+    deadline: Option<(Pin<Box<tokio::time::Sleep>>, Duration)>,
+}
+
+impl<B> TimedBody<B> {
+    fn new(inner: B, deadline: Option<(tokio::time::Instant, Duration)>) -> Self {
+        Self {
+            inner: Box::pin(inner),
+            deadline: deadline.map(|(at, limit)| (Box::pin(tokio::time::sleep_until(at)), limit)),
+        }
+    }
+}
+
+impl<B> hyper::body::Body for TimedBody<B>
+where
+    B: hyper::body::Body,
+    B::Error: Into<BoxError>,
+{
+    type Data = B::Data;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<B::Data>, BoxError>>> {
+        if let Some((sleep, limit)) = &mut self.deadline
+            && sleep.as_mut().poll(cx).is_ready()
+        {
+            return Poll::Ready(Some(Err(RequestTimedOut(*limit).into())));
+        }
+        self.inner
+            .as_mut()
+            .poll_frame(cx)
+            .map(|frame| frame.map(|f| f.map_err(Into::into)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
     }
 }
 
@@ -168,6 +220,35 @@ mod tests {
         let err = got.expect_err("nothing answered");
         assert!(err.to_string().contains("timed out"), "{err}");
         assert!(started.elapsed() < Duration::from_secs(5));
+    }
+
+    /// A server that answers with headers and the start of a body, then says nothing more.
+    #[tokio::test]
+    async fn a_response_whose_body_stalls_ends_at_the_deadline() {
+        use tokio::io::AsyncWriteExt;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 4096];
+                    let _ = conn.read(&mut buf).await;
+                    let head = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
+                                content-length: 1000\r\n\r\n{\"kind\":";
+                    let _ = conn.write_all(head.as_bytes()).await;
+                    while matches!(conn.read(&mut buf).await, Ok(n) if n > 0) {}
+                });
+            }
+        });
+        let leases: Api<Lease> = Api::namespaced(
+            client_for(addr, Duration::from_millis(300)),
+            "kube-node-lease",
+        );
+        let got = tokio::time::timeout(Duration::from_secs(10), leases.get("rk-node1"))
+            .await
+            .expect("the request ends by itself");
+        let err = got.expect_err("the body never came");
+        assert!(err.to_string().contains("timed out"), "{err:?}");
     }
 
     #[tokio::test]
