@@ -138,23 +138,43 @@ pub enum AppError {
     },
 }
 
-/// A Kubernetes client from a kubeconfig file.
+/// The API server connection settings of a kubeconfig file.
+///
+/// # Errors
+/// [`AppError::Kubeconfig`] when the file cannot be read or used.
+pub async fn kube_config(path: &Path) -> Result<kube::Config, AppError> {
+    let kubeconfig = kube::config::Kubeconfig::read_from(path)
+        .map_err(|e| kubeconfig_error(path, e.to_string()))?;
+    kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
+        .await
+        .map_err(|e| kubeconfig_error(path, e.to_string()))
+}
+
+fn kubeconfig_error(path: &Path, reason: String) -> AppError {
+    AppError::Kubeconfig {
+        path: path.to_owned(),
+        reason,
+    }
+}
+
+/// A client for `config` with a deadline on each request but watches (see
+/// [`crate::kubeclient`]).
+fn client_for(
+    config: &kube::Config,
+    path: &Path,
+    deadline: Duration,
+) -> Result<kube::Client, AppError> {
+    crate::kubeclient::build(config, deadline).map_err(|e| kubeconfig_error(path, e.to_string()))
+}
+
+/// A Kubernetes client from a kubeconfig file, with the agent's dialer and request
+/// deadline.
 ///
 /// # Errors
 /// [`AppError::Kubeconfig`] when the file cannot be read or used.
 pub async fn kube_client(path: &Path) -> Result<kube::Client, AppError> {
-    let err = |reason: String| AppError::Kubeconfig {
-        path: path.to_owned(),
-        reason,
-    };
-    let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(|e| err(e.to_string()))?;
-    let config = kube::Config::from_custom_kubeconfig(
-        kubeconfig,
-        &kube::config::KubeConfigOptions::default(),
-    )
-    .await
-    .map_err(|e| err(e.to_string()))?;
-    kube::Client::try_from(config).map_err(|e| err(e.to_string()))
+    let config = kube_config(path).await?;
+    client_for(&config, path, crate::kubeclient::REQUEST_TIMEOUT)
 }
 
 /// Waits until the runtime answers `Version`; returns its name.
@@ -223,7 +243,9 @@ async fn collect_network_garbage(cri: &CriClient, cni: &Cni, min_age: Duration) 
     match listed {
         Ok(resp) => {
             let live = resp.items.into_iter().map(|s| s.id).collect();
-            cni.garbage_collect(&live, min_age).await;
+            // Read after the list: a sandbox created meanwhile is not in it.
+            let creating_since = cri.sandbox_creations_since();
+            cni.garbage_collect(&live, min_age, creating_since).await;
         }
         Err(e) => {
             tracing::warn!(error = %e, "cannot list sandboxes; network garbage collection skipped")
@@ -345,7 +367,19 @@ async fn node_capacity(node: &k8s_openapi::api::core::v1::Node) -> NodeCapacity 
 pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppError> {
     let sysctls = SysctlWhitelist::new(&config.allowed_unsafe_sysctls)?;
     crate::cm::check_driver(&config.cgroup_driver)?;
-    let client = kube_client(&config.kubeconfig).await?;
+    let kube_config = kube_config(&config.kubeconfig).await?;
+    let client = client_for(
+        &kube_config,
+        &config.kubeconfig,
+        crate::kubeclient::REQUEST_TIMEOUT,
+    )?;
+    // The lease and node status go through their own client with the kubelet's heartbeat
+    // timeout, so a stalled connection cannot outlast the lease.
+    let heartbeat_client = client_for(
+        &kube_config,
+        &config.kubeconfig,
+        crate::kubeclient::HEARTBEAT_TIMEOUT,
+    )?;
     let Some(runtime_name) = wait_for_runtime(&config.cri, &cancel).await else {
         return Ok(());
     };
@@ -410,7 +444,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
     }
     let checks: Vec<Arc<dyn ReadinessCheck>> = vec![Arc::new(PlegCheck(pleg.clone()))];
     let node = Arc::new(NodeAgent::new(
-        client.clone(),
+        heartbeat_client,
         node_config,
         Arc::new(LinuxMachine),
         Arc::new(config.cri.clone()),

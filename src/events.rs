@@ -1,8 +1,10 @@
 //! Events about pods, as the kubelet emits them (Pulling, Pulled, Created, Started,
 //! Killing, Failed, BackOff, FailedCreatePodSandBox, ...).
 //!
-//! Recording never blocks a pod worker: events go into a channel, and one task publishes
-//! them as core/v1 Events, counting repeats as the kubelet's event correlator does.
+//! Recording never blocks a pod worker: events go into a bounded channel (the kubelet's
+//! broadcaster queues at most 1,000; more are dropped), and one task publishes them as
+//! core/v1 Events, counting repeats as the kubelet's event correlator does (which remembers
+//! at most 4,096 events).
 
 use std::collections::HashMap;
 use std::time::Instant;
@@ -59,18 +61,28 @@ impl<'a> From<Option<&'a str>> for Involved<'a> {
     }
 }
 
+/// How many events wait to be published at most (the kubelet's `maxQueuedEvents`);
+/// events recorded while the queue is full are dropped.
+pub const MAX_QUEUED_EVENTS: usize = 1000;
+/// How many published events are remembered for aggregation at most (the kubelet's
+/// correlator cache, `maxLruCacheEntries`).
+const MAX_REMEMBERED_EVENTS: usize = 4096;
+
+/// The receiving end of a recorder's queue.
+pub type EventReceiver = mpsc::Receiver<PodEvent>;
+
 /// Where pod workers send events. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct EventRecorder {
-    tx: mpsc::UnboundedSender<PodEvent>,
+    tx: mpsc::Sender<PodEvent>,
 }
 
 impl EventRecorder {
-    /// A recorder and the receiving end of its channel; the caller publishes from it with
+    /// A recorder and the receiving end of its queue; the caller publishes from it with
     /// [`publish`] or inspects it in tests.
     #[must_use]
-    pub fn channel() -> (Self, mpsc::UnboundedReceiver<PodEvent>) {
-        let (tx, rx) = mpsc::unbounded_channel();
+    pub fn channel() -> (Self, EventReceiver) {
+        let (tx, rx) = mpsc::channel(MAX_QUEUED_EVENTS);
         (Self { tx }, rx)
     }
 
@@ -84,14 +96,17 @@ impl EventRecorder {
     ) {
         let field_path = involved.field_path();
         tracing::debug!(pod = %pod, field_path, reason, %message, "event");
-        // The receiver only goes away at shutdown; an event lost then is harmless.
-        let _ = self.tx.send(PodEvent {
+        let event = PodEvent {
             pod: pod.clone(),
             field_path,
             warning,
             reason,
             message,
-        });
+        };
+        // The receiver only goes away at shutdown; an event lost then is harmless.
+        if let Err(mpsc::error::TrySendError::Full(event)) = self.tx.try_send(event) {
+            tracing::warn!(pod = %event.pod, reason = event.reason, "event queue full; event dropped");
+        }
     }
 
     /// A Normal event about the pod or a container (`None`/`Some(name)` for an app
@@ -122,18 +137,37 @@ impl EventRecorder {
 /// correlator counts repeats of the same event instead of creating new ones).
 const AGGREGATE_FOR: std::time::Duration = std::time::Duration::from_secs(600);
 
+/// Published events by what they say: the Event's name, its count, when last published.
+type Seen = HashMap<PodEvent, (String, i32, Instant)>;
+
+/// Forgets events published longer than [`AGGREGATE_FOR`] ago.
+fn forget_old(seen: &mut Seen) {
+    seen.retain(|_, (_, _, at)| at.elapsed() < AGGREGATE_FOR);
+}
+
+/// Remembers a published event, forgetting the least recently published one when
+/// [`MAX_REMEMBERED_EVENTS`] are remembered.
+fn remember(seen: &mut Seen, event: PodEvent, name: String) {
+    if seen.len() >= MAX_REMEMBERED_EVENTS {
+        let oldest = seen
+            .iter()
+            .min_by_key(|(_, (_, _, at))| *at)
+            .map(|(e, _)| e.clone());
+        if let Some(oldest) = oldest {
+            seen.remove(&oldest);
+        }
+    }
+    seen.insert(event, (name, 1, Instant::now()));
+}
+
 /// Publishes events from the channel as core/v1 Events, like the kubelet's recorder (the
 /// Node authorizer of v1.20 allows nodes only core events). A repeat of the same event
 /// within ten minutes increments the first one's `count` instead of creating another.
 /// Failures are logged, never retried forever: events are best effort.
-pub async fn publish(
-    client: kube::Client,
-    node_name: String,
-    mut rx: mpsc::UnboundedReceiver<PodEvent>,
-) {
-    let mut seen: HashMap<PodEvent, (String, i32, Instant)> = HashMap::new();
+pub async fn publish(client: kube::Client, node_name: String, mut rx: EventReceiver) {
+    let mut seen: Seen = HashMap::new();
     while let Some(ev) = rx.recv().await {
-        seen.retain(|_, (_, _, at)| at.elapsed() < AGGREGATE_FOR);
+        forget_old(&mut seen);
         let api: Api<CoreEvent> = Api::namespaced(client.clone(), &ev.pod.namespace);
         let now = Time(Timestamp::now());
         let result = if let Some((name, count, at)) = seen.get_mut(&ev) {
@@ -176,12 +210,65 @@ pub async fn publish(
             };
             let created = api.create(&PostParams::default(), &event).await.map(drop);
             if created.is_ok() {
-                seen.insert(ev.clone(), (name, 1, Instant::now()));
+                remember(&mut seen, ev.clone(), name);
             }
             created
         };
         if let Err(e) = result {
             tracing::warn!(pod = %ev.pod, reason = ev.reason, error = %e, "could not publish event");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod() -> PodId {
+        PodId {
+            namespace: "default".into(),
+            name: "web".into(),
+            uid: "u1".into(),
+        }
+    }
+
+    /// A flood of events while the API server is slow or away: the queue holds at most
+    /// [`MAX_QUEUED_EVENTS`] and recording never blocks.
+    #[test]
+    fn the_event_queue_is_bounded_and_drops_when_full() {
+        let (events, mut rx) = EventRecorder::channel();
+        for i in 0..MAX_QUEUED_EVENTS + 50 {
+            events.warning(&pod(), None, "BackOff", format!("event {i}"));
+        }
+        let mut queued = 0;
+        while let Ok(ev) = rx.try_recv() {
+            assert_eq!(ev.message, format!("event {queued}"), "the oldest are kept");
+            queued += 1;
+        }
+        assert_eq!(queued, MAX_QUEUED_EVENTS);
+        events.normal(&pod(), None, "Pulled", "room again".into());
+        assert_eq!(rx.try_recv().unwrap().message, "room again");
+    }
+
+    #[test]
+    fn the_aggregation_memory_is_bounded() {
+        let mut seen = Seen::new();
+        let event = |i: usize| PodEvent {
+            pod: pod(),
+            field_path: None,
+            warning: false,
+            reason: "Pulled",
+            message: format!("event {i}"),
+        };
+        for i in 0..MAX_REMEMBERED_EVENTS + 10 {
+            remember(&mut seen, event(i), format!("web.{i}"));
+        }
+        assert_eq!(seen.len(), MAX_REMEMBERED_EVENTS);
+        assert!(
+            seen.contains_key(&event(MAX_REMEMBERED_EVENTS + 9)),
+            "the newest stays"
+        );
+        forget_old(&mut seen);
+        assert_eq!(seen.len(), MAX_REMEMBERED_EVENTS, "recent ones are kept");
     }
 }

@@ -32,7 +32,7 @@ use crate::pod::workers::{Next, PodSyncer, PodWork, PodWorkers};
 use crate::pod::{PodId, source::PodStore};
 use crate::prober::{ProberManager, Wake};
 use crate::status::{StatusInputs, StatusManager, generate_pod_status};
-use crate::volume::{KubeVolumeApi, LinuxMounter, PodVolumes, VolumeError, VolumeManager};
+use crate::volume::{KubeVolumeApi, LinuxMounter, PodVolumes, SetUps, VolumeError, VolumeManager};
 
 /// How often a running pod is synced when nothing happens (the kubelet's
 /// `--sync-frequency`). Changes in the runtime wake it at once through the PLEG.
@@ -75,7 +75,8 @@ pub struct Kubelet<C> {
     /// Syncs come with every runtime change; the volumes are set up again only when the
     /// pod's labels or annotations changed (downward API files), a Secret or ConfigMap the
     /// pod references changed, or the last set-up is [`VOLUME_RESYNC`] old.
-    volumes_set_up: Mutex<HashMap<String, VolumesSetUp>>,
+    /// A set-up that fails once the volumes were set up leaves them in use.
+    volumes_set_up: SetUps<VolumeKey>,
     /// The Secrets, ConfigMaps and Services of the pods' environment and volumes.
     env: EnvSourceReader,
     /// The probe workers of the pods' containers.
@@ -84,15 +85,9 @@ pub struct Kubelet<C> {
     cm: Option<Arc<ContainerManager>>,
 }
 
-/// A pod's volumes as last set up.
-struct VolumesSetUp {
-    at: Instant,
-    /// The changes seen to the pod's Secrets and ConfigMaps then.
-    changes: u64,
-    /// The pod's labels and annotations then.
-    metadata: PodMetadata,
-    volumes: PodVolumes,
-}
+/// What a pod's volumes show: its labels and annotations (downward API files) and the
+/// changes seen to its Secrets and ConfigMaps.
+type VolumeKey = (PodMetadata, u64);
 
 /// What of a pod's metadata its volumes show (downward API files).
 type PodMetadata = (
@@ -136,7 +131,7 @@ impl<C: Cri + Clone> Kubelet<C> {
             admission,
             reasons: Mutex::default(),
             backoff: Mutex::default(),
-            volumes_set_up: Mutex::default(),
+            volumes_set_up: SetUps::new(VOLUME_RESYNC),
             env,
             cm,
         }
@@ -283,32 +278,25 @@ impl<C: Cri + Clone> Kubelet<C> {
 
     /// The pod's volumes: set up again when its labels or annotations changed, a Secret or
     /// ConfigMap it references changed, or the last set-up is [`VOLUME_RESYNC`] old (tokens
-    /// are refreshed then), else as last set up.
+    /// are refreshed then), else as last set up; when setting them up again fails, those of
+    /// the last set-up stay in use (with a `FailedMount` event).
     async fn pod_volumes(&self, pod: &Pod, id: &PodId) -> Result<PodVolumes, VolumeError> {
         let metadata = volume_metadata(pod);
         self.env.caches().register(&id.uid, pod);
         let changes = self.env.caches().changes(&id.uid);
-        let fresh = lock(&self.volumes_set_up)
-            .get(&id.uid)
-            .filter(|s| {
-                s.at.elapsed() < VOLUME_RESYNC && s.metadata == metadata && s.changes == changes
-            })
-            .map(|s| s.volumes.clone());
-        if let Some(volumes) = fresh {
-            return Ok(volumes);
+        let mounted = self
+            .volumes_set_up
+            .get_or_set_up(&id.uid, (metadata, changes), self.volumes.setup(pod))
+            .await?;
+        if let Some(e) = &mounted.refresh_error {
+            // As the kubelet: volumes once mounted stay mounted while a remount fails, and
+            // the containers are still synced (restarted) meanwhile.
+            tracing::warn!(error = %e, "could not set up the pod's volumes again; using them as they are");
+            self.runtime
+                .events()
+                .warning(id, None, "FailedMount", e.failed_mount_message());
         }
-        let volumes = self.volumes.setup(pod).await?;
-        tracing::debug!(pod = %id, "volumes ready");
-        lock(&self.volumes_set_up).insert(
-            id.uid.clone(),
-            VolumesSetUp {
-                at: Instant::now(),
-                changes,
-                metadata,
-                volumes: volumes.clone(),
-            },
-        );
-        Ok(volumes)
+        Ok(mounted.volumes)
     }
 
     /// `syncPod`: one step of bringing a pod that should run to its spec.
@@ -544,7 +532,7 @@ impl<C: Cri + Clone> Kubelet<C> {
         }
         lock(&self.reasons).remove(&id.uid);
         lock(&self.backoff).remove(&id.uid);
-        lock(&self.volumes_set_up).remove(&id.uid);
+        self.volumes_set_up.forget(&id.uid);
         self.env.caches().unregister(&id.uid);
         self.prober.remove_pod(id);
         tracing::info!("pod terminated and cleaned up");

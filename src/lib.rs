@@ -17,6 +17,7 @@ pub mod envvars;
 pub mod events;
 pub mod images;
 pub mod inspect;
+pub mod kubeclient;
 pub mod kubelet;
 pub mod kuberuntime;
 pub mod lifecycle;

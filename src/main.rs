@@ -221,7 +221,8 @@ impl RuntimeFlags {
     fn client(&self) -> anyhow::Result<CriClient> {
         let endpoint: Endpoint = self.container_runtime_endpoint.parse()?;
         let timeout = Duration::from_secs(self.runtime_request_timeout);
-        Ok(CriClient::new(endpoint, timeout, timeout))
+        // Image pulls have no deadline, as the kubelet's.
+        Ok(CriClient::new(endpoint, timeout, None))
     }
 }
 

@@ -340,7 +340,7 @@ async fn a_node_whose_runtime_is_down_registers_not_ready() {
         let runtime = Arc::new(CriClient::new(
             endpoint,
             Duration::from_secs(2),
-            Duration::from_secs(2),
+            Some(Duration::from_secs(2)),
         ));
         let agent = agent_with(node_client().await, config(), runtime, vec![Arc::new(Pleg)]);
         agent.register(&cancel).await.expect("registration");

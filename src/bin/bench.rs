@@ -683,7 +683,7 @@ async fn floor_down(cri: &CriClient, sandbox: String) -> anyhow::Result<()> {
 
 async fn floor(args: FloorArgs) -> anyhow::Result<Value> {
     let endpoint = args.endpoint.parse()?;
-    let cri = CriClient::new(endpoint, Duration::from_secs(120), Duration::from_secs(300));
+    let cri = CriClient::new(endpoint, Duration::from_secs(120), None);
     let run = run_id();
     let started = Instant::now();
     // Each pod's time counts from the start of the batch, as a burst's pods count from

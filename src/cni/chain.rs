@@ -183,6 +183,8 @@ pub struct Cni<E = ProcessExec> {
     pub(super) exec: E,
     locks: Mutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>,
     pub(super) deleted: Deleted,
+    /// The garbage collector's record of attachments with no sandbox in the runtime.
+    pub(super) unlisted: super::gc::Unlisted,
 }
 
 /// How long a finished `DEL` is remembered.
@@ -256,6 +258,7 @@ impl<E: PluginExec> Cni<E> {
             exec,
             locks: Mutex::default(),
             deleted: Deleted::default(),
+            unlisted: super::gc::Unlisted::default(),
         }
     }
 

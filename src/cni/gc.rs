@@ -3,25 +3,37 @@
 //! plugin — which then reaches nobody — so IP reservations (and cache entries) stay behind.
 //! Like containerd's and CRI-O's network GC, the agent later runs `DEL` for every
 //! attachment (a cache entry or a host-local reservation of its network) whose container
-//! is no sandbox of the runtime, is not being worked on, and is old enough not to belong to
-//! a sandbox the runtime is still creating.
+//! is no sandbox of the runtime and is not being worked on.
+//!
+//! A sandbox the runtime is still creating is listed only once `RunPodSandbox` returns,
+//! after its `ADD`: so an attachment is released only once the agent has seen it unlisted
+//! for the grace period, measured on the monotonic clock (files' times and the wall clock
+//! may jump), and never when it was first seen after a `RunPodSandbox` still under way
+//! began (it may be that sandbox's, however slow the runtime is).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use super::{Attachment, Cni, POD_IFNAME, PluginExec};
 
-fn age(modified: std::io::Result<SystemTime>) -> Duration {
-    modified
-        .ok()
-        .and_then(|m| SystemTime::now().duration_since(m).ok())
-        .unwrap_or_default()
+/// When the collector first found each attachment (container id, interface) without a
+/// sandbox in the runtime.
+#[derive(Debug, Default)]
+pub(super) struct Unlisted(Mutex<HashMap<(String, String), Instant>>);
+
+impl Unlisted {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Instant>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 /// host-local's reservations in `dir`: files named by IP holding
 /// `<container id>\r\n<ifname>` (the ifname line is missing in old versions).
-async fn reservations(dir: &Path) -> Vec<(String, String, Duration)> {
+async fn reservations(dir: &Path) -> Vec<(String, String)> {
     let mut out = Vec::new();
     let Ok(mut entries) = tokio::fs::read_dir(dir).await else {
         return out;
@@ -35,10 +47,7 @@ async fn reservations(dir: &Path) -> Vec<(String, String, Duration)> {
         if !is_ip {
             continue;
         }
-        let (Ok(text), Ok(meta)) = (
-            tokio::fs::read_to_string(&path).await,
-            entry.metadata().await,
-        ) else {
+        let Ok(text) = tokio::fs::read_to_string(&path).await else {
             continue;
         };
         let mut lines = text.lines().map(str::trim);
@@ -49,40 +58,59 @@ async fn reservations(dir: &Path) -> Vec<(String, String, Duration)> {
             .unwrap_or(POD_IFNAME)
             .to_owned();
         if !id.is_empty() {
-            out.push((id, ifname, age(meta.modified())));
+            out.push((id, ifname));
         }
     }
     out
 }
 
 impl<E: PluginExec> Cni<E> {
-    /// Runs `DEL` for every attachment of this network whose container id is not in
-    /// `live` (the runtime's sandbox ids), that is older than `min_age` and has no
-    /// operation under way. Returns the container ids released; failures are logged and
-    /// retried at the next collection.
-    pub async fn garbage_collect(&self, live: &HashSet<String>, min_age: Duration) -> Vec<String> {
-        let mut candidates: BTreeMap<(String, String), Duration> = BTreeMap::new();
+    /// Runs `DEL` for every attachment of this network whose container id has not been in
+    /// `live` (the runtime's sandbox ids, listed before this call) since this collector
+    /// first found it at least `grace` ago, that has no operation under way, and that was
+    /// first found before `creating_since` (when the oldest `RunPodSandbox` still under way
+    /// began, if any). Returns the container ids released; failures are logged and retried
+    /// at the next collection.
+    pub async fn garbage_collect(
+        &self,
+        live: &HashSet<String>,
+        grace: Duration,
+        creating_since: Option<Instant>,
+    ) -> Vec<String> {
+        let mut found: HashSet<(String, String)> = HashSet::new();
         let files: Vec<PathBuf> = self.cache.files().await.unwrap_or_default();
         for path in files {
             let Ok(Some(entry)) = self.cache.load(&path).await else {
                 continue;
             };
-            let modified = tokio::fs::metadata(&path).await.and_then(|m| m.modified());
-            candidates.insert((entry.container_id, entry.if_name), age(modified));
+            found.insert((entry.container_id, entry.if_name));
         }
         for dir in self.network.host_local_dirs() {
-            for (id, ifname, age) in reservations(&dir).await {
-                candidates.entry((id, ifname)).or_insert(age);
-            }
+            found.extend(reservations(&dir).await);
         }
+        let now = Instant::now();
+        let candidates: BTreeMap<(String, String), Instant> = {
+            let mut unlisted = self.unlisted.lock();
+            unlisted.retain(|key, _| found.contains(key) && !live.contains(&key.0));
+            found
+                .into_iter()
+                .filter(|key| !live.contains(&key.0))
+                .map(|key| {
+                    let since = *unlisted.entry(key.clone()).or_insert(now);
+                    (key, since)
+                })
+                .collect()
+        };
         tracing::debug!(
             candidates = candidates.len(),
             live = live.len(),
             "network garbage collection"
         );
         let mut released = Vec::new();
-        for ((container_id, ifname), age) in candidates {
-            if live.contains(&container_id) || age < min_age || self.in_flight(&container_id) {
+        for ((container_id, ifname), since) in candidates {
+            let young = now.duration_since(since) < grace;
+            let maybe_creating = creating_since.is_some_and(|c| since >= c);
+            if young || maybe_creating || self.in_flight(&container_id) {
                 continue;
             }
             // A leftover shows that an earlier DEL did not release everything.
@@ -96,6 +124,9 @@ impl<E: PluginExec> Cni<E> {
             };
             match self.del(&att).await {
                 Ok(()) => {
+                    self.unlisted
+                        .lock()
+                        .remove(&(container_id.clone(), att.ifname.clone()));
                     tracing::info!(
                         container_id,
                         "released the network of a sandbox that no longer exists"
@@ -127,8 +158,15 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn releases_attachments_of_gone_sandboxes_only() {
+    /// A network of the bridge plugin with host-local IPAM in temporary dirs, run by the
+    /// fake executor.
+    struct Net {
+        cni: Cni<FakeExec>,
+        ipam: TempDir,
+        _dirs: (TempDir, TempDir),
+    }
+
+    fn network() -> Net {
         let bin = bin_dir(&["loopback", "bridge"]);
         let cache = TempDir::new("gc-cache");
         let ipam = TempDir::new("gc-ipam");
@@ -144,6 +182,26 @@ mod tests {
             cache.path().to_owned(),
             FakeExec::default(),
         );
+        Net {
+            cni,
+            ipam,
+            _dirs: (bin, cache),
+        }
+    }
+
+    fn dels(cni: &Cni<FakeExec>) -> Vec<String> {
+        cni.exec
+            .calls()
+            .into_iter()
+            .filter(|c| c.command() == "DEL" && c.plugin == "bridge")
+            .map(|c| c.env["CNI_CONTAINERID"].clone())
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn releases_attachments_of_gone_sandboxes_only() {
+        let net = network();
+        let (cni, ipam) = (&net.cni, &net.ipam);
         cni.add(&attachment("live")).await.unwrap();
         cni.add(&attachment("dead")).await.unwrap();
         // A reservation an interrupted ADD left without a cache entry.
@@ -153,34 +211,69 @@ mod tests {
         std::fs::write(reservations.join("last_reserved_ip.0"), "10.244.1.77").unwrap();
 
         let live: HashSet<String> = ["live".to_owned()].into();
+        let grace = Duration::from_millis(200);
         assert!(
-            cni.garbage_collect(&live, Duration::from_secs(3600))
-                .await
-                .is_empty(),
-            "too young to collect"
+            cni.garbage_collect(&live, grace, None).await.is_empty(),
+            "just found: within the grace period"
         );
-        let released = cni.garbage_collect(&live, Duration::ZERO).await;
+        tokio::time::sleep(grace).await;
+        let released = cni.garbage_collect(&live, grace, None).await;
         assert_eq!(released, ["dead", "orphan"]);
-        let deleted: Vec<String> = cni
-            .exec
-            .calls()
-            .into_iter()
-            .filter(|c| c.command() == "DEL" && c.plugin == "bridge")
-            .map(|c| c.env["CNI_CONTAINERID"].clone())
-            .collect();
-        assert_eq!(deleted, ["dead", "orphan"]);
+        assert_eq!(dels(cni), ["dead", "orphan"]);
         // DEL removed dead's cache entry; the fake host-local leaves its file, so only the
-        // reservation is found again.
-        assert_eq!(cni.garbage_collect(&live, Duration::ZERO).await, ["orphan"]);
+        // reservation is found again: as new, after the grace period again.
+        assert!(cni.garbage_collect(&live, grace, None).await.is_empty());
+        tokio::time::sleep(grace).await;
+        assert_eq!(cni.garbage_collect(&live, grace, None).await, ["orphan"]);
         // Its earlier DEL is remembered, but the leftover shows it released nothing: the
         // plugins run again.
-        let orphan_dels = cni
-            .exec
-            .calls()
-            .iter()
-            .filter(|c| c.command() == "DEL" && c.plugin == "bridge")
-            .filter(|c| c.env["CNI_CONTAINERID"] == "orphan")
-            .count();
+        let orphan_dels = dels(cni).iter().filter(|id| *id == "orphan").count();
         assert_eq!(orphan_dels, 2);
+    }
+
+    /// A sandbox whose RunPodSandbox is slow: its attachment exists (ADD done) but the
+    /// runtime does not list it yet. It is kept however long the call takes; a leak
+    /// found before the call began is still released.
+    #[tokio::test]
+    async fn attachments_of_a_sandbox_being_created_are_kept() {
+        let net = network();
+        let cni = &net.cni;
+        cni.add(&attachment("leaked")).await.unwrap();
+        let none = HashSet::new();
+        let grace = Duration::from_millis(100);
+        assert!(cni.garbage_collect(&none, grace, None).await.is_empty());
+        let creation_began = Instant::now();
+        cni.add(&attachment("creating")).await.unwrap();
+        for _ in 0..3 {
+            tokio::time::sleep(grace).await;
+            let released = cni
+                .garbage_collect(&none, grace, Some(creation_began))
+                .await;
+            assert!(!released.contains(&"creating".to_owned()), "{released:?}");
+        }
+        assert_eq!(dels(cni), ["leaked"]);
+        // The call returned and the runtime lists the sandbox: it stays.
+        let live: HashSet<String> = ["creating".to_owned()].into();
+        tokio::time::sleep(grace).await;
+        assert!(cni.garbage_collect(&live, grace, None).await.is_empty());
+    }
+
+    /// The wall clock (or a file's time) jumping says nothing about how long the agent has
+    /// seen an attachment unlisted: a cache entry dated an hour back is not collected at
+    /// once.
+    #[tokio::test]
+    async fn file_times_and_clock_jumps_do_not_age_attachments() {
+        let net = network();
+        let cni = &net.cni;
+        cni.add(&attachment("new")).await.unwrap();
+        let hour_ago = std::time::SystemTime::now() - Duration::from_secs(3600);
+        for path in cni.cache.files().await.unwrap() {
+            let file = std::fs::File::options().write(true).open(&path).unwrap();
+            file.set_modified(hour_ago).unwrap();
+        }
+        let none = HashSet::new();
+        let grace = Duration::from_secs(30);
+        assert!(cni.garbage_collect(&none, grace, None).await.is_empty());
+        assert!(dels(cni).is_empty());
     }
 }

@@ -1,9 +1,12 @@
 //! The CRI gRPC client over a Unix socket.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;
 use std::str::FromStr;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use hyper_util::rt::TokioIo;
 use tokio::net::UnixStream;
@@ -67,15 +70,49 @@ pub struct CriClient {
     image: ImageServiceClient<Channel>,
     /// Deadline of every call but image pulls (the kubelet's `--runtime-request-timeout`).
     timeout: Duration,
-    /// Deadline of `PullImage`.
-    pull_timeout: Duration,
+    /// Deadline of `PullImage`: none for the agent, as the kubelet's CRI client pulls
+    /// without one (a large image takes as long as it takes).
+    pull_timeout: Option<Duration>,
+    /// The `RunPodSandbox` calls under way (shared by clones).
+    creations: Arc<Creations>,
+}
+
+/// When each `RunPodSandbox` call under way began, by call number.
+#[derive(Debug, Default)]
+struct Creations {
+    next: AtomicU64,
+    started: Mutex<BTreeMap<u64, Instant>>,
+}
+
+impl Creations {
+    fn started(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Instant>> {
+        self.started.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// One `RunPodSandbox` call under way; it ends when dropped.
+struct Creating<'a>(&'a Creations, u64);
+
+impl<'a> Creating<'a> {
+    fn begin(creations: &'a Creations) -> Self {
+        let n = creations.next.fetch_add(1, Ordering::Relaxed);
+        creations.started().insert(n, Instant::now());
+        Self(creations, n)
+    }
+}
+
+impl Drop for Creating<'_> {
+    fn drop(&mut self) {
+        self.0.started().remove(&self.1);
+    }
 }
 
 impl CriClient {
-    /// A client for `endpoint`. The connection is made at the first call, so an agent can
-    /// start before its runtime does.
+    /// A client for `endpoint` with a deadline of `timeout` on each call, `pull_timeout` on
+    /// image pulls (`None`: no deadline). The connection is made at the first call, so an
+    /// agent can start before its runtime does.
     #[must_use]
-    pub fn new(endpoint: Endpoint, timeout: Duration, pull_timeout: Duration) -> Self {
+    pub fn new(endpoint: Endpoint, timeout: Duration, pull_timeout: Option<Duration>) -> Self {
         let path = endpoint.path.clone();
         // The URI is required by tonic but unused: the connector dials the socket.
         let channel = tonic::transport::Endpoint::from_static("http://cri.local")
@@ -90,7 +127,16 @@ impl CriClient {
             image: ImageServiceClient::new(channel),
             timeout,
             pull_timeout,
+            creations: Arc::default(),
         }
+    }
+
+    /// When the oldest `RunPodSandbox` call of this client (or its clones) still under way
+    /// began: the runtime lists a sandbox only once the call returns, after its network
+    /// was set up.
+    #[must_use]
+    pub fn sandbox_creations_since(&self) -> Option<Instant> {
+        self.creations.started().values().min().copied()
     }
 
     /// The endpoint this client talks to.
@@ -99,12 +145,12 @@ impl CriClient {
         &self.endpoint
     }
 
-    /// Runs one RPC with a deadline, sent to the runtime as `grpc-timeout` too, and maps
-    /// its failure to a [`CriError`] naming the RPC.
+    /// Runs one RPC with a deadline (if any), sent to the runtime as `grpc-timeout` too,
+    /// and maps its failure to a [`CriError`] naming the RPC.
     async fn call<Req, Resp, F, Fut>(
         &self,
         rpc: &'static str,
-        deadline: Duration,
+        deadline: Option<Duration>,
         req: Req,
         send: F,
     ) -> Result<Resp>
@@ -112,32 +158,58 @@ impl CriClient {
         F: FnOnce(tonic::Request<Req>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
     {
+        let _creating = (rpc == "RunPodSandbox").then(|| Creating::begin(&self.creations));
         let mut request = tonic::Request::new(req);
-        request.set_timeout(deadline);
-        let started = std::time::Instant::now();
-        let outcome = tokio::time::timeout(deadline, send(request))
-            .instrument(tracing::info_span!("cri", rpc))
-            .await;
+        if let Some(deadline) = deadline {
+            request.set_timeout(deadline);
+        }
+        let started = Instant::now();
+        let response = send(request).instrument(tracing::info_span!("cri", rpc));
+        let outcome = match deadline {
+            Some(deadline) => tokio::time::timeout(deadline, response)
+                .await
+                .map_err(|_| deadline),
+            None => Ok(response.await),
+        };
         let failed = !matches!(outcome, Ok(Ok(_)));
         crate::server::metrics::observe_runtime_operation(rpc, started.elapsed(), failed);
         match outcome {
-            Err(_) => Err(CriError::Timeout {
-                rpc,
-                after: deadline,
-            }),
-            Ok(Err(status)) if status.code() == tonic::Code::DeadlineExceeded => {
-                Err(CriError::Timeout {
+            Err(after) => Err(CriError::Timeout { rpc, after }),
+            Ok(Err(status)) => match deadline {
+                // The runtime's DeadlineExceeded, or the channel's own enforcement of the
+                // grpc-timeout (which cancels the call when it passes).
+                Some(after)
+                    if status.code() == tonic::Code::DeadlineExceeded
+                        || (status.code() == tonic::Code::Cancelled
+                            && started.elapsed() >= after) =>
+                {
+                    Err(CriError::Timeout { rpc, after })
+                }
+                _ => Err(CriError::Rpc {
                     rpc,
-                    after: deadline,
-                })
-            }
-            Ok(Err(status)) => Err(CriError::Rpc {
-                rpc,
-                code: status.code(),
-                message: status.message().to_owned(),
-            }),
+                    code: status.code(),
+                    message: status.message().to_owned(),
+                }),
+            },
             Ok(Ok(response)) => Ok(response.into_inner()),
         }
+    }
+}
+
+/// A call's deadline: a runtime call's fixed one, or an optional one (image pulls).
+trait IntoDeadline {
+    fn into_deadline(self) -> Option<Duration>;
+}
+
+impl IntoDeadline for Duration {
+    fn into_deadline(self) -> Option<Duration> {
+        Some(self)
+    }
+}
+
+impl IntoDeadline for Option<Duration> {
+    fn into_deadline(self) -> Option<Duration> {
+        self
     }
 }
 
@@ -148,7 +220,8 @@ fn seconds(timeout: i64) -> Duration {
 
 /// Generates the [`Cri`] trait, one method per unary RPC (named like the generated
 /// client's method, request message in, response message out), and its implementation for
-/// [`CriClient`], with the deadline taken from the named field, plus (`plus field`) the
+/// [`CriClient`], with the deadline taken from the named field (none for an unset
+/// optional one: `PullImage`), plus (`plus field`) the
 /// request's own timeout: a `StopContainer` waits out the grace period it carries, as the
 /// kubelet's remote runtime adds it to `--runtime-request-timeout`.
 ///
@@ -176,7 +249,7 @@ macro_rules! unary_rpcs {
             $(
                 async fn $method(&self, req: api::$req) -> Result<api::$resp> {
                     let mut c = self.$svc.clone();
-                    let deadline = self.$deadline $(+ seconds(req.$extra))?;
+                    let deadline = (self.$deadline $(+ seconds(req.$extra))?).into_deadline();
                     self.call($rpc, deadline, req, move |r| async move { c.$method(r).await })
                         .await
                 }
@@ -264,12 +337,146 @@ mod tests {
     async fn an_absent_runtime_is_reported_as_unavailable_with_the_rpc_name() {
         let dir = std::env::temp_dir().join(format!("rkubelet-cri-test-{}", std::process::id()));
         let endpoint: Endpoint = dir.join("missing.sock").to_str().unwrap().parse().unwrap();
-        let client = CriClient::new(endpoint, Duration::from_secs(2), Duration::from_secs(2));
+        let client = CriClient::new(endpoint, Duration::from_secs(2), None);
         let err = client
             .version(crate::cri::version_request())
             .await
             .unwrap_err();
         assert!(err.is_unavailable(), "{err}");
         assert!(err.to_string().starts_with("CRI Version"), "{err}");
+    }
+
+    /// Each call the fake runtime received: its path and `grpc-timeout` header.
+    type Calls = Arc<Mutex<Vec<(String, Option<String>)>>>;
+
+    /// A runtime on a Unix socket in `dir` that answers every call after `delay`:
+    /// `PullImage` with an image reference, other calls with an empty message.
+    fn slow_runtime(dir: &std::path::Path, delay: Duration) -> (Endpoint, Calls) {
+        use http_body_util::StreamBody;
+        use hyper::body::{Bytes, Frame};
+        use prost::Message;
+
+        let socket = dir.join("runtime.sock");
+        let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+        let calls = Calls::default();
+        let seen = calls.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let seen = seen.clone();
+                let service = hyper::service::service_fn(move |req: hyper::Request<_>| {
+                    let timeout = req
+                        .headers()
+                        .get("grpc-timeout")
+                        .map(|v| v.to_str().unwrap_or_default().to_owned());
+                    let path = req.uri().path().to_owned();
+                    seen.lock().unwrap().push((path.clone(), timeout));
+                    async move {
+                        tokio::time::sleep(delay).await;
+                        let message = if path.ends_with("/PullImage") {
+                            api::PullImageResponse {
+                                image_ref: "sha256:big".into(),
+                            }
+                            .encode_to_vec()
+                        } else {
+                            Vec::new()
+                        };
+                        let mut frame = vec![0u8];
+                        frame.extend(u32::try_from(message.len()).unwrap().to_be_bytes());
+                        frame.extend(message);
+                        let mut trailers = hyper::HeaderMap::new();
+                        trailers.insert("grpc-status", "0".parse().unwrap());
+                        let frames = vec![
+                            Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from(frame))),
+                            Ok(Frame::trailers(trailers)),
+                        ];
+                        hyper::Response::builder()
+                            .header("content-type", "application/grpc")
+                            .body(StreamBody::new(futures::stream::iter(frames)))
+                    }
+                });
+                tokio::spawn(
+                    hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), service),
+                );
+            }
+        });
+        let endpoint = socket.to_str().unwrap().parse().unwrap();
+        (endpoint, calls)
+    }
+
+    /// A `RunPodSandbox` under way is known (for the network garbage collector) until it
+    /// returns.
+    #[tokio::test]
+    async fn sandbox_creations_under_way_are_known_until_they_return() {
+        let dir = std::env::temp_dir().join(format!("rkubelet-cri-run-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let (endpoint, _) = slow_runtime(&dir, Duration::from_millis(300));
+        let client = CriClient::new(endpoint, Duration::from_secs(5), None);
+        assert!(client.sandbox_creations_since().is_none());
+        let before = Instant::now();
+        let run = tokio::spawn({
+            let client = client.clone();
+            async move {
+                client
+                    .run_pod_sandbox(api::RunPodSandboxRequest::default())
+                    .await
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let since = client.sandbox_creations_since().expect("under way");
+        assert!(since >= before);
+        run.await.unwrap().expect("the fake answers");
+        assert!(client.sandbox_creations_since().is_none(), "returned");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A pull longer than the runtime request timeout finishes, as with the kubelet (no
+    /// deadline, none sent to the runtime), while other calls keep theirs.
+    #[tokio::test]
+    async fn image_pulls_are_not_cut_by_the_runtime_request_timeout() {
+        let dir = std::env::temp_dir().join(format!("rkubelet-cri-pull-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let (endpoint, calls) = slow_runtime(&dir, Duration::from_millis(600));
+        let client = CriClient::new(endpoint, Duration::from_millis(200), None);
+        let pulled = client
+            .pull_image(api::PullImageRequest {
+                image: Some(api::ImageSpec {
+                    image: "registry.local/big:1".into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+            .await
+            .expect("the pull outlasts the runtime request timeout");
+        assert_eq!(pulled.image_ref, "sha256:big");
+        let status = client
+            .image_status(api::ImageStatusRequest::default())
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                status,
+                CriError::Timeout {
+                    rpc: "ImageStatus",
+                    ..
+                }
+            ),
+            "{status}"
+        );
+        let calls = calls.lock().unwrap().clone();
+        let timeout_of = |rpc: &str| {
+            calls
+                .iter()
+                .find(|(path, _)| path.ends_with(rpc))
+                .map(|(_, t)| t.clone())
+        };
+        assert_eq!(timeout_of("/PullImage"), Some(None), "{calls:?}");
+        assert!(
+            matches!(timeout_of("/ImageStatus"), Some(Some(_))),
+            "{calls:?}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

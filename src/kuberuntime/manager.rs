@@ -129,6 +129,8 @@ pub struct RuntimeManager<C> {
     events: EventRecorder,
     crash_backoff: Mutex<HashMap<(String, String), Backoff>>,
     start_slots: Arc<Semaphore>,
+    /// Sandbox stops (CNI DEL chains) in flight at once: as many as pod starts.
+    stop_slots: Semaphore,
 }
 
 /// A pod's turn to be set up in the runtime: held from the sandbox to its last container
@@ -162,7 +164,8 @@ fn mount(container_path: &str, host_path: &Path, readonly: bool) -> api::Mount {
 }
 
 impl<C: Cri> RuntimeManager<C> {
-    /// A manager over `cri` that sets up `parallel_starts` pods at a time.
+    /// A manager over `cri` that sets up `parallel_starts` pods at a time, and stops as
+    /// many sandboxes (tearing their networks down) at a time.
     pub fn new(
         cri: C,
         settings: SandboxSettings,
@@ -176,6 +179,7 @@ impl<C: Cri> RuntimeManager<C> {
             events,
             crash_backoff: Mutex::new(HashMap::new()),
             start_slots: Arc::new(Semaphore::new(parallel_starts.max(1))),
+            stop_slots: Semaphore::new(parallel_starts.max(1)),
         }
     }
 
@@ -820,6 +824,16 @@ impl<C: Cri> RuntimeManager<C> {
         });
         futures::future::join_all(stops).await;
         let mut first_error = None;
+        // The semaphore is never closed, so acquiring fails only in theory.
+        let _turn = if status.sandboxes.is_empty() {
+            None
+        } else {
+            self.stop_slots
+                .acquire()
+                .instrument(tracing::info_span!("wait_stop_slot"))
+                .await
+                .ok()
+        };
         for sandbox in &status.sandboxes {
             let req = api::StopPodSandboxRequest {
                 pod_sandbox_id: sandbox.id.clone(),
@@ -979,10 +993,7 @@ mod tests {
         manager_and_events().0
     }
 
-    fn manager_and_events() -> (
-        RuntimeManager<Recorder>,
-        tokio::sync::mpsc::UnboundedReceiver<crate::events::PodEvent>,
-    ) {
+    fn manager_and_events() -> (RuntimeManager<Recorder>, crate::events::EventReceiver) {
         let (events, rx) = EventRecorder::channel();
         let m = RuntimeManager::new(Recorder::default(), SandboxSettings::default(), events, 1);
         (m, rx)
@@ -1085,6 +1096,50 @@ mod tests {
             containers: Vec::new(),
         };
         assert!(m.kill_pod((&pod_id(), None), &ok, 30).await.is_ok());
+    }
+
+    /// A runtime whose sandbox stops (their CNI DEL chains) take a while; it records how
+    /// many ran at once.
+    #[derive(Default)]
+    struct SlowStops {
+        running: std::sync::atomic::AtomicUsize,
+        most: std::sync::atomic::AtomicUsize,
+    }
+
+    impl Cri for SlowStops {
+        async fn stop_pod_sandbox(
+            &self,
+            _: api::StopPodSandboxRequest,
+        ) -> crate::cri::Result<api::StopPodSandboxResponse> {
+            use std::sync::atomic::Ordering;
+            let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
+            self.most.fetch_max(now, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            self.running.fetch_sub(1, Ordering::SeqCst);
+            Ok(api::StopPodSandboxResponse {})
+        }
+    }
+
+    #[tokio::test]
+    async fn sandbox_stops_are_bounded_like_pod_starts() {
+        let (events, _rx) = EventRecorder::channel();
+        let m = RuntimeManager::new(SlowStops::default(), SandboxSettings::default(), events, 2);
+        let statuses: Vec<PodRuntimeStatus> = (0..6)
+            .map(|i| PodRuntimeStatus {
+                sandboxes: vec![sandbox(&format!("s{i}"), 0, true)],
+                containers: Vec::new(),
+            })
+            .collect();
+        let id = pod_id();
+        let kills = statuses.iter().map(|s| m.kill_pod((&id, None), s, 30));
+        for result in futures::future::join_all(kills).await {
+            assert!(result.is_ok());
+        }
+        let most = m.cri().most.load(std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(
+            most, 2,
+            "at most --parallel-pod-starts sandbox stops at once"
+        );
     }
 
     #[tokio::test]

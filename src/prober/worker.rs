@@ -269,7 +269,7 @@ mod tests {
         codes: Vec<i32>,
     ) -> (
         Arc<Shared<Arc<Scripted>>>,
-        tokio::sync::mpsc::UnboundedReceiver<crate::events::PodEvent>,
+        crate::events::EventReceiver,
         Arc<AtomicUsize>,
     ) {
         let (events, rx) = EventRecorder::channel();

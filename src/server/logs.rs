@@ -6,16 +6,19 @@
 //! the current one) and `follow` (new lines until the client goes away or the container
 //! has exited and its log is read to the end).
 //!
-//! `tailLines` counts joined lines. The file is read once from its start; only the last
-//! `tailLines` lines are kept in memory.
+//! `tailLines` counts joined lines: the file is read twice from its start, once to count
+//! its lines and once to write the last ones, so memory does not grow with `tailLines` or
+//! the size of the log. Memory is bounded per line too: a file line longer than
+//! [`MAX_RECORD`] (the runtime splits longer writes unless told not to) is read in pieces
+//! that continue as partial lines, and a joined line longer than [`MAX_LINE`] is written in
+//! pieces (the kubelet never joins: it writes each partial record as it reads it).
 
-use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use hyper::body::Bytes;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::sync::mpsc;
 
 use super::Query;
@@ -28,6 +31,10 @@ const FOLLOW_POLL: Duration = Duration::from_millis(100);
 const STATE_POLL: Duration = Duration::from_secs(1);
 /// Output is sent in chunks of about this size.
 const CHUNK: usize = 32 * 1024;
+/// The longest file line read at once; longer ones are read as partial pieces.
+pub const MAX_RECORD: usize = 1024 * 1024;
+/// The longest joined line held; a longer one is written in pieces.
+pub const MAX_LINE: usize = 1024 * 1024;
 
 /// Log request failures.
 #[derive(Debug, thiserror::Error)]
@@ -189,14 +196,32 @@ pub struct LogLine {
     pub content: Vec<u8>,
 }
 
-/// Joins partial lines per stream (stdout and stderr interleave).
-#[derive(Debug, Default)]
+/// Joins partial lines per stream (stdout and stderr interleave), each up to a maximum
+/// length ([`MAX_LINE`]) beyond which what is joined so far is given out as a piece.
+#[derive(Debug)]
 pub struct Joiner {
     pending: [Option<LogLine>; 2],
+    max_line: usize,
+}
+
+impl Default for Joiner {
+    fn default() -> Self {
+        Self::with_max_line(MAX_LINE)
+    }
 }
 
 impl Joiner {
-    /// Adds one file line; returns the joined line when it is complete.
+    /// A joiner that holds at most `max_line` bytes of a line.
+    #[must_use]
+    pub fn with_max_line(max_line: usize) -> Self {
+        Self {
+            pending: [None, None],
+            max_line,
+        }
+    }
+
+    /// Adds one file line; returns the joined line when it is complete (or, without its
+    /// line feed, the part joined so far once it reaches the maximum length).
     pub fn push(&mut self, line: &CriLine<'_>) -> Option<LogLine> {
         let slot = &mut self.pending[usize::from(line.stream == "stderr")];
         let joined = slot.get_or_insert_with(|| LogLine {
@@ -206,6 +231,9 @@ impl Joiner {
         });
         joined.content.extend_from_slice(line.content);
         if line.partial {
+            if joined.content.len() >= self.max_line {
+                return slot.take();
+            }
             None
         } else {
             joined.content.push(b'\n');
@@ -364,15 +392,20 @@ async fn is_running<C: Cri>(cri: &C, id: &str) -> bool {
 }
 
 /// Reads file lines; a last line without its line feed is held back while following
-/// (the runtime may be writing it).
+/// (the runtime may be writing it). A line longer than the maximum record comes in
+/// pieces: each but the last tagged partial (`P`) under the line's timestamp and stream.
 struct LineReader {
     reader: BufReader<tokio::fs::File>,
     path: PathBuf,
     pending: Vec<u8>,
+    max_record: usize,
+    /// The `<timestamp> <stream> ` and tag of a long line being read in pieces (empty
+    /// for a line that is not in the CRI format: its pieces are given out as they are).
+    split: Option<(Vec<u8>, Vec<u8>)>,
 }
 
 impl LineReader {
-    async fn open(path: &Path) -> Result<Self, LogError> {
+    async fn open(path: &Path, max_record: usize) -> Result<Self, LogError> {
         let file = tokio::fs::File::open(path)
             .await
             .map_err(|source| LogError::Io {
@@ -383,13 +416,17 @@ impl LineReader {
             reader: BufReader::with_capacity(64 * 1024, file),
             path: path.to_owned(),
             pending: Vec::new(),
+            max_record,
+            split: None,
         })
     }
 
     /// The next complete line (without its line feed); `None` at the end for now. At the
     /// real end (`at_end`), a last unterminated line is returned too.
     async fn next(&mut self, at_end: bool) -> Result<Option<Vec<u8>>, LogError> {
-        self.reader
+        let room = self.max_record.saturating_sub(self.pending.len()).max(1);
+        (&mut self.reader)
+            .take(room as u64)
             .read_until(b'\n', &mut self.pending)
             .await
             .map_err(|source| LogError::Io {
@@ -398,14 +435,76 @@ impl LineReader {
             })?;
         if self.pending.last() == Some(&b'\n') {
             self.pending.pop();
-            return Ok(Some(std::mem::take(&mut self.pending)));
+            return Ok(Some(self.piece(true)));
+        }
+        if self.pending.len() >= self.max_record {
+            return Ok(Some(self.piece(false)));
         }
         // No line feed: the end of the file. Final only when the writer is done.
         if at_end && !self.pending.is_empty() {
-            return Ok(Some(std::mem::take(&mut self.pending)));
+            return Ok(Some(self.piece(true)));
         }
         Ok(None)
     }
+
+    /// What is pending as a line: the whole line (`last`), or a piece of a long one.
+    fn piece(&mut self, last: bool) -> Vec<u8> {
+        let pending = std::mem::take(&mut self.pending);
+        let (prefix, tag, content) = match self.split.take() {
+            Some((prefix, tag)) => (prefix, tag, pending),
+            None if last => return pending,
+            None => match cri_header(&pending) {
+                Some((prefix_len, tag_end)) => (
+                    pending[..prefix_len].to_vec(),
+                    pending[prefix_len..tag_end].to_vec(),
+                    pending[(tag_end + 1).min(pending.len())..].to_vec(),
+                ),
+                None => (Vec::new(), Vec::new(), pending),
+            },
+        };
+        if prefix.is_empty() {
+            if !last {
+                self.split = Some((prefix, tag));
+            }
+            return content;
+        }
+        let mut line = prefix.clone();
+        line.extend_from_slice(if last { &tag } else { b"P" });
+        line.push(b' ');
+        line.extend_from_slice(&content);
+        if !last {
+            self.split = Some((prefix, tag));
+        }
+        line
+    }
+}
+
+/// Where the tag of a CRI log line starts (after `<timestamp> <stream> `) and ends.
+fn cri_header(line: &[u8]) -> Option<(usize, usize)> {
+    let parsed = parse_cri_line(line).ok()?;
+    let prefix = parsed.timestamp.len() + 1 + parsed.stream.len() + 1;
+    let tag_end = line[prefix..]
+        .iter()
+        .position(|b| *b == b' ')
+        .map_or(line.len(), |i| prefix + i);
+    Some((prefix, tag_end))
+}
+
+/// How many lines (joined) the log at `path` holds now; a last unfinished one counts at
+/// the real end (`final_end`).
+async fn count_lines(path: &Path, final_end: bool) -> Result<u64, LogError> {
+    let mut reader = LineReader::open(path, MAX_RECORD).await?;
+    let mut joiner = Joiner::default();
+    let mut lines = 0u64;
+    while let Some(raw) = reader.next(final_end).await? {
+        if joined(&mut joiner, &raw, path).is_some() {
+            lines += 1;
+        }
+    }
+    if final_end {
+        lines += joiner.finish().len() as u64;
+    }
+    Ok(lines)
 }
 
 fn joined(joiner: &mut Joiner, raw: &[u8], path: &Path) -> Option<LogLine> {
@@ -431,7 +530,13 @@ pub async fn stream<C: Cri>(
     tx: mpsc::Sender<Bytes>,
 ) -> Result<(), LogError> {
     let path = &source.path;
-    let mut reader = LineReader::open(path).await?;
+    let final_end = !opts.follow;
+    // With a tail, the lines before the last `tailLines` of what is in the file now.
+    let mut skip = match opts.tail_lines {
+        Some(tail) => count_lines(path, final_end).await?.saturating_sub(tail),
+        None => 0,
+    };
+    let mut reader = LineReader::open(path, MAX_RECORD).await?;
     let mut joiner = Joiner::default();
     let mut out = LogWriter::new(&opts);
     let send = |out: &mut LogWriter| {
@@ -445,61 +550,34 @@ pub async fn stream<C: Cri>(
         }
     };
 
-    // What is in the file now; with a tail, only its last lines are written.
-    let mut tail: Option<VecDeque<LogLine>> = opts
-        .tail_lines
-        .map(|n| VecDeque::with_capacity(usize::try_from(n.min(4096)).unwrap_or(4096)));
-    let tail_max = opts.tail_lines.unwrap_or(0);
-    let final_end = !opts.follow;
     while let Some(raw) = reader.next(final_end).await? {
         let Some(line) = joined(&mut joiner, &raw, path) else {
             continue;
         };
-        match tail.as_mut() {
-            Some(t) => {
-                if tail_max > 0 {
-                    if t.len() as u64 >= tail_max {
-                        t.pop_front();
-                    }
-                    t.push_back(line);
-                }
-            }
-            None => {
-                let more = out.write(&line);
-                if (!more || out.full()) && !send(&mut out).await {
-                    return Ok(());
-                }
-                if !more {
-                    return Ok(());
-                }
-            }
+        if skip > 0 {
+            skip -= 1;
+            continue;
+        }
+        let more = out.write(&line);
+        if (!more || out.full()) && !send(&mut out).await {
+            return Ok(());
+        }
+        if !more {
+            return Ok(());
         }
     }
     // Without following, a last line with no end (the container exited mid-line) counts
     // as a line; a followed one may still be completed.
-    let unfinished = if opts.follow {
-        Vec::new()
-    } else {
-        joiner.finish()
-    };
-    let lines = match tail.take() {
-        Some(mut t) => {
-            for line in unfinished {
-                if t.len() as u64 >= tail_max {
-                    t.pop_front();
-                }
-                if tail_max > 0 {
-                    t.push_back(line);
-                }
+    if final_end {
+        for line in joiner.finish() {
+            if skip > 0 {
+                skip -= 1;
+                continue;
             }
-            t.into_iter().collect()
-        }
-        None => unfinished,
-    };
-    for line in lines {
-        if !out.write(&line) {
-            send(&mut out).await;
-            return Ok(());
+            if !out.write(&line) {
+                send(&mut out).await;
+                return Ok(());
+            }
         }
     }
     if !opts.follow {
@@ -820,5 +898,65 @@ mod tests {
         assert_eq!(String::from_utf8(rest).unwrap(), "part\ntwo\n");
         task.await.unwrap().unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A line of 100 bytes in a file read 48 bytes at most at once: read in pieces of at
+    /// most 48 bytes of content (each a partial line under the line's timestamp), joined back
+    /// into the line, or given out in pieces when longer than the joiner's maximum.
+    #[tokio::test]
+    async fn long_lines_are_read_and_joined_with_bounded_memory() {
+        let dir = std::env::temp_dir().join(format!("rkubelet-longline-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("0.log");
+        let text = "x".repeat(100);
+        std::fs::write(
+            &path,
+            format!("2024-01-01T00:00:01Z stdout F {text}\n2024-01-01T00:00:02Z stderr F short\n"),
+        )
+        .unwrap();
+        let mut reader = LineReader::open(&path, 48).await.unwrap();
+        let mut pieces = Vec::new();
+        while let Some(raw) = reader.next(true).await.unwrap() {
+            pieces.push(raw);
+        }
+        let longest = pieces.iter().map(|p| p.len()).max().unwrap();
+        assert!(pieces.len() > 3, "{pieces:?}");
+        assert!(
+            longest <= 48 + "2024-01-01T00:00:01Z stdout P ".len(),
+            "{longest}"
+        );
+        let mut whole = Joiner::with_max_line(1000);
+        let lines: Vec<LogLine> = pieces
+            .iter()
+            .filter_map(|raw| whole.push(&parse_cri_line(raw).unwrap()))
+            .collect();
+        assert_eq!(lines.len(), 2);
+        assert_eq!(lines[0].content, format!("{text}\n").into_bytes());
+        assert_eq!(lines[0].timestamp, "2024-01-01T00:00:01Z");
+        assert_eq!(lines[1].content, b"short\n");
+        let mut bounded = Joiner::with_max_line(40);
+        let parts: Vec<LogLine> = pieces
+            .iter()
+            .filter_map(|raw| bounded.push(&parse_cri_line(raw).unwrap()))
+            .collect();
+        assert!(parts.len() > 2, "{parts:?}");
+        assert!(parts.iter().all(|p| p.content.len() < 40 + 48), "{parts:?}");
+        let rejoined: Vec<u8> = parts.iter().flat_map(|p| p.content.clone()).collect();
+        assert_eq!(
+            rejoined,
+            format!("{text}\nshort\n").into_bytes(),
+            "nothing lost"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A tail longer than the log is the whole log (nothing is kept per requested line).
+    #[tokio::test]
+    async fn a_huge_tail_is_the_whole_log() {
+        let huge = LogOptions {
+            tail_lines: Some(1_000_000_000),
+            ..LogOptions::default()
+        };
+        assert_eq!(read_all(LOG, huge).await, "one\ntwo\nthree\nfour\n");
     }
 }

@@ -43,7 +43,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::reflector::ObjectRef;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
 use crate::cri::{Cri, CriClient, api};
@@ -76,6 +76,11 @@ pub fn empty() -> Body {
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a request head may take to arrive (and a kept-alive connection may idle).
 pub(crate) const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(60);
+/// How many connections the kubelet API serves at once; more wait in the listen backlog
+/// (memory and file descriptors stay bounded under a flood of clients).
+const MAX_CONNECTIONS: usize = 256;
+/// How many connections the healthz endpoint serves at once.
+const MAX_HEALTHZ_CONNECTIONS: usize = 16;
 
 /// Where the serving certificate comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -709,13 +714,26 @@ pub async fn start(
     Ok(())
 }
 
-async fn serve_tls(
+/// Accepts connections on `listener` while fewer than `limit` are being served, each
+/// served by `serve`; further clients wait in the listen backlog until one ends.
+async fn accept_bounded<F, Fut>(
     listener: TcpListener,
-    acceptor: tokio_rustls::TlsAcceptor,
-    server: Arc<Server>,
+    limit: usize,
     cancel: CancellationToken,
-) {
+    serve: F,
+) where
+    F: Fn(TcpStream, SocketAddr) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let permits = Arc::new(tokio::sync::Semaphore::new(limit));
     loop {
+        let permit = tokio::select! {
+            () = cancel.cancelled() => return,
+            permit = permits.clone().acquire_owned() => match permit {
+                Ok(p) => p,
+                Err(_) => return,
+            },
+        };
         let (stream, peer) = tokio::select! {
             () = cancel.cancelled() => return,
             accepted = listener.accept() => match accepted {
@@ -727,9 +745,24 @@ async fn serve_tls(
                 }
             },
         };
+        let served = serve(stream, peer);
+        tokio::spawn(async move {
+            served.await;
+            drop(permit);
+        });
+    }
+}
+
+async fn serve_tls(
+    listener: TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+    server: Arc<Server>,
+    cancel: CancellationToken,
+) {
+    accept_bounded(listener, MAX_CONNECTIONS, cancel, move |stream, peer| {
         let acceptor = acceptor.clone();
         let server = server.clone();
-        tokio::spawn(async move {
+        async move {
             let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
                 Ok(Ok(tls)) => tls,
                 Ok(Err(e)) => {
@@ -762,23 +795,17 @@ async fn serve_tls(
             {
                 tracing::debug!(%peer, error = %e, "connection ended with an error");
             }
-        });
-    }
+        }
+    })
+    .await;
 }
 
 async fn serve_healthz(listener: TcpListener, cancel: CancellationToken) {
-    loop {
-        let stream = tokio::select! {
-            () = cancel.cancelled() => return,
-            accepted = listener.accept() => match accepted {
-                Ok((s, _)) => s,
-                Err(_) => {
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-        };
-        tokio::spawn(async move {
+    accept_bounded(
+        listener,
+        MAX_HEALTHZ_CONNECTIONS,
+        cancel,
+        |stream, _| async move {
             let service = hyper::service::service_fn(|req: Request<Incoming>| async move {
                 Ok::<_, Infallible>(if req.uri().path() == "/healthz" {
                     text(StatusCode::OK, "ok")
@@ -787,15 +814,62 @@ async fn serve_healthz(listener: TcpListener, cancel: CancellationToken) {
                 })
             });
             let _ = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT)
                 .serve_connection(TokioIo::new(stream), service)
                 .await;
-        });
-    }
+        },
+    )
+    .await;
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Five clients of a server bounded to two connections: two are served, the others
+    /// wait until a served one ends.
+    #[tokio::test]
+    async fn connections_beyond_the_limit_wait() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (served_tx, mut served) = tokio::sync::mpsc::unbounded_channel();
+        let cancel = CancellationToken::new();
+        tokio::spawn(accept_bounded(
+            listener,
+            2,
+            cancel.clone(),
+            move |stream, _| {
+                let served_tx = served_tx.clone();
+                async move {
+                    use tokio::io::AsyncReadExt;
+                    let _ = served_tx.send(());
+                    // Served until the client closes.
+                    let mut stream = stream;
+                    let _ = stream.read(&mut [0u8; 1]).await;
+                }
+            },
+        ));
+        let mut clients = Vec::new();
+        for _ in 0..5 {
+            clients.push(TcpStream::connect(addr).await.unwrap());
+        }
+        let settle = || tokio::time::sleep(Duration::from_millis(200));
+        settle().await;
+        let mut count = 0;
+        while served.try_recv().is_ok() {
+            count += 1;
+        }
+        assert_eq!(count, 2, "only the limit is served");
+        drop(clients.remove(0));
+        settle().await;
+        assert!(
+            served.try_recv().is_ok(),
+            "a waiting client is served once one ends"
+        );
+        assert!(served.try_recv().is_err());
+        cancel.cancel();
+    }
 
     #[test]
     fn queries_decode_and_keep_repeated_keys() {

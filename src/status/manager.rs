@@ -17,6 +17,11 @@ use crate::pod::PodId;
 
 /// How many status patches are in flight at once.
 const PARALLEL_PATCHES: usize = 16;
+/// Failed patches are retried after a back-off from this, doubling up to
+/// [`RETRY_MAX`] (the kubelet's status manager re-sends every 10 s).
+const RETRY_INITIAL: Duration = Duration::from_secs(1);
+/// The longest wait before failed patches are retried.
+const RETRY_MAX: Duration = Duration::from_secs(10);
 
 /// Errors of one API write.
 #[derive(Debug, thiserror::Error)]
@@ -58,6 +63,8 @@ pub struct StatusManager {
     client: kube::Client,
     state: Arc<Mutex<State>>,
     notify: Arc<tokio::sync::Notify>,
+    /// The back-off of retries: initial and longest wait.
+    retry: (Duration, Duration),
 }
 
 impl std::fmt::Debug for StatusManager {
@@ -80,6 +87,7 @@ impl StatusManager {
             client,
             state: Arc::default(),
             notify: Arc::default(),
+            retry: (RETRY_INITIAL, RETRY_MAX),
         }
     }
 
@@ -193,8 +201,11 @@ impl StatusManager {
         }
     }
 
-    /// Sends dirty statuses until the process ends.
+    /// Sends dirty statuses until the process ends. Failed ones are retried with back-off
+    /// while the API fails (every status waits, new ones too), from scratch once a round
+    /// succeeds.
     pub async fn run(self) {
+        let mut backoff = crate::backoff::Backoff::new(self.retry.0, self.retry.1);
         loop {
             self.notify.notified().await;
             let batch: Vec<(PodId, PodStatus)> = {
@@ -238,8 +249,10 @@ impl StatusManager {
                 }
             }
             if retry {
-                tokio::time::sleep(Duration::from_secs(1)).await;
+                tokio::time::sleep(backoff.failed(std::time::Instant::now())).await;
                 self.notify.notify_one();
+            } else {
+                backoff = crate::backoff::Backoff::new(self.retry.0, self.retry.1);
             }
         }
     }
@@ -269,6 +282,96 @@ fn patch_body(id: &PodId, status: &PodStatus) -> serde_json::Value {
 mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::PodIP;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// An API server answering every request with `fail_first` errors (500), then with
+    /// the patched pod; returns its address and request count.
+    async fn api_server(fail_first: usize) -> (std::net::SocketAddr, Arc<AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let requests = Arc::new(AtomicUsize::new(0));
+        let seen = requests.clone();
+        tokio::spawn(async move {
+            while let Ok((conn, _)) = listener.accept().await {
+                let seen = seen.clone();
+                let service = hyper::service::service_fn(move |_req| {
+                    let n = seen.fetch_add(1, Ordering::SeqCst);
+                    let (code, body) = if n < fail_first {
+                        (
+                            500,
+                            serde_json::json!({"kind": "Status", "apiVersion": "v1",
+                            "status": "Failure", "message": "etcd is down", "code": 500}),
+                        )
+                    } else {
+                        (
+                            200,
+                            serde_json::json!({"kind": "Pod", "apiVersion": "v1",
+                            "metadata": {"name": "p", "namespace": "default", "uid": "u"}}),
+                        )
+                    };
+                    async move {
+                        hyper::Response::builder()
+                            .status(code)
+                            .header("content-type", "application/json")
+                            .body(http_body_util::Full::new(hyper::body::Bytes::from(
+                                body.to_string(),
+                            )))
+                    }
+                });
+                tokio::spawn(
+                    hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(conn), service),
+                );
+            }
+        });
+        (addr, requests)
+    }
+
+    /// A running manager (retry back-off from 20 ms to 400 ms) with one status to send to
+    /// an API server failing `fail_first` requests; returns it and the request count.
+    async fn sending_one_status(fail_first: usize) -> (StatusManager, Arc<AtomicUsize>) {
+        let (addr, requests) = api_server(fail_first).await;
+        let config = kube::Config::new(format!("http://{addr}").parse().unwrap());
+        let mut manager = StatusManager::new(kube::Client::try_from(config).unwrap());
+        manager.retry = (Duration::from_millis(20), Duration::from_millis(400));
+        tokio::spawn(manager.clone().run());
+        let id = PodId {
+            namespace: "default".into(),
+            name: "p".into(),
+            uid: "u".into(),
+        };
+        manager.set_pod_status(&id, PodStatus::default());
+        (manager, requests)
+    }
+
+    /// While the API fails, a status is retried with a growing wait, not at a fixed rate;
+    /// once the API answers, it is sent.
+    #[tokio::test]
+    async fn failed_patches_are_retried_with_back_off() {
+        let (manager, requests) = sending_one_status(1000).await;
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        // 20, 40, 80, 160, 320, 400 ms waits: 6 or 7 attempts in 1.2 s (60 at the first
+        // wait's fixed rate).
+        let attempts = requests.load(Ordering::SeqCst);
+        assert!((4..=8).contains(&attempts), "{attempts} attempts");
+        assert!(manager.lock().pods["u"].sent.is_none(), "never sent");
+    }
+
+    #[tokio::test]
+    async fn a_failed_patch_is_sent_once_the_api_answers() {
+        let (manager, requests) = sending_one_status(2).await;
+        for _ in 0..100 {
+            if manager.lock().pods["u"].sent.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(
+            manager.lock().pods["u"].sent.is_some(),
+            "sent after the failures"
+        );
+        assert_eq!(requests.load(Ordering::SeqCst), 3);
+    }
 
     #[test]
     fn pod_ips_are_replaced_not_merged() {

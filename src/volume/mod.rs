@@ -36,6 +36,7 @@ mod host_path;
 mod mounter;
 mod ownership;
 mod payload;
+mod set_ups;
 mod subpath;
 mod teardown;
 #[cfg(test)]
@@ -59,6 +60,7 @@ use tracing::Instrument;
 pub use api::{KubeVolumeApi, VolumeApi};
 pub use error::{Result, VolumeError};
 pub use mounter::{LinuxMounter, Mounter};
+pub use set_ups::{Mounted, SetUps};
 
 use crate::watch_manager::CacheError;
 

@@ -33,7 +33,11 @@ pub fn cri() -> CriClient {
         .unwrap_or_else(|_| "unix:///run/containerd/containerd.sock".into())
         .parse()
         .expect("valid endpoint");
-    CriClient::new(endpoint, Duration::from_secs(30), Duration::from_secs(120))
+    CriClient::new(
+        endpoint,
+        Duration::from_secs(30),
+        Some(Duration::from_secs(120)),
+    )
 }
 
 /// A Kubernetes client from a kubeconfig file under the cluster's pki directory.

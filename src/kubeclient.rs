@@ -1,0 +1,321 @@
+//! The agent's connections to the API server, as the kubelet's client configuration: a
+//! dialer with a 30 s connect timeout and 30 s TCP keepalives (a half-open connection is
+//! found and dropped), and a deadline on every request that is not a watch (on its
+//! response and its body, as Go's `http.Client.Timeout`), so a stalled
+//! connection cannot hold a lease renewal or a status patch forever. The heartbeat client
+//! (lease and node status) gets the kubelet's heartbeat timeout: the node status update
+//! frequency, at most the lease duration.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use kube::client::ConfigExt;
+use kube::client::retry::RetryPolicy;
+use tower::{BoxError, Layer, Service, ServiceBuilder, ServiceExt};
+
+/// The dialer's connect timeout and TCP keepalive period (the kubelet's `net.Dialer`).
+pub const DIAL_TIMEOUT: Duration = Duration::from_secs(30);
+/// Idle time before the first keepalive probe, and time between probes.
+pub const TCP_KEEPALIVE: Duration = Duration::from_secs(30);
+/// Deadline of a request of the main client that is not a watch.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+/// Deadline of a heartbeat request: the node status update frequency (10 s), which is
+/// below the lease duration (40 s).
+pub const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A request that ran past its client's deadline.
+#[derive(Debug, thiserror::Error)]
+#[error("API request timed out after {0:?}")]
+pub struct RequestTimedOut(pub Duration);
+
+/// A client for `config` whose requests other than watches end after `deadline`.
+///
+/// # Errors
+/// The configuration's TLS or authentication settings cannot be used.
+pub fn build(config: &kube::Config, deadline: Duration) -> Result<kube::Client, kube::Error> {
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(config.connect_timeout.unwrap_or(DIAL_TIMEOUT)));
+    http.set_keepalive(Some(TCP_KEEPALIVE));
+    http.set_keepalive_interval(Some(TCP_KEEPALIVE));
+    let https = config.rustls_https_connector_with_connector(http)?;
+    let hyper = hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build(https);
+    let service = ServiceBuilder::new()
+        .layer(DeadlineLayer(deadline))
+        .layer(config.base_uri_layer())
+        .option_layer(
+            config
+                .default_retry
+                .then(|| tower::retry::RetryLayer::new(RetryPolicy::server_retry())),
+        )
+        .option_layer(config.auth_layer()?)
+        .layer(config.extra_headers_layer()?)
+        .service(hyper.map_err(BoxError::from));
+    Ok(kube::Client::new(service, config.default_namespace.clone()))
+}
+
+/// Whether a request streams for as long as the server keeps it open (a watch, or an
+/// upgraded connection): those are bounded by the watcher's own idle timeout and the
+/// keepalives, not by a request deadline.
+fn is_stream<B>(req: &hyper::Request<B>) -> bool {
+    let watch = req.uri().query().is_some_and(|q| {
+        form_urlencoded::parse(q.as_bytes()).any(|(k, v)| k == "watch" && (v == "true" || v == "1"))
+    });
+    watch || req.headers().contains_key(hyper::header::UPGRADE)
+}
+
+/// Bounds the time to a response of requests that are not streams.
+#[derive(Debug, Clone, Copy)]
+struct DeadlineLayer(Duration);
+
+impl<S> Layer<S> for DeadlineLayer {
+    type Service = Deadline<S>;
+    fn layer(&self, inner: S) -> Deadline<S> {
+        Deadline {
+            inner,
+            limit: self.0,
+        }
+    }
+}
+
+/// See [`DeadlineLayer`].
+#[derive(Debug, Clone)]
+struct Deadline<S> {
+    inner: S,
+    limit: Duration,
+}
+
+impl<S, B, RB> Service<hyper::Request<B>> for Deadline<S>
+where
+    S: Service<hyper::Request<B>, Response = hyper::Response<RB>>,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError>,
+{
+    type Response = hyper::Response<TimedBody<RB>>;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, req: hyper::Request<B>) -> Self::Future {
+        let limit = (!is_stream(&req)).then_some(self.limit);
+        let response = self.inner.call(req);
+        Box::pin(async move {
+            let Some(limit) = limit else {
+                let response = response.await.map_err(Into::into)?;
+                return Ok(response.map(|body| TimedBody::new(body, None)));
+            };
+            // One deadline for the response and its body, as Go's `http.Client.Timeout`.
+            let deadline = tokio::time::Instant::now() + limit;
+            let response = tokio::time::timeout_at(deadline, response)
+                .await
+                .map_err(|_| BoxError::from(RequestTimedOut(limit)))?
+                .map_err(Into::into)?;
+            Ok(response.map(|body| TimedBody::new(body, Some((deadline, limit)))))
+        })
+    }
+}
+
+/// A response body that fails once its request's deadline (if any) passes.
+pub struct TimedBody<B> {
+    inner: Pin<Box<B>>,
+    deadline: Option<(Pin<Box<tokio::time::Sleep>>, Duration)>,
+}
+
+impl<B> TimedBody<B> {
+    fn new(inner: B, deadline: Option<(tokio::time::Instant, Duration)>) -> Self {
+        Self {
+            inner: Box::pin(inner),
+            deadline: deadline.map(|(at, limit)| (Box::pin(tokio::time::sleep_until(at)), limit)),
+        }
+    }
+}
+
+impl<B> hyper::body::Body for TimedBody<B>
+where
+    B: hyper::body::Body,
+    B::Error: Into<BoxError>,
+{
+    type Data = B::Data;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<B::Data>, BoxError>>> {
+        if let Some((sleep, limit)) = &mut self.deadline
+            && sleep.as_mut().poll(cx).is_ready()
+        {
+            return Poll::Ready(Some(Err(RequestTimedOut(*limit).into())));
+        }
+        self.inner
+            .as_mut()
+            .poll_frame(cx)
+            .map(|frame| frame.map(|f| f.map_err(Into::into)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube::Api;
+    use kube::api::WatchParams;
+    use tokio::io::AsyncReadExt;
+    use tokio::net::TcpListener;
+
+    /// An API server that accepts connections and reads requests but never answers: what a
+    /// client sees through a half-open connection. Returns its address and a channel with
+    /// each accepted client's port.
+    async fn silent_server() -> (
+        std::net::SocketAddr,
+        tokio::sync::mpsc::UnboundedReceiver<u16>,
+    ) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok((mut conn, peer)) = listener.accept().await {
+                let _ = tx.send(peer.port());
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 4096];
+                    while matches!(conn.read(&mut buf).await, Ok(n) if n > 0) {}
+                });
+            }
+        });
+        (addr, rx)
+    }
+
+    fn client_for(addr: std::net::SocketAddr, deadline: Duration) -> kube::Client {
+        let config = kube::Config::new(format!("http://{addr}").parse().unwrap());
+        build(&config, deadline).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_lease_renewal_on_a_silent_connection_ends_at_the_deadline() {
+        let (addr, _) = silent_server().await;
+        let leases: Api<Lease> = Api::namespaced(
+            client_for(addr, Duration::from_millis(300)),
+            "kube-node-lease",
+        );
+        let started = std::time::Instant::now();
+        let got = tokio::time::timeout(Duration::from_secs(10), leases.get("rk-node1"))
+            .await
+            .expect("the request ends by itself");
+        let err = got.expect_err("nothing answered");
+        assert!(err.to_string().contains("timed out"), "{err}");
+        assert!(started.elapsed() < Duration::from_secs(5));
+    }
+
+    /// A server that answers with headers and the start of a body, then says nothing more.
+    #[tokio::test]
+    async fn a_response_whose_body_stalls_ends_at_the_deadline() {
+        use tokio::io::AsyncWriteExt;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 4096];
+                    let _ = conn.read(&mut buf).await;
+                    let head = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
+                                content-length: 1000\r\n\r\n{\"kind\":";
+                    let _ = conn.write_all(head.as_bytes()).await;
+                    while matches!(conn.read(&mut buf).await, Ok(n) if n > 0) {}
+                });
+            }
+        });
+        let leases: Api<Lease> = Api::namespaced(
+            client_for(addr, Duration::from_millis(300)),
+            "kube-node-lease",
+        );
+        let got = tokio::time::timeout(Duration::from_secs(10), leases.get("rk-node1"))
+            .await
+            .expect("the request ends by itself");
+        let err = got.expect_err("the body never came");
+        assert!(err.to_string().contains("timed out"), "{err:?}");
+    }
+
+    #[tokio::test]
+    async fn a_watch_is_not_cut_by_the_request_deadline() {
+        let (addr, _) = silent_server().await;
+        let leases: Api<Lease> = Api::namespaced(
+            client_for(addr, Duration::from_millis(100)),
+            "kube-node-lease",
+        );
+        let params = WatchParams::default();
+        let watch = leases.watch(&params, "0");
+        let outcome = tokio::time::timeout(Duration::from_millis(800), watch).await;
+        assert!(outcome.is_err(), "the watch still waits for the server");
+    }
+
+    #[test]
+    fn streams_are_watches_and_upgrades() {
+        let req = |uri: &str| hyper::Request::get(uri).body(()).unwrap();
+        assert!(is_stream(&req("/api/v1/pods?watch=true&resourceVersion=1")));
+        assert!(is_stream(&req("/api/v1/pods?watch=1")));
+        assert!(!is_stream(&req("/api/v1/pods?watch=false")));
+        assert!(!is_stream(&req("/api/v1/namespaces/a/pods/b/status")));
+        let upgrade = hyper::Request::get("/exec")
+            .header(hyper::header::UPGRADE, "websocket")
+            .body(())
+            .unwrap();
+        assert!(is_stream(&upgrade));
+    }
+
+    /// The client's connections carry TCP keepalives: the kernel shows a keepalive timer
+    /// (`tr` 2 in /proc/net/tcp) on the idle client socket.
+    #[tokio::test]
+    async fn connections_have_tcp_keepalive() {
+        let (addr, mut ports) = silent_server().await;
+        let leases: Api<Lease> =
+            Api::namespaced(client_for(addr, Duration::from_secs(30)), "kube-node-lease");
+        let request = tokio::spawn(async move { leases.get("rk-node1").await });
+        let port = tokio::time::timeout(Duration::from_secs(5), ports.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        // The request was sent and acknowledged: the socket is idle, its keepalive timer on.
+        let mut timer = None;
+        for _ in 0..50 {
+            timer = keepalive_timer_of(port);
+            if timer == Some(2) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        request.abort();
+        assert_eq!(
+            timer,
+            Some(2),
+            "client socket on port {port} has no keepalive timer"
+        );
+    }
+
+    /// The `tr` (timer) field of the loopback socket with local port `port`.
+    fn keepalive_timer_of(port: u16) -> Option<u8> {
+        let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
+        let local = format!("0100007F:{port:04X}");
+        table.lines().skip(1).find_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            (fields.get(1) == Some(&local.as_str()))
+                .then(|| fields.get(5)?.split(':').next()?.parse().ok())
+                .flatten()
+        })
+    }
+}
