@@ -125,9 +125,6 @@ pub enum AppError {
     /// The kubelet API server could not start.
     #[error(transparent)]
     Server(#[from] crate::server::ServerError),
-    /// The debug socket cannot be bound.
-    #[error("debug socket: {0}")]
-    DebugSocket(#[from] crate::unix_socket::BindError),
     /// A file could not be read.
     #[error("{what}: {source}")]
     Io {
@@ -237,14 +234,16 @@ const NETWORK_GC: Duration = Duration::from_secs(30);
 const TRIM_PERIOD: Duration = Duration::from_secs(10);
 
 async fn collect_network_garbage(cri: &CriClient, cni: &Cni, min_age: Duration) {
+    // Read before the list: a RunPodSandbox under way now may return (its sandbox then
+    // listed or not) while the list is taken, and its attachment must still count as
+    // possibly being created.
+    let creating_since = cri.sandbox_creations_since();
     let listed = cri
         .list_pod_sandbox(api::ListPodSandboxRequest { filter: None })
         .await;
     match listed {
         Ok(resp) => {
             let live = resp.items.into_iter().map(|s| s.id).collect();
-            // Read after the list: a sandbox created meanwhile is not in it.
-            let creating_since = cri.sandbox_creations_since();
             cni.garbage_collect(&live, min_age, creating_since).await;
         }
         Err(e) => {
@@ -534,11 +533,17 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
         )
         .await?;
     }
-    let debug_socket = crate::server::debug::bind(&config.root_dir)?;
-    let debug = tokio::spawn(crate::server::debug::serve(
-        debug_socket,
-        config.timelines.clone(),
-    ));
+    // Without its debug socket the agent still runs; only `inspect timeline` cannot ask it.
+    let debug = match crate::server::debug::bind(&config.root_dir) {
+        Ok(socket) => Some(tokio::spawn(crate::server::debug::serve(
+            socket,
+            config.timelines.clone(),
+        ))),
+        Err(e) => {
+            tracing::warn!(error = %e, "no debug socket: `rkubelet inspect timeline` cannot reach this agent");
+            None
+        }
+    };
     tokio::spawn(housekeeping(store, workers, pleg, kubelet, cancel.clone()));
     tokio::spawn(crate::allocator::trim_every(TRIM_PERIOD));
     tracing::info!(node = %config.node_name, "rkubelet running");
@@ -552,7 +557,9 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
             tracing::warn!(error = %e, "could not remove the thin plugin from the runtime's CNI config");
         }
     }
-    debug.abort();
+    if let Some(debug) = debug {
+        debug.abort();
+    }
     tracing::info!("rkubelet stopped; pods keep running");
     Ok(())
 }

@@ -1,10 +1,11 @@
-//! The agent's connections to the API server, as the kubelet's client configuration: a
-//! dialer with a 30 s connect timeout and 30 s TCP keepalives (a half-open connection is
-//! found and dropped), and a deadline on every request that is not a watch (on its
-//! response and its body, as Go's `http.Client.Timeout`), so a stalled
-//! connection cannot hold a lease renewal or a status patch forever. The heartbeat client
-//! (lease and node status) gets the kubelet's heartbeat timeout: the node status update
-//! frequency, at most the lease duration.
+//! The agent's connections to the API server: a dialer as the kubelet's (a 30 s connect
+//! timeout and 30 s TCP keepalives, so a half-open connection is found and dropped), the
+//! kubelet's heartbeat timeout on the lease and node status client (the node status update
+//! frequency, below the lease duration), and — rkubelet's own choice, the kubelet's main
+//! client has none — a 60 s deadline on every other request that is not a watch (on its
+//! response and its body, as Go's `http.Client.Timeout`), so a stalled connection cannot
+//! hold a status patch forever. A kubeconfig `proxy-url` is refused (the client dials the
+//! server directly).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -35,8 +36,14 @@ pub struct RequestTimedOut(pub Duration);
 /// A client for `config` whose requests other than watches end after `deadline`.
 ///
 /// # Errors
-/// The configuration's TLS or authentication settings cannot be used.
+/// The configuration's TLS or authentication settings cannot be used, or it names a
+/// proxy.
 pub fn build(config: &kube::Config, deadline: Duration) -> Result<kube::Client, kube::Error> {
+    if let Some(proxy) = &config.proxy_url {
+        return Err(kube::Error::Service(
+            format!("the kubeconfig's proxy-url {proxy} is not supported: the agent dials the API server directly").into(),
+        ));
+    }
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);

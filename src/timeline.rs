@@ -12,6 +12,7 @@
 //! `rkubelet inspect timeline` shows and draws them.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime};
 
@@ -107,19 +108,49 @@ fn is_zero(n: &u32) -> bool {
     *n == 0
 }
 
+/// A step as kept: small, since every pod of the node keeps up to [`MAX_STEPS`].
+#[derive(Clone)]
+struct Kept {
+    name: &'static str,
+    fields: Box<[(&'static str, Box<str>)]>,
+    start_ms: f32,
+    duration_ms: f32,
+    depth: u16,
+}
+
+impl Kept {
+    fn step(&self) -> Step {
+        Step {
+            name: self.name.to_owned(),
+            fields: self
+                .fields
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), v.to_string()))
+                .collect(),
+            start_ms: f64::from(self.start_ms),
+            duration_ms: f64::from(self.duration_ms),
+            depth: self.depth,
+        }
+    }
+}
+
+#[derive(Clone)]
 struct Entry {
-    namespace: String,
-    name: String,
+    namespace: Box<str>,
+    name: Box<str>,
     seen: Instant,
     seen_wall: SystemTime,
-    steps: Vec<Step>,
+    steps: Vec<Kept>,
     ready_ms: Option<f64>,
     dropped_steps: u32,
+    /// Set once Ready was acknowledged: later spans of the pod are not recorded at all.
+    done: Arc<AtomicBool>,
 }
 
 impl Entry {
-    fn timeline(&self, uid: &str) -> PodTimeline {
-        let mut steps = self.steps.clone();
+    /// The public form, steps in the order they started (call without the store's lock).
+    fn timeline(self, uid: &str) -> PodTimeline {
+        let mut steps: Vec<Step> = self.steps.iter().map(Kept::step).collect();
         steps.sort_by(|a, b| {
             a.start_ms
                 .total_cmp(&b.start_ms)
@@ -127,8 +158,8 @@ impl Entry {
         });
         PodTimeline {
             uid: uid.to_owned(),
-            namespace: self.namespace.clone(),
-            name: self.name.clone(),
+            namespace: self.namespace.into(),
+            name: self.name.into(),
             seen: k8s_openapi::jiff::Timestamp::try_from(self.seen_wall)
                 .map(|t| t.to_string())
                 .unwrap_or_default(),
@@ -170,11 +201,11 @@ impl Timelines {
     }
 
     /// A pod seen for the first time (`pod` is `namespace/name`) starts its timeline; a
-    /// pod already known keeps the one it has.
-    fn seen(&self, uid: &Arc<str>, pod: &str, at: Instant) {
+    /// pod already known keeps the one it has. The timeline's done flag.
+    fn seen(&self, uid: &Arc<str>, pod: &str, at: Instant) -> Arc<AtomicBool> {
         let mut state = self.lock();
-        if state.pods.contains_key(uid) {
-            return;
+        if let Some(entry) = state.pods.get(uid) {
+            return entry.done.clone();
         }
         if state.order.len() >= MAX_PODS
             && let Some(oldest) = state.order.pop_front()
@@ -182,23 +213,35 @@ impl Timelines {
             state.pods.remove(&oldest);
         }
         let (namespace, name) = pod.split_once('/').unwrap_or(("", pod));
+        let done = Arc::new(AtomicBool::new(false));
         state.pods.insert(
             uid.clone(),
             Entry {
-                namespace: namespace.to_owned(),
-                name: name.to_owned(),
+                namespace: namespace.into(),
+                name: name.into(),
                 seen: at,
                 seen_wall: SystemTime::now(),
                 steps: Vec::new(),
                 ready_ms: None,
                 dropped_steps: 0,
+                done: done.clone(),
             },
         );
         state.order.push_back(uid.clone());
+        done
+    }
+
+    /// The done flag of a pod whose timeline is still being recorded.
+    fn recording(&self, uid: &str) -> Option<Arc<AtomicBool>> {
+        self.lock()
+            .pods
+            .get(uid)
+            .map(|e| e.done.clone())
+            .filter(|done| !done.load(Ordering::Relaxed))
     }
 
     /// A step that ended at `end`.
-    fn record(&self, uid: &str, name: &str, rec: &Rec, end: Instant) {
+    fn record(&self, uid: &str, name: &'static str, rec: Rec, end: Instant) {
         let mut state = self.lock();
         let Some(entry) = state.pods.get_mut(uid) else {
             return;
@@ -207,32 +250,39 @@ impl Timelines {
         if entry.ready_ms.is_some_and(|ready| start_ms > ready) {
             return;
         }
-        if entry.steps.len() >= MAX_STEPS {
-            entry.dropped_steps = entry.dropped_steps.saturating_add(1);
-            return;
-        }
         let mut end_ms = entry.offset_ms(end);
-        if name == WAIT_SPAN
+        let field = |key: &str| {
+            rec.fields
+                .iter()
+                .find(|(k, _)| *k == key)
+                .map(|(_, v)| v.as_str())
+        };
+        if name == STATUS_PATCH_SPAN
+            && entry.ready_ms.is_none()
+            && field("ready") == Some("true")
+            && field("outcome") == Some("ok")
+        {
+            entry.ready_ms = Some(end_ms);
+            entry.done.store(true, Ordering::Relaxed);
+        } else if name == WAIT_SPAN
             && let Some(ready) = entry.ready_ms
         {
             end_ms = end_ms.min(ready);
         }
-        if name == STATUS_PATCH_SPAN
-            && entry.ready_ms.is_none()
-            && rec.fields.get("ready").map(String::as_str) == Some("true")
-            && rec.fields.get("outcome").map(String::as_str) == Some("ok")
-        {
-            entry.ready_ms = Some(end_ms);
+        if entry.steps.len() >= MAX_STEPS {
+            entry.dropped_steps = entry.dropped_steps.saturating_add(1);
+            return;
         }
-        entry.steps.push(Step {
-            name: name.to_owned(),
+        #[allow(clippy::cast_possible_truncation)] // milliseconds: f32 is plenty
+        entry.steps.push(Kept {
+            name,
             fields: rec
                 .fields
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), v.clone()))
+                .into_iter()
+                .map(|(k, v)| (k, v.into_boxed_str()))
                 .collect(),
-            start_ms,
-            duration_ms: end_ms - start_ms,
+            start_ms: start_ms as f32,
+            duration_ms: (end_ms - start_ms) as f32,
             depth: rec.depth,
         });
     }
@@ -240,30 +290,31 @@ impl Timelines {
     /// The timeline of the pod `namespace/name` seen last.
     #[must_use]
     pub fn get(&self, namespace: &str, name: &str) -> Option<PodTimeline> {
-        let state = self.lock();
-        state
-            .order
-            .iter()
-            .rev()
-            .find_map(|uid| {
+        let found = {
+            let state = self.lock();
+            state.order.iter().rev().find_map(|uid| {
                 state
                     .pods
                     .get(uid)
-                    .filter(|e| e.namespace == namespace && e.name == name)
-                    .map(|e| (uid, e))
+                    .filter(|e| &*e.namespace == namespace && &*e.name == name)
+                    .map(|e| (uid.clone(), e.clone()))
             })
-            .map(|(uid, e)| e.timeline(uid))
+        };
+        found.map(|(uid, e)| e.timeline(&uid))
     }
 
     /// Every timeline kept, oldest first.
     #[must_use]
     pub fn all(&self) -> Vec<PodTimeline> {
-        let state = self.lock();
-        state
-            .order
-            .iter()
-            .filter_map(|uid| state.pods.get(uid).map(|e| e.timeline(uid)))
-            .collect()
+        let kept: Vec<(Arc<str>, Entry)> = {
+            let state = self.lock();
+            state
+                .order
+                .iter()
+                .filter_map(|uid| state.pods.get(uid).map(|e| (uid.clone(), e.clone())))
+                .collect()
+        };
+        kept.into_iter().map(|(uid, e)| e.timeline(&uid)).collect()
     }
 }
 
@@ -279,19 +330,24 @@ impl std::fmt::Debug for Timelines {
 struct Rec {
     uid: Arc<str>,
     /// Fields other than the pod's UID and name.
-    fields: BTreeMap<&'static str, String>,
+    fields: Vec<(&'static str, String)>,
     start: Instant,
     depth: u16,
     /// False for the pod's root span, which is not a step.
     step: bool,
+    /// The pod's timeline is complete: its later spans are not recorded.
+    done: Arc<AtomicBool>,
 }
+
+/// The longest field value kept (an error text can be long).
+const MAX_VALUE: usize = 200;
 
 /// The fields of a span.
 #[derive(Default)]
 struct Fields {
     pod_uid: Option<String>,
     pod: Option<String>,
-    others: BTreeMap<&'static str, String>,
+    others: Vec<(&'static str, String)>,
 }
 
 impl Visit for Fields {
@@ -304,7 +360,15 @@ impl Visit for Fields {
             "pod_uid" => self.pod_uid = Some(value.to_owned()),
             "pod" => self.pod = Some(value.to_owned()),
             name => {
-                self.others.insert(name, value.to_owned());
+                let mut end = value.len().min(MAX_VALUE);
+                while !value.is_char_boundary(end) {
+                    end -= 1;
+                }
+                let value = value[..end].to_owned();
+                match self.others.iter_mut().find(|(k, _)| *k == name) {
+                    Some(slot) => slot.1 = value,
+                    None => self.others.push((name, value)),
+                }
             }
         }
     }
@@ -332,20 +396,34 @@ where
         let mut fields = Fields::default();
         attrs.record(&mut fields);
         let parent = span.parent().and_then(|p| {
-            p.extensions()
-                .get::<Rec>()
-                .map(|r| (r.uid.clone(), if r.step { r.depth + 1 } else { 0 }))
+            p.extensions().get::<Rec>().map(|r| {
+                let depth = if r.step { r.depth + 1 } else { 0 };
+                (r.uid.clone(), depth, r.done.clone())
+            })
         });
-        let (uid, depth): (Arc<str>, u16) = match (fields.pod_uid, parent) {
-            (Some(uid), parent) => (uid.into(), parent.map_or(0, |(_, depth)| depth)),
-            (None, Some(parent)) => parent,
-            (None, None) => return,
-        };
         let start = Instant::now();
         let step = span.name() != POD_SPAN;
-        if !step {
-            self.timelines
-                .seen(&uid, fields.pod.as_deref().unwrap_or_default(), start);
+        let (uid, depth, done): (Arc<str>, u16, Arc<AtomicBool>) = match (fields.pod_uid, parent) {
+            (_, Some((uid, depth, done))) => (uid, depth, done),
+            (Some(uid), None) => {
+                let uid: Arc<str> = uid.into();
+                let done = if step {
+                    // A step of its own (a status patch, a CNI ADD, a probe): only while
+                    // the pod's start-up is still being recorded.
+                    match self.timelines.recording(&uid) {
+                        Some(done) => done,
+                        None => return,
+                    }
+                } else {
+                    self.timelines
+                        .seen(&uid, fields.pod.as_deref().unwrap_or_default(), start)
+                };
+                (uid, 0, done)
+            }
+            (None, None) => return,
+        };
+        if done.load(Ordering::Relaxed) {
+            return;
         }
         span.extensions_mut().insert(Rec {
             uid,
@@ -353,6 +431,7 @@ where
             start,
             depth,
             step,
+            done,
         });
     }
 
@@ -362,9 +441,12 @@ where
         let Some(rec) = extensions.get_mut::<Rec>() else {
             return;
         };
-        let mut fields = Fields::default();
+        let mut fields = Fields {
+            others: std::mem::take(&mut rec.fields),
+            ..Fields::default()
+        };
         values.record(&mut fields);
-        rec.fields.append(&mut fields.others);
+        rec.fields = fields.others;
     }
 
     fn on_close(&self, id: Id, ctx: Context<'_, S>) {
@@ -373,8 +455,9 @@ where
             return;
         };
         if rec.step {
+            let uid = rec.uid.clone();
             self.timelines
-                .record(&rec.uid, span.name(), &rec, Instant::now());
+                .record(&uid, span.name(), rec, Instant::now());
         }
     }
 }
@@ -466,9 +549,13 @@ mod tests {
         let cri = &t.steps[2];
         assert!(cri.start_ms >= sync.start_ms && cri.end_ms() <= sync.end_ms());
         let last = t.steps.last().expect("steps");
-        assert_eq!(t.ready_ms, Some(last.end_ms()));
+        let ready = t.ready_ms.expect("Ready acknowledged");
+        assert!((ready - last.end_ms()).abs() < 0.01, "{ready} vs {last:?}");
         let wait = &t.steps[t.steps.len() - 2];
-        assert_eq!(wait.end_ms(), last.end_ms(), "cut at Ready: {wait:?}");
+        assert!(
+            (wait.end_ms() - ready).abs() < 0.01,
+            "cut at Ready: {wait:?}"
+        );
         assert!(timelines.get("ns", "other").is_none());
     }
 
@@ -483,13 +570,20 @@ mod tests {
             for _ in 0..MAX_STEPS + 5 {
                 drop(tracing::info_span!(parent: &pod, "probe"));
             }
+            // A full timeline still learns that the pod became Ready, and stops there.
+            let long = "x".repeat(1000);
+            drop(
+                tracing::info_span!("status_patch", pod_uid = "many", ready = true, outcome = "ok", error = %long),
+            );
+            drop(tracing::info_span!(parent: &pod, "sync_pod"));
         });
         let all = timelines.all();
         assert_eq!(all.len(), MAX_PODS);
         assert_eq!(all[0].name, "p4", "the oldest went first");
         let many = timelines.get("ns", "many").expect("kept");
         assert_eq!(many.steps.len(), MAX_STEPS);
-        assert_eq!(many.dropped_steps, 5);
+        assert_eq!(many.dropped_steps, 6, "the Ready patch counted, not kept");
+        assert!(many.ready_ms.is_some());
         assert!(timelines.get("ns", "p0").is_none());
     }
 

@@ -89,13 +89,30 @@ pub async fn ask_agent<T: serde::de::DeserializeOwned>(
     root_dir: &std::path::Path,
     path: &str,
 ) -> Result<T, InspectError> {
-    use http_body_util::BodyExt;
     let socket = crate::server::debug::socket_path(root_dir);
+    tokio::time::timeout(AGENT_TIMEOUT, ask(&socket, path))
+        .await
+        .unwrap_or_else(|_| {
+            Err(InspectError::Agent {
+                socket,
+                reason: format!("no answer within {AGENT_TIMEOUT:?}"),
+            })
+        })
+}
+
+/// How long the agent may take to answer.
+const AGENT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+async fn ask<T: serde::de::DeserializeOwned>(
+    socket: &std::path::Path,
+    path: &str,
+) -> Result<T, InspectError> {
+    use http_body_util::BodyExt;
     let agent = |reason: String| InspectError::Agent {
-        socket: socket.clone(),
+        socket: socket.to_owned(),
         reason,
     };
-    let stream = tokio::net::UnixStream::connect(&socket)
+    let stream = tokio::net::UnixStream::connect(socket)
         .await
         .map_err(|e| agent(e.to_string()))?;
     let (mut sender, connection) =

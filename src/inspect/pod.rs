@@ -159,7 +159,7 @@ pub async fn inspect<C: Cri>(
     match info.pid {
         Some(pid) => match blocking({
             let proc = at.proc.clone();
-            move || proc.namespaces(pid)
+            move || proc.namespaces_vs_host(pid)
         })
         .await
         {
@@ -378,7 +378,12 @@ async fn containers<C: Cri>(
 /// The kinds a container shares with the pause process, and those it has of its own.
 fn shared_with(pause: &[NamespaceView], own: &[NamespaceView]) -> (Vec<String>, Vec<String>) {
     own.iter()
-        .map(|ns| (ns.kind.clone(), pause.iter().any(|p| p == ns)))
+        .map(|ns| {
+            let same = pause
+                .iter()
+                .any(|p| p.kind == ns.kind && p.inode == ns.inode);
+            (ns.kind.clone(), same)
+        })
         .fold(
             (Vec::new(), Vec::new()),
             |(mut shared, mut mine), (kind, same)| {
@@ -442,6 +447,7 @@ mod tests {
         let ns = |kind: &str, inode| NamespaceView {
             kind: kind.into(),
             inode,
+            host: false,
         };
         let pause = [ns("net", 1), ns("ipc", 2), ns("uts", 3), ns("pid", 4)];
         let own = [

@@ -47,6 +47,7 @@ impl ProcFs {
                         found.push(NamespaceView {
                             kind: kind.to_owned(),
                             inode,
+                            host: false,
                         });
                     }
                 }
@@ -56,6 +57,21 @@ impl ProcFs {
             }
         }
         Ok(found)
+    }
+
+    /// The namespaces of `pid`, each marked when it is the host's (PID 1's). Blocking.
+    ///
+    /// # Errors
+    /// As [`namespaces`](Self::namespaces).
+    pub fn namespaces_vs_host(&self, pid: u32) -> std::io::Result<Vec<NamespaceView>> {
+        let host = self.namespaces(1).unwrap_or_default();
+        let mut own = self.namespaces(pid)?;
+        for ns in &mut own {
+            ns.host = host
+                .iter()
+                .any(|h| h.kind == ns.kind && h.inode == ns.inode);
+        }
+        Ok(own)
     }
 
     /// The cgroup of `pid`: the unified hierarchy's path on cgroup v2, else the memory
@@ -110,11 +126,13 @@ mod tests {
             [
                 NamespaceView {
                     kind: "net".into(),
-                    inode: 4_026_532_100
+                    inode: 4_026_532_100,
+                    host: false
                 },
                 NamespaceView {
                     kind: "pid".into(),
-                    inode: 4_026_531_836
+                    inode: 4_026_531_836,
+                    host: false
                 },
             ]
         );
@@ -123,6 +141,18 @@ mod tests {
             Some("/kubepods/burstable/podu1/abc")
         );
         assert!(proc.namespaces(43).is_err(), "a process that is gone");
+        let init = dir.join("1/ns");
+        std::fs::create_dir_all(&init).unwrap();
+        std::os::unix::fs::symlink("net:[4026531992]", init.join("net")).unwrap();
+        std::os::unix::fs::symlink("pid:[4026531836]", init.join("pid")).unwrap();
+        let marked = proc.namespaces_vs_host(42).unwrap();
+        assert_eq!(
+            marked
+                .iter()
+                .map(|n| (n.kind.as_str(), n.host))
+                .collect::<Vec<_>>(),
+            [("net", false), ("pid", true)]
+        );
         assert_eq!(proc.cgroup(43), None);
         std::fs::remove_dir_all(&dir).unwrap();
     }

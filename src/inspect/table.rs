@@ -115,7 +115,11 @@ pub fn pod(view: &PodView) -> String {
             .collect();
         rows.push(vec![
             ns.kind.clone(),
-            ns.inode.to_string(),
+            if ns.host {
+                format!("{} (the host's)", ns.inode)
+            } else {
+                ns.inode.to_string()
+            },
             if sharing.is_empty() {
                 "-".into()
             } else {

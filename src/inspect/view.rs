@@ -118,6 +118,9 @@ pub struct NamespaceView {
     pub kind: String,
     /// Its inode number (`/proc/<pid>/ns/<kind>` links to `<kind>:[<inode>]`).
     pub inode: u64,
+    /// Whether it is the host's own (that of PID 1): not isolated at all.
+    #[serde(default)]
+    pub host: bool,
 }
 
 /// The pod's network namespace, its veth pair and its IP.

@@ -142,11 +142,12 @@ pub(super) async fn run<C: Cri>(
     let check = Check::of(&probe, &target.container, &target.pod_ip);
     let counters = metrics::register(&target.pod, &target.container.name, kind);
     let started = start_instant(target.started_at_ns);
-    // From the worker's start until the probe first passes: the wait and each run are
-    // steps of the pod's start-up timeline.
-    let mut until_passed = Some(
-        tracing::info_span!("probe", pod_uid = %target.pod.uid, container = %target.container.name, kind = kind.as_str()),
-    );
+    // From the worker's start until a readiness or startup probe first passes: the wait
+    // and each run are steps of the pod's start-up timeline (a liveness probe does not
+    // hold Ready back).
+    let mut until_passed = (kind != ProbeKind::Liveness).then(|| {
+        tracing::info_span!("probe", pod_uid = %target.pod.uid, container = %target.container.name, kind = kind.as_str())
+    });
     shared.set(&target, kind, kind.initial());
     tokio::time::sleep(jitter(&target.container_id, timing.period)).await;
     let mut ticker = tokio::time::interval(timing.period);

@@ -200,6 +200,16 @@ fn json(value: &impl serde::Serialize) -> Response<Body> {
     }
 }
 
+/// A refusal closes its connection: a client that is not let in holds none of the
+/// [`MAX_CONNECTIONS`] slots beyond its one answer.
+fn refused(mut response: Response<Body>) -> Response<Body> {
+    response.headers_mut().insert(
+        hyper::header::CONNECTION,
+        hyper::header::HeaderValue::from_static("close"),
+    );
+    response
+}
+
 /// The route of a path, as a metrics label.
 fn route(path: &str) -> &'static str {
     let first = path.trim_start_matches('/').split('/').next().unwrap_or("");
@@ -298,13 +308,13 @@ impl Server {
             Ok(user) => user,
             Err(e) => {
                 tracing::debug!(%path, error = %e, "request not authenticated");
-                return text(StatusCode::UNAUTHORIZED, "Unauthorized");
+                return refused(text(StatusCode::UNAUTHORIZED, "Unauthorized"));
             }
         };
         if let Err(e) = self.auth.authorize(&user, &method, &path).await {
             tracing::debug!(%path, user = %user.name, error = %e, "request not authorized");
             let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::FORBIDDEN);
-            return text(status, e.to_string());
+            return refused(text(status, e.to_string()));
         }
         tracing::debug!(%method, %path, user = %user.name, "request");
         self.route(req).await

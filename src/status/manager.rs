@@ -49,6 +49,8 @@ struct Entry {
     id: PodId,
     status: PodStatus,
     sent: Option<PodStatus>,
+    /// The back-off of this pod's failed patches; none while they succeed.
+    retry: Option<crate::backoff::Backoff>,
 }
 
 #[derive(Debug, Default)]
@@ -105,6 +107,7 @@ impl StatusManager {
             id: id.clone(),
             status: PodStatus::default(),
             sent: None,
+            retry: None,
         });
         if entry.sent.as_ref() == Some(&status) {
             entry.status = status;
@@ -201,23 +204,41 @@ impl StatusManager {
         }
     }
 
-    /// Sends dirty statuses until the process ends. Failed ones are retried with back-off
-    /// while the API fails (every status waits, new ones too), from scratch once a round
-    /// succeeds.
+    /// Sends dirty statuses until the process ends. A pod whose patch failed is retried
+    /// with its own back-off; the others' statuses go out at once meanwhile.
     pub async fn run(self) {
-        let mut backoff = crate::backoff::Backoff::new(self.retry.0, self.retry.1);
         loop {
-            self.notify.notified().await;
+            let next_retry = self
+                .lock()
+                .pods
+                .values()
+                .filter_map(|e| e.retry.as_ref().and_then(crate::backoff::Backoff::until))
+                .min();
+            match next_retry {
+                Some(at) => {
+                    tokio::select! {
+                        () = self.notify.notified() => {}
+                        () = tokio::time::sleep_until(at.into()) => {}
+                    }
+                }
+                None => self.notify.notified().await,
+            }
+            let now = std::time::Instant::now();
             let batch: Vec<(PodId, PodStatus)> = {
                 let mut state = self.lock();
-                let dirty: Vec<String> = state.dirty.drain().collect();
-                dirty
-                    .into_iter()
+                let State { pods, dirty } = &mut *state;
+                let due: Vec<String> = dirty
+                    .iter()
+                    .filter(|uid| {
+                        pods.get(*uid)
+                            .is_none_or(|e| !e.retry.as_ref().is_some_and(|r| r.waiting(now)))
+                    })
+                    .cloned()
+                    .collect();
+                due.into_iter()
                     .filter_map(|uid| {
-                        state
-                            .pods
-                            .get(&uid)
-                            .map(|e| (e.id.clone(), e.status.clone()))
+                        dirty.remove(&uid);
+                        pods.get(&uid).map(|e| (e.id.clone(), e.status.clone()))
                     })
                     .collect()
             };
@@ -230,38 +251,36 @@ impl StatusManager {
                 .buffer_unordered(PARALLEL_PATCHES)
                 .collect()
                 .await;
-            let mut retry = false;
             for (id, status, outcome) in results {
+                let mut state = self.lock();
                 match outcome {
                     Ok(()) => {
-                        if let Some(e) = self.lock().pods.get_mut(&id.uid) {
+                        if let Some(e) = state.pods.get_mut(&id.uid) {
                             e.sent = Some(status);
+                            e.retry = None;
                         }
                     }
                     Err(StatusError::Patch { source, .. }) if is_gone(&source) => {
                         tracing::debug!(pod = %id, "pod gone before its status was sent");
                     }
                     Err(e) => {
-                        tracing::warn!(error = %e, "status update failed; will retry");
-                        self.lock().dirty.insert(id.uid.clone());
-                        retry = true;
+                        let (initial, max) = self.retry;
+                        let wait = state.pods.get_mut(&id.uid).map(|entry| {
+                            entry
+                                .retry
+                                .get_or_insert_with(|| crate::backoff::Backoff::new(initial, max))
+                                .failed(now)
+                        });
+                        tracing::warn!(error = %e, retry_in = ?wait, "status update failed; will retry");
+                        state.dirty.insert(id.uid.clone());
                     }
                 }
-            }
-            if retry {
-                tokio::time::sleep(backoff.failed(std::time::Instant::now())).await;
-                self.notify.notify_one();
-            } else {
-                backoff = crate::backoff::Backoff::new(self.retry.0, self.retry.1);
             }
         }
     }
 }
 
-/// The strategic merge patch of a pod's status. The uid is a precondition: a pod
-/// re-created under the same name is never given the old pod's status. `podIPs` merges
-/// by IP, so a new sandbox's IP would be added to the old one (which the API refuses):
-/// the list is replaced instead.
+/// Whether a status says the pod is Ready.
 fn is_ready(status: &PodStatus) -> bool {
     status
         .conditions
@@ -270,6 +289,10 @@ fn is_ready(status: &PodStatus) -> bool {
         .any(|c| c.type_ == "Ready" && c.status == "True")
 }
 
+/// The strategic merge patch of a pod's status. The uid is a precondition: a pod
+/// re-created under the same name is never given the old pod's status. `podIPs` merges
+/// by IP, so a new sandbox's IP would be added to the old one (which the API refuses):
+/// the list is replaced instead.
 fn patch_body(id: &PodId, status: &PodStatus) -> serde_json::Value {
     let mut body = serde_json::json!({ "metadata": { "uid": id.uid }, "status": status });
     if let Some(serde_json::Value::Array(ips)) = body["status"].get_mut("podIPs") {
@@ -285,7 +308,8 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     /// An API server answering every request with `fail_first` errors (500), then with
-    /// the patched pod; returns its address and request count.
+    /// the patched pod (always an error for the pod named `bad`); returns its address and
+    /// request count.
     async fn api_server(fail_first: usize) -> (std::net::SocketAddr, Arc<AtomicUsize>) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -294,9 +318,10 @@ mod tests {
         tokio::spawn(async move {
             while let Ok((conn, _)) = listener.accept().await {
                 let seen = seen.clone();
-                let service = hyper::service::service_fn(move |_req| {
+                let service = hyper::service::service_fn(move |req: hyper::Request<_>| {
                     let n = seen.fetch_add(1, Ordering::SeqCst);
-                    let (code, body) = if n < fail_first {
+                    let bad = req.uri().path().contains("/pods/bad/");
+                    let (code, body) = if n < fail_first || bad {
                         (
                             500,
                             serde_json::json!({"kind": "Status", "apiVersion": "v1",
@@ -355,6 +380,34 @@ mod tests {
         let attempts = requests.load(Ordering::SeqCst);
         assert!((4..=8).contains(&attempts), "{attempts} attempts");
         assert!(manager.lock().pods["u"].sent.is_none(), "never sent");
+    }
+
+    /// One pod whose patches keep failing does not hold back the others' statuses.
+    #[tokio::test]
+    async fn a_failing_pod_does_not_delay_the_others() {
+        let (manager, _) = sending_one_status(0).await;
+        let bad = PodId {
+            namespace: "default".into(),
+            name: "bad".into(),
+            uid: "b".into(),
+        };
+        manager.set_pod_status(&bad, PodStatus::default());
+        // Let the bad pod fail a few times: its back-off now exceeds 100 ms.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let good = PodId {
+            namespace: "default".into(),
+            name: "good".into(),
+            uid: "g".into(),
+        };
+        manager.set_pod_status(&good, PodStatus::default());
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        let state = manager.lock();
+        assert!(
+            state.pods["g"].sent.is_some(),
+            "the good pod's status went out at once"
+        );
+        assert!(state.pods["b"].sent.is_none());
+        assert!(state.pods["b"].retry.is_some());
     }
 
     #[tokio::test]
