@@ -32,6 +32,9 @@ pub const STATUS_PATCH_SPAN: &str = "status_patch";
 pub const WAIT_SPAN: &str = "wait";
 /// How many pods' timelines are kept: the oldest goes first.
 const MAX_PODS: usize = 256;
+/// How many timelines of pods whose worker ended (gone from the node) are kept: the
+/// oldest goes first.
+const MAX_GONE: usize = 32;
 /// How many steps a timeline keeps; later ones are counted, not kept.
 const MAX_STEPS: usize = 400;
 
@@ -108,11 +111,15 @@ fn is_zero(n: &u32) -> bool {
     *n == 0
 }
 
+/// Separates a kept step's fields (`key=value`), a character no field holds.
+const FIELD_SEPARATOR: char = '\u{1f}';
+
 /// A step as kept: small, since every pod of the node keeps up to [`MAX_STEPS`].
 #[derive(Clone)]
 struct Kept {
     name: &'static str,
-    fields: Box<[(&'static str, Box<str>)]>,
+    /// `key=value` pairs, separated by [`FIELD_SEPARATOR`]; none: no fields.
+    fields: Option<Box<str>>,
     start_ms: f32,
     duration_ms: f32,
     depth: u16,
@@ -125,7 +132,9 @@ impl Kept {
             fields: self
                 .fields
                 .iter()
-                .map(|(k, v)| ((*k).to_owned(), v.to_string()))
+                .flat_map(|f| f.split(FIELD_SEPARATOR))
+                .filter_map(|kv| kv.split_once('='))
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
                 .collect(),
             start_ms: f64::from(self.start_ms),
             duration_ms: f64::from(self.duration_ms),
@@ -179,6 +188,8 @@ struct State {
     pods: HashMap<Arc<str>, Entry>,
     /// The UIDs in the order they were first seen.
     order: VecDeque<Arc<str>>,
+    /// The UIDs of pods gone from the node, in the order they went.
+    gone: VecDeque<Arc<str>>,
 }
 
 /// The timelines of the most recent pods.
@@ -211,6 +222,7 @@ impl Timelines {
             && let Some(oldest) = state.order.pop_front()
         {
             state.pods.remove(&oldest);
+            state.gone.retain(|u| *u != oldest);
         }
         let (namespace, name) = pod.split_once('/').unwrap_or(("", pod));
         let done = Arc::new(AtomicBool::new(false));
@@ -264,6 +276,7 @@ impl Timelines {
         {
             entry.ready_ms = Some(end_ms);
             entry.done.store(true, Ordering::Relaxed);
+            entry.steps.shrink_to_fit();
         } else if name == WAIT_SPAN
             && let Some(ready) = entry.ready_ms
         {
@@ -276,11 +289,14 @@ impl Timelines {
         #[allow(clippy::cast_possible_truncation)] // milliseconds: f32 is plenty
         entry.steps.push(Kept {
             name,
-            fields: rec
-                .fields
-                .into_iter()
-                .map(|(k, v)| (k, v.into_boxed_str()))
-                .collect(),
+            fields: (!rec.fields.is_empty()).then(|| {
+                let pairs: Vec<String> = rec
+                    .fields
+                    .iter()
+                    .map(|(k, v)| format!("{k}={}", v.replace(FIELD_SEPARATOR, " ")))
+                    .collect();
+                pairs.join(&FIELD_SEPARATOR.to_string()).into_boxed_str()
+            }),
             start_ms: start_ms as f32,
             duration_ms: (end_ms - start_ms) as f32,
             depth: rec.depth,
@@ -301,6 +317,24 @@ impl Timelines {
             })
         };
         found.map(|(uid, e)| e.timeline(&uid))
+    }
+
+    /// A pod's worker ended: its timeline is kept among the [`MAX_GONE`] last gone.
+    fn gone(&self, uid: &str) {
+        let mut state = self.lock();
+        let State { pods, order, gone } = &mut *state;
+        if !pods.contains_key(uid) || gone.iter().any(|g| &**g == uid) {
+            return;
+        }
+        if let Some(kept) = order.iter().find(|u| &***u == uid) {
+            gone.push_back(kept.clone());
+        }
+        while gone.len() > MAX_GONE {
+            if let Some(oldest) = gone.pop_front() {
+                pods.remove(&oldest);
+                order.retain(|u| *u != oldest);
+            }
+        }
     }
 
     /// Every timeline kept, oldest first.
@@ -454,10 +488,13 @@ where
         let Some(rec) = span.extensions_mut().remove::<Rec>() else {
             return;
         };
+        let uid = rec.uid.clone();
         if rec.step {
-            let uid = rec.uid.clone();
             self.timelines
                 .record(&uid, span.name(), rec, Instant::now());
+        } else {
+            // The pod's root span ends with its worker: the pod is gone from the node.
+            self.timelines.gone(&uid);
         }
     }
 }
@@ -562,9 +599,11 @@ mod tests {
     #[test]
     fn kept_pods_and_steps_are_bounded() {
         let timelines = recorded(|| async {
+            // Pods still on the node (their workers' root spans open).
+            let mut live = Vec::new();
             for i in 0..MAX_PODS + 3 {
                 let uid = format!("u{i}");
-                let _pod = tracing::info_span!("pod", pod_uid = %uid, pod = %format!("ns/p{i}"));
+                live.push(tracing::info_span!("pod", pod_uid = %uid, pod = %format!("ns/p{i}")));
             }
             let pod = tracing::info_span!("pod", pod_uid = "many", pod = "ns/many");
             for _ in 0..MAX_STEPS + 5 {
@@ -576,6 +615,8 @@ mod tests {
                 tracing::info_span!("status_patch", pod_uid = "many", ready = true, outcome = "ok", error = %long),
             );
             drop(tracing::info_span!(parent: &pod, "sync_pod"));
+            // Still on the node when the store is read.
+            std::mem::forget((live, pod));
         });
         let all = timelines.all();
         assert_eq!(all.len(), MAX_PODS);
@@ -585,6 +626,31 @@ mod tests {
         assert_eq!(many.dropped_steps, 6, "the Ready patch counted, not kept");
         assert!(many.ready_ms.is_some());
         assert!(timelines.get("ns", "p0").is_none());
+    }
+
+    #[test]
+    fn only_the_last_gone_pods_are_kept() {
+        let timelines = recorded(|| async {
+            let live = tracing::info_span!("pod", pod_uid = "live", pod = "ns/live");
+            for i in 0..MAX_GONE + 5 {
+                let uid = format!("g{i}");
+                let gone = tracing::info_span!("pod", pod_uid = %uid, pod = %format!("ns/g{i}"));
+                drop(tracing::info_span!(parent: &gone, "sync_pod"));
+            }
+            drop(live);
+        });
+        let all = timelines.all();
+        assert_eq!(
+            all.len(),
+            MAX_GONE,
+            "the live pod went last, then counts as gone"
+        );
+        assert!(timelines.get("ns", "live").is_some());
+        assert!(
+            timelines.get("ns", "g5").is_none(),
+            "the oldest gone went first"
+        );
+        assert!(timelines.get("ns", &format!("g{}", MAX_GONE + 4)).is_some());
     }
 
     #[test]

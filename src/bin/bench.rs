@@ -406,6 +406,20 @@ async fn bound_pods(
         .await?;
         Ok(())
     };
+    // Once all are Ready, and before they go (the agent keeps only a few gone pods'
+    // timelines), the agent's timelines of the run's pods.
+    let hold = async {
+        let held = hold.await?;
+        let startup = match &args.agent_root_dir {
+            Some(root) => {
+                let timelines: Vec<PodTimeline> =
+                    rkubelet::inspect::ask_agent(root, "/debug/timeline").await?;
+                startup_breakdown(&timelines, &run)
+            }
+            None => Value::Null,
+        };
+        Ok(json!({ "held": held, "startup": startup }))
+    };
     let mut timings = time_pods(
         pods.clone(),
         &run,
@@ -416,12 +430,8 @@ async fn bound_pods(
         delete,
     )
     .await?;
-    // The agent keeps its recent pods' timelines after they are gone.
-    if let Some(root) = &args.agent_root_dir {
-        let timelines: Vec<PodTimeline> =
-            rkubelet::inspect::ask_agent(root, "/debug/timeline").await?;
-        timings.startup = startup_breakdown(&timelines, &run);
-    }
+    timings.startup = timings.held["startup"].take();
+    timings.held = timings.held["held"].take();
     Ok(timings)
 }
 
