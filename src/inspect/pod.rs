@@ -159,7 +159,7 @@ pub async fn inspect<C: Cri>(
     match info.pid {
         Some(pid) => match blocking({
             let proc = at.proc.clone();
-            move || proc.namespaces_vs_host(pid)
+            move || proc.namespaces_vs_host(pid, std::process::id())
         })
         .await
         {

@@ -59,12 +59,18 @@ impl ProcFs {
         Ok(found)
     }
 
-    /// The namespaces of `pid`, each marked when it is the host's (PID 1's). Blocking.
+    /// The namespaces of `pid`, each marked when it is the host's: that of `host_pid`, a
+    /// process on the host (`inspect` itself; PID 1's may not be readable in a
+    /// container). Blocking.
     ///
     /// # Errors
     /// As [`namespaces`](Self::namespaces).
-    pub fn namespaces_vs_host(&self, pid: u32) -> std::io::Result<Vec<NamespaceView>> {
-        let host = self.namespaces(1).unwrap_or_default();
+    pub fn namespaces_vs_host(
+        &self,
+        pid: u32,
+        host_pid: u32,
+    ) -> std::io::Result<Vec<NamespaceView>> {
+        let host = self.namespaces(host_pid).unwrap_or_default();
         let mut own = self.namespaces(pid)?;
         for ns in &mut own {
             ns.host = host
@@ -145,7 +151,7 @@ mod tests {
         std::fs::create_dir_all(&init).unwrap();
         std::os::unix::fs::symlink("net:[4026531992]", init.join("net")).unwrap();
         std::os::unix::fs::symlink("pid:[4026531836]", init.join("pid")).unwrap();
-        let marked = proc.namespaces_vs_host(42).unwrap();
+        let marked = proc.namespaces_vs_host(42, 1).unwrap();
         assert_eq!(
             marked
                 .iter()

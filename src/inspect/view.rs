@@ -118,7 +118,7 @@ pub struct NamespaceView {
     pub kind: String,
     /// Its inode number (`/proc/<pid>/ns/<kind>` links to `<kind>:[<inode>]`).
     pub inode: u64,
-    /// Whether it is the host's own (that of PID 1): not isolated at all.
+    /// Whether it is the host's own (that of `inspect` itself): not isolated at all.
     #[serde(default)]
     pub host: bool,
 }
