@@ -300,9 +300,9 @@ set y2range [0:*]
 set key top left
 set grid
 set arrow from $WARMUP, graph 0 to $WARMUP, graph 1 nohead dashtype 2
-plot "$OUT/soak.csv" using 1:(\$2/1024) every ::1 with lines lw 2 title "RSS (MiB)", \
-     "" using 1:3 every ::1 axes x1y2 with lines title "open fds", \
-     "" using 1:4 every ::1 axes x1y2 with lines title "tasks"
+plot "$OUT/soak.csv" using 1:(\$2/1024) with lines lw 2 title "RSS (MiB)", \
+     "" using 1:3 axes x1y2 with lines title "open fds", \
+     "" using 1:4 axes x1y2 with lines title "tasks"
 EOF
 if command -v gnuplot >/dev/null; then
   gnuplot "$OUT/soak.gp"
