@@ -4,7 +4,8 @@
 //! Recording never blocks a pod worker: events go into a bounded channel (the kubelet's
 //! broadcaster queues at most 1,000; more are dropped), and one task publishes them as
 //! core/v1 Events, counting repeats as the kubelet's event correlator does (which remembers
-//! at most 4,096 events).
+//! at most 4,096 events). A pod that is gone can have no repeats: what is remembered of its
+//! events is dropped then, so that churning pods do not keep the memory full.
 
 use std::collections::HashMap;
 use std::time::Instant;
@@ -68,13 +69,45 @@ pub const MAX_QUEUED_EVENTS: usize = 1000;
 /// correlator cache, `maxLruCacheEntries`).
 const MAX_REMEMBERED_EVENTS: usize = 4096;
 
+/// What goes through a recorder's queue: an event, or word that a pod (by UID) is gone,
+/// after its last events.
+#[derive(Debug)]
+enum Message {
+    Event(PodEvent),
+    PodGone(String),
+}
+
 /// The receiving end of a recorder's queue.
-pub type EventReceiver = mpsc::Receiver<PodEvent>;
+#[derive(Debug)]
+pub struct EventReceiver(mpsc::Receiver<Message>);
+
+impl EventReceiver {
+    /// The next event, waiting for it; `None` once every recorder is gone.
+    pub async fn recv(&mut self) -> Option<PodEvent> {
+        loop {
+            if let Message::Event(ev) = self.0.recv().await? {
+                return Some(ev);
+            }
+        }
+    }
+
+    /// The next event if one is queued.
+    ///
+    /// # Errors
+    /// The queue holds no event (or every recorder is gone).
+    pub fn try_recv(&mut self) -> Result<PodEvent, mpsc::error::TryRecvError> {
+        loop {
+            if let Message::Event(ev) = self.0.try_recv()? {
+                return Ok(ev);
+            }
+        }
+    }
+}
 
 /// Where pod workers send events. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct EventRecorder {
-    tx: mpsc::Sender<PodEvent>,
+    tx: mpsc::Sender<Message>,
 }
 
 impl EventRecorder {
@@ -83,7 +116,19 @@ impl EventRecorder {
     #[must_use]
     pub fn channel() -> (Self, EventReceiver) {
         let (tx, rx) = mpsc::channel(MAX_QUEUED_EVENTS);
-        (Self { tx }, rx)
+        (Self { tx }, EventReceiver(rx))
+    }
+
+    /// The pod `uid` is gone and records no more events: the publisher forgets what it
+    /// remembers of its events for aggregation. Queued after the pod's last events; lost
+    /// when the queue is full (the memory stays bounded by its size and age limits then).
+    pub fn pod_gone(&self, uid: &str) {
+        if self.tx.try_send(Message::PodGone(uid.to_owned())).is_err() {
+            tracing::debug!(
+                pod_uid = uid,
+                "event queue full; the pod's events are forgotten later"
+            );
+        }
     }
 
     fn send(
@@ -104,7 +149,9 @@ impl EventRecorder {
             message,
         };
         // The receiver only goes away at shutdown; an event lost then is harmless.
-        if let Err(mpsc::error::TrySendError::Full(event)) = self.tx.try_send(event) {
+        if let Err(mpsc::error::TrySendError::Full(Message::Event(event))) =
+            self.tx.try_send(Message::Event(event))
+        {
             tracing::warn!(pod = %event.pod, reason = event.reason, "event queue full; event dropped");
         }
     }
@@ -160,14 +207,26 @@ fn remember(seen: &mut Seen, event: PodEvent, name: String) {
     seen.insert(event, (name, 1, Instant::now()));
 }
 
+/// Forgets the events of a pod that is gone.
+fn forget_pod(seen: &mut Seen, uid: &str) {
+    seen.retain(|ev, _| ev.pod.uid != uid);
+}
+
 /// Publishes events from the channel as core/v1 Events, like the kubelet's recorder (the
 /// Node authorizer of v1.20 allows nodes only core events). A repeat of the same event
 /// within ten minutes increments the first one's `count` instead of creating another.
 /// Failures are logged, never retried forever: events are best effort.
 pub async fn publish(client: kube::Client, node_name: String, mut rx: EventReceiver) {
     let mut seen: Seen = HashMap::new();
-    while let Some(ev) = rx.recv().await {
+    while let Some(message) = rx.0.recv().await {
         forget_old(&mut seen);
+        let ev = match message {
+            Message::Event(ev) => ev,
+            Message::PodGone(uid) => {
+                forget_pod(&mut seen, &uid);
+                continue;
+            }
+        };
         let api: Api<CoreEvent> = Api::namespaced(client.clone(), &ev.pod.namespace);
         let now = Time(Timestamp::now());
         let result = if let Some((name, count, at)) = seen.get_mut(&ev) {
@@ -248,6 +307,45 @@ mod tests {
         assert_eq!(queued, MAX_QUEUED_EVENTS);
         events.normal(&pod(), None, "Pulled", "room again".into());
         assert_eq!(rx.try_recv().unwrap().message, "room again");
+    }
+
+    /// Churn: every pod that is gone takes what is remembered of its events with it, and
+    /// word of it reaches the publisher after the pod's last events.
+    #[test]
+    fn a_gone_pods_events_are_forgotten() {
+        let mut seen = Seen::new();
+        let event = |uid: &str, i: usize| PodEvent {
+            pod: PodId {
+                uid: uid.into(),
+                ..pod()
+            },
+            field_path: None,
+            warning: false,
+            reason: "Started",
+            message: format!("event {i}"),
+        };
+        for i in 0..3 {
+            remember(&mut seen, event("u1", i), format!("web.{i}"));
+            remember(&mut seen, event("u2", i), format!("web.{i}"));
+        }
+        forget_pod(&mut seen, "u1");
+        assert_eq!(seen.len(), 3);
+        assert!(seen.keys().all(|e| e.pod.uid == "u2"));
+        forget_pod(&mut seen, "u2");
+        assert!(seen.is_empty());
+
+        let (events, mut rx) = EventRecorder::channel();
+        events.normal(&pod(), None, "Killing", "last".into());
+        events.pod_gone("u1");
+        assert!(matches!(rx.0.try_recv(), Ok(Message::Event(e)) if e.message == "last"));
+        assert!(matches!(rx.0.try_recv(), Ok(Message::PodGone(uid)) if uid == "u1"));
+        events.pod_gone("u1");
+        events.normal(&pod(), None, "Pulled", "next".into());
+        assert_eq!(
+            rx.try_recv().unwrap().message,
+            "next",
+            "receivers skip the word"
+        );
     }
 
     #[test]

@@ -139,41 +139,57 @@ impl ImageManager {
             );
             return Err(ImageError::BackOff(image));
         }
+        self.one_at_a_time(&image, async {
+            if let Some(present) = self.present(cri, pod, (container, name), events).await? {
+                return Ok(present);
+            }
+            events.normal(pod, name, "Pulling", format!("Pulling image {image:?}"));
+            let started = Instant::now();
+            match pull_with_secrets(cri, &image, pull_secrets).await {
+                Ok(image_ref) => {
+                    self.lock_backoff().remove(&key);
+                    events.normal(
+                        pod,
+                        name,
+                        "Pulled",
+                        format!(
+                            "Successfully pulled image {image:?} in {:.3}s",
+                            started.elapsed().as_secs_f64()
+                        ),
+                    );
+                    Ok(image_ref)
+                }
+                Err(error) => {
+                    self.lock_backoff()
+                        .entry(key)
+                        .or_insert_with(Backoff::image_pull)
+                        .failed(Instant::now());
+                    let message = format!("Failed to pull image {image:?}: {error}");
+                    events.warning(pod, name, "Failed", message);
+                    Err(ImageError::Pull(error))
+                }
+            }
+        })
+        .await
+    }
+
+    /// Runs `pull` when no other pull of `image` runs; the last waiting pull takes the
+    /// image's gate away (images come and go: a missing image per pod would otherwise keep
+    /// a gate each).
+    async fn one_at_a_time<T>(&self, image: &str, pull: impl Future<Output = T>) -> T {
         let gate = self
             .lock_in_flight()
-            .entry(image.clone())
+            .entry(image.to_owned())
             .or_default()
             .clone();
-        let _turn = gate.lock().await;
-        if let Some(present) = self.present(cri, pod, (container, name), events).await? {
-            return Ok(present);
+        let turn = gate.lock().await;
+        let pulled = pull.await;
+        drop(turn);
+        let mut in_flight = self.lock_in_flight();
+        if Arc::strong_count(&gate) == 2 {
+            in_flight.remove(image);
         }
-        events.normal(pod, name, "Pulling", format!("Pulling image {image:?}"));
-        let started = Instant::now();
-        match pull_with_secrets(cri, &image, pull_secrets).await {
-            Ok(image_ref) => {
-                self.lock_backoff().remove(&key);
-                events.normal(
-                    pod,
-                    name,
-                    "Pulled",
-                    format!(
-                        "Successfully pulled image {image:?} in {:.3}s",
-                        started.elapsed().as_secs_f64()
-                    ),
-                );
-                Ok(image_ref)
-            }
-            Err(error) => {
-                self.lock_backoff()
-                    .entry(key)
-                    .or_insert_with(Backoff::image_pull)
-                    .failed(Instant::now());
-                let message = format!("Failed to pull image {image:?}: {error}");
-                events.warning(pod, name, "Failed", message);
-                Err(ImageError::Pull(error))
-            }
-        }
+        pulled
     }
 
     /// Forgets the back-off state of a pod that is gone.
@@ -462,6 +478,10 @@ mod tests {
             .collect();
         assert_eq!(reasons.iter().filter(|r| **r == "Pulling").count(), 1);
         assert_eq!(reasons.iter().filter(|r| **r == "Pulled").count(), 5);
+        assert!(
+            images.lock_in_flight().is_empty(),
+            "the image's gate goes with its last pull"
+        );
     }
 
     fn pull_secret(name: &str, registry: &str, user: &str, password: &str) -> Secret {
@@ -595,5 +615,9 @@ mod tests {
         assert_eq!(never.reason(), "ErrImageNeverPull");
         images.forget_pod("u");
         assert!(images.lock_backoff().is_empty());
+        assert!(
+            images.lock_in_flight().is_empty(),
+            "no gate per missing image"
+        );
     }
 }

@@ -510,7 +510,7 @@ impl<C: Cri + Clone> Kubelet<C> {
         if !stopped.is_empty() {
             let removed = self
                 .runtime
-                .remove_pod(id, &stopped)
+                .remove_pod(&stopped)
                 .instrument(tracing::info_span!("remove_pod"))
                 .await;
             if let Err(e) = removed {
@@ -535,6 +535,8 @@ impl<C: Cri + Clone> Kubelet<C> {
         self.volumes_set_up.forget(&id.uid);
         self.env.caches().unregister(&id.uid);
         self.prober.remove_pod(id);
+        self.runtime.forget_pod(&id.uid);
+        self.runtime.events().pod_gone(&id.uid);
         tracing::info!("pod terminated and cleaned up");
         Next::Done
     }

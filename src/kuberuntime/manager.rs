@@ -852,11 +852,7 @@ impl<C: Cri> RuntimeManager<C> {
     ///
     /// # Errors
     /// The first failed removal; the caller retries.
-    pub async fn remove_pod(
-        &self,
-        id: &PodId,
-        status: &PodRuntimeStatus,
-    ) -> Result<(), crate::cri::CriError> {
+    pub async fn remove_pod(&self, status: &PodRuntimeStatus) -> Result<(), crate::cri::CriError> {
         let strays = status
             .containers
             .iter()
@@ -873,12 +869,17 @@ impl<C: Cri> RuntimeManager<C> {
             };
             ok_if_not_found(self.cri.remove_pod_sandbox(req).await)?;
         }
-        self.images.forget_pod(&id.uid);
+        Ok(())
+    }
+
+    /// Forgets the back-offs (image pulls, crashed containers) of a pod that is gone,
+    /// whether or not anything of it was left in the runtime to remove.
+    pub fn forget_pod(&self, uid: &str) {
+        self.images.forget_pod(uid);
         self.crash_backoff
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .retain(|(uid, _), _| uid != &id.uid);
-        Ok(())
+            .retain(|(pod, _), _| pod != uid);
     }
 
     /// Garbage: sandboxes older than the newest that are no longer ready, and exited
@@ -1120,6 +1121,30 @@ mod tests {
         }
     }
 
+    /// A pod that is gone leaves no back-off behind, even when nothing of it was left in
+    /// the runtime to remove.
+    #[test]
+    fn a_gone_pods_back_offs_are_forgotten() {
+        let m = manager();
+        let id = pod_id();
+        let other = PodId {
+            uid: "other".into(),
+            ..pod_id()
+        };
+        let c = Container {
+            name: "c".into(),
+            ..Container::default()
+        };
+        assert!(m.crash_backoff_wait(&id, &c).is_none(), "the first restart");
+        assert!(m.crash_backoff_wait(&id, &c).is_some(), "then a back-off");
+        assert!(m.crash_backoff_wait(&other, &c).is_none());
+        m.forget_pod(&id.uid);
+        let left: Vec<_> = m.crash_backoff.lock().unwrap().keys().cloned().collect();
+        assert_eq!(left, [("other".to_owned(), "c".to_owned())]);
+        m.forget_pod("other");
+        assert!(m.crash_backoff.lock().unwrap().is_empty());
+    }
+
     #[tokio::test]
     async fn sandbox_stops_are_bounded_like_pod_starts() {
         let (events, _rx) = EventRecorder::channel();
@@ -1153,7 +1178,7 @@ mod tests {
                 container("stray", "stray", "gone", 0, RunState::Exited),
             ],
         };
-        m.remove_pod(&pod_id(), &status).await.unwrap();
+        m.remove_pod(&status).await.unwrap();
         assert_eq!(
             m.cri().calls(),
             [

@@ -78,3 +78,41 @@ pub fn samples(mut emit: impl FnMut(&[(&str, &str)], u64)) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn uids_sampled() -> Vec<String> {
+        let mut uids = Vec::new();
+        samples(|labels, _| {
+            let uid = labels
+                .iter()
+                .find(|(k, _)| *k == "pod_uid")
+                .map(|(_, v)| *v);
+            uids.extend(uid.map(str::to_owned));
+        });
+        uids
+    }
+
+    /// Each pod's label sets go with the pod: churning pods do not grow the metric.
+    #[test]
+    fn a_gone_pods_label_sets_are_dropped() {
+        let pod = |uid: &str| PodId {
+            uid: uid.into(),
+            namespace: "default".into(),
+            name: "web".into(),
+        };
+        for uid in ["metrics-gone", "metrics-kept"] {
+            for kind in ProbeKind::ALL {
+                register(&pod(uid), "c", kind).count(ProbeResult::Success);
+            }
+        }
+        forget_pod("metrics-gone");
+        let uids = uids_sampled();
+        assert!(!uids.iter().any(|u| u == "metrics-gone"));
+        assert_eq!(uids.iter().filter(|u| *u == "metrics-kept").count(), 3);
+        forget_pod("metrics-kept");
+        assert!(!registry().keys().any(|(u, _, _)| u.starts_with("metrics-")));
+    }
+}

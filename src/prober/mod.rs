@@ -10,6 +10,7 @@ mod run;
 mod worker;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::{Container, Pod, Probe};
@@ -29,6 +30,7 @@ struct WorkerHandle {
     kind: ProbeKind,
     container_id: String,
     task: tokio::task::AbortHandle,
+    stopped: Arc<AtomicBool>,
 }
 
 /// Starts and stops the probe workers of the pods (the kubelet's prober manager).
@@ -109,6 +111,7 @@ impl<C: Cri + Clone> ProberManager<C> {
             if running {
                 continue;
             }
+            let stopped = Arc::new(AtomicBool::new(false));
             let target = worker::Target {
                 pod: id.clone(),
                 container: c.clone(),
@@ -116,6 +119,8 @@ impl<C: Cri + Clone> ProberManager<C> {
                 pod_ip: sb.ips.first().map(ToString::to_string).unwrap_or_default(),
                 started_at_ns: s.started_at,
                 has_startup: c.startup_probe.is_some(),
+                counters: metrics::register(id, &c.name, kind),
+                stopped: stopped.clone(),
             };
             let task = tokio::spawn(worker::run(
                 self.shared.clone(),
@@ -129,6 +134,7 @@ impl<C: Cri + Clone> ProberManager<C> {
                 kind,
                 container_id: s.id.clone(),
                 task,
+                stopped,
             });
         }
         if handles.is_empty() {
@@ -147,6 +153,7 @@ impl<C: Cri + Clone> ProberManager<C> {
     }
 
     fn stop(&self, h: &WorkerHandle, id: &PodId) {
+        h.stopped.store(true, Ordering::Release);
         h.task.abort();
         self.shared.results.remove(&h.container_id, h.kind);
         tracing::debug!(pod = %id, container = %h.container, kind = h.kind.as_str(), "probe worker stopped");

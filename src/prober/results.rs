@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::probe::ProbeResult;
 
@@ -62,14 +63,32 @@ impl Results {
         self.lock().get(container_id).and_then(|r| r[kind.index()])
     }
 
-    /// Records a result; answers whether it differs from the one before.
-    pub fn set(&self, container_id: &str, kind: ProbeKind, result: ProbeResult) -> bool {
+    /// Records a result, unless its worker was stopped; answers whether it differs from
+    /// the one before. `stopped` is read under the cache's lock, and a worker is marked
+    /// stopped before its result is removed: a result that a worker aborted on another
+    /// thread was about to record never comes back after the removal.
+    pub fn record(
+        &self,
+        stopped: &AtomicBool,
+        container_id: &str,
+        kind: ProbeKind,
+        result: ProbeResult,
+    ) -> bool {
         let mut all = self.lock();
+        if stopped.load(Ordering::Acquire) {
+            return false;
+        }
         let slot = match all.get_mut(container_id) {
             Some(slots) => &mut slots[kind.index()],
             None => &mut all.entry(container_id.to_owned()).or_default()[kind.index()],
         };
         slot.replace(result) != Some(result)
+    }
+
+    /// Records a result for a worker that runs (see [`Self::record`]).
+    #[cfg(test)]
+    pub fn set(&self, container_id: &str, kind: ProbeKind, result: ProbeResult) -> bool {
+        self.record(&AtomicBool::new(false), container_id, kind, result)
     }
 
     /// Forgets the container's result of `kind` (its worker stopped).
@@ -101,15 +120,29 @@ mod tests {
     #[test]
     fn results_are_kept_per_container_and_kind() {
         let results = Results::default();
-        assert!(results.set("c1", ProbeKind::Readiness, ProbeResult::Failure));
-        assert!(!results.set("c1", ProbeKind::Readiness, ProbeResult::Failure));
-        assert!(results.set("c1", ProbeKind::Liveness, ProbeResult::Success));
+        let live = AtomicBool::new(false);
+        assert!(results.record(&live, "c1", ProbeKind::Readiness, ProbeResult::Failure));
+        assert!(!results.record(&live, "c1", ProbeKind::Readiness, ProbeResult::Failure));
+        assert!(results.record(&live, "c1", ProbeKind::Liveness, ProbeResult::Success));
         assert_eq!(results.failed_probe("c1"), None);
-        assert!(results.set("c1", ProbeKind::Liveness, ProbeResult::Failure));
+        assert!(results.record(&live, "c1", ProbeKind::Liveness, ProbeResult::Failure));
         assert_eq!(results.failed_probe("c1"), Some(ProbeKind::Liveness));
         assert_eq!(results.get("c2", ProbeKind::Readiness), None);
         results.remove("c1", ProbeKind::Liveness);
         results.remove("c1", ProbeKind::Readiness);
+        assert!(results.lock().is_empty());
+    }
+
+    /// A worker stopped (its result removed) while it was probing on another thread
+    /// records nothing after that: no result outlives its container.
+    #[test]
+    fn a_stopped_workers_result_is_not_recorded() {
+        let results = Results::default();
+        let stopped = AtomicBool::new(false);
+        assert!(results.record(&stopped, "c1", ProbeKind::Readiness, ProbeResult::Success));
+        stopped.store(true, Ordering::Release);
+        results.remove("c1", ProbeKind::Readiness);
+        assert!(!results.record(&stopped, "c1", ProbeKind::Readiness, ProbeResult::Failure));
         assert!(results.lock().is_empty());
     }
 }

@@ -4,6 +4,7 @@
 //! startup failure until the container is replaced (a new worker then starts).
 
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::core::v1::{Container, Probe};
@@ -31,7 +32,10 @@ pub(super) struct Shared<C> {
 
 impl<C> Shared<C> {
     fn set(&self, target: &Target, kind: ProbeKind, result: ProbeResult) {
-        if self.results.set(&target.container_id, kind, result) {
+        if self
+            .results
+            .record(&target.stopped, &target.container_id, kind, result)
+        {
             tracing::debug!(pod = %target.pod, container = %target.container.name, kind = kind.as_str(), result = result.as_str(), "probe result changed");
             (self.wake)(&target.pod.uid);
         }
@@ -47,6 +51,11 @@ pub(super) struct Target {
     /// When the container started, in ns since the epoch (0: unknown).
     pub(super) started_at_ns: i64,
     pub(super) has_startup: bool,
+    /// The counts of `prober_probe_total`, registered by the manager before the worker
+    /// starts (so that forgetting the pod's metrics comes after).
+    pub(super) counters: Arc<metrics::Counters>,
+    /// Set when the manager stops the worker: no result is recorded after.
+    pub(super) stopped: Arc<AtomicBool>,
 }
 
 /// The probe's timing, with the kubelet's defaults and minimums.
@@ -140,7 +149,6 @@ pub(super) async fn run<C: Cri>(
 ) {
     let timing = Timing::of(&probe);
     let check = Check::of(&probe, &target.container, &target.pod_ip);
-    let counters = metrics::register(&target.pod, &target.container.name, kind);
     let started = start_instant(target.started_at_ns);
     // From the worker's start until a readiness or startup probe first passes: the wait
     // and each run are steps of the pod's start-up timeline (a liveness probe does not
@@ -181,7 +189,7 @@ pub(super) async fn run<C: Cri>(
             ProbeResult::Unknown => continue,
         };
         span.record("result", result.as_str());
-        counters.count(result);
+        target.counters.count(result);
         if last == Some(result) {
             run = run.saturating_add(1);
         } else {
@@ -248,13 +256,17 @@ mod tests {
         }
     }
 
+    fn pod_id() -> PodId {
+        PodId {
+            uid: "u1".into(),
+            namespace: "default".into(),
+            name: "web".into(),
+        }
+    }
+
     fn target(has_startup: bool) -> Target {
         Target {
-            pod: PodId {
-                uid: "u1".into(),
-                namespace: "default".into(),
-                name: "web".into(),
-            },
+            pod: pod_id(),
             container: Container {
                 name: "a".into(),
                 ..Default::default()
@@ -263,6 +275,8 @@ mod tests {
             pod_ip: "127.0.0.1".into(),
             started_at_ns: 0,
             has_startup,
+            counters: metrics::register(&pod_id(), "a", ProbeKind::Readiness),
+            stopped: Arc::default(),
         }
     }
 
