@@ -19,9 +19,16 @@ log "build"
 cargo build --locked --all-targets
 cargo test --locked --no-run
 
-# A cluster left over from an interrupted run is removed first; ours is removed on exit.
+# A cluster left over from an interrupted run is removed first; ours is removed on exit,
+# and the run fails if anything of it survives that.
 bash scripts/cluster.sh down
-trap 'bash scripts/cluster.sh down' EXIT
+down_and_check() {
+  local rc=$?
+  bash scripts/cluster.sh down || rc=1
+  bash scripts/cluster.sh leak-check || rc=1
+  exit "$rc"
+}
+trap down_and_check EXIT
 bash scripts/cluster.sh up
 # A second node identity on this host, for runtime-owned networking beside agent-owned.
 bash scripts/cluster.sh node-credentials rk-node2 "$NODE_IP"
