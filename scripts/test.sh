@@ -2,7 +2,7 @@
 # The one command that runs every test of rkubelet, as root on a Debian 12 machine:
 # set-up (packages, cached Kubernetes build), format and lint checks, then unit and
 # integration tests against a real local cluster that this script brings up and always
-# takes down again, also when a step fails.
+# takes down again, also when a step fails, then checks that nothing of it survived.
 set -euo pipefail
 # shellcheck source=scripts/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"

@@ -1,10 +1,16 @@
-//! The parsers of the leak check every integration test's pods go through
-//! (`common::leaks`): plain text in, no root and no cluster needed.
+//! The leak check every integration test's pods go through (`common::leaks`): its parsers
+//! (plain text in, no root and no cluster needed), and the check itself against a pod whose
+//! agent was stopped before the pod was deleted, so that everything of it was left.
 
 mod common;
 
 use std::collections::BTreeSet;
 use std::path::Path;
+use std::time::Duration;
+
+use common::case::{Case, root_dir, running};
+use common::pods::pods_api;
+use kube::api::DeleteParams;
 
 use common::leaks::{
     cache_entry_sandbox, mounts_under, network_of, pod_uid_of_cgroup, reservation_holder,
@@ -128,4 +134,83 @@ fn a_cni_result_gives_the_netns_the_host_veth_and_the_ips() {
         network_of(&config, &json!({})),
         common::leaks::Network::default()
     );
+}
+
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn the_check_lists_what_a_pod_deleted_behind_its_agents_back_left_then_nothing() {
+    let mut case = Case::with_agent("leaks", &[]).await;
+    let manifest = json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "main",
+                "image": "busybox",
+                "command": ["sleep", "3600"],
+                "resources": { "limits": { "cpu": "100m", "memory": "32Mi" } },
+                "volumeMounts": [{ "name": "scratch", "mountPath": "/scratch" }],
+            }],
+            "volumes": [{ "name": "scratch", "emptyDir": { "medium": "Memory" } }],
+        },
+    });
+    let name = case.create("web", manifest).await;
+    let uid = running(&name).await.metadata.uid.expect("uid");
+    common::eventually(
+        "the sandbox's network recorded",
+        Duration::from_secs(10),
+        || async {
+            let record = case.pods.record();
+            record
+                .sandboxes
+                .values()
+                .any(|s| s.network_known)
+                .then_some(())
+        },
+    )
+    .await;
+
+    // Deleted from the API while no agent runs: everything of the pod stays on the node.
+    case.stop_agent();
+    let force = DeleteParams {
+        grace_period_seconds: Some(0),
+        ..DeleteParams::default()
+    };
+    pods_api()
+        .await
+        .delete(&name, &force)
+        .await
+        .expect("delete");
+    let left = common::leaks::check(&case.pods.record(), &root_dir()).await;
+    let text = left.join("\n");
+    for what in [
+        "containerd sandbox ",
+        "containerd container ",
+        "netns ",
+        "host veth ",
+        "host-local reservation ",
+        "CNI cache entry ",
+        "mount ",
+        "pod directory ",
+        "pod log directory ",
+        "pod cgroup ",
+    ] {
+        assert!(
+            left.iter().any(|l| l.starts_with(what)),
+            "no {what:?} in what was left:\n{text}"
+        );
+    }
+    assert!(text.contains(&uid), "{text}");
+
+    // The agent, back, removes the orphan: then nothing is left.
+    case.start_agent(&[]);
+    common::eventually("the orphan removed", Duration::from_secs(60), || async {
+        common::leaks::check(&case.pods.record(), &root_dir())
+            .await
+            .is_empty()
+            .then_some(())
+    })
+    .await;
 }

@@ -17,7 +17,7 @@ use super::cri;
 use super::pods::{containers_of, sandboxes_of};
 
 /// host-local's data dir (both CNI configs of the repository use it).
-pub const HOST_LOCAL_DIR: &str = "/var/lib/cni/networks";
+const HOST_LOCAL_DIR: &str = "/var/lib/cni/networks";
 /// libcni's dir: the runtime's CNI result cache is under `results`.
 const LIBCNI_DIR: &str = "/var/lib/cni";
 /// How often the recorder looks at the runtime.
@@ -50,6 +50,25 @@ pub struct Record {
 impl Record {
     fn sandbox_ids(&self) -> BTreeSet<String> {
         self.sandboxes.keys().cloned().collect()
+    }
+
+    /// `pod <name> (<uid>)`.
+    fn pod(&self, uid: &str) -> String {
+        let name = self.pods.get(uid).map_or("?", String::as_str);
+        format!("pod {name} ({uid})")
+    }
+
+    /// `sandbox <id> of pod <name> (<uid>), IP <ips>`.
+    fn sandbox(&self, id: &str) -> String {
+        let Some(s) = self.sandboxes.get(id) else {
+            return format!("sandbox {id}");
+        };
+        let ips = if s.ips.is_empty() {
+            String::new()
+        } else {
+            format!(", IP {}", s.ips.join(" "))
+        };
+        format!("sandbox {id} of {}{ips}", self.pod(&s.uid))
     }
 }
 
@@ -221,7 +240,7 @@ pub async fn check(record: &Record, root_dir: &Path) -> Vec<String> {
 /// What is left of the recorded pods, now.
 async fn left_behind(record: &Record, root_dir: &Path) -> Vec<String> {
     let mut left = Vec::new();
-    let pod = |uid: &str| format!("pod {} ({uid})", record.pods.get(uid).map_or("?", |n| n));
+    let pod = |uid: &str| record.pod(uid);
     for uid in record.pods.keys() {
         for s in sandboxes_of(uid).await {
             left.push(format!("containerd sandbox {} of {}", s.id, pod(uid)));
@@ -263,15 +282,15 @@ fn on_disk(root: &Path, record: &Record) -> Vec<String> {
     let mut left = Vec::new();
     for (id, s) in &record.sandboxes {
         if let Some(netns) = s.netns.as_ref().filter(|n| Path::new(n).exists()) {
-            left.push(format!("netns {netns} of sandbox {id}"));
+            left.push(format!("netns {netns} of {}", record.sandbox(id)));
         }
         for veth in &s.veths {
             if Path::new("/sys/class/net").join(veth).exists() {
-                left.push(format!("host veth {veth} of sandbox {id}"));
+                left.push(format!("host veth {veth} of {}", record.sandbox(id)));
             }
         }
     }
-    left.extend(reservations_left(Path::new(HOST_LOCAL_DIR), &ids));
+    left.extend(reservations_left(Path::new(HOST_LOCAL_DIR), record));
     for dir in [
         root.join("cni").join("results"),
         Path::new(LIBCNI_DIR).join("results"),
@@ -314,8 +333,8 @@ fn file_names(dir: &Path) -> Vec<String> {
         .collect()
 }
 
-/// host-local reservations (`<dir>/<network>/<ip>`) held by one of `ids`.
-fn reservations_left(dir: &Path, ids: &BTreeSet<String>) -> Vec<String> {
+/// host-local reservations (`<dir>/<network>/<ip>`) held by one of the recorded sandboxes.
+fn reservations_left(dir: &Path, record: &Record) -> Vec<String> {
     let mut left = Vec::new();
     for network in file_names(dir) {
         for ip in file_names(&dir.join(&network)) {
@@ -324,9 +343,11 @@ fn reservations_left(dir: &Path, ids: &BTreeSet<String>) -> Vec<String> {
             }
             let path = dir.join(&network).join(&ip);
             let text = std::fs::read_to_string(&path).unwrap_or_default();
-            if let Some(holder) = reservation_holder(&text).filter(|h| ids.contains(*h)) {
+            let holder = reservation_holder(&text).filter(|h| record.sandboxes.contains_key(*h));
+            if let Some(holder) = holder {
+                let by = record.sandbox(holder);
                 left.push(format!(
-                    "host-local reservation {} held by sandbox {holder}",
+                    "host-local reservation {} held by {by}",
                     path.display()
                 ));
             }

@@ -56,6 +56,11 @@ impl TestPods {
         created
     }
 
+    /// What was recorded of the pods so far (for the leak check).
+    pub fn record(&self) -> leaks::Record {
+        self.recorder.record.lock().expect("record").clone()
+    }
+
     fn selector(&self) -> ListParams {
         ListParams::default().labels(&format!("rk-test={}", self.label))
     }
