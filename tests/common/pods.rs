@@ -80,15 +80,20 @@ impl Drop for TestPods {
     fn drop(&mut self) {
         let selector = self.selector();
         self.recorder.stop();
-        let record = std::mem::take(&mut *self.recorder.record.lock().expect("record"));
+        let mut record = self.record();
         let root_dir = self.root_dir.clone();
         let left = cleanup_blocking(move || async move {
             let api = pods_api().await;
-            let uids: Vec<String> = api
+            for pod in api
                 .list(&selector)
                 .await
-                .map(|l| l.items.into_iter().filter_map(|p| p.metadata.uid).collect())
-                .unwrap_or_default();
+                .map(|l| l.items)
+                .unwrap_or_default()
+            {
+                if let (Some(uid), Some(name)) = (pod.metadata.uid, pod.metadata.name) {
+                    record.pods.insert(uid, name);
+                }
+            }
             let _ = api
                 .delete_collection(&DeleteParams::default(), &selector)
                 .await;
@@ -105,7 +110,7 @@ impl Drop for TestPods {
             let _ = api.delete_collection(&force, &selector).await;
             // A pod with no grace period leaves the API at once: the agent (still running)
             // tears it down after, its sandboxes removed last (its cgroup before them).
-            for uid in &uids {
+            for uid in record.pods.keys() {
                 while Instant::now() < deadline && !sandboxes_of(uid).await.is_empty() {
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 }
