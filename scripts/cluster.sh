@@ -943,13 +943,15 @@ cmd_down() {
 # the state dir. It needs no records: `down` removed them.
 list_leaks() {
   local l ps_out shims
-  # Processes naming the state dir (every component's flags do), those working in it (a
-  # shim works in its task bundle, also once that is deleted), and the children of shims.
-  ps_out=$(ps -eo pid=,ppid=,args=)
-  shims=$(find /proc/[0-9]*/cwd -maxdepth 0 -lname "$RKUBELET_STATE/*" -printf '%h\n' 2>/dev/null | cut -d/ -f3)
+  # Processes naming the state dir (every component's flags do; shells and tools that
+  # merely mention it are not the cluster's), those working in it (a shim works in its
+  # task bundle, also once that is deleted), and the children of those.
+  ps_out=$(ps -eo pid=,ppid=,comm=,args=)
+  shims=$(find /proc/[0-9]*/cwd -maxdepth 0 -lname "$RKUBELET_STATE/*" -printf '%h\n' 2>/dev/null | cut -d/ -f3 || true)
   awk -v state="$RKUBELET_STATE" -v cwd="${shims//$'\n'/ }" '
     BEGIN { n = split(cwd, c, " "); for (i = 1; i <= n; i++) incwd[c[i]] = 1 }
-    { pid = $1; ppid = $2; $1 = ""; $2 = ""; sub(/^ +/, "") }
+    { pid = $1; ppid = $2; comm = $3; $1 = $2 = $3 = ""; sub(/^ +/, "") }
+    comm ~ /^(bash|sh|flock|timeout|grep|awk|sed|tail|less|cat|find|ps)$/ { next }
     index($0, state) || (pid in incwd) { print "process " pid ": " $0; next }
     ppid in incwd { print "process " pid ": " $0 " (child of " ppid ")" }' <<<"$ps_out"
   # Network: the node netns, sandbox netns (mounts, below), links by their dedicated names.
@@ -989,11 +991,11 @@ cluster_rules() {
 
 cmd_leak_check() {
   need_root
-  local leaks=()
-  mapfile -t leaks < <(list_leaks)
-  if ((${#leaks[@]} > 0)); then
-    log "the cluster left behind (${#leaks[@]}):"
-    printf '  %s\n' "${leaks[@]}" >&2
+  local leaks l
+  leaks=$(list_leaks) || die "leak check: could not look at everything"
+  if [[ -n $leaks ]]; then
+    log "the cluster left behind ($(wc -l <<<"$leaks")):"
+    while IFS= read -r l; do printf '  %s\n' "$l"; done <<<"$leaks" >&2
     return 1
   fi
   log "leak check: nothing of the cluster is left"
