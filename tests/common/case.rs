@@ -33,7 +33,7 @@ impl Case {
     pub async fn new(prefix: &str) -> Self {
         let turn = ONE_AT_A_TIME.lock().await;
         Self {
-            pods: TestPods::new(&unique(prefix)),
+            pods: TestPods::new(&unique(prefix), root_dir()),
             agent: None,
             _turn: turn,
         }

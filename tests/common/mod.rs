@@ -6,6 +6,7 @@
 
 pub mod agent;
 pub mod case;
+pub mod leaks;
 pub mod pods;
 
 use std::path::PathBuf;
@@ -68,20 +69,21 @@ where
 }
 
 /// Runs async clean-up from a `Drop`: on a thread of its own with its own runtime, since
-/// `Drop` may run inside a test's runtime.
-pub fn cleanup_blocking<F, Fut>(work: F)
+/// `Drop` may run inside a test's runtime. Its answer, unless it panicked.
+pub fn cleanup_blocking<F, Fut, T>(work: F) -> Option<T>
 where
     F: FnOnce() -> Fut + Send + 'static,
-    Fut: Future<Output = ()>,
+    Fut: Future<Output = T>,
+    T: Send + 'static,
 {
     let run = move || {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .expect("runtime");
-        rt.block_on(work());
+        rt.block_on(work())
     };
-    let _ = std::thread::spawn(run).join();
+    std::thread::spawn(run).join().ok()
 }
 
 /// A name unique to this test run, for sandboxes and other objects tests create.

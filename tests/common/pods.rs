@@ -1,13 +1,16 @@
 //! Bare pods bound to the test node (`nodeName`, no scheduler), as the kubelet's own
 //! admission sees them: creating them from JSON, reading their events and what the runtime
-//! holds of them, and removing them when a test ends, also when it fails.
+//! holds of them, and removing them when a test ends, also when it fails, then checking
+//! that they left nothing behind (`leaks`).
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use rkubelet::cri::{Cri, api};
 
+use super::leaks::{self, Recorder};
 use super::{cleanup_blocking, cri, kube_client};
 
 /// The pods API of the `default` namespace, as the cluster admin.
@@ -16,17 +19,23 @@ pub async fn pods_api() -> Api<Pod> {
 }
 
 /// The pods of one test, labelled `rk-test=<label>`; deleted when dropped: gracefully
-/// (so that the agent stops and deletes them), then by force after 30 s.
+/// (so that the agent stops and deletes them), then by force after 30 s; then the test
+/// fails if they left anything behind on the node.
 pub struct TestPods {
     /// The label value.
     pub label: String,
+    /// The agent's root dir (its pod dirs and CNI cache are looked at for leaks).
+    root_dir: PathBuf,
+    recorder: Recorder,
 }
 
 impl TestPods {
-    /// Pods labelled `rk-test=<label>`.
-    pub fn new(label: &str) -> Self {
+    /// Pods labelled `rk-test=<label>`, run by the agent whose root dir is `root_dir`.
+    pub fn new(label: &str, root_dir: PathBuf) -> Self {
         Self {
             label: label.to_owned(),
+            recorder: Recorder::start(label, &root_dir),
+            root_dir,
         }
     }
 
@@ -36,11 +45,20 @@ impl TestPods {
         manifest["metadata"]["labels"]["rk-test"] = self.label.clone().into();
         manifest["spec"]["nodeName"] = node.into();
         let pod: Pod = serde_json::from_value(manifest).expect("a Pod manifest");
-        pods_api()
+        let created = pods_api()
             .await
             .create(&PostParams::default(), &pod)
             .await
-            .unwrap_or_else(|e| panic!("creating pod: {e}"))
+            .unwrap_or_else(|e| panic!("creating pod: {e}"));
+        if let (Some(uid), Some(name)) = (&created.metadata.uid, &created.metadata.name) {
+            self.recorder.pod(uid, name);
+        }
+        created
+    }
+
+    /// What was recorded of the pods so far (for the leak check).
+    pub fn record(&self) -> leaks::Record {
+        self.recorder.record.lock().expect("record").clone()
     }
 
     fn selector(&self) -> ListParams {
@@ -61,13 +79,21 @@ impl TestPods {
 impl Drop for TestPods {
     fn drop(&mut self) {
         let selector = self.selector();
-        cleanup_blocking(move || async move {
+        self.recorder.stop();
+        let mut record = self.record();
+        let root_dir = self.root_dir.clone();
+        let left = cleanup_blocking(move || async move {
             let api = pods_api().await;
-            let uids: Vec<String> = api
+            for pod in api
                 .list(&selector)
                 .await
-                .map(|l| l.items.into_iter().filter_map(|p| p.metadata.uid).collect())
-                .unwrap_or_default();
+                .map(|l| l.items)
+                .unwrap_or_default()
+            {
+                if let (Some(uid), Some(name)) = (pod.metadata.uid, pod.metadata.name) {
+                    record.pods.insert(uid, name);
+                }
+            }
             let _ = api
                 .delete_collection(&DeleteParams::default(), &selector)
                 .await;
@@ -84,12 +110,27 @@ impl Drop for TestPods {
             let _ = api.delete_collection(&force, &selector).await;
             // A pod with no grace period leaves the API at once: the agent (still running)
             // tears it down after, its sandboxes removed last (its cgroup before them).
-            for uid in &uids {
+            for uid in record.pods.keys() {
                 while Instant::now() < deadline && !sandboxes_of(uid).await.is_empty() {
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 }
             }
-        });
+            leaks::check(&record, &root_dir).await
+        })
+        .unwrap_or_default();
+        if left.is_empty() {
+            return;
+        }
+        let report = format!(
+            "the pods of test {} left behind:\n  {}",
+            self.label,
+            left.join("\n  ")
+        );
+        if std::thread::panicking() {
+            eprintln!("{report}");
+        } else {
+            panic!("{report}");
+        }
     }
 }
 
