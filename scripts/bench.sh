@@ -79,14 +79,6 @@ LOG_DIRS_BEFORE=()
 for d in /var/log/pods /var/log/containers; do [[ -e $d ]] && LOG_DIRS_BEFORE+=("$d"); done
 
 AGENT_PID=""
-stop_agent() {
-  [[ -n $AGENT_PID ]] || return 0
-  kill -TERM "$AGENT_PID" 2>/dev/null || true
-  for _ in $(seq 100); do kill -0 "$AGENT_PID" 2>/dev/null || break; sleep 0.1; done
-  kill -KILL "$AGENT_PID" 2>/dev/null || true
-  wait "$AGENT_PID" 2>/dev/null || true
-  AGENT_PID=""
-}
 cleanup() {
   stop_agent
   bash scripts/cluster.sh down || true

@@ -35,3 +35,13 @@ KUBECONFIG_ADMIN="$RKUBELET_STATE/pki/admin.kubeconfig"
 
 log() { printf '[%s %(%H:%M:%S)T] %s\n' "$(basename "$0" .sh)" -1 "$*" >&2; }
 die() { log "error: $*"; exit 1; }
+# stop_agent: ends the agent this script started in the background (its PID in
+# AGENT_PID): SIGTERM, up to 10 s to exit, then SIGKILL.
+stop_agent() {
+  [[ -n ${AGENT_PID:-} ]] || return 0
+  kill -TERM "$AGENT_PID" 2>/dev/null || true
+  for _ in $(seq 100); do kill -0 "$AGENT_PID" 2>/dev/null || break; sleep 0.1; done
+  kill -KILL "$AGENT_PID" 2>/dev/null || true
+  wait "$AGENT_PID" 2>/dev/null || true
+  AGENT_PID=""
+}

@@ -83,15 +83,6 @@ SAMPLER_PID=""
 CREATED_FILE="$OUT/.created"
 echo 0 >"$CREATED_FILE"
 
-stop_agent() {
-  [[ -n $AGENT_PID ]] || return 0
-  kill -TERM "$AGENT_PID" 2>/dev/null || true
-  for _ in $(seq 100); do kill -0 "$AGENT_PID" 2>/dev/null || break; sleep 0.1; done
-  kill -KILL "$AGENT_PID" 2>/dev/null || true
-  wait "$AGENT_PID" 2>/dev/null || true
-  AGENT_PID=""
-}
-
 cleanup() {
   local rc=$?
   trap - EXIT INT TERM

@@ -427,14 +427,23 @@ where
 {
     fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
         let Some(span) = ctx.span(id) else { return };
-        let mut fields = Fields::default();
-        attrs.record(&mut fields);
         let parent = span.parent().and_then(|p| {
             p.extensions().get::<Rec>().map(|r| {
                 let depth = if r.step { r.depth + 1 } else { 0 };
                 (r.uid.clone(), depth, r.done.clone())
             })
         });
+        // Most spans are of no pod, or of a pod whose start-up is recorded already: their
+        // fields are not even formatted.
+        let unrelated = match &parent {
+            Some((_, _, done)) => done.load(Ordering::Relaxed),
+            None => attrs.metadata().fields().field("pod_uid").is_none(),
+        };
+        if unrelated {
+            return;
+        }
+        let mut fields = Fields::default();
+        attrs.record(&mut fields);
         let start = Instant::now();
         let step = span.name() != POD_SPAN;
         let (uid, depth, done): (Arc<str>, u16, Arc<AtomicBool>) = match (fields.pod_uid, parent) {

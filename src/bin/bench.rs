@@ -408,17 +408,15 @@ async fn bound_pods(
     };
     // Once all are Ready, and before they go (the agent keeps only a few gone pods'
     // timelines), the agent's timelines of the run's pods.
+    let mut startup = Value::Null;
     let hold = async {
         let held = hold.await?;
-        let startup = match &args.agent_root_dir {
-            Some(root) => {
-                let timelines: Vec<PodTimeline> =
-                    rkubelet::inspect::ask_agent(root, "/debug/timeline").await?;
-                startup_breakdown(&timelines, &run)
-            }
-            None => Value::Null,
-        };
-        Ok(json!({ "held": held, "startup": startup }))
+        if let Some(root) = &args.agent_root_dir {
+            let timelines: Vec<PodTimeline> =
+                rkubelet::inspect::ask_agent(root, "/debug/timeline").await?;
+            startup = startup_breakdown(&timelines, &run);
+        }
+        Ok(held)
     };
     let mut timings = time_pods(
         pods.clone(),
@@ -430,8 +428,7 @@ async fn bound_pods(
         delete,
     )
     .await?;
-    timings.startup = timings.held["startup"].take();
-    timings.held = timings.held["held"].take();
+    timings.startup = startup;
     Ok(timings)
 }
 

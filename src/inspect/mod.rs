@@ -151,10 +151,3 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
         Err(e) => std::panic::resume_unwind(e.into_panic()),
     }
 }
-
-/// A CRI timestamp (ns since the epoch) in RFC 3339.
-fn timestamp(ns: i64) -> String {
-    k8s_openapi::jiff::Timestamp::from_nanosecond(i128::from(ns))
-        .map(|t| t.to_string())
-        .unwrap_or_default()
-}

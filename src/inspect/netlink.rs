@@ -139,6 +139,28 @@ pub struct Interfaces {
     pub routes: Vec<Route>,
 }
 
+impl Address {
+    /// The address with its prefix length, as `ip addr` shows it: `10.88.0.1/24`.
+    #[must_use]
+    pub fn cidr(&self) -> String {
+        format!("{}/{}", self.address, self.prefix_len)
+    }
+}
+
+impl Link {
+    /// Its first IPv4 address.
+    #[must_use]
+    pub fn ipv4(&self) -> Option<&Address> {
+        self.addresses.iter().find(|a| a.address.is_ipv4())
+    }
+
+    /// Its addresses with their prefix lengths.
+    #[must_use]
+    pub fn cidrs(&self) -> Vec<String> {
+        self.addresses.iter().map(Address::cidr).collect()
+    }
+}
+
 impl Interfaces {
     /// The link with this index.
     pub fn link(&self, index: u32) -> Option<&Link> {

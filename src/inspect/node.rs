@@ -4,8 +4,10 @@
 
 use std::path::Path;
 
-use super::netlink::{Interfaces, Route};
-use super::pod::{POD_IFNAME, VerboseInfo, host_end, read_interfaces};
+use super::netlink::{Interfaces, Link, Route};
+use super::pod::{
+    POD_IFNAME, host_end, list_sandboxes, on_host_network, read_interfaces, sandbox_status,
+};
 use super::view::{BridgeView, NodeView, PodLink};
 use super::{InspectError, Locations, cni_store};
 use crate::cri::{Cri, api};
@@ -33,21 +35,16 @@ pub async fn inspect<C: Cri>(
             None
         }
     };
-    let ready = cri
-        .list_pod_sandbox(api::ListPodSandboxRequest {
-            filter: Some(api::PodSandboxFilter {
-                state: Some(api::PodSandboxStateValue {
-                    state: api::PodSandboxState::SandboxReady as i32,
-                }),
-                ..Default::default()
+    let ready = list_sandboxes(
+        cri,
+        api::PodSandboxFilter {
+            state: Some(api::PodSandboxStateValue {
+                state: api::PodSandboxState::SandboxReady as i32,
             }),
-        })
-        .await
-        .map_err(|source| InspectError::Cri {
-            what: "ListPodSandbox",
-            source,
-        })?
-        .items;
+            ..Default::default()
+        },
+    )
+    .await?;
     for sandbox in ready {
         if let Some(link) = pod_link(cri, host.as_ref(), &sandbox, &mut view.notes).await {
             view.pods.push(link);
@@ -113,30 +110,16 @@ async fn pod_link<C: Cri>(
 ) -> Option<PodLink> {
     let metadata = sandbox.metadata.clone().unwrap_or_default();
     let pod = format!("{}/{}", metadata.namespace, metadata.name);
-    let status = match cri
-        .pod_sandbox_status(api::PodSandboxStatusRequest {
-            pod_sandbox_id: sandbox.id.clone(),
-            verbose: true,
-        })
-        .await
-    {
+    let (status, info) = match sandbox_status(cri, &sandbox.id).await {
         Ok(s) => s,
         Err(e) => {
             notes.push(format!("pod {pod}: {e}"));
             return None;
         }
     };
-    let on_host_network = status
-        .status
-        .as_ref()
-        .and_then(|s| s.linux.as_ref())
-        .and_then(|l| l.namespaces.as_ref())
-        .and_then(|n| n.options.as_ref())
-        .is_some_and(|o| o.network == api::NamespaceMode::Node as i32);
-    if on_host_network {
+    if on_host_network(&status) {
         return None;
     }
-    let info = VerboseInfo::parse(&status.info);
     let mut link = PodLink {
         namespace: metadata.namespace,
         name: metadata.name,
@@ -145,11 +128,7 @@ async fn pod_link<C: Cri>(
         netns: info.netns_path(),
         ..PodLink::default()
     };
-    let ip_of_status = status
-        .status
-        .and_then(|s| s.network)
-        .map(|n| n.ip)
-        .filter(|ip| !ip.is_empty());
+    let ip_of_status = status.network.map(|n| n.ip).filter(|ip| !ip.is_empty());
     let eth0 = match &link.netns {
         Some(netns) => match read_interfaces(Some(netns.clone())).await {
             Ok(inside) => inside.link_named(POD_IFNAME).cloned(),
@@ -162,8 +141,8 @@ async fn pod_link<C: Cri>(
     };
     link.ip = eth0
         .as_ref()
-        .and_then(|l| l.addresses.iter().find(|a| a.address.is_ipv4()))
-        .map(|a| format!("{}/{}", a.address, a.prefix_len))
+        .and_then(Link::ipv4)
+        .map(super::netlink::Address::cidr)
         .or(ip_of_status);
     if let (Some(eth0), Some(host)) = (&eth0, host)
         && let Some(veth) = host_end(host, eth0)
@@ -197,11 +176,7 @@ fn bridge(host: &Interfaces, pods: &[PodLink], cached: &[cni_store::Cached]) -> 
         index: bridge.index,
         mac: bridge.mac.clone(),
         mtu: bridge.mtu,
-        addresses: bridge
-            .addresses
-            .iter()
-            .map(|a| format!("{}/{}", a.address, a.prefix_len))
-            .collect(),
+        addresses: bridge.cidrs(),
         ports: host
             .links
             .iter()

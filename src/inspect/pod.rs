@@ -13,7 +13,7 @@ use super::netlink::{Interfaces, Link};
 use super::view::{
     ContainerView, HostVeth, MountView, NamespaceView, PodNetwork, PodView, SandboxView,
 };
-use super::{InspectError, Locations, blocking, cni_store, timestamp};
+use super::{InspectError, Locations, blocking, cni_store};
 use crate::cri::{Cri, api};
 
 /// The pod's interface in its network namespace.
@@ -58,8 +58,24 @@ impl VerboseInfo {
     }
 }
 
+/// The runtime's sandboxes that match `filter`.
+pub(super) async fn list_sandboxes<C: Cri>(
+    cri: &C,
+    filter: api::PodSandboxFilter,
+) -> Result<Vec<api::PodSandbox>, InspectError> {
+    cri.list_pod_sandbox(api::ListPodSandboxRequest {
+        filter: Some(filter),
+    })
+    .await
+    .map(|r| r.items)
+    .map_err(|source| InspectError::Cri {
+        what: "ListPodSandbox",
+        source,
+    })
+}
+
 /// The sandboxes of a pod, the newest ready one first.
-pub(super) async fn sandboxes<C: Cri>(
+async fn sandboxes<C: Cri>(
     cri: &C,
     namespace: &str,
     name: &str,
@@ -71,19 +87,11 @@ pub(super) async fn sandboxes<C: Cri>(
         ),
         ("io.kubernetes.pod.name".to_owned(), name.to_owned()),
     ]);
-    let mut found = cri
-        .list_pod_sandbox(api::ListPodSandboxRequest {
-            filter: Some(api::PodSandboxFilter {
-                label_selector: labels,
-                ..Default::default()
-            }),
-        })
-        .await
-        .map_err(|source| InspectError::Cri {
-            what: "ListPodSandbox",
-            source,
-        })?
-        .items;
+    let filter = api::PodSandboxFilter {
+        label_selector: labels,
+        ..Default::default()
+    };
+    let mut found = list_sandboxes(cri, filter).await?;
     found.sort_by_key(|s| {
         (
             s.state != api::PodSandboxState::SandboxReady as i32,
@@ -91,6 +99,31 @@ pub(super) async fn sandboxes<C: Cri>(
         )
     });
     Ok(found)
+}
+
+/// A sandbox's verbose status: the status, and what containerd's `info` adds.
+pub(super) async fn sandbox_status<C: Cri>(
+    cri: &C,
+    id: &str,
+) -> Result<(api::PodSandboxStatus, VerboseInfo), crate::cri::CriError> {
+    let response = cri
+        .pod_sandbox_status(api::PodSandboxStatusRequest {
+            pod_sandbox_id: id.to_owned(),
+            verbose: true,
+        })
+        .await?;
+    let info = VerboseInfo::parse(&response.info);
+    Ok((response.status.unwrap_or_default(), info))
+}
+
+/// Whether the sandbox is on the host's network (no network namespace of its own).
+pub(super) fn on_host_network(sandbox: &api::PodSandboxStatus) -> bool {
+    sandbox
+        .linux
+        .as_ref()
+        .and_then(|l| l.namespaces.as_ref())
+        .and_then(|n| n.options.as_ref())
+        .is_some_and(|o| o.network == api::NamespaceMode::Node as i32)
 }
 
 fn sandbox_state(state: i32) -> String {
@@ -123,29 +156,19 @@ pub async fn inspect<C: Cri>(
             .collect(),
         ..PodView::default()
     };
-    let status = cri
-        .pod_sandbox_status(api::PodSandboxStatusRequest {
-            pod_sandbox_id: newest.id.clone(),
-            verbose: true,
-        })
-        .await
-        .map_err(|source| InspectError::Cri {
-            what: "PodSandboxStatus",
-            source,
-        })?;
-    let info = VerboseInfo::parse(&status.info);
-    let sandbox = status.status.unwrap_or_default();
+    let (sandbox, info) =
+        sandbox_status(cri, &newest.id)
+            .await
+            .map_err(|source| InspectError::Cri {
+                what: "PodSandboxStatus",
+                source,
+            })?;
     view.uid = sandbox.metadata.as_ref().map(|m| m.uid.clone());
-    let host_network = sandbox
-        .linux
-        .as_ref()
-        .and_then(|l| l.namespaces.as_ref())
-        .and_then(|n| n.options.as_ref())
-        .is_some_and(|o| o.network == api::NamespaceMode::Node as i32);
+    let host_network = on_host_network(&sandbox);
     view.sandbox = SandboxView {
         id: sandbox.id.clone(),
         state: sandbox_state(sandbox.state),
-        created_at: timestamp(sandbox.created_at),
+        created_at: crate::server::stats::rfc3339(sandbox.created_at),
         runtime_handler: newest.runtime_handler.clone(),
         pause_pid: info.pid,
         pause_image: info.image.clone(),
@@ -228,10 +251,7 @@ async fn network(at: &Locations, sandbox: &SandboxView, notes: &mut Vec<String>)
     }
     match cni_store::cached(at, &sandbox.id, POD_IFNAME).await {
         Some(cached) => {
-            let ip = eth0
-                .as_ref()
-                .and_then(|l| l.addresses.iter().find(|a| a.address.is_ipv4()))
-                .map(|a| a.address);
+            let ip = eth0.as_ref().and_then(Link::ipv4).map(|a| a.address);
             net.reservation = match ip {
                 Some(ip) => cni_store::reservation(&cached, ip).await,
                 None => None,
@@ -269,14 +289,7 @@ pub(super) fn host_end(host: &Interfaces, eth0: &Link) -> Option<HostVeth> {
         index: veth.index,
         mac: veth.mac.clone(),
         bridge: bridge.map(|b| b.name.clone()),
-        bridge_addresses: bridge
-            .map(|b| {
-                b.addresses
-                    .iter()
-                    .map(|a| format!("{}/{}", a.address, a.prefix_len))
-                    .collect()
-            })
-            .unwrap_or_default(),
+        bridge_addresses: bridge.map(Link::cidrs).unwrap_or_default(),
     })
 }
 

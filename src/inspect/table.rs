@@ -45,11 +45,7 @@ fn or_dash(v: Option<impl ToString>) -> String {
 }
 
 fn addresses(link: &Link) -> String {
-    let all: Vec<String> = link
-        .addresses
-        .iter()
-        .map(|a| format!("{}/{}", a.address, a.prefix_len))
-        .collect();
+    let all = link.cidrs();
     if all.is_empty() {
         "-".into()
     } else {

@@ -122,7 +122,8 @@ pub struct MemoryStats {
     pub working_set_bytes: Option<u64>,
 }
 
-fn rfc3339(ns: i64) -> String {
+/// A CRI timestamp (ns since the epoch) in RFC 3339.
+pub(crate) fn rfc3339(ns: i64) -> String {
     Timestamp::from_nanosecond(i128::from(ns))
         .unwrap_or(Timestamp::UNIX_EPOCH)
         .to_string()
