@@ -71,8 +71,16 @@ comp_pid() {
 start_proc() {
   local name=$1 bin=$2; shift 2
   log "starting $name"
-  # setsid execs in place (we are not a process-group leader), so $! is the daemon.
-  setsid "$bin" "$@" >"$LOGS/$name.log" 2>&1 </dev/null &
+  # setsid execs in place (we are not a process-group leader), so $! is the daemon. It
+  # gets no descriptor of ours but stdio: a daemon started under `flock` (a test's or a
+  # drill's) must not hold the lock for as long as it lives.
+  (
+    for fd in /proc/self/fd/*; do
+      fd=${fd##*/}
+      if ((fd > 2)); then eval "exec $fd>&-"; fi
+    done
+    exec setsid "$bin" "$@"
+  ) >"$LOGS/$name.log" 2>&1 </dev/null &
   local pid=$! exe i
   exe=$(readlink -f "$bin")
   echo "$pid" >"$PIDS/$name.pid"

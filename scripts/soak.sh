@@ -288,9 +288,11 @@ set y2tics
 set ytics nomirror
 set yrange [0:*]
 set y2range [0:*]
-set key top left
+set offsets 0, 0, graph 0.25, 0
+set key outside below horizontal
 set grid
 set arrow from $WARMUP, graph 0 to $WARMUP, graph 1 nohead dashtype 2
+set label "warm-up" at $WARMUP, graph 0.95 right offset -0.5, 0
 plot "$OUT/soak.csv" using 1:(\$2/1024) with lines lw 2 title "RSS (MiB)", \
      "" using 1:3 axes x1y2 with lines title "open fds", \
      "" using 1:4 axes x1y2 with lines title "tasks"

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::agent::{AgentProcess, Owner};
+use common::leaks::Recorder;
 use common::{cri, eventually, kube_client, node_name, unique};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
@@ -48,7 +49,7 @@ async fn create_deployment_on(name: &str, image: &str, replicas: i32, node: &str
             "replicas": replicas,
             "selector": { "matchLabels": { "app": name } },
             "template": {
-                "metadata": { "labels": { "app": name } },
+                "metadata": { "labels": { "app": name, "rk-test": name } },
                 "spec": {
                     "nodeSelector": { "kubernetes.io/hostname": node },
                     "terminationGracePeriodSeconds": 30,
@@ -214,6 +215,7 @@ async fn seed_deployment_runs_serves_http_and_is_removed_without_leaks() {
     let _turn = ONE_AT_A_TIME.lock().await;
     let agent = AgentProcess::start(Owner::Agent, &node_name(), root_dir(&node_name()));
     let app = unique("nginx");
+    let leaks = Recorder::start(&app, &agent.root_dir);
     create_deployment(&app, "nginx", 3).await;
     let _cleanup = Cleanup(app.clone());
     let running = all_ready(&app, 3, Duration::from_secs(60)).await;
@@ -296,6 +298,7 @@ async fn seed_deployment_runs_serves_http_and_is_removed_without_leaks() {
     .await;
     let elapsed = started.elapsed();
     eprintln!("3 pods removed with everything they had in {elapsed:?}");
+    leaks.assert_nothing_left(&agent.root_dir).await;
     agent.stop();
 }
 
@@ -308,6 +311,7 @@ async fn a_crash_mid_rollout_then_restart_adopts_instead_of_duplicating() {
     // Let the node register first, so the rollout is really under way at the crash.
     node_pod_cidr().await;
     let app = unique("rollout");
+    let leaks = Recorder::start(&app, &root);
     create_deployment(&app, "nginx", 10).await;
     let _cleanup = Cleanup(app.clone());
     eventually(
@@ -317,7 +321,7 @@ async fn a_crash_mid_rollout_then_restart_adopts_instead_of_duplicating() {
     )
     .await;
     agent.crash();
-    let agent = AgentProcess::start(Owner::Agent, &node_name(), root);
+    let agent = AgentProcess::start(Owner::Agent, &node_name(), root.clone());
     let running = all_ready(&app, 10, Duration::from_secs(90)).await;
     let ips: BTreeSet<_> = running
         .iter()
@@ -357,6 +361,7 @@ async fn a_crash_mid_rollout_then_restart_adopts_instead_of_duplicating() {
     if removed.await.is_err() {
         panic!("sandboxes left:\n{}", agent.log_tail());
     }
+    leaks.assert_nothing_left(&root).await;
     agent.stop();
 }
 
@@ -366,6 +371,7 @@ async fn a_missing_image_reports_err_image_pull_then_back_off() {
     let _turn = ONE_AT_A_TIME.lock().await;
     let agent = AgentProcess::start(Owner::Agent, &node_name(), root_dir(&node_name()));
     let app = unique("badimage");
+    let leaks = Recorder::start(&app, &agent.root_dir);
     create_deployment(&app, "docker.io/library/does-not-exist:1", 1).await;
     let _cleanup = Cleanup(app.clone());
     let reasons = eventually("ImagePullBackOff", Duration::from_secs(60), || async {
@@ -395,6 +401,7 @@ async fn a_missing_image_reports_err_image_pull_then_back_off() {
         },
     )
     .await;
+    leaks.assert_nothing_left(&agent.root_dir).await;
     agent.stop();
 }
 
@@ -424,6 +431,7 @@ async fn a_failing_cni_plugin_reports_failed_create_pod_sandbox_and_retries_with
         &conf_dir,
     );
     let app = unique("badcni");
+    let leaks = Recorder::start(&app, &root_dir(&node_name()));
     create_deployment(&app, "nginx", 1).await;
     let _cleanup = Cleanup(app.clone());
     let pod = eventually("a pod", Duration::from_secs(30), || async {
@@ -494,6 +502,7 @@ async fn a_failing_cni_plugin_reports_failed_create_pod_sandbox_and_retries_with
     )
     .await;
     assert!(reserved_ips().is_empty() && bridge_ports() == 0);
+    leaks.assert_nothing_left(&agent.root_dir).await;
     agent.stop();
 }
 
@@ -505,6 +514,7 @@ async fn runtime_owned_networking_takes_the_ip_from_the_sandbox_status() {
     // route the same subnet): the runtime-owned agent is a second node with its own CIDR.
     let agent = AgentProcess::start(Owner::Runtime, SECOND_NODE, root_dir(SECOND_NODE));
     let app = unique("rtnet");
+    let leaks = Recorder::start(&app, &agent.root_dir);
     create_deployment_on(&app, "nginx", 1, SECOND_NODE).await;
     let _cleanup = Cleanup(app.clone());
     let running = all_ready(&app, 1, Duration::from_secs(60)).await;
@@ -523,6 +533,7 @@ async fn runtime_owned_networking_takes_the_ip_from_the_sandbox_status() {
         pods(&app).await.is_empty().then_some(())
     })
     .await;
+    leaks.assert_nothing_left(&agent.root_dir).await;
     agent.stop();
     // The second node is this test's alone.
     let _ = Api::<Node>::all(admin().await)

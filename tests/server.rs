@@ -12,6 +12,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use common::agent::{AgentProcess, NODE_IP, Owner};
+use common::pods::TestPods;
 use common::{eventually, kube_client, node_name, state_dir, unique};
 use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
@@ -72,58 +73,23 @@ async fn kubectl_ok(args: &[&str]) -> String {
     out.stdout
 }
 
-/// Deletes the test's pods when it ends, also when it fails, and waits until they are gone.
-struct Cleanup(Vec<String>);
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        let names = self.0.clone();
-        common::cleanup_blocking(move || async move {
-            let api = pods_api().await;
-            for name in &names {
-                let _ = api.delete(name, &DeleteParams::default()).await;
-            }
-            let deadline = Instant::now() + Duration::from_secs(40);
-            while Instant::now() < deadline {
-                let mut left = 0;
-                for name in &names {
-                    if api.get_opt(name).await.ok().flatten().is_some() {
-                        left += 1;
-                    }
-                }
-                if left == 0 {
-                    return;
-                }
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            let force = DeleteParams {
-                grace_period_seconds: Some(0),
-                ..DeleteParams::default()
-            };
-            for name in &names {
-                let _ = api.delete(name, &force).await;
-            }
-        });
-    }
+/// The test's pods: bound to the node (no scheduler), deleted when the test ends (also
+/// when it fails), and checked for leaks once gone.
+fn test_pods(label: &str) -> TestPods {
+    TestPods::new(label, root_dir())
 }
 
-/// A pod bound to the node (no scheduler), from the JSON of its spec.
-async fn create_pod(name: &str, spec: serde_json::Value) {
+/// A pod of `pods` named `name`, from the JSON of its spec.
+async fn create_pod(pods: &TestPods, name: &str, spec: serde_json::Value) {
     let mut spec = spec;
-    spec["nodeName"] = node_name().into();
     spec["terminationGracePeriodSeconds"] = 1.into();
-    let pod: Pod = serde_json::from_value(serde_json::json!({
+    let manifest = serde_json::json!({
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": { "name": name, "namespace": NS },
         "spec": spec,
-    }))
-    .expect("pod");
-    pods_api()
-        .await
-        .create(&PostParams::default(), &pod)
-        .await
-        .expect("create pod");
+    });
+    pods.create(&node_name(), manifest).await;
 }
 
 fn busybox(name: &str, script: &str) -> serde_json::Value {
@@ -192,8 +158,9 @@ async fn kubectl_logs_with_tail_limit_timestamps_follow_and_previous() {
     let _agent = start_agent();
     let counter = unique("logs");
     let crasher = unique("crash");
-    let _cleanup = Cleanup(vec![counter.clone(), crasher.clone()]);
+    let pods = test_pods(&counter);
     create_pod(
+        &pods,
         &counter,
         busybox(
             "count",
@@ -210,7 +177,7 @@ async fn kubectl_logs_with_tail_limit_timestamps_follow_and_previous() {
     spec["containers"][0]["volumeMounts"] =
         serde_json::json!([{"name": "data", "mountPath": "/data"}]);
     spec["volumes"] = serde_json::json!([{"name": "data", "emptyDir": {}}]);
-    create_pod(&crasher, spec).await;
+    create_pod(&pods, &crasher, spec).await;
     running(&counter, Duration::from_secs(60)).await;
 
     // Enough lines for a tail.
@@ -346,8 +313,8 @@ async fn kubectl_exec_runs_commands_and_an_interactive_shell() {
     let _turn = ONE_AT_A_TIME.lock().await;
     let _agent = start_agent();
     let name = unique("exec");
-    let _cleanup = Cleanup(vec![name.clone()]);
-    create_pod(&name, busybox("shell", "sleep 3600")).await;
+    let pods = test_pods(&name);
+    create_pod(&pods, &name, busybox("shell", "sleep 3600")).await;
     running(&name, Duration::from_secs(60)).await;
 
     let started = Instant::now();
@@ -410,11 +377,12 @@ async fn kubectl_attach_and_port_forward() {
     let _agent = start_agent();
     let echo = unique("attach");
     let web = unique("web");
-    let _cleanup = Cleanup(vec![echo.clone(), web.clone()]);
+    let pods = test_pods(&echo);
     let mut spec = busybox("echo", "while read l; do echo got:$l; done");
     spec["containers"][0]["stdin"] = true.into();
-    create_pod(&echo, spec).await;
+    create_pod(&pods, &echo, spec).await;
     create_pod(
+        &pods,
         &web,
         serde_json::json!({"containers": [{"name": "web", "image": "nginx"}]}),
     )
@@ -611,9 +579,9 @@ async fn metrics_and_stats_summary_through_the_apiserver() {
     let _turn = ONE_AT_A_TIME.lock().await;
     let _agent = start_agent();
     let names = [unique("stats-a"), unique("stats-b")];
-    let _cleanup = Cleanup(names.to_vec());
+    let pods = test_pods(&names[0]);
     for name in &names {
-        create_pod(name, busybox("spin", "while true; do :; done")).await;
+        create_pod(&pods, name, busybox("spin", "while true; do :; done")).await;
     }
     for name in &names {
         running(name, Duration::from_secs(60)).await;
