@@ -619,8 +619,8 @@ async fn log_requests_with_path_tricks_read_only_the_named_containers_log() {
         format!("/containerLogs/default/{pod}/c%2F0.log"),
         format!("/containerLogs/default/{pod}/c/0.log"),
         format!("/containerLogs/default/{pod}/%2Fetc%2Fpasswd"),
-        format!("/containerLogs/default/..%2F..%2F..%2Fetc/passwd"),
-        format!("/containerLogs/../../../etc/passwd"),
+        "/containerLogs/default/..%2F..%2F..%2Fetc/passwd".to_owned(),
+        "/containerLogs/../../../etc/passwd".to_owned(),
         format!("/containerLogs/default%2F{pod}/c/x"),
         // The pod under another namespace, and another namespace's pod by a trick.
         format!("/containerLogs/kube-system/{pod}/c"),
@@ -654,6 +654,26 @@ async fn log_requests_with_path_tricks_read_only_the_named_containers_log() {
             );
         }
     }
+    // The node's /var/log is listed, as by the kubelet, to the authorized only.
+    let names: Vec<String> = std::fs::read_dir("/var/log")
+        .expect("/var/log")
+        .filter_map(|e| Some(e.ok()?.file_name().to_string_lossy().into_owned()))
+        .take(5)
+        .collect();
+    match request(&admin, "GET", "/logs/", "").await {
+        Outcome::Answer(200, body) => {
+            assert!(body.starts_with("<pre>\n"), "{body}");
+            for name in &names {
+                assert!(body.contains(&format!(">{name}")), "{name} not in {body}");
+            }
+        }
+        other => panic!("/logs/: {other:?}"),
+    }
+    let anonymous = client_config(false);
+    assert_eq!(
+        request(&anonymous, "GET", "/logs/", "").await.status(),
+        Some(401)
+    );
 }
 
 /// Connects to a Unix socket as `euid` (file access as root, so that only the peer
