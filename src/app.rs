@@ -83,6 +83,8 @@ pub struct Config {
     pub node_labels: std::collections::BTreeMap<String, String>,
     /// `--max-pods`.
     pub max_pods: u32,
+    /// `--eviction-pressure-transition-period`.
+    pub eviction_pressure_transition_period: Duration,
     /// `--allowed-unsafe-sysctls`: sysctls (or `prefix*` patterns) pods may set besides
     /// the safe ones.
     pub allowed_unsafe_sysctls: Vec<String>,
@@ -437,6 +439,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
     let mut node_config = NodeConfig::new(config.node_name.clone(), config.node_ip);
     node_config.root_dir = config.root_dir.clone();
     node_config.max_pods = config.max_pods;
+    node_config.eviction_pressure_transition_period = config.eviction_pressure_transition_period;
     node_config.labels = config.node_labels.clone();
     if let Some(server) = &config.server {
         node_config.daemon_port = server.port;

@@ -112,6 +112,10 @@ struct RunArgs {
     /// The most pods this node runs.
     #[arg(long, default_value_t = 110)]
     max_pods: u32,
+    /// How long a pressure condition (MemoryPressure, DiskPressure, PIDPressure) is held
+    /// after its threshold stops being met, as a Go duration (`5m0s`, `30s`).
+    #[arg(long, default_value = "5m0s", value_parser = rkubelet::node::parse_go_duration)]
+    eviction_pressure_transition_period: Duration,
     /// Unsafe sysctls or sysctl patterns (ending in `*`) pods may set besides the safe
     /// ones, comma-separated.
     #[arg(long, value_delimiter = ',')]
@@ -359,6 +363,7 @@ async fn run_command(
         resolv_conf: (!args.resolv_conf.is_empty()).then(|| args.resolv_conf.into()),
         node_labels,
         max_pods: args.max_pods,
+        eviction_pressure_transition_period: args.eviction_pressure_transition_period,
         allowed_unsafe_sysctls: args.allowed_unsafe_sysctls,
         server,
         cgroups_per_qos: args.cgroups_per_qos,

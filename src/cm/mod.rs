@@ -20,7 +20,9 @@ use k8s_openapi::api::core::v1::Pod;
 pub use cgroup_manager::{
     CgroupFs, CgroupLayout, CgroupManager, CgroupName, Hierarchy, LinuxCgroupFs, cpu_weight,
 };
-pub use policy::{BEST_EFFORT_OOM_SCORE_ADJ, GUARANTEED_OOM_SCORE_ADJ, container_oom_score_adj};
+pub use policy::{
+    BEST_EFFORT_OOM_SCORE_ADJ, GUARANTEED_OOM_SCORE_ADJ, container_oom_score_adj, is_critical,
+};
 pub use resource_config::{
     MIN_SHARES, QUOTA_PERIOD, ResourceConfig, hugepage_limits, hugepage_unit, milli_cpu_to_quota,
     milli_cpu_to_shares, pod_requests_and_limits, resource_config_for_pod,

@@ -20,7 +20,8 @@ const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
 
 /// A critical pod: a mirror of a static pod, or of system-critical priority
 /// (`types.IsCriticalPod`).
-fn is_critical(pod: &Pod) -> bool {
+#[must_use]
+pub fn is_critical(pod: &Pod) -> bool {
     let mirror = pod
         .metadata
         .annotations

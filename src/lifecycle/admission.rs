@@ -1,6 +1,9 @@
 //! Pod admission, the kubelet's admit handlers (`HandlePodAdditions` → `canAdmitPod`):
 //! before a pod's first sync, it is checked against this node and the pods already
-//! admitted, in the kubelet's order — the sysctl whitelist (safe sysctls plus
+//! admitted, in the kubelet's order — the eviction manager's: under a pressure condition
+//! the Node reports (DiskPressure, PIDPressure, or MemoryPressure for BestEffort pods
+//! that do not tolerate it), pods other than critical ones are rejected with reason
+//! `Evicted`; then the sysctl whitelist (safe sysctls plus
 //! `--allowed-unsafe-sysctls`, reason `SysctlForbidden`), then the scheduler's general
 //! predicates the kubelet reuses: allocatable pods/cpu/memory/ephemeral-storage against
 //! the requests of the admitted pods that have not finished (`OutOf<resource>`),
@@ -17,13 +20,13 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::{
-    Container, Node, NodeSelectorRequirement, NodeSelectorTerm, Pod, PodSpec, PodStatus,
+    Container, Node, NodeSelectorRequirement, NodeSelectorTerm, Pod, PodSpec, PodStatus, Toleration,
 };
 use k8s_openapi::api::node::v1::RuntimeClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as ApiQuantity;
 use kube::runtime::reflector::Store;
 
-use crate::resources::Quantity;
+use crate::resources::{QosClass, Quantity, qos_class};
 
 /// Why a pod may not run on this node: the kubelet's `PodAdmitResult` when not admitted.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -465,7 +468,68 @@ pub fn general_predicates(pod: &Pod, others: &[&Pod], node: &Node) -> Result<(),
     Ok(())
 }
 
-/// All admit handlers in the kubelet's order: sysctls, then the general predicates.
+/// The eviction manager's rejection reason.
+const EVICTED: &str = "Evicted";
+/// The pressure conditions, in the order the kubelet lists them.
+const PRESSURE_CONDITIONS: [&str; 3] = ["MemoryPressure", "DiskPressure", "PIDPressure"];
+
+/// Whether `tolerations` tolerate the `NoSchedule` taint `key` (with no value), as
+/// `TolerationsTolerateTaint` decides.
+fn tolerates_no_schedule(tolerations: &[Toleration], key: &str) -> bool {
+    tolerations.iter().any(|t| {
+        let effect = t.effect.as_deref().unwrap_or("");
+        let t_key = t.key.as_deref().unwrap_or("");
+        let exists = t.operator.as_deref() == Some("Exists");
+        (effect.is_empty() || effect == "NoSchedule")
+            && (t_key.is_empty() && exists
+                || t_key == key && (exists || t.value.as_deref().unwrap_or("").is_empty()))
+    })
+}
+
+/// The eviction manager's admit handler: under the pressure conditions the Node reports,
+/// only critical pods are admitted, and under MemoryPressure alone also pods that are not
+/// BestEffort or that tolerate the memory-pressure taint.
+///
+/// # Errors
+/// `Evicted`, with the kubelet's message naming the conditions.
+pub fn pressure_admit(pod: &Pod, node: &Node) -> Result<(), Rejection> {
+    let conditions = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    let held: Vec<&str> = PRESSURE_CONDITIONS
+        .into_iter()
+        .filter(|kind| {
+            conditions
+                .iter()
+                .any(|c| c.type_ == *kind && c.status == "True")
+        })
+        .collect();
+    if held.is_empty() || crate::cm::is_critical(pod) {
+        return Ok(());
+    }
+    if held == ["MemoryPressure"] {
+        let empty = PodSpec::default();
+        let spec = pod.spec.as_ref().unwrap_or(&empty);
+        if qos_class(spec) != QosClass::BestEffort
+            || tolerates_no_schedule(
+                spec.tolerations.as_deref().unwrap_or_default(),
+                "node.kubernetes.io/memory-pressure",
+            )
+        {
+            return Ok(());
+        }
+    }
+    Err(Rejection {
+        reason: EVICTED,
+        message: format!("The node had condition: [{}]. ", held.join(" ")),
+    })
+}
+
+/// All admit handlers in the kubelet's order: node pressure, sysctls, then the general
+/// predicates.
 ///
 /// # Errors
 /// The first handler's rejection.
@@ -475,6 +539,7 @@ pub fn admit_pod(
     node: &Node,
     sysctls: &SysctlWhitelist,
 ) -> Result<(), Rejection> {
+    pressure_admit(pod, node)?;
     sysctls.admit(pod)?;
     general_predicates(pod, others, node)
 }
@@ -633,8 +698,8 @@ mod tests {
     use super::*;
     use crate::pod::testing::pod;
     use k8s_openapi::api::core::v1::{
-        Affinity, ContainerPort, NodeAffinity, NodeSelector, NodeStatus, PodSecurityContext,
-        ResourceRequirements, Sysctl,
+        Affinity, ContainerPort, NodeAffinity, NodeCondition, NodeSelector, NodeStatus,
+        PodSecurityContext, ResourceRequirements, Sysctl,
     };
     use kube::api::ObjectMeta;
     use kube::runtime::{reflector, watcher};
@@ -685,6 +750,67 @@ mod tests {
             ..Default::default()
         });
         p
+    }
+
+    fn under(conditions: &[&str]) -> Node {
+        let mut n = big_node();
+        n.status.as_mut().unwrap().conditions = Some(
+            ["MemoryPressure", "DiskPressure", "PIDPressure", "Ready"]
+                .into_iter()
+                .map(|kind| NodeCondition {
+                    type_: kind.into(),
+                    status: if conditions.contains(&kind) || kind == "Ready" {
+                        "True"
+                    } else {
+                        "False"
+                    }
+                    .into(),
+                    ..Default::default()
+                })
+                .collect(),
+        );
+        n
+    }
+
+    /// The eviction manager's `Admit`: disk (and PID) pressure rejects every pod but a
+    /// critical one, memory pressure only BestEffort pods that do not tolerate it.
+    #[test]
+    fn pressure_conditions_reject_as_the_eviction_manager_does() {
+        let best_effort = pod("be", &[("c", "busybox")]);
+        let burstable = requesting("bu", &[("memory", "10Mi")]);
+        let mut critical = pod("crit", &[("c", "busybox")]);
+        critical.spec.as_mut().unwrap().priority = Some(2_000_001_000);
+        let mut tolerant = pod("tol", &[("c", "busybox")]);
+        tolerant.spec.as_mut().unwrap().tolerations = Some(vec![Toleration {
+            key: Some("node.kubernetes.io/memory-pressure".into()),
+            operator: Some("Exists".into()),
+            effect: Some("NoSchedule".into()),
+            ..Default::default()
+        }]);
+        let sysctls = SysctlWhitelist::new(&[]).unwrap();
+        let admit = |p: &Pod, n: &Node| admit_pod(p, &[], n, &sysctls).err();
+        let disk = Some(Rejection {
+            reason: "Evicted",
+            message: "The node had condition: [DiskPressure]. ".into(),
+        });
+        assert_eq!(admit(&best_effort, &under(&["DiskPressure"])), disk);
+        assert_eq!(admit(&burstable, &under(&["DiskPressure"])), disk);
+        assert_eq!(admit(&tolerant, &under(&["DiskPressure"])), disk);
+        assert_eq!(admit(&critical, &under(&["DiskPressure"])), None);
+        assert_eq!(
+            admit(&burstable, &under(&["MemoryPressure", "DiskPressure"])).map(|r| r.message),
+            Some("The node had condition: [MemoryPressure DiskPressure]. ".into())
+        );
+        let memory = under(&["MemoryPressure"]);
+        assert_eq!(
+            admit(&best_effort, &memory).map(|r| r.message),
+            Some("The node had condition: [MemoryPressure]. ".into())
+        );
+        for admitted in [&burstable, &tolerant, &critical] {
+            assert_eq!(admit(admitted, &memory), None);
+        }
+        assert_eq!(admit(&best_effort, &under(&[])), None);
+        assert!(admit(&best_effort, &under(&["PIDPressure"])).is_some());
     }
 
     fn rejected(pod: &Pod, others: &[&Pod], node: &Node) -> Option<Rejection> {

@@ -311,6 +311,44 @@ fn is_label_value(s: &str) -> bool {
         && bytes.last().is_none_or(u8::is_ascii_alphanumeric)
 }
 
+/// Parses a Go duration as the kubelet's flags take them: a sequence of decimal numbers
+/// with units `h`, `m`, `s` or `ms` (`5m0s`, `1h`, `1.5s`, `250ms`), or `0`.
+///
+/// # Errors
+/// Anything else, with what was given.
+pub fn parse_go_duration(text: &str) -> Result<Duration, String> {
+    let bad = || format!("invalid duration {text:?} (examples: 5m0s, 30s, 250ms)");
+    if text == "0" {
+        return Ok(Duration::ZERO);
+    }
+    let mut rest = text;
+    let mut total = 0f64;
+    while !rest.is_empty() {
+        let number_end = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(bad)?;
+        let (number, tail) = rest.split_at(number_end);
+        let value: f64 = number.parse().map_err(|_| bad())?;
+        let unit_end = tail
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(tail.len());
+        let (unit, tail) = tail.split_at(unit_end);
+        let seconds = match unit {
+            "h" => 3600.0,
+            "m" => 60.0,
+            "s" => 1.0,
+            "ms" => 0.001,
+            _ => return Err(bad()),
+        };
+        total += value * seconds;
+        rest = tail;
+    }
+    if text.is_empty() {
+        return Err(bad());
+    }
+    Duration::try_from_secs_f64(total).map_err(|_| bad())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -409,5 +447,18 @@ mod tests {
         let mut c = config();
         c.node_lease_duration_seconds = 0;
         assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn go_durations_as_the_kubelets_flags_take_them() {
+        let d = |t| parse_go_duration(t);
+        assert_eq!(d("5m0s"), Ok(Duration::from_secs(300)));
+        assert_eq!(d("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(d("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(d("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(d("0"), Ok(Duration::ZERO));
+        for wrong in ["", "5", "5x", "m", "-1s", "1.2.3s"] {
+            assert!(d(wrong).is_err(), "{wrong}");
+        }
     }
 }

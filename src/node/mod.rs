@@ -38,7 +38,9 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 pub use agent::{Heartbeats, NodeAgent, StatusTrigger, StatusUpdate};
-pub use config::{DEFAULT_KUBELET_VERSION, EvictionHard, NodeConfig, Reservation, go_arch};
+pub use config::{
+    DEFAULT_KUBELET_VERSION, EvictionHard, NodeConfig, Reservation, go_arch, parse_go_duration,
+};
 pub use error::{MachineError, NodeError};
 pub use lease::{LeaseController, NODE_LEASE_NAMESPACE};
 pub use lister::node_lister;

@@ -12,7 +12,10 @@
 //! and `nodes/proxy` for everything else (logs of containers, exec, attach,
 //! port-forward, pods), with the verb of the HTTP method. Denial is 403. Reviews are
 //! cached: tokens for 2 min (10 s when refused), decisions for 5 min (30 s when denied),
-//! the kubelet's defaults.
+//! the kubelet's defaults. At most [`MAX_REVIEWS_IN_FLIGHT`] reviews are asked at once:
+//! a flood of new tokens costs the API server, and this agent's connections to it, no
+//! more than that (the kubelet's client multiplexes its reviews over one HTTP/2
+//! connection; this one opens a connection per concurrent request).
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -36,6 +39,8 @@ pub const AUTHORIZED_TTL: Duration = Duration::from_secs(300);
 pub const UNAUTHORIZED_TTL: Duration = Duration::from_secs(30);
 /// Most entries each cache holds; beyond it, expired entries are dropped, then all.
 const CACHE_MAX: usize = 4096;
+/// Most reviews asked of the API server at once.
+pub const MAX_REVIEWS_IN_FLIGHT: usize = 8;
 
 /// An authenticated user.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -262,6 +267,30 @@ impl<K: Eq + Hash, V: Clone> TtlCache<K, V> {
         }
         entries.insert(key, (value, Instant::now() + ttl));
     }
+
+    /// The cached value of `key`, else `review`'s, cached for `ttl` of it; a review
+    /// waits for one of `permits` (and the cache is looked at again once it has one).
+    async fn get_or_review<E, Fut>(
+        &self,
+        key: K,
+        permits: &tokio::sync::Semaphore,
+        review: impl FnOnce() -> Fut,
+        ttl: impl Fn(&V) -> Duration,
+    ) -> Result<V, E>
+    where
+        Fut: Future<Output = Result<V, E>>,
+    {
+        if let Some(cached) = self.get(&key) {
+            return Ok(cached);
+        }
+        let _permit = permits.acquire().await.ok();
+        if let Some(cached) = self.get(&key) {
+            return Ok(cached);
+        }
+        let value = review().await?;
+        self.insert(key, value.clone(), ttl(&value));
+        Ok(value)
+    }
 }
 
 /// The server's authenticator and authorizer, with their caches.
@@ -271,6 +300,8 @@ pub struct Auth<R> {
     /// By SHA-256 of the token: tokens themselves are not kept.
     tokens: TtlCache<[u8; 32], Option<UserInfo>>,
     decisions: TtlCache<String, bool>,
+    /// Reviews asked at once, at most [`MAX_REVIEWS_IN_FLIGHT`].
+    in_flight: tokio::sync::Semaphore,
 }
 
 impl<R: Reviews> Auth<R> {
@@ -281,6 +312,7 @@ impl<R: Reviews> Auth<R> {
             node,
             tokens: TtlCache::new(),
             decisions: TtlCache::new(),
+            in_flight: tokio::sync::Semaphore::new(MAX_REVIEWS_IN_FLIGHT),
         }
     }
 
@@ -305,25 +337,25 @@ impl<R: Reviews> Auth<R> {
             .ok_or(AuthError::Unauthorized)?;
         let mut key = [0u8; 32];
         key.copy_from_slice(ring::digest::digest(&ring::digest::SHA256, token.as_bytes()).as_ref());
-        let user =
-            match self.tokens.get(&key) {
-                Some(cached) => cached,
-                None => {
-                    let reviewed = self.reviews.token_review(token).await.map_err(|source| {
-                        AuthError::Review {
-                            what: "token",
-                            source,
-                        }
-                    })?;
-                    let ttl = if reviewed.is_some() {
+        let user = self
+            .tokens
+            .get_or_review(
+                key,
+                &self.in_flight,
+                || self.reviews.token_review(token),
+                |reviewed| {
+                    if reviewed.is_some() {
                         TOKEN_TTL
                     } else {
                         TOKEN_REFUSED_TTL
-                    };
-                    self.tokens.insert(key, reviewed.clone(), ttl);
-                    reviewed
-                }
-            };
+                    }
+                },
+            )
+            .await
+            .map_err(|source| AuthError::Review {
+                what: "token",
+                source,
+            })?;
         user.ok_or(AuthError::Unauthorized)
     }
 
@@ -349,26 +381,25 @@ impl<R: Reviews> Auth<R> {
             attrs.verb,
             attrs.subresource
         );
-        let allowed = match self.decisions.get(&key) {
-            Some(allowed) => allowed,
-            None => {
-                let allowed = self
-                    .reviews
-                    .subject_access_review(user, &attrs)
-                    .await
-                    .map_err(|source| AuthError::Review {
-                        what: "access",
-                        source,
-                    })?;
-                let ttl = if allowed {
-                    AUTHORIZED_TTL
-                } else {
-                    UNAUTHORIZED_TTL
-                };
-                self.decisions.insert(key, allowed, ttl);
-                allowed
-            }
-        };
+        let allowed = self
+            .decisions
+            .get_or_review(
+                key,
+                &self.in_flight,
+                || self.reviews.subject_access_review(user, &attrs),
+                |allowed| {
+                    if *allowed {
+                        AUTHORIZED_TTL
+                    } else {
+                        UNAUTHORIZED_TTL
+                    }
+                },
+            )
+            .await
+            .map_err(|source| AuthError::Review {
+                what: "access",
+                source,
+            })?;
         if allowed {
             Ok(())
         } else {
@@ -414,11 +445,17 @@ mod tests {
     struct Fake {
         token_reviews: AtomicUsize,
         access_reviews: AtomicUsize,
+        in_flight: AtomicUsize,
+        most_in_flight: AtomicUsize,
     }
 
     impl Reviews for Fake {
         async fn token_review(&self, token: &str) -> Result<Option<UserInfo>, kube::Error> {
             self.token_reviews.fetch_add(1, Ordering::SeqCst);
+            let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+            self.most_in_flight.fetch_max(now, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            self.in_flight.fetch_sub(1, Ordering::SeqCst);
             Ok((token == "good").then(|| UserInfo {
                 name: "system:serviceaccount:ns:sa".into(),
                 groups: vec!["system:serviceaccounts".into()],
@@ -472,6 +509,38 @@ mod tests {
             auth.reviews.token_reviews.load(Ordering::SeqCst),
             2,
             "the refused token is cached too"
+        );
+    }
+
+    /// A flood of invented tokens: every one is reviewed (and refused), never more than
+    /// the limit at once; a token many ask for at once is reviewed by few of them.
+    #[tokio::test]
+    async fn reviews_in_flight_are_bounded() {
+        let auth = std::sync::Arc::new(Auth::new(Fake::default(), "n1".into()));
+        let mut tasks = tokio::task::JoinSet::new();
+        for i in 0..100 {
+            let auth = auth.clone();
+            let header = if i % 2 == 0 {
+                format!("Bearer invented-{i}")
+            } else {
+                "Bearer good".to_owned()
+            };
+            tasks.spawn(async move { auth.authenticate(None, Some(&header)).await.is_ok() });
+        }
+        let mut good = 0;
+        while let Some(ok) = tasks.join_next().await {
+            good += usize::from(ok.unwrap());
+        }
+        assert_eq!(good, 50);
+        let most = auth.reviews.most_in_flight.load(Ordering::SeqCst);
+        assert!(
+            (1..=MAX_REVIEWS_IN_FLIGHT).contains(&most),
+            "{most} at once"
+        );
+        let reviews = auth.reviews.token_reviews.load(Ordering::SeqCst);
+        assert!(
+            reviews <= 50 + MAX_REVIEWS_IN_FLIGHT,
+            "{reviews} reviews: the good token's waiters found it cached"
         );
     }
 

@@ -13,6 +13,7 @@
 //! | `/metrics` | Prometheus text ([`metrics`]) | `nodes/metrics` |
 //! | `/stats/summary` | CPU and memory of node and pods ([`stats`]) | `nodes/stats` |
 //! | `/debug/timeline[/{ns}/{pod}]` | pods' start-up timelines ([`debug`]) | `nodes/proxy` |
+//! | `/logs/{path}` | the node's `/var/log` ([`syslogs`]) | `nodes/log` |
 //!
 //! Every request on 10250 is authenticated (client certificate, else bearer token, else
 //! 401) and authorized with a `SubjectAccessReview` ([`auth`]). The serving certificate
@@ -26,12 +27,13 @@ pub mod logs;
 pub mod metrics;
 pub mod stats;
 pub mod streaming;
+pub mod syslogs;
 pub mod tls;
 pub mod x509;
 
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -223,6 +225,7 @@ fn route(path: &str) -> &'static str {
         "attach" => "/attach",
         "portForward" => "/portForward",
         "debug" => "/debug",
+        "logs" => "/logs",
         _ => "other",
     }
 }
@@ -346,6 +349,7 @@ impl Server {
                     None => text(StatusCode::NOT_FOUND, "404 page not found"),
                 }
             }
+            ["logs", ..] if get => syslogs::serve(Path::new(syslogs::ROOT), &path).await,
             ["debug", rest @ ..] if get => debug::route(&self.timelines, rest)
                 .unwrap_or_else(|| text(StatusCode::NOT_FOUND, "404 page not found")),
             ["portForward", ns, pod, rest @ ..] if stream && rest.len() <= 1 => {

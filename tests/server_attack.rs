@@ -1,0 +1,777 @@
+//! The kubelet API under load and attack, against the real agent on the node IP: a
+//! thousand concurrent clients (authorized, unauthenticated, with invented tokens) leave
+//! the agent's memory and file descriptors at their baseline while a pod still syncs;
+//! oversized headers and bodies are refused and slow clients cut; log requests with path
+//! tricks read nothing but the named container's log; and the node-local sockets (the
+//! CNI shim's, the debug socket) refuse peers that are not root.
+
+mod common;
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::agent::NODE_IP;
+use common::case::{Case, running};
+use common::{eventually, state_dir};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::process::Command;
+
+fn pki(file: &str) -> PathBuf {
+    state_dir().join("pki").join(file)
+}
+
+fn api_address() -> SocketAddr {
+    SocketAddr::new(NODE_IP.parse().expect("node IP"), 10250)
+}
+
+/// A TLS client trusting the cluster CA; `authorized` presents the apiserver's kubelet
+/// client certificate (system:masters).
+fn client_config(authorized: bool) -> Arc<rustls::ClientConfig> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(pki("ca.crt")).expect("ca.crt") {
+        roots.add(cert.expect("CA certificate")).expect("CA added");
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("TLS versions")
+    .with_root_certificates(roots);
+    Arc::new(if authorized {
+        let chain = CertificateDer::pem_file_iter(pki("apiserver-kubelet-client.crt"))
+            .expect("client certificate")
+            .collect::<Result<Vec<_>, _>>()
+            .expect("certificates");
+        let key = PrivateKeyDer::from_pem_file(pki("apiserver-kubelet-client.key")).expect("key");
+        builder
+            .with_client_auth_cert(chain, key)
+            .expect("client auth")
+    } else {
+        builder.with_no_client_auth()
+    })
+}
+
+type Tls = tokio_rustls::client::TlsStream<TcpStream>;
+
+async fn connect(config: &Arc<rustls::ClientConfig>) -> std::io::Result<Tls> {
+    let tcp = TcpStream::connect(api_address()).await?;
+    let ip: IpAddr = NODE_IP.parse().expect("node IP");
+    tokio_rustls::TlsConnector::from(config.clone())
+        .connect(ServerName::IpAddress(ip.into()), tcp)
+        .await
+}
+
+/// How a request ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Outcome {
+    /// An HTTP answer: its status and body.
+    Answer(u16, String),
+    /// The connection closed (or was reset) without an answer.
+    Closed(String),
+}
+
+impl Outcome {
+    fn status(&self) -> Option<u16> {
+        match self {
+            Self::Answer(s, _) => Some(*s),
+            Self::Closed(_) => None,
+        }
+    }
+}
+
+/// Reads a whole answer (the server closes, or `Connection: close` was asked) of at most
+/// 4 MiB.
+async fn read_answer(stream: &mut (impl AsyncRead + Unpin)) -> Outcome {
+    let mut buf = Vec::new();
+    match stream.take(4 << 20).read_to_end(&mut buf).await {
+        Ok(_) => {}
+        Err(e) if buf.is_empty() => return Outcome::Closed(e.to_string()),
+        Err(_) => {}
+    }
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let Some((head, body)) = text.split_once("\r\n\r\n") else {
+        return Outcome::Closed(format!("no HTTP answer: {text:?}"));
+    };
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(body)
+    } else {
+        body.to_owned()
+    };
+    Outcome::Answer(status, body)
+}
+
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
+            break;
+        };
+        if n == 0 || rest.len() < n {
+            out.push_str(&rest[..n.min(rest.len())]);
+            break;
+        }
+        out.push_str(&rest[..n]);
+        body = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// One request with `Connection: close` and `extra` header lines; the whole exchange
+/// within 60 s.
+async fn request(
+    config: &Arc<rustls::ClientConfig>,
+    method: &str,
+    path: &str,
+    extra: &str,
+) -> Outcome {
+    let exchange = async {
+        let mut tls = match connect(config).await {
+            Ok(t) => t,
+            Err(e) => return Outcome::Closed(format!("connect: {e}")),
+        };
+        let head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {NODE_IP}:10250\r\n{extra}Connection: close\r\n\r\n"
+        );
+        if let Err(e) = tls.write_all(head.as_bytes()).await {
+            return Outcome::Closed(format!("write: {e}"));
+        }
+        read_answer(&mut tls).await
+    };
+    tokio::time::timeout(Duration::from_secs(60), exchange)
+        .await
+        .unwrap_or_else(|_| panic!("{method} {path}: no answer nor close within 60 s"))
+}
+
+/// The agent's resident memory (KiB) and open file descriptors.
+fn usage(pid: i32) -> (u64, usize) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let rss = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS");
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("fd dir")
+        .count();
+    (rss, fds)
+}
+
+/// Samples the agent's usage every 20 ms until dropped; the peaks so far.
+struct Sampler {
+    peak: Arc<std::sync::Mutex<(u64, usize)>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Sampler {
+    fn start(pid: i32) -> Self {
+        let peak = Arc::new(std::sync::Mutex::new(usage(pid)));
+        let shared = peak.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let (rss, fds) = usage(pid);
+                {
+                    let mut p = shared.lock().expect("peak");
+                    p.0 = p.0.max(rss);
+                    p.1 = p.1.max(fds);
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        });
+        Self { peak, task }
+    }
+
+    fn peak(&self) -> (u64, usize) {
+        *self.peak.lock().expect("peak")
+    }
+}
+
+impl Drop for Sampler {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn agent_pid(case: &Case) -> i32 {
+    case.agent().pid().as_raw()
+}
+
+async fn api_up(admin: &Arc<rustls::ClientConfig>) {
+    eventually("the kubelet API", Duration::from_secs(60), || async {
+        let answer = tokio::time::timeout(
+            Duration::from_secs(5),
+            request(admin, "GET", "/healthz", ""),
+        )
+        .await;
+        (answer.ok()?.status() == Some(200)).then_some(())
+    })
+    .await;
+}
+
+/// Waits until the agent's fd count is back to `baseline` (plus the connections to the
+/// API server its reviews may leave pooled, and a few for its own work); the count seen.
+async fn fds_settle(pid: i32, baseline: usize) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, fds) = usage(pid);
+        let pooled = rkubelet::server::auth::MAX_REVIEWS_IN_FLIGHT;
+        if fds <= baseline + pooled + 2 || Instant::now() > deadline {
+            return fds;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn sleeper() -> serde_json::Value {
+    serde_json::json!({
+        "metadata": {},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "c",
+                "image": "busybox",
+                "command": ["sh", "-c", "echo ready; while true; do echo tick; sleep 1; done"],
+            }]
+        }
+    })
+}
+
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn a_thousand_concurrent_requests_leave_memory_and_fds_at_baseline() {
+    let case = Case::with_agent("flood", &[]).await;
+    let admin = client_config(true);
+    let anonymous = client_config(false);
+    api_up(&admin).await;
+    let pid = agent_pid(&case);
+    // Warm: the decision for the admin is cached, the TLS and HTTP paths have run.
+    for _ in 0..3 {
+        assert_eq!(
+            request(&admin, "GET", "/pods", "").await.status(),
+            Some(200)
+        );
+        assert_eq!(
+            request(&anonymous, "GET", "/pods", "").await.status(),
+            Some(401)
+        );
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let before = usage(pid);
+    let sampler = Sampler::start(pid);
+
+    // A pod created as the flood starts still syncs.
+    let pod = case.create("sync", sleeper()).await;
+    let started = Instant::now();
+    let mut clients = tokio::task::JoinSet::new();
+    for i in 0..1000 {
+        let (config, extra, kind) = match i % 3 {
+            0 => (admin.clone(), String::new(), "authorized"),
+            1 => (anonymous.clone(), String::new(), "anonymous"),
+            _ => (
+                anonymous.clone(),
+                format!("Authorization: Bearer invented-{i}\r\n"),
+                "invented token",
+            ),
+        };
+        clients.spawn(async move {
+            let path = if i % 2 == 0 { "/pods" } else { "/healthz" };
+            (kind, request(&config, "GET", path, &extra).await)
+        });
+    }
+    let mut answered = std::collections::BTreeMap::<(&str, u16), usize>::new();
+    let mut closed = Vec::new();
+    while let Some(done) = clients.join_next().await {
+        match done.expect("client task") {
+            (kind, Outcome::Answer(status, _)) => *answered.entry((kind, status)).or_default() += 1,
+            (kind, Outcome::Closed(why)) => closed.push(format!("{kind}: {why}")),
+        }
+    }
+    let flood = started.elapsed();
+    let peak = sampler.peak();
+    drop(sampler);
+    let settled_fds = fds_settle(pid, before.1).await;
+    // The agent hands freed heap back to the kernel every 10 s: one round of it.
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    let after = usage(pid);
+    eprintln!(
+        "1000 concurrent requests in {flood:?}: {answered:?}, {} closed without answer; \
+         RSS {} -> peak {} -> after {} KiB; fds {} -> peak {} -> after {} (settled at {settled_fds})",
+        closed.len(),
+        before.0,
+        peak.0,
+        after.0,
+        before.1,
+        peak.1,
+        after.1
+    );
+    let total: usize = answered.values().sum::<usize>() + closed.len();
+    assert_eq!(total, 1000, "every request ends");
+    for ((kind, status), n) in &answered {
+        let expected = if *kind == "authorized" { 200 } else { 401 };
+        assert_eq!(*status, expected, "{n} {kind} requests answered {status}");
+    }
+    assert!(
+        closed.len() <= 10,
+        "at most a few connections closed unanswered: {closed:?}"
+    );
+    // Bounded while it lasts: the connection cap (256) holds the clients' fds and
+    // buffers, the review limit (8) the connections to the API server.
+    let reviews = rkubelet::server::auth::MAX_REVIEWS_IN_FLIGHT;
+    assert!(
+        peak.1 <= before.1 + 256 + reviews + 16,
+        "fds peak {} from {}",
+        peak.1,
+        before.1
+    );
+    assert!(
+        peak.0 <= before.0 + 96 * 1024,
+        "RSS peak {} KiB from {} KiB",
+        peak.0,
+        before.0
+    );
+    // And back: every client's fd closed (idle connections to the API server may stay
+    // pooled a while); memory near where it was.
+    assert!(
+        settled_fds <= before.1 + reviews + 2,
+        "fds {} after, {} before",
+        settled_fds,
+        before.1
+    );
+    assert!(
+        after.0 <= before.0 + 24 * 1024,
+        "RSS {} KiB after, {} KiB before",
+        after.0,
+        before.0
+    );
+
+    // Still healthy and syncing.
+    let healthz = Command::new("curl")
+        .args(["-sS", "--max-time", "5", "http://127.0.0.1:10248/healthz"])
+        .output()
+        .await
+        .expect("curl");
+    assert_eq!(String::from_utf8_lossy(&healthz.stdout).trim(), "ok");
+    assert_eq!(
+        request(&admin, "GET", "/healthz", "").await,
+        Outcome::Answer(200, "ok\n".into())
+    );
+    running(&pod).await;
+    eprintln!(
+        "the pod created with the flood ran {:?} after its creation",
+        started.elapsed()
+    );
+}
+
+/// Writes `head`, then up to `body` bytes in 64 KiB pieces (stopping at the first write
+/// error: the server may close early), then reads the answer.
+async fn send_large(
+    config: &Arc<rustls::ClientConfig>,
+    head: &str,
+    body: usize,
+    chunked: bool,
+) -> Outcome {
+    let exchange = async {
+        let mut tls = connect(config).await.expect("connect");
+        if tls.write_all(head.as_bytes()).await.is_err() {
+            return read_answer(&mut tls).await;
+        }
+        let piece = vec![b'a'; 64 * 1024];
+        let mut sent = 0;
+        while sent < body {
+            let write = if chunked {
+                let mut chunk = format!("{:x}\r\n", piece.len()).into_bytes();
+                chunk.extend_from_slice(&piece);
+                chunk.extend_from_slice(b"\r\n");
+                tls.write_all(&chunk).await
+            } else {
+                tls.write_all(&piece).await
+            };
+            if write.is_err() {
+                break;
+            }
+            sent += piece.len();
+        }
+        let _ = tls.flush().await;
+        read_answer(&mut tls).await
+    };
+    tokio::time::timeout(Duration::from_secs(60), exchange)
+        .await
+        .expect("answered or closed within 60 s")
+}
+
+/// A client that sends its request head one line every `every`, forever; how long the
+/// server let it, and what it answered.
+async fn slowloris(
+    config: Option<Arc<rustls::ClientConfig>>,
+    every: Duration,
+) -> (Duration, Outcome) {
+    let started = Instant::now();
+    let mut tcp = TcpStream::connect(api_address()).await.expect("connect");
+    let Some(config) = config else {
+        // Not even a TLS handshake: the bytes of nothing.
+        let outcome = read_answer(&mut tcp).await;
+        return (started.elapsed(), outcome);
+    };
+    let ip: IpAddr = NODE_IP.parse().expect("node IP");
+    let mut tls = tokio_rustls::TlsConnector::from(config)
+        .connect(ServerName::IpAddress(ip.into()), tcp)
+        .await
+        .expect("handshake");
+    let mut line = 0u64;
+    let mut head = format!("GET /pods HTTP/1.1\r\nHost: {NODE_IP}\r\n").into_bytes();
+    loop {
+        if tls.write_all(&head).await.is_err() || tls.flush().await.is_err() {
+            break;
+        }
+        let mut byte = [0u8; 1];
+        match tokio::time::timeout(every, tls.read(&mut byte)).await {
+            Err(_) => {}
+            Ok(Ok(0) | Err(_)) => break,
+            Ok(Ok(_)) => {
+                // An answer began: read it.
+                let mut rest = byte.to_vec();
+                let _ = tls.read_to_end(&mut rest).await;
+                let text = String::from_utf8_lossy(&rest).into_owned();
+                let status = text
+                    .split(' ')
+                    .nth(1)
+                    .and_then(|s| s.parse().ok())
+                    .unwrap_or(0);
+                return (started.elapsed(), Outcome::Answer(status, text));
+            }
+        }
+        line += 1;
+        head = format!("X-Slow-{line}: a\r\n").into_bytes();
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "a slow client is never cut"
+        );
+    }
+    (started.elapsed(), Outcome::Closed("closed".into()))
+}
+
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn oversized_heads_and_bodies_are_refused_and_slow_clients_cut() {
+    let case = Case::with_agent("oversize", &[]).await;
+    let admin = client_config(true);
+    let anonymous = client_config(false);
+    api_up(&admin).await;
+    let pid = agent_pid(&case);
+    let before = usage(pid);
+
+    // Slow clients first: they are cut while the rest runs.
+    let no_handshake = tokio::spawn(slowloris(None, Duration::from_secs(1)));
+    let dribbling = tokio::spawn(slowloris(Some(admin.clone()), Duration::from_secs(2)));
+    let dribbling_anonymous =
+        tokio::spawn(slowloris(Some(anonymous.clone()), Duration::from_secs(2)));
+
+    let sampler = Sampler::start(pid);
+    let refused_head = |o: &Outcome| matches!(o.status(), None | Some(431 | 400));
+    // 1 MiB of headers, in one header and in many.
+    let big = "a".repeat(1 << 20);
+    let one = send_large(
+        &admin,
+        &format!("GET /pods HTTP/1.1\r\nHost: x\r\nX-Big: {big}\r\n\r\n"),
+        0,
+        false,
+    )
+    .await;
+    assert!(refused_head(&one), "1 MiB header: {one:?}");
+    let many: String = (0..8192)
+        .map(|i| format!("X-H{i}: {}\r\n", "b".repeat(120)))
+        .collect();
+    let many = send_large(
+        &admin,
+        &format!("GET /pods HTTP/1.1\r\nHost: x\r\n{many}\r\n"),
+        0,
+        false,
+    )
+    .await;
+    assert!(refused_head(&many), "8192 headers: {many:?}");
+    let anonymous_big = send_large(
+        &anonymous,
+        &format!("GET /pods HTTP/1.1\r\nHost: x\r\nX-Big: {big}\r\n\r\n"),
+        0,
+        false,
+    )
+    .await;
+    assert!(
+        refused_head(&anonymous_big),
+        "1 MiB header, anonymous: {anonymous_big:?}"
+    );
+    eprintln!(
+        "1 MiB header: {:?}; 8192 headers: {:?}; 1 MiB header, anonymous: {:?}",
+        one.status(),
+        many.status(),
+        anonymous_big.status()
+    );
+
+    // Huge bodies, announced and chunked, to paths that take POST and to those that do not.
+    let refused_body = |o: &Outcome| !matches!(o.status(), Some(200..=299));
+    for (config, path, chunked) in [
+        (
+            &admin,
+            "/exec/default/nobody/c?command=true&stdout=1",
+            false,
+        ),
+        (&admin, "/exec/default/nobody/c?command=true&stdout=1", true),
+        (&admin, "/run/default/nobody/c?cmd=true", false),
+        (&admin, "/pods", false),
+        (&admin, "/portForward/default/nobody?port=80", true),
+        (&anonymous, "/exec/default/nobody/c?command=true", false),
+        (&anonymous, "/pods", true),
+    ] {
+        let length = if chunked {
+            "Transfer-Encoding: chunked\r\n".to_owned()
+        } else {
+            format!("Content-Length: {}\r\n", 1u64 << 30)
+        };
+        let head = format!("POST {path} HTTP/1.1\r\nHost: x\r\n{length}\r\n");
+        let started = Instant::now();
+        let outcome = send_large(config, &head, 64 << 20, chunked).await;
+        eprintln!(
+            "POST {path} with a 1 GiB body (chunked: {chunked}): {:?} in {:?}",
+            outcome.status(),
+            started.elapsed()
+        );
+        assert!(refused_body(&outcome), "POST {path}: {outcome:?}");
+    }
+    let peak = sampler.peak();
+    drop(sampler);
+    assert!(
+        peak.0 <= before.0 + 32 * 1024,
+        "RSS peak {} KiB from {} KiB with oversized requests",
+        peak.0,
+        before.0
+    );
+
+    let (handshake_cut, outcome) = no_handshake.await.expect("task");
+    assert!(matches!(outcome, Outcome::Closed(_)), "{outcome:?}");
+    let (cut, outcome) = dribbling.await.expect("task");
+    assert_ne!(outcome.status(), Some(200), "{outcome:?}");
+    let (anonymous_cut, anonymous_outcome) = dribbling_anonymous.await.expect("task");
+    assert_ne!(
+        anonymous_outcome.status(),
+        Some(200),
+        "{anonymous_outcome:?}"
+    );
+    let settled_fds = fds_settle(pid, before.1).await;
+    let after = usage(pid);
+    eprintln!(
+        "slow clients cut: no handshake after {handshake_cut:?}, dribbled heads after {cut:?} \
+         ({outcome:?}) and {anonymous_cut:?}; oversized requests: RSS {} -> peak {} -> after {} KiB, \
+         fds {} -> peak {} -> after {settled_fds}",
+        before.0, peak.0, after.0, before.1, peak.1
+    );
+    assert!(handshake_cut < Duration::from_secs(15), "{handshake_cut:?}");
+    assert!(cut < Duration::from_secs(70) && anonymous_cut < Duration::from_secs(70));
+    assert!(
+        settled_fds <= before.1 + rkubelet::server::auth::MAX_REVIEWS_IN_FLIGHT + 2,
+        "fds {settled_fds} after, {} before",
+        before.1
+    );
+    assert_eq!(
+        request(&admin, "GET", "/healthz", "").await.status(),
+        Some(200)
+    );
+}
+
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn log_requests_with_path_tricks_read_only_the_named_containers_log() {
+    let case = Case::with_agent("logtricks", &[]).await;
+    let admin = client_config(true);
+    api_up(&admin).await;
+    let pod = case.create("a", sleeper()).await;
+    let running_pod = running(&pod).await;
+    let uid = running_pod.metadata.uid.clone().expect("uid");
+    let own = eventually("the pod's log", Duration::from_secs(20), || async {
+        match request(
+            &admin,
+            "GET",
+            &format!("/containerLogs/default/{pod}/c"),
+            "",
+        )
+        .await
+        {
+            Outcome::Answer(200, body) if body.contains("ready") => Some(body),
+            _ => None,
+        }
+    })
+    .await;
+    assert!(own.starts_with("ready\n"), "{own}");
+
+    // Things a log request must never show.
+    let passwd = std::fs::read_to_string("/etc/passwd").expect("passwd");
+    let secret_line = passwd.lines().next().expect("a line").to_owned();
+    let logs_dir = case.agent().root_dir.join("logs");
+    let pod_logs = format!("default_{pod}_{uid}");
+    for path in [
+        format!("/containerLogs/default/{pod}/.."),
+        format!("/containerLogs/default/{pod}/../../../../../../etc/passwd"),
+        format!("/containerLogs/default/{pod}/..%2F..%2F..%2F..%2F..%2F..%2Fetc%2Fpasswd"),
+        format!("/containerLogs/default/{pod}/%2e%2e"),
+        format!("/containerLogs/default/{pod}/%2E%2E%2F%2E%2E%2Fetc%2Fpasswd"),
+        format!("/containerLogs/default/{pod}/c%2F..%2F..%2F..%2Fetc%2Fpasswd"),
+        format!("/containerLogs/default/{pod}/c/../../../../etc/passwd"),
+        format!("/containerLogs/default/{pod}/c%2F0.log"),
+        format!("/containerLogs/default/{pod}/c/0.log"),
+        format!("/containerLogs/default/{pod}/%2Fetc%2Fpasswd"),
+        "/containerLogs/default/..%2F..%2F..%2Fetc/passwd".to_owned(),
+        "/containerLogs/../../../etc/passwd".to_owned(),
+        format!("/containerLogs/default%2F{pod}/c/x"),
+        // The pod under another namespace, and another namespace's pod by a trick.
+        format!("/containerLogs/kube-system/{pod}/c"),
+        format!("/containerLogs/kube-system%2F..%2Fdefault/{pod}/c"),
+        format!("/containerLogs/default/{pod_logs}/c"),
+        format!("/containerLogs/default/{pod}/{pod_logs}%2Fc"),
+        format!("/containerLogs/default/{pod}/c?previous=true"),
+        // The kubelet's /logs/ file server: only ever /var/log, never beyond.
+        "/logs/../../../etc/passwd".to_owned(),
+        "/logs/..%2F..%2F..%2Fetc%2Fpasswd".to_owned(),
+        "/logs/%2e%2e/%2e%2e/etc/passwd".to_owned(),
+        format!(
+            "/logs/{}",
+            logs_dir.join(&pod_logs).join("c/0.log").display()
+        ),
+    ] {
+        let outcome = request(&admin, "GET", &path, "").await;
+        eprintln!("{path}: {:?}", outcome.status());
+        if let Outcome::Answer(status, body) = &outcome {
+            assert!(
+                !body.contains(&secret_line),
+                "{path} read /etc/passwd: {status}"
+            );
+            assert!(
+                !body.contains("tick"),
+                "{path} read a container log: {status} {body}"
+            );
+            assert!(
+                !(200..300).contains(status) || path.starts_with("/logs/"),
+                "{path}: {status} {body}"
+            );
+        }
+    }
+    // The node's /var/log is listed, as by the kubelet, to the authorized only.
+    let names: Vec<String> = std::fs::read_dir("/var/log")
+        .expect("/var/log")
+        .filter_map(|e| Some(e.ok()?.file_name().to_string_lossy().into_owned()))
+        .take(5)
+        .collect();
+    match request(&admin, "GET", "/logs/", "").await {
+        Outcome::Answer(200, body) => {
+            assert!(body.starts_with("<pre>\n"), "{body}");
+            for name in &names {
+                assert!(body.contains(&format!(">{name}")), "{name} not in {body}");
+            }
+        }
+        other => panic!("/logs/: {other:?}"),
+    }
+    let anonymous = client_config(false);
+    assert_eq!(
+        request(&anonymous, "GET", "/logs/", "").await.status(),
+        Some(401)
+    );
+}
+
+/// Connects to a Unix socket as `euid` (file access as root, so that only the peer
+/// credentials differ), sends `request` and answers what came back, or why not.
+async fn unix_exchange(
+    socket: &Path,
+    euid: Option<u32>,
+    unprivileged_files: bool,
+    request: &str,
+) -> String {
+    // Perl: the test process is threaded and may not change its credentials.
+    let script = r#"
+        use IO::Socket::UNIX;
+        my ($path, $euid, $files, $req) = @ARGV;
+        if ($euid ne "") {
+            $> = $euid; die "seteuid: $!" unless $> == $euid;
+            # setfsuid(0) is allowed (0 is the real uid): files are still opened as root.
+            syscall(122, 0) if $files eq "root";
+        }
+        my $s = IO::Socket::UNIX->new(Type => SOCK_STREAM(), Peer => $path)
+            or do { print "connect: $!"; exit 0 };
+        print $s $req;
+        local $/;
+        my $answer = <$s>;
+        print "answer: ", ($answer // "");
+    "#;
+    let out = Command::new("perl")
+        .args(["-e", script])
+        .arg(socket)
+        .arg(euid.map(|u| u.to_string()).unwrap_or_default())
+        .arg(if unprivileged_files { "own" } else { "root" })
+        .arg(request)
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(20), out)
+        .await
+        .expect("within 20 s")
+        .expect("perl runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn the_cni_and_debug_sockets_refuse_peers_that_are_not_root() {
+    let case = Case::with_agent("sockets", &[]).await;
+    let root = case.agent().root_dir.clone();
+    let debug = root.join("rkubelet.sock");
+    let shim = root.join("cni.sock");
+    eventually("both sockets", Duration::from_secs(30), || async {
+        (debug.exists() && shim.exists()).then_some(())
+    })
+    .await;
+    let http = "GET /debug/timeline HTTP/1.0\r\n\r\n";
+    let cni = "{\"command\":\"VERSION\"}\n";
+    for (socket, request) in [(&debug, http), (&shim, cni)] {
+        // Root is served.
+        let answer = unix_exchange(socket, None, false, request).await;
+        assert!(
+            answer.starts_with("answer: ") && answer.len() > "answer: ".len(),
+            "{}: {answer}",
+            socket.display()
+        );
+        // nobody cannot even open the socket file (mode 0600).
+        let answer = unix_exchange(socket, Some(65534), true, request).await;
+        assert!(
+            answer.starts_with("connect: Permission denied"),
+            "{}: {answer}",
+            socket.display()
+        );
+        // nobody with root's file access connects, and the peer check refuses it.
+        let answer = unix_exchange(socket, Some(65534), false, request).await;
+        assert_eq!(
+            answer,
+            "answer: ",
+            "{}: nobody was served",
+            socket.display()
+        );
+    }
+    let log = std::fs::read_to_string(&case.agent().log).expect("agent log");
+    assert!(
+        log.contains("refusing a shim request from an unprivileged peer"),
+        "{}",
+        case.agent().log_tail()
+    );
+}
