@@ -191,6 +191,8 @@ impl<C: Cri + Clone> Kubelet<C> {
     }
 
     fn publish_status(&self, pod: &Pod, id: &PodId, runtime: Option<&PodRuntimeStatus>) {
+        // Someone else may have changed the status in the API since we last sent it.
+        self.status.reconcile(pod);
         let reasons = lock(&self.reasons)
             .get(&id.uid)
             .cloned()
