@@ -53,8 +53,8 @@ pub fn start<S: PodSyncer, A: PodAdmission>(
     let config = watcher::Config::default().fields(&format!("spec.nodeName={node_name}"));
     let (store, writer) = reflector::store();
     let (synced_tx, synced) = watch::channel(false);
+    // No back-off on the stream: the feed waits as the kubelet's reflector does.
     let stream = watcher::watcher(api, config)
-        .default_backoff()
         .modify(|pod| {
             pod.managed_fields_mut().clear();
         })
@@ -68,11 +68,16 @@ pub fn start<S: PodSyncer, A: PodAdmission>(
     };
     let feed = async move {
         let mut stream = std::pin::pin!(stream);
+        let mut retry = crate::kubeclient::WatchRetry::default();
         loop {
             match stream.try_next().await {
                 Ok(Some(event)) => feeder.handle(event),
                 Ok(None) => break,
-                Err(e) => tracing::warn!(error = %e, "pod watch failed; retrying"),
+                Err(e) => {
+                    let wait = retry.after(&e, std::time::Instant::now());
+                    tracing::warn!(error = %e, retry_in = ?wait, "pod watch failed; retrying");
+                    tokio::time::sleep(wait).await;
+                }
             }
         }
         tracing::error!("pod watch ended");
