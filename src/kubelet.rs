@@ -191,8 +191,11 @@ impl<C: Cri + Clone> Kubelet<C> {
     }
 
     fn publish_status(&self, pod: &Pod, id: &PodId, runtime: Option<&PodRuntimeStatus>) {
-        // Someone else may have changed the status in the API since we last sent it.
-        self.status.reconcile(pod);
+        // Someone else may have changed the status of a running pod in the API since we
+        // last sent it (a pod being deleted gets its final status anyway).
+        if pod.metadata.deletion_timestamp.is_none() {
+            self.status.reconcile(pod);
+        }
         let reasons = lock(&self.reasons)
             .get(&id.uid)
             .cloned()
