@@ -202,6 +202,11 @@ impl Default for WatchRetry {
 }
 
 impl WatchRetry {
+    /// The wait [`Self::after`] gives for `error` now, to be awaited.
+    pub fn pause(&mut self, error: &(dyn std::error::Error + 'static)) -> tokio::time::Sleep {
+        tokio::time::sleep(self.after(error, std::time::Instant::now()))
+    }
+
     /// How long to wait after `error` at `now`.
     pub fn after(
         &mut self,
