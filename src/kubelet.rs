@@ -191,11 +191,6 @@ impl<C: Cri + Clone> Kubelet<C> {
     }
 
     fn publish_status(&self, pod: &Pod, id: &PodId, runtime: Option<&PodRuntimeStatus>) {
-        // Someone else may have changed the status of a running pod in the API since we
-        // last sent it (a pod being deleted gets its final status anyway).
-        if pod.metadata.deletion_timestamp.is_none() {
-            self.status.reconcile(pod);
-        }
         let reasons = lock(&self.reasons)
             .get(&id.uid)
             .cloned()
@@ -599,6 +594,14 @@ impl<C: Cri + Clone> PodAdmission for Kubelet<C> {
 
     fn retain(&self, listed: &HashSet<String>) {
         self.admission.retain(listed);
+    }
+
+    /// Someone else may have changed the status of a running pod in the API since we last
+    /// sent it (a pod being deleted gets its final status anyway).
+    fn observed(&self, pod: &Pod) {
+        if pod.metadata.deletion_timestamp.is_none() {
+            self.status.reconcile(pod);
+        }
     }
 }
 
