@@ -73,8 +73,16 @@ comp_pid() {
 start_proc() {
   local name=$1 bin=$2; shift 2
   log "starting $name"
-  # setsid execs in place (we are not a process-group leader), so $! is the daemon.
-  setsid "$bin" "$@" >"$LOGS/$name.log" 2>&1 </dev/null &
+  # setsid execs in place (we are not a process-group leader), so $! is the daemon. It
+  # keeps no descriptor of ours but stdio: one inherited from a caller (a `flock` taken
+  # around a test run that restarts a component) would hold that lock while it runs.
+  (
+    for f in /proc/"$BASHPID"/fd/*; do
+      fd=${f##*/}
+      if ((fd > 2)) && [[ -e $f ]]; then exec {fd}>&-; fi
+    done
+    exec setsid "$bin" "$@"
+  ) >"$LOGS/$name.log" 2>&1 </dev/null &
   local pid=$! exe i
   exe=$(readlink -f "$bin")
   echo "$pid" >"$PIDS/$name.pid"
