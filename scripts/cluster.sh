@@ -9,6 +9,8 @@
 #   cluster.sh status              show components; non-zero if any is dead
 #   cluster.sh node-credentials N  mint a node identity (cert + kubeconfig) for N
 #   cluster.sh leak-check          after `down`: list what of the cluster survived; non-zero if any
+#   cluster.sh kill|stop|start C   fault drills: SIGKILL / SIGTERM / start again (and wait until it
+#                                  serves) containerd or kube-apiserver, by recorded PID
 #
 # Everything lives under $RKUBELET_STATE; `down` removes exactly what `up`
 # created (processes by recorded PID, links, netns, iptables rules, sysctls).
@@ -72,12 +74,12 @@ start_proc() {
   local name=$1 bin=$2; shift 2
   log "starting $name"
   # setsid execs in place (we are not a process-group leader), so $! is the daemon. It
-  # gets no descriptor of ours but stdio: a daemon started under `flock` (a test's or a
-  # drill's) must not hold the lock for as long as it lives.
+  # keeps no descriptor of ours but stdio: one inherited from a caller (a `flock` taken
+  # around a test run that restarts a component) would hold that lock while it runs.
   (
-    for fd in /proc/self/fd/*; do
-      fd=${fd##*/}
-      if ((fd > 2)); then eval "exec $fd>&-"; fi
+    for f in /proc/"$BASHPID"/fd/*; do
+      fd=${f##*/}
+      if ((fd > 2)) && [[ -e $f ]]; then exec {fd}>&-; fi
     done
     exec setsid "$bin" "$@"
   ) >"$LOGS/$name.log" 2>&1 </dev/null &
@@ -598,7 +600,6 @@ EOF
 }
 
 start_containerd() {
-  # Refuse to fight another containerd on the same socket.
   if [[ -S $CONTAINERD_SOCK ]] && ctr_ version >/dev/null 2>&1; then
     die "another containerd already serves $CONTAINERD_SOCK"
   fi
@@ -612,6 +613,16 @@ start_containerd() {
   done >"$REC/cgroups-before"
   write_containerd_config
   touch "$REC/containerd-started"
+  launch_containerd
+}
+
+# launch_containerd: containerd with the config `up` wrote; `start` (after a drill's kill)
+# runs only this, so the records `down` relies on stay those of `up`.
+launch_containerd() {
+  # Refuse to fight another containerd on the same socket.
+  if [[ -S $CONTAINERD_SOCK ]] && ctr_ version >/dev/null 2>&1; then
+    die "another containerd already serves $CONTAINERD_SOCK"
+  fi
   start_proc containerd /usr/bin/containerd --config "$CTRD/config.toml"
 }
 
@@ -1009,6 +1020,58 @@ cmd_leak_check() {
   log "leak check: nothing of the cluster is left"
 }
 
+# ---------------------------------------------------------------- drills
+
+# Fault drills stop and start single components of a running cluster, by recorded PID.
+DRILL_COMPONENTS=(containerd kube-apiserver)
+
+drill_component() {
+  local c IFS='|'
+  for c in "${DRILL_COMPONENTS[@]}"; do [[ $1 == "$c" ]] && return 0; done
+  die "usage: $0 {kill|stop|start} {${DRILL_COMPONENTS[*]}} (got '${1:-}')"
+}
+
+# cmd_kill NAME: SIGKILL the component by its recorded PID, and wait until it is gone.
+cmd_kill() {
+  need_root
+  drill_component "${1:-}"
+  local pid i
+  pid=$(comp_pid "$1") || die "$1 is not running"
+  log "killing $1 (pid $pid, SIGKILL)"
+  kill -KILL "$pid"
+  for ((i = 0; i < 100; i++)); do pid_alive "$pid" || return 0; sleep 0.05; done
+  die "$1 (pid $pid) survived SIGKILL"
+}
+
+# cmd_stop NAME: SIGTERM (SIGKILL after 15 s) by recorded PID.
+cmd_stop() {
+  need_root
+  drill_component "${1:-}"
+  local pid
+  pid=$(comp_pid "$1") || die "$1 is not running"
+  stop_pid "$1" "$pid"
+}
+
+# cmd_start NAME: start a stopped component again as `up` did, and wait until it serves.
+# Its previous log is kept as logs/NAME.log.prev.
+cmd_start() {
+  need_root
+  drill_component "${1:-}"
+  [[ -d $PIDS ]] || die "cluster is down (no $PIDS): run 'cluster.sh up'"
+  if comp_pid "$1" >/dev/null; then die "$1 already runs (pid $(comp_pid "$1"))"; fi
+  [[ ! -f $LOGS/$1.log ]] || mv -f "$LOGS/$1.log" "$LOGS/$1.log.prev"
+  case $1 in
+    containerd)
+      launch_containerd
+      wait_for "containerd (CRI)" 60 containerd ctr_ version
+      ;;
+    kube-apiserver)
+      start_apiserver
+      wait_for "kube-apiserver /readyz" 120 kube-apiserver api_ready
+      ;;
+  esac
+}
+
 # ---------------------------------------------------------------- status
 
 cmd_status() {
@@ -1037,6 +1100,9 @@ case "${1:-}" in
   down) cmd_down ;;
   status) cmd_status ;;
   leak-check) cmd_leak_check ;;
+  kill) cmd_kill "${2:-}" ;;
+  stop) cmd_stop "${2:-}" ;;
+  start) cmd_start "${2:-}" ;;
   node-credentials)
     need_root
     [[ -n ${2:-} ]] || die "usage: $0 node-credentials NAME [IP]"
@@ -1052,7 +1118,7 @@ case "${1:-}" in
     start_proc rkubelet "$@"
     ;;
   *)
-    echo "usage: $0 {up|down|status|leak-check|node-credentials NAME [IP]|start-agent BINARY [ARGS...]}" >&2
+    echo "usage: $0 {up|down|status|leak-check|node-credentials NAME [IP]|start-agent BINARY [ARGS...]|kill|stop|start COMPONENT}" >&2
     exit 2
     ;;
 esac

@@ -44,13 +44,13 @@ impl std::fmt::Debug for ServiceLister {
 
 impl ServiceLister {
     /// Starts the watch; returns the lister and the task that keeps it current until the
-    /// process ends. Watch errors are retried with the watcher's default back-off.
+    /// process ends. Watch errors are retried as the kubelet's reflector does
+    /// ([`crate::kubeclient::WatchRetry`]).
     pub fn start(client: kube::Client) -> (Self, impl Future<Output = ()> + Send + use<>) {
         let api: kube::Api<Service> = kube::Api::all(client);
         let (store, writer) = reflector::store();
         let (synced_tx, synced) = watch::channel(false);
         let stream = watcher::watcher(api, watcher::Config::default())
-            .default_backoff()
             .modify(|s| {
                 s.managed_fields_mut().clear();
                 s.metadata.annotations = None;
@@ -58,6 +58,7 @@ impl ServiceLister {
             .reflect(writer);
         let feed = async move {
             let mut stream = std::pin::pin!(stream);
+            let mut retry = crate::kubeclient::WatchRetry::default();
             loop {
                 match stream.try_next().await {
                     Ok(Some(Event::InitDone)) => {
@@ -65,7 +66,10 @@ impl ServiceLister {
                     }
                     Ok(Some(_)) => {}
                     Ok(None) => break,
-                    Err(e) => tracing::warn!(error = %e, "service watch failed; retrying"),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "service watch failed; retrying");
+                        retry.pause(&e).await;
+                    }
                 }
             }
             tracing::error!("service watch ended");

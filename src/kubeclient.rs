@@ -177,6 +177,70 @@ where
     }
 }
 
+/// The pause before a failed watch is tried again, as client-go's reflector waits: 1 s
+/// while the API server refuses connections (it is restarting: the watch resumes within
+/// a second of its return), else a back-off from 800 ms doubling to 30 s, started over
+/// after 2 min without failure.
+#[derive(Debug)]
+pub struct WatchRetry {
+    backoff: crate::backoff::Backoff,
+    last_failure: Option<std::time::Instant>,
+}
+
+/// See [`WatchRetry`].
+const WATCH_REFUSED_RETRY: Duration = Duration::from_secs(1);
+const WATCH_BACKOFF: (Duration, Duration) = (Duration::from_millis(800), Duration::from_secs(30));
+const WATCH_BACKOFF_RESET: Duration = Duration::from_secs(120);
+
+impl Default for WatchRetry {
+    fn default() -> Self {
+        Self {
+            backoff: crate::backoff::Backoff::new(WATCH_BACKOFF.0, WATCH_BACKOFF.1),
+            last_failure: None,
+        }
+    }
+}
+
+impl WatchRetry {
+    /// The wait [`Self::after`] gives for `error` now, to be awaited.
+    pub fn pause(&mut self, error: &(dyn std::error::Error + 'static)) -> tokio::time::Sleep {
+        tokio::time::sleep(self.after(error, std::time::Instant::now()))
+    }
+
+    /// How long to wait after `error` at `now`.
+    pub fn after(
+        &mut self,
+        error: &(dyn std::error::Error + 'static),
+        now: std::time::Instant,
+    ) -> Duration {
+        if connection_refused(error) {
+            return WATCH_REFUSED_RETRY;
+        }
+        if self
+            .last_failure
+            .is_some_and(|at| now.saturating_duration_since(at) >= WATCH_BACKOFF_RESET)
+        {
+            *self = Self::default();
+        }
+        self.last_failure = Some(now);
+        self.backoff.failed(now)
+    }
+}
+
+/// Whether `error` (or an error it wraps) is a refused TCP connection.
+fn connection_refused(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(error);
+    while let Some(e) = next {
+        if e.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused)
+        {
+            return true;
+        }
+        next = e.source();
+    }
+    false
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -312,6 +376,37 @@ mod tests {
             Some(2),
             "client socket on port {port} has no keepalive timer"
         );
+    }
+
+    /// A watch whose API server refuses connections is tried again every second; other
+    /// failures back off from 800 ms to 30 s, and start over after 2 min without one.
+    #[tokio::test]
+    async fn a_refused_watch_is_retried_every_second_other_failures_back_off() {
+        // A port nobody listens on: the client's own error, as the watcher sees it.
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let config = kube::Config::new(format!("http://127.0.0.1:{port}").parse().unwrap());
+        let client = build(&config, Duration::from_secs(5)).unwrap();
+        let refused = client.list_api_groups().await.expect_err("nothing listens");
+        let mut retry = WatchRetry::default();
+        let t = std::time::Instant::now();
+        assert_eq!(
+            retry.after(&refused, t),
+            Duration::from_secs(1),
+            "{refused:?}"
+        );
+        assert_eq!(retry.after(&refused, t), Duration::from_secs(1));
+        let gone = std::io::Error::other("410 Gone: too old resource version");
+        assert_eq!(retry.after(&gone, t), Duration::from_millis(800));
+        assert_eq!(retry.after(&gone, t), Duration::from_millis(1600));
+        for _ in 0..10 {
+            retry.after(&gone, t);
+        }
+        assert_eq!(retry.after(&gone, t), Duration::from_secs(30));
+        let later = t + Duration::from_secs(121);
+        assert_eq!(retry.after(&gone, later), Duration::from_millis(800));
     }
 
     /// The `tr` (timer) field of the loopback socket with local port `port`.

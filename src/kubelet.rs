@@ -595,6 +595,14 @@ impl<C: Cri + Clone> PodAdmission for Kubelet<C> {
     fn retain(&self, listed: &HashSet<String>) {
         self.admission.retain(listed);
     }
+
+    /// Someone else may have changed the status of a running pod in the API since we last
+    /// sent it (a pod being deleted gets its final status anyway).
+    fn observed(&self, pod: &Pod) {
+        if pod.metadata.deletion_timestamp.is_none() {
+            self.status.reconcile(pod);
+        }
+    }
 }
 
 /// Housekeeping, every two seconds once the pod store is synced (the kubelet's

@@ -24,7 +24,6 @@ use k8s_openapi::api::core::v1::{
     ConfigMap, EnvFromSource, EnvVarSource, Pod, Secret, Volume, VolumeProjection,
 };
 use kube::Resource;
-use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
@@ -218,8 +217,9 @@ impl<K: Referenced + Send + Sync + 'static> ObjectCache<K> {
         let state = Arc::downgrade(&self.state);
         let wake = self.wake.clone();
         let task = tokio::spawn(async move {
-            let stream = watcher::watcher(api, config).default_backoff();
+            let stream = watcher::watcher(api, config);
             let mut stream = std::pin::pin!(stream);
+            let mut retry = crate::kubeclient::WatchRetry::default();
             // The objects of a (re)list, published when it is complete.
             let mut listing: Option<Arc<K>> = None;
             loop {
@@ -238,6 +238,7 @@ impl<K: Referenced + Send + Sync + 'static> ObjectCache<K> {
                     Ok(None) => break,
                     Err(e) => {
                         tracing::warn!(error = %e, resource = K::RESOURCE, namespace = %key.0, name = %key.1, "watch failed; retrying");
+                        retry.pause(&e).await;
                         continue;
                     }
                 };

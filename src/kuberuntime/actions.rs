@@ -116,7 +116,11 @@ pub fn compute_pod_actions(
     let init = spec.init_containers.as_deref().unwrap_or_default();
     let restarts = |name: &str| status.latest(name).map_or(0, |s| s.attempt + 1);
     let mut actions = PodActions::default();
-    let Some(sandbox) = status.ready_sandbox() else {
+    // More than one ready sandbox (a RunPodSandbox that the runtime finished although its
+    // caller saw it fail, then was retried): the kubelet's `podSandboxChanged` kills them
+    // all and makes a new one, so the pod ends with one sandbox and one IP.
+    let ready = status.sandboxes.iter().filter(|s| s.ready).count();
+    let Some(sandbox) = status.ready_sandbox().filter(|_| ready == 1) else {
         let attempt = status.sandboxes.first().map_or(0, |s| s.attempt + 1);
         // A pod that must not restart, whose containers already ran, gets no new sandbox.
         if policy == "Never" && !status.sandboxes.is_empty() && !status.containers.is_empty() {
@@ -330,6 +334,28 @@ mod tests {
         assert!(actions.kill_pod);
         assert_eq!(actions.create_sandbox, Some(1));
         assert_eq!(actions.start, [(0, 1)]);
+    }
+
+    #[test]
+    fn two_ready_sandboxes_are_both_killed_and_replaced_by_a_new_one() {
+        let p = pod("web", &[("a", "nginx")]);
+        let status = PodRuntimeStatus {
+            sandboxes: vec![sandbox("s2", 1, true), sandbox("s1", 0, true)],
+            containers: vec![container(&p, "a", "s2", 0, RunState::Running, 0)],
+        };
+        let actions = compute_pod_actions(&p, &status, None);
+        assert!(actions.kill_pod);
+        assert_eq!(actions.create_sandbox, Some(2));
+        assert_eq!(actions.sandbox_id, None);
+        assert_eq!(actions.start, [(0, 1)]);
+        // One ready sandbox next to dead ones is used as it is.
+        let status = PodRuntimeStatus {
+            sandboxes: vec![sandbox("s2", 1, true), sandbox("s1", 0, false)],
+            ..status
+        };
+        let actions = compute_pod_actions(&p, &status, None);
+        assert!(!actions.kill_pod);
+        assert_eq!(actions.sandbox_id.as_deref(), Some("s2"));
     }
 
     #[test]

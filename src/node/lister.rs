@@ -12,7 +12,8 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher;
 
 /// Starts the watch; returns the store and the task that keeps it current until the
-/// process ends. Watch errors are retried with the watcher's default back-off.
+/// process ends. Watch errors are retried as the kubelet's reflector does
+/// ([`crate::kubeclient::WatchRetry`]).
 pub fn node_lister(
     client: kube::Client,
     node_name: &str,
@@ -21,18 +22,21 @@ pub fn node_lister(
     let config = watcher::Config::default().fields(&format!("metadata.name={node_name}"));
     let (store, writer) = reflector::store();
     let stream = watcher(api, config)
-        .default_backoff()
         .modify(|node| {
             node.managed_fields_mut().clear();
         })
         .reflect(writer);
     let feed = async move {
         let mut stream = std::pin::pin!(stream);
+        let mut retry = crate::kubeclient::WatchRetry::default();
         loop {
             match stream.try_next().await {
                 Ok(Some(_)) => {}
                 Ok(None) => break,
-                Err(e) => tracing::warn!(error = %e, "node watch failed; retrying"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "node watch failed; retrying");
+                    retry.pause(&e).await;
+                }
             }
         }
         tracing::error!("node watch ended");

@@ -39,6 +39,9 @@ pub trait PodAdmission: Send + Sync + 'static {
     fn forget(&self, uid: &str);
     /// A full list came: pods not in it are gone (their deletions were missed).
     fn retain(&self, listed: &HashSet<String>);
+    /// Every version of a pod the watch delivers, also one whose only change is its
+    /// status (which wakes no worker): the status manager's reconciliation looks at it.
+    fn observed(&self, _pod: &Pod) {}
 }
 
 /// Starts the watch; returns the store, and the task that feeds the workers until the
@@ -53,8 +56,8 @@ pub fn start<S: PodSyncer, A: PodAdmission>(
     let config = watcher::Config::default().fields(&format!("spec.nodeName={node_name}"));
     let (store, writer) = reflector::store();
     let (synced_tx, synced) = watch::channel(false);
+    // No back-off on the stream: the feed waits as the kubelet's reflector does.
     let stream = watcher::watcher(api, config)
-        .default_backoff()
         .modify(|pod| {
             pod.managed_fields_mut().clear();
         })
@@ -68,11 +71,16 @@ pub fn start<S: PodSyncer, A: PodAdmission>(
     };
     let feed = async move {
         let mut stream = std::pin::pin!(stream);
+        let mut retry = crate::kubeclient::WatchRetry::default();
         loop {
             match stream.try_next().await {
                 Ok(Some(event)) => feeder.handle(event),
                 Ok(None) => break,
-                Err(e) => tracing::warn!(error = %e, "pod watch failed; retrying"),
+                Err(e) => {
+                    let wait = retry.after(&e, std::time::Instant::now());
+                    tracing::warn!(error = %e, retry_in = ?wait, "pod watch failed; retrying");
+                    tokio::time::sleep(wait).await;
+                }
             }
         }
         tracing::error!("pod watch ended");
@@ -102,6 +110,7 @@ impl<S: PodSyncer, A: PodAdmission> Feeder<S, A> {
             .filter(|s| s.metadata.resource_version == pod.metadata.resource_version)
             .unwrap_or_else(|| Arc::new(pod));
         self.admission.admit(&shared);
+        self.admission.observed(&shared);
         self.workers.update(&uid, PodWork::Sync(shared));
     }
 
@@ -181,6 +190,12 @@ mod tests {
             uids.sort();
             self.push(format!("retain {uids:?}"));
         }
+        fn observed(&self, pod: &Pod) {
+            self.push(format!(
+                "observed {}",
+                pod.metadata.name.clone().unwrap_or_default()
+            ));
+        }
     }
 
     struct Idle;
@@ -221,13 +236,26 @@ mod tests {
             [
                 r#"retain ["uid-newer", "uid-older"]"#,
                 "admit older",
-                "admit newer"
+                "observed older",
+                "admit newer",
+                "observed newer"
             ]
         );
         assert!(*feeder.synced.borrow());
         // Afterwards, pods come one by one; a deleted one is forgotten.
         feeder.handle(Event::Apply(created("later", 30)));
         feeder.handle(Event::Delete(created("older", 10)));
-        assert_eq!(admission.take(), ["admit later", "forget uid-older"]);
+        assert_eq!(
+            admission.take(),
+            ["admit later", "observed later", "forget uid-older"]
+        );
+        // A new status alone wakes no worker, but is observed.
+        let mut later = created("later", 30);
+        later.status = Some(k8s_openapi::api::core::v1::PodStatus {
+            phase: Some("Running".into()),
+            ..Default::default()
+        });
+        feeder.handle(Event::Apply(later));
+        assert_eq!(admission.take(), ["admit later", "observed later"]);
     }
 }

@@ -49,6 +49,8 @@ struct Entry {
     id: PodId,
     status: PodStatus,
     sent: Option<PodStatus>,
+    /// The resource version the API gave the pod for the `sent` status.
+    sent_version: Option<u64>,
     /// The back-off of this pod's failed patches; none while they succeed.
     retry: Option<crate::backoff::Backoff>,
 }
@@ -107,6 +109,7 @@ impl StatusManager {
             id: id.clone(),
             status: PodStatus::default(),
             sent: None,
+            sent_version: None,
             retry: None,
         });
         if entry.sent.as_ref() == Some(&status) {
@@ -115,6 +118,33 @@ impl StatusManager {
         }
         entry.status = status;
         state.dirty.insert(id.uid.clone());
+        drop(state);
+        self.notify.notify_one();
+    }
+
+    /// The kubelet's `needsReconcile`: when the API's copy of a pod, newer than the one our
+    /// last patch made, no longer says what we sent (the node lifecycle controller marks
+    /// the pods of a node it lost contact with not Ready, and nobody else puts them back),
+    /// the pod's status is sent again.
+    pub fn reconcile(&self, pod: &Pod) {
+        let Some(uid) = pod.metadata.uid.as_deref() else {
+            return;
+        };
+        let mut state = self.lock();
+        let Some(entry) = state.pods.get_mut(uid) else {
+            return;
+        };
+        let (Some(sent), Some(ours)) = (&entry.sent, entry.sent_version) else {
+            return;
+        };
+        let theirs = resource_version(pod.metadata.resource_version.as_deref());
+        let api = pod.status.clone().unwrap_or_default();
+        if theirs.is_none_or(|v| v <= ours) || !differs(sent, &api) {
+            return;
+        }
+        tracing::info!(pod = %entry.id, "the API's pod status differs from the one sent; sending it again");
+        entry.sent = None;
+        state.dirty.insert(uid.to_owned());
         drop(state);
         self.notify.notify_one();
     }
@@ -132,7 +162,8 @@ impl StatusManager {
         state.dirty.remove(uid);
     }
 
-    async fn patch(&self, id: &PodId, status: &PodStatus) -> Result<(), StatusError> {
+    /// Patches the pod's status; the pod's resource version after it.
+    async fn patch(&self, id: &PodId, status: &PodStatus) -> Result<Option<u64>, StatusError> {
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &id.namespace);
         let body = patch_body(id, status);
         // The timeline's end: the first acknowledged patch that says Ready.
@@ -148,10 +179,12 @@ impl StatusManager {
             .instrument(span.clone())
             .await;
         span.record("outcome", if patched.is_ok() { "ok" } else { "error" });
-        patched.map(drop).map_err(|source| StatusError::Patch {
-            pod: id.clone(),
-            source,
-        })
+        patched
+            .map(|pod| resource_version(pod.metadata.resource_version.as_deref()))
+            .map_err(|source| StatusError::Patch {
+                pod: id.clone(),
+                source,
+            })
     }
 
     /// Sends the status of a pod now, waiting for the API (for the final status of a pod
@@ -168,7 +201,7 @@ impl StatusManager {
         let Some(status) = status else { return Ok(()) };
         match self.patch(id, &status).await {
             Err(StatusError::Patch { source, .. }) if is_gone(&source) => Ok(()),
-            other => other,
+            other => other.map(drop),
         }
     }
 
@@ -254,9 +287,10 @@ impl StatusManager {
             for (id, status, outcome) in results {
                 let mut state = self.lock();
                 match outcome {
-                    Ok(()) => {
+                    Ok(version) => {
                         if let Some(e) = state.pods.get_mut(&id.uid) {
                             e.sent = Some(status);
+                            e.sent_version = version;
                             e.retry = None;
                         }
                     }
@@ -278,6 +312,24 @@ impl StatusManager {
             }
         }
     }
+}
+
+/// A resource version as a number (the API server's are; an opaque one counts as none).
+fn resource_version(v: Option<&str>) -> Option<u64> {
+    v?.parse().ok()
+}
+
+/// Whether the API's status of a pod says something else than the one we sent: another
+/// phase, or one of our conditions with another status (or missing). Conditions that
+/// others own (`PodScheduled`) and fields the API fills in do not count.
+fn differs(sent: &PodStatus, api: &PodStatus) -> bool {
+    let theirs = api.conditions.as_deref().unwrap_or_default();
+    sent.phase != api.phase
+        || sent.conditions.iter().flatten().any(|ours| {
+            !theirs
+                .iter()
+                .any(|c| c.type_ == ours.type_ && c.status == ours.status)
+        })
 }
 
 /// Whether a status says the pod is Ready.
@@ -424,6 +476,77 @@ mod tests {
             "sent after the failures"
         );
         assert_eq!(requests.load(Ordering::SeqCst), 3);
+    }
+
+    fn ready_status(ready: &str) -> PodStatus {
+        PodStatus {
+            phase: Some("Running".into()),
+            conditions: Some(vec![k8s_openapi::api::core::v1::PodCondition {
+                type_: "Ready".into(),
+                status: ready.into(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }
+    }
+
+    fn api_pod(version: &str, status: PodStatus) -> Pod {
+        let mut pod = Pod::default();
+        pod.metadata.uid = Some("u".into());
+        pod.metadata.resource_version = Some(version.into());
+        pod.status = Some(status);
+        pod
+    }
+
+    /// A pod the node lifecycle controller marked not Ready (after the API server or the
+    /// node was away) gets our status again; an older copy of the pod, or one that says
+    /// what we sent, does not cause a patch.
+    #[tokio::test]
+    async fn a_status_someone_else_changed_is_sent_again() {
+        let (manager, requests) = sending_one_status(0).await;
+        let sent = ready_status("True");
+        manager.set_pod_status(
+            &PodId {
+                namespace: "default".into(),
+                name: "p".into(),
+                uid: "u".into(),
+            },
+            sent.clone(),
+        );
+        for _ in 0..100 {
+            if manager.lock().pods["u"].sent.as_ref() == Some(&sent) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        manager.lock().pods.get_mut("u").unwrap().sent_version = Some(100);
+        let before = requests.load(Ordering::SeqCst);
+        // Older than our patch, or saying the same with others' fields: nothing to do.
+        manager.reconcile(&api_pod("90", ready_status("False")));
+        let mut same = sent.clone();
+        same.qos_class = Some("BestEffort".into());
+        same.conditions
+            .as_mut()
+            .unwrap()
+            .push(k8s_openapi::api::core::v1::PodCondition {
+                type_: "PodScheduled".into(),
+                status: "True".into(),
+                ..Default::default()
+            });
+        manager.reconcile(&api_pod("110", same));
+        assert!(manager.lock().dirty.is_empty());
+        // Newer, and not Ready: sent again.
+        manager.reconcile(&api_pod("120", ready_status("False")));
+        for _ in 0..100 {
+            if requests.load(Ordering::SeqCst) > before {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(requests.load(Ordering::SeqCst), before + 1);
+        assert!(differs(&sent, &ready_status("False")));
+        assert!(differs(&sent, &PodStatus::default()));
+        assert!(!differs(&sent, &sent));
     }
 
     #[test]
