@@ -24,6 +24,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::DeleteParams;
 use rkubelet::cri::api::PodSandboxState;
 use rkubelet::fault;
+use rkubelet::inspect::procfs::ProcFs;
 use serde_json::json;
 
 /// A pod whose one container sleeps, stopped at once.
@@ -283,7 +284,7 @@ fi
     }
 
     /// The PIDs of the hung shell and its `sleep`, once the plugin hangs.
-    fn hung(&self) -> Option<Vec<i32>> {
+    fn hung(&self) -> Option<Vec<u32>> {
         let text = std::fs::read_to_string(self.dir.join("hung/pids")).ok()?;
         Some(
             text.split_whitespace()
@@ -309,14 +310,8 @@ impl Drop for HangingPlugin {
 }
 
 /// Whether process `pid` runs (a zombie does not).
-fn alive(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|stat| {
-            let (_, after_name) = stat.rsplit_once(") ")?;
-            after_name.split(' ').next().map(|state| state != "Z")
-        })
-        .unwrap_or(false)
+fn alive(pid: u32) -> bool {
+    ProcFs::default().running(pid)
 }
 
 /// Whether a host-local reservation is held by `container_id`.

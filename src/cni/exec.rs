@@ -377,17 +377,6 @@ mod tests {
         assert_eq!(stdin_part, "{\"a\":1}");
     }
 
-    /// Whether the process `pid` still runs (a zombie waiting for its reaper does not).
-    fn alive(pid: &str) -> bool {
-        std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .ok()
-            .and_then(|stat| {
-                let (_, after_name) = stat.rsplit_once(") ")?;
-                after_name.split(' ').next().map(|state| state != "Z")
-            })
-            .unwrap_or(false)
-    }
-
     #[tokio::test]
     async fn process_exec_kills_a_plugin_that_hangs_with_its_children() {
         let dir = TempDir::new("hang");
@@ -409,10 +398,14 @@ mod tests {
             .unwrap_err();
         assert_eq!(err.kind(), std::io::ErrorKind::TimedOut);
         let pids = std::fs::read_to_string(&pids).expect("the plugin ran");
-        let pids: Vec<&str> = pids.split_whitespace().collect();
+        let pids: Vec<u32> = pids
+            .split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .collect();
         assert_eq!(pids.len(), 2, "{pids:?}");
+        let proc = crate::inspect::procfs::ProcFs::default();
         for _ in 0..100 {
-            if !pids.iter().any(|p| alive(p)) {
+            if !pids.iter().any(|p| proc.running(*p)) {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
