@@ -71,19 +71,31 @@ fn new_since(before: &NodeNetwork) -> NodeNetwork {
     NodeNetwork::now().since(before)
 }
 
+/// Waits up to `timeout` until what the node has of pod networks beyond what it had
+/// `before` is `fine`: that, or at the end what it was.
+async fn settled(
+    before: &NodeNetwork,
+    timeout: Duration,
+    fine: impl Fn(&NodeNetwork) -> bool,
+) -> Result<NodeNetwork, NodeNetwork> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let new = new_since(before);
+        if fine(&new) {
+            return Ok(new);
+        }
+        if Instant::now() >= deadline {
+            return Err(new);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// Waits until the node has no pod network beyond what it had `before`.
 async fn nothing_left(before: &NodeNetwork, what: &str) {
-    let mut left = NodeNetwork::default();
-    let gone = tokio::time::timeout(Duration::from_secs(15), async {
-        loop {
-            left = new_since(before);
-            if left.is_empty() {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    });
-    assert!(gone.await.is_ok(), "{what} left on the node: {left:?}");
+    if let Err(left) = settled(before, Duration::from_secs(15), NodeNetwork::is_empty).await {
+        panic!("{what} left on the node: {left:?}");
+    }
 }
 
 /// The agent killed at `point` while it starts a pod, then restarted: the pod runs with
@@ -124,16 +136,11 @@ async fn crash_during_start_up(point: &str, restarts: i32) {
         .expect("pod IP");
     // A reservation of the crashed attempt is released by the network GC at start-up or
     // by the stop of its sandbox; one 30 s GC period at most.
-    let network = eventually(
-        "one reservation, netns and veth: the running sandbox's",
-        Duration::from_secs(40),
-        || async {
-            let new = new_since(&before);
-            (new.reservations.len() == 1 && new.netns.len() == 1 && new.interfaces.len() == 1)
-                .then_some(new)
-        },
-    )
-    .await;
+    let network = settled(&before, Duration::from_secs(40), |new| {
+        new.reservations.len() == 1 && new.netns.len() == 1 && new.interfaces.len() == 1
+    })
+    .await
+    .unwrap_or_else(|left| panic!("not one reservation, netns and veth, the pod's: {left:?}"));
     let leak_free = restarted.elapsed();
     let reservation = network.reservations.first().cloned().unwrap_or_default();
     assert!(

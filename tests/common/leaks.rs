@@ -470,7 +470,7 @@ pub fn rules_naming<'a>(save: &'a str, ids: &BTreeSet<String>) -> Vec<&'a str> {
 pub struct NodeNetwork {
     /// `<network>/<ip> held by <sandbox id>`.
     pub reservations: BTreeSet<String>,
-    /// Names under /var/run/netns.
+    /// Named netns (the cluster's containerd keeps its own under its state dir).
     pub netns: BTreeSet<String>,
     /// Host veths (names under /sys/class/net).
     pub interfaces: BTreeSet<String>,
@@ -494,9 +494,7 @@ impl NodeNetwork {
         }
         Self {
             reservations,
-            netns: file_names(Path::new("/var/run/netns"))
-                .into_iter()
-                .collect(),
+            netns: netns_dirs().iter().flat_map(|d| file_names(d)).collect(),
             interfaces: file_names(Path::new("/sys/class/net"))
                 .into_iter()
                 .filter(|name| name.starts_with("veth"))
@@ -520,4 +518,13 @@ impl NodeNetwork {
     pub fn is_empty(&self) -> bool {
         self.reservations.is_empty() && self.netns.is_empty() && self.interfaces.is_empty()
     }
+}
+
+/// Where named netns are: the system's dir and the cluster's containerd's
+/// (`netns_mounts_under_state_dir`).
+fn netns_dirs() -> [PathBuf; 2] {
+    [
+        "/var/run/netns".into(),
+        super::state_dir().join("containerd/state/io.containerd.grpc.v1.cri/netns"),
+    ]
 }
