@@ -495,6 +495,7 @@ impl<C: Cri + Clone> Kubelet<C> {
                 tracing::warn!(error = %e, "could not send the final status");
                 return Next::ResyncAfter(RETRY);
             }
+            crate::fault::point(crate::fault::BEFORE_POD_DELETE);
             let deleted = self
                 .status
                 .delete_pod(id)

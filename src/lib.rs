@@ -15,6 +15,7 @@ pub mod cri;
 pub mod dns;
 pub mod envvars;
 pub mod events;
+pub mod fault;
 pub mod images;
 pub mod inspect;
 pub mod kubeclient;

@@ -339,6 +339,7 @@ impl<E: PluginExec> Cni<E> {
         self.add_list(&lo).await?;
         let attached = async {
             let raw = self.add_list(&run).await?;
+            crate::fault::point(crate::fault::CNI_ADD);
             let recorded = self.record(&run, raw.clone()).await;
             if recorded.is_err() {
                 self.rollback(&run, run.list.plugins(), Some(&raw)).await;
@@ -580,6 +581,7 @@ impl<E: PluginExec> Cni<E> {
                 tracing::warn!(container_id = run.container_id, "{e}");
                 first_err.get_or_insert(e);
             }
+            crate::fault::point(crate::fault::CNI_DEL);
         }
         first_err.map_or(Ok(()), Err)
     }

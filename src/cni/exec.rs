@@ -9,6 +9,8 @@ use std::process::Stdio;
 use std::str::FromStr;
 use std::time::Duration;
 
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
 use tokio::io::AsyncWriteExt;
 
 use super::CniError;
@@ -87,8 +89,9 @@ pub trait PluginExec: Send + Sync + 'static {
 }
 
 /// Runs plugins as child processes (`tokio::process`), each with a cleared environment
-/// holding only its CNI variables and `PATH` (portmap runs `iptables`), and killed if it
-/// does not finish within the timeout.
+/// holding only its CNI variables and `PATH` (portmap runs `iptables`), in a process group
+/// of its own that is killed whole if it does not finish within the timeout: a plugin that
+/// hangs in a child of its own (a script waiting on a command) leaves no orphan behind.
 #[derive(Debug, Clone)]
 pub struct ProcessExec {
     timeout: Duration,
@@ -127,7 +130,9 @@ impl PluginExec for ProcessExec {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true)
+            .process_group(0)
             .spawn()?;
+        let group = child.id().and_then(|id| i32::try_from(id).ok());
         let mut pipe = child
             .stdin
             .take()
@@ -140,15 +145,17 @@ impl PluginExec for ProcessExec {
             let ((), output) = tokio::join!(feed, child.wait_with_output());
             output
         };
-        // On timeout the child is dropped, and killed (kill_on_drop).
-        let output = tokio::time::timeout(self.timeout, run)
-            .await
-            .map_err(|_| {
-                std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!("no answer within {:?}", self.timeout),
-                )
-            })??;
+        let Ok(output) = tokio::time::timeout(self.timeout, run).await else {
+            // The plugin's whole group goes; the child itself is reaped once dropped.
+            if let Some(group) = group {
+                let _ = killpg(Pid::from_raw(group), Signal::SIGKILL);
+            }
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no answer within {:?}", self.timeout),
+            ));
+        };
+        let output = output?;
         Ok(PluginOutput {
             exit_code: output.status.code(),
             stdout: output.stdout,
@@ -371,15 +378,38 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn process_exec_kills_a_plugin_that_hangs() {
+    async fn process_exec_kills_a_plugin_that_hangs_with_its_children() {
         let dir = TempDir::new("hang");
         let script = dir.path().join("hang");
-        std::fs::write(&script, "#!/bin/sh\nexec sleep 30\n").unwrap();
+        let pids = dir.path().join("pids");
+        // The shell waits on a child of its own: killing the shell alone would orphan it.
+        std::fs::write(
+            &script,
+            format!(
+                "#!/bin/sh\nsleep 30 &\necho $$ $! > {}.tmp\nmv {0}.tmp {0}\nwait\n",
+                pids.display()
+            ),
+        )
+        .unwrap();
         std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let exec = ProcessExec::new(Duration::from_millis(200));
+        let exec = ProcessExec::new(Duration::from_millis(500));
         let err = run_fresh_script(&exec, &script, &[], b"")
             .await
             .unwrap_err();
         assert_eq!(err.kind(), std::io::ErrorKind::TimedOut);
+        let pids = std::fs::read_to_string(&pids).expect("the plugin ran");
+        let pids: Vec<u32> = pids
+            .split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .collect();
+        assert_eq!(pids.len(), 2, "{pids:?}");
+        let proc = crate::inspect::procfs::ProcFs::default();
+        for _ in 0..100 {
+            if !pids.iter().any(|p| proc.running(*p)) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("the plugin or its child outlived the timeout: {pids:?}");
     }
 }

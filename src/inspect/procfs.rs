@@ -1,5 +1,5 @@
 //! What `/proc` says of a process: its namespaces (the inode each `/proc/<pid>/ns/<kind>`
-//! link names) and its cgroup. The root is a parameter, so tests use a directory of
+//! link names), its cgroup, and whether it still runs. The root is a parameter, so tests use a directory of
 //! their own.
 
 use std::path::{Path, PathBuf};
@@ -87,6 +87,23 @@ impl ProcFs {
         let text = std::fs::read_to_string(self.path(pid, "cgroup")).ok()?;
         cgroup_of(&text)
     }
+
+    /// Whether `pid` still runs: it exists and is no zombie waiting for its reaper.
+    /// Blocking.
+    #[must_use]
+    pub fn running(&self, pid: u32) -> bool {
+        std::fs::read_to_string(self.path(pid, "stat"))
+            .ok()
+            .and_then(|stat| state_of(&stat))
+            .is_some_and(|state| state != 'Z')
+    }
+}
+
+/// The state letter of a `/proc/<pid>/stat` line: the field after the command name in
+/// parentheses (which may itself hold blanks and parentheses).
+fn state_of(stat: &str) -> Option<char> {
+    let (_, after_name) = stat.rsplit_once(") ")?;
+    after_name.chars().next()
 }
 
 /// The inode a namespace link names: `net:[4026531840]` → 4026531840.
@@ -161,6 +178,16 @@ mod tests {
         );
         assert_eq!(proc.cgroup(43), None);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_process_runs_unless_gone_or_a_zombie() {
+        assert_eq!(state_of("42 (sh) S 1 42"), Some('S'));
+        assert_eq!(state_of("43 (a) b) (c) Z 1 43"), Some('Z'));
+        assert_eq!(state_of("garbage"), None);
+        let proc = ProcFs::default();
+        assert!(proc.running(std::process::id()));
+        assert!(!proc.running(u32::MAX));
     }
 
     #[test]

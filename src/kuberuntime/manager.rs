@@ -409,7 +409,10 @@ impl<C: Cri> RuntimeManager<C> {
             .instrument(tracing::info_span!("run_pod_sandbox", attempt))
             .await;
         let sandbox_id = match created {
-            Ok(resp) => resp.pod_sandbox_id,
+            Ok(resp) => {
+                crate::fault::point(crate::fault::AFTER_RUN_POD_SANDBOX);
+                resp.pod_sandbox_id
+            }
             Err(e) => {
                 let message = format!("Failed to create pod sandbox: {e}");
                 self.events
@@ -639,6 +642,7 @@ impl<C: Cri> RuntimeManager<C> {
             })
             .await
             .map_err(|e| failed(e, "CreateContainerError"))?;
+        crate::fault::point(crate::fault::AFTER_CREATE_CONTAINER);
         self.events.normal(
             id,
             name,

@@ -59,9 +59,22 @@ impl AgentProcess {
     /// Starts `rkubelet run` as [`Self::start`] does, with `extra` flags after the others.
     pub fn start_with_args(owner: Owner, node: &str, root_dir: PathBuf, extra: &[&str]) -> Self {
         let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        Self::start_with(owner, node, root_dir, &repo.join("cni-config"), extra, &[])
+    }
+
+    /// Starts `rkubelet run` with the agent's CNI config from `cni_conf_dir`, `extra` flags
+    /// after the others, and `env` added to its environment.
+    pub fn start_with(
+        owner: Owner,
+        node: &str,
+        root_dir: PathBuf,
+        cni_conf_dir: &std::path::Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
         let mut args = serving_args(node, true);
         args.extend(extra.iter().map(std::ffi::OsString::from));
-        Self::spawn(owner, node, root_dir, &repo.join("cni-config"), &args)
+        Self::spawn_with_env(owner, node, root_dir, cni_conf_dir, &args, env)
     }
 
     /// Starts `rkubelet run` whose kubelet API has the cluster CA for client certificates
@@ -84,6 +97,17 @@ impl AgentProcess {
         root_dir: PathBuf,
         cni_conf_dir: &std::path::Path,
         server_args: &[std::ffi::OsString],
+    ) -> Self {
+        Self::spawn_with_env(owner, node, root_dir, cni_conf_dir, server_args, &[])
+    }
+
+    fn spawn_with_env(
+        owner: Owner,
+        node: &str,
+        root_dir: PathBuf,
+        cni_conf_dir: &std::path::Path,
+        server_args: &[std::ffi::OsString],
+        env: &[(&str, &str)],
     ) -> Self {
         let state = state_dir();
         std::fs::create_dir_all(&root_dir).expect("root dir");
@@ -120,6 +144,7 @@ impl AgentProcess {
             .arg(state.join("cni/bin"))
             .args(["--resolv-conf", ""])
             .args(server_args)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(out.try_clone().expect("log fd"))
             .stderr(out)
@@ -135,6 +160,23 @@ impl AgentProcess {
     /// Its PID.
     pub fn pid(&self) -> Pid {
         Pid::from_raw(i32::try_from(self.child.as_ref().expect("running").id()).expect("pid"))
+    }
+
+    /// Waits up to `timeout` for the agent to exit by itself: how it ended, or `None` if it
+    /// still runs.
+    pub async fn exited(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let child = self.child.as_mut()?;
+            if let Ok(Some(status)) = child.try_wait() {
+                self.child = None;
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// SIGKILL: a crash, leaving whatever it was doing half done.

@@ -48,13 +48,32 @@ impl Case {
 
     /// (Re)starts the agent: the one running stops first.
     pub fn start_agent(&mut self, extra: &[&str]) {
+        self.start_agent_with(None, extra, &[]);
+    }
+
+    /// (Re)starts the agent with its CNI config from `cni_conf_dir` (the repository's if
+    /// `None`), `extra` flags and `env` added to its environment.
+    pub fn start_agent_with(
+        &mut self,
+        cni_conf_dir: Option<&std::path::Path>,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) {
         drop(self.agent.take());
-        self.agent = Some(AgentProcess::start_with_args(
+        let repo_conf = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("cni-config");
+        self.agent = Some(AgentProcess::start_with(
             Owner::Agent,
             &node_name(),
             root_dir(),
+            cni_conf_dir.unwrap_or(&repo_conf),
             extra,
+            env,
         ));
+    }
+
+    /// The running agent, to wait for its end.
+    pub fn agent_mut(&mut self) -> &mut AgentProcess {
+        self.agent.as_mut().expect("the agent runs")
     }
 
     /// Stops the agent (SIGTERM); its pods keep running.

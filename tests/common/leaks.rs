@@ -488,3 +488,70 @@ pub fn rules_naming<'a>(save: &'a str, ids: &BTreeSet<String>) -> Vec<&'a str> {
         .filter(|l| ids.iter().any(|id| l.contains(id.as_str())))
         .collect()
 }
+
+/// The node's pod network state as a whole: every host-local reservation (`<network>/<ip>`
+/// and its holder), named netns and host interface. Compared before and after a test, it
+/// finds leaks of sandboxes the [`Recorder`] never saw: one whose creation a crash or a
+/// timeout cut short is never listed by the runtime.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeNetwork {
+    /// `<network>/<ip> held by <sandbox id>`.
+    pub reservations: BTreeSet<String>,
+    /// Named netns (the cluster's containerd keeps its own under its state dir).
+    pub netns: BTreeSet<String>,
+    /// Host veths (names under /sys/class/net).
+    pub interfaces: BTreeSet<String>,
+}
+
+impl NodeNetwork {
+    /// The state now.
+    pub fn now() -> Self {
+        let dir = Path::new(HOST_LOCAL_DIR);
+        let mut reservations = BTreeSet::new();
+        for network in file_names(dir) {
+            for ip in file_names(&dir.join(&network)) {
+                if ip.parse::<std::net::IpAddr>().is_err() {
+                    continue;
+                }
+                let text =
+                    std::fs::read_to_string(dir.join(&network).join(&ip)).unwrap_or_default();
+                let holder = reservation_holder(&text).unwrap_or("?");
+                reservations.insert(format!("{network}/{ip} held by {holder}"));
+            }
+        }
+        Self {
+            reservations,
+            netns: netns_dirs().iter().flat_map(|d| file_names(d)).collect(),
+            interfaces: file_names(Path::new("/sys/class/net"))
+                .into_iter()
+                .filter(|name| name.starts_with("veth"))
+                .collect(),
+        }
+    }
+
+    /// What is in `self` and was not in `before`.
+    pub fn since(&self, before: &Self) -> Self {
+        let new = |now: &BTreeSet<String>, then: &BTreeSet<String>| {
+            now.difference(then).cloned().collect::<BTreeSet<_>>()
+        };
+        Self {
+            reservations: new(&self.reservations, &before.reservations),
+            netns: new(&self.netns, &before.netns),
+            interfaces: new(&self.interfaces, &before.interfaces),
+        }
+    }
+
+    /// Nothing at all.
+    pub fn is_empty(&self) -> bool {
+        self.reservations.is_empty() && self.netns.is_empty() && self.interfaces.is_empty()
+    }
+}
+
+/// Where named netns are: the system's dir and the cluster's containerd's
+/// (`netns_mounts_under_state_dir`).
+fn netns_dirs() -> [PathBuf; 2] {
+    [
+        "/var/run/netns".into(),
+        super::state_dir().join("containerd/state/io.containerd.grpc.v1.cri/netns"),
+    ]
+}
