@@ -577,6 +577,8 @@ fn check(pod: &Pod, restart_count: u32, image_user: ImageUser) -> Result<(), Tes
         .chain(&spec.containers);
     for container in all {
         let _ = container_hash(container);
+        let _ =
+            rkubelet::images::reference::validate(container.image.as_deref().unwrap_or_default());
         let hooks = container
             .lifecycle
             .iter()

@@ -392,9 +392,11 @@ impl<C: Cri> RuntimeManager<C> {
         }
         let log_dir = pod_log_dir(&self.settings.pod_logs_dir, id);
         if let Err(e) = tokio::fs::create_dir_all(&log_dir).await {
+            // The kubelet's event carries Go's `MkdirAll` error (`mkdir <dir>: <errno>`).
             let message = format!(
-                "Failed to create pod log directory {}: {e}",
-                log_dir.display()
+                "Failed to create pod sandbox: mkdir {}: {}",
+                log_dir.display(),
+                crate::errno::go_text(&e)
             );
             self.events
                 .warning(id, None, "FailedCreatePodSandBox", message.clone());
@@ -1058,6 +1060,40 @@ mod tests {
         let m = manager();
         m.kill_pod((&pod_id(), None), &running, 4).await.unwrap();
         assert_eq!(m.cri().calls(), ["StopContainer c1 4", "StopPodSandbox s1"]);
+    }
+
+    #[tokio::test]
+    async fn a_log_directory_name_too_long_fails_the_sandbox_with_gos_mkdir_error() {
+        let logs = std::env::temp_dir().join(format!("rk-logdir-{}", std::process::id()));
+        let settings = SandboxSettings {
+            pod_logs_dir: logs.clone(),
+            ..SandboxSettings::default()
+        };
+        let (events, mut rx) = EventRecorder::channel();
+        let m = RuntimeManager::new(Recorder::default(), settings, events, 1);
+        // 253 characters, as the API allows: `default_<name>_<uid>` is over NAME_MAX.
+        let name = "n".repeat(253);
+        let pod = crate::pod::testing::pod(&name, &[("c", "busybox")]);
+        let id = PodId::of(&pod).unwrap();
+        let actions = PodActions {
+            create_sandbox: Some(0),
+            ..PodActions::default()
+        };
+        let got = m
+            .ensure_sandbox(&pod, &id, &PodRuntimeStatus::default(), &actions, "")
+            .await;
+        let dir = logs.join(format!("default_{name}_{}", id.uid));
+        let want = format!(
+            "Failed to create pod sandbox: mkdir {}: file name too long",
+            dir.display()
+        );
+        assert_eq!(got, Err(want.clone()));
+        let event = std::iter::from_fn(|| rx.try_recv().ok())
+            .find(|e| e.reason == "FailedCreatePodSandBox")
+            .expect("a FailedCreatePodSandBox event");
+        assert_eq!(event.message, want);
+        assert!(m.cri().calls().is_empty());
+        let _ = std::fs::remove_dir_all(&logs);
     }
 
     fn pod_id() -> PodId {

@@ -3,6 +3,9 @@
 //! one pull at a time per image (pods that need the same image wait for the same pull).
 //! A pull uses the pod's image pull secrets: each credential that matches the image's
 //! repository is tried in turn (the kubelet's `PullImage`), else the pull is anonymous.
+//! A reference that does not parse ([`reference`]) never reaches the runtime.
+
+pub mod reference;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -31,6 +34,9 @@ pub enum ImageError {
     /// The container has no image.
     #[error("container has no image")]
     Missing,
+    /// The reference does not parse: the kubelet's whole message.
+    #[error("{0}")]
+    InvalidName(String),
 }
 
 impl ImageError {
@@ -41,7 +47,7 @@ impl ImageError {
             Self::Pull(_) => "ErrImagePull",
             Self::BackOff(_) => "ImagePullBackOff",
             Self::NeverPull(_) => "ErrImageNeverPull",
-            Self::Missing => "InvalidImageName",
+            Self::Missing | Self::InvalidName(_) => "InvalidImageName",
         }
     }
 }
@@ -84,6 +90,13 @@ impl ImageManager {
         events: &EventRecorder,
     ) -> Result<Option<String>, ImageError> {
         let image = image_of(container)?;
+        if let Err(e) = reference::validate(&image) {
+            let message = format!(
+                "Failed to apply default image tag {image:?}: couldn't parse image reference {image:?}: {e}"
+            );
+            events.warning(pod, name, "InspectFailed", message.clone());
+            return Err(ImageError::InvalidName(message));
+        }
         let policy = pull_policy(container);
         if policy == "Always" {
             return Ok(None);
@@ -429,6 +442,23 @@ mod tests {
             "IfNotPresent"
         );
         assert_eq!(pull_policy(&container("nginx", Some("Never"))), "Never");
+    }
+
+    #[tokio::test]
+    async fn a_reference_that_does_not_parse_never_reaches_the_runtime() {
+        let cri = FakeImages::default();
+        let (events, mut rx) = EventRecorder::channel();
+        let images = ImageManager::default();
+        let got = ensure(&images, &cri, &container("Busybox:1", None), &events).await;
+        let message = "Failed to apply default image tag \"Busybox:1\": couldn't parse image reference \"Busybox:1\": invalid reference format: repository name must be lowercase";
+        assert_eq!(got, Err(ImageError::InvalidName(message.into())));
+        assert_eq!(got.unwrap_err().reason(), "InvalidImageName");
+        assert_eq!(cri.pulls.load(Ordering::SeqCst), 0);
+        let event = rx.recv().await.unwrap();
+        assert_eq!(
+            (event.reason, event.message.as_str()),
+            ("InspectFailed", message)
+        );
     }
 
     #[tokio::test]
