@@ -247,7 +247,7 @@ async fn pull_with_secrets<C: Cri>(
         return pull(None)
             .await
             .map(|r| r.image_ref)
-            .map_err(|e| runtime_error(&e));
+            .map_err(|e| e.grpc_error());
     }
     let mut errors: Vec<String> = Vec::new();
     for cred in creds {
@@ -259,7 +259,7 @@ async fn pull_with_secrets<C: Cri>(
         match pull(Some(auth)).await {
             Ok(resp) => return Ok(resp.image_ref),
             Err(e) => {
-                let message = runtime_error(&e);
+                let message = e.grpc_error();
                 if !errors.contains(&message) {
                     errors.push(message);
                 }
@@ -270,16 +270,6 @@ async fn pull_with_secrets<C: Cri>(
         [one] => one.clone(),
         all => format!("[{}]", all.join(", ")),
     })
-}
-
-/// A runtime error as the kubelet shows it: a gRPC status in grpc-go's words.
-fn runtime_error(error: &CriError) -> String {
-    match error {
-        CriError::Rpc { code, message, .. } => {
-            format!("rpc error: code = {code:?} desc = {message}")
-        }
-        other => other.to_string(),
-    }
 }
 
 fn image_of(container: &Container) -> Result<String, ImageError> {

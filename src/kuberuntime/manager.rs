@@ -413,7 +413,7 @@ impl<C: Cri> RuntimeManager<C> {
         let sandbox_id = match created {
             Ok(resp) => resp.pod_sandbox_id,
             Err(e) => {
-                let message = format!("Failed to create pod sandbox: {e}");
+                let message = format!("Failed to create pod sandbox: {}", e.grpc_error());
                 self.events
                     .warning(id, None, "FailedCreatePodSandBox", message.clone());
                 return Err(message);
@@ -438,9 +438,9 @@ impl<C: Cri> RuntimeManager<C> {
                 })
                 .unwrap_or_default(),
             Err(e) => {
-                let message = format!("Failed to get pod sandbox status: {e}");
+                let message = format!("Unable to get pod sandbox status: {}", e.grpc_error());
                 self.events
-                    .warning(id, None, "FailedCreatePodSandBox", message.clone());
+                    .warning(id, None, "FailedStatusPodSandBox", message.clone());
                 return Err(message);
             }
         };
@@ -624,12 +624,15 @@ impl<C: Cri> RuntimeManager<C> {
             .map_err(|e| self.config_error(id, name, &ConfigError::ImageUser(e.to_string())))?;
         let config = container_config(pod, id, container, &cctx, env.vars)
             .map_err(|e| self.config_error(id, name, &e))?;
+        // As the kubelet: the runtime's own message (the gRPC status's), in the event and
+        // in the waiting message.
         let failed = |e: crate::cri::CriError, reason: &str| {
+            let message = e.grpc_message();
             self.events
-                .warning(id, name, "Failed", format!("Error: {e}"));
+                .warning(id, name, "Failed", format!("Error: {message}"));
             Waiting {
                 reason: reason.into(),
-                message: e.to_string(),
+                message,
             }
         };
         let created = self
