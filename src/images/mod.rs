@@ -15,7 +15,7 @@ use k8s_openapi::api::core::v1::{Container, Secret};
 
 use crate::backoff::Backoff;
 use crate::credentialprovider::{Keyring, repository};
-use crate::cri::{Cri, CriError, api};
+use crate::cri::{Cri, api};
 use crate::events::{EventRecorder, Involved};
 use crate::pod::PodId;
 
