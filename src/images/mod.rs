@@ -445,10 +445,8 @@ mod tests {
         assert_eq!(got.unwrap_err().reason(), "InvalidImageName");
         assert_eq!(cri.pulls.load(Ordering::SeqCst), 0);
         let event = rx.recv().await.unwrap();
-        assert_eq!(
-            (event.reason, event.message.as_str()),
-            ("InspectFailed", message)
-        );
+        assert_eq!(event.reason, "InspectFailed");
+        assert_eq!(event.message, message);
     }
 
     #[tokio::test]
@@ -618,11 +616,15 @@ mod tests {
             "no second pull during back-off"
         );
         let reasons: Vec<_> = std::iter::from_fn(|| rx.try_recv().ok())
-            .map(|e| (e.reason, e.warning))
+            .map(|e| (e.reason.into_owned(), e.warning))
             .collect();
         assert_eq!(
             reasons,
-            [("Pulling", false), ("Failed", true), ("BackOff", false)]
+            [
+                ("Pulling".to_owned(), false),
+                ("Failed".to_owned(), true),
+                ("BackOff".to_owned(), false)
+            ]
         );
         let never = ensure(
             &images,

@@ -1055,8 +1055,8 @@ mod tests {
                 "StopPodSandbox s1"
             ]
         );
-        let reasons: Vec<&str> = std::iter::from_fn(|| events.try_recv().ok())
-            .map(|e| e.reason)
+        let reasons: Vec<String> = std::iter::from_fn(|| events.try_recv().ok())
+            .map(|e| e.reason.into_owned())
             .collect();
         assert_eq!(reasons, ["Killing", "FailedPreStopHook"]);
         // Without the pod's spec (gone from the API), no hook runs.
