@@ -2,7 +2,7 @@
 //! refuse or handle (admission rejections, images that are absent or do not parse,
 //! missing env and volume sources, hostPath types that do not match, subPath escapes,
 //! impossible resources, very long names, huge env and annotations, conflicting host
-//! ports, runtime classes, failing processes (exit codes, OOM), bad probes and hooks, root images
+//! ports, runtime classes, failing processes (exit codes), bad probes and hooks, root images
 //! under runAsNonRoot, read-only root file systems). Each row states the kubelet v1.20's
 //! outcome: the pod's phase, the container's waiting or terminated reason and message (or
 //! the pod's reason and message when admission rejects it) and the event. The rows run in
@@ -617,19 +617,6 @@ async fn rows(cm: &str, secret: &str) -> Vec<Row> {
                 reason: "Error",
                 exit_code: 3,
                 message: is("bye\n"),
-            },
-        ),
-        row(
-            "oom",
-            once(
-                "dd if=/dev/zero of=/dev/null bs=64M count=1",
-                json!({ "resources": { "limits": { "memory": "16Mi" } } }),
-            ),
-            Want::Terminated {
-                container: "c",
-                reason: "OOMKilled",
-                exit_code: 137,
-                message: is(""),
             },
         ),
         // Names and sizes near the API's limits.
