@@ -7,6 +7,7 @@
 //! at most 4,096 events). A pod that is gone can have no repeats: what is remembered of its
 //! events is dropped then, so that churning pods do not keep the memory full.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::time::Instant;
 
@@ -27,8 +28,8 @@ pub struct PodEvent {
     pub field_path: Option<String>,
     /// Warning (true) or Normal.
     pub warning: bool,
-    /// The kubelet's reason, e.g. `Pulled`.
-    pub reason: &'static str,
+    /// The kubelet's reason, e.g. `Pulled` (or made, e.g. `OutOfhugepages-2Mi`).
+    pub reason: Cow<'static, str>,
     /// The human message.
     pub message: String,
 }
@@ -136,11 +137,11 @@ impl EventRecorder {
         pod: &PodId,
         involved: Involved<'_>,
         warning: bool,
-        reason: &'static str,
+        reason: Cow<'static, str>,
         message: String,
     ) {
         let field_path = involved.field_path();
-        tracing::debug!(pod = %pod, field_path, reason, %message, "event");
+        tracing::debug!(pod = %pod, field_path, %reason, %message, "event");
         let event = PodEvent {
             pod: pod.clone(),
             field_path,
@@ -152,7 +153,7 @@ impl EventRecorder {
         if let Err(mpsc::error::TrySendError::Full(Message::Event(event))) =
             self.tx.try_send(Message::Event(event))
         {
-            tracing::warn!(pod = %event.pod, reason = event.reason, "event queue full; event dropped");
+            tracing::warn!(pod = %event.pod, reason = %event.reason, "event queue full; event dropped");
         }
     }
 
@@ -162,10 +163,10 @@ impl EventRecorder {
         &self,
         pod: &PodId,
         involved: impl Into<Involved<'a>>,
-        reason: &'static str,
+        reason: impl Into<Cow<'static, str>>,
         message: String,
     ) {
-        self.send(pod, involved.into(), false, reason, message);
+        self.send(pod, involved.into(), false, reason.into(), message);
     }
 
     /// A Warning event; see [`Self::normal`].
@@ -173,10 +174,10 @@ impl EventRecorder {
         &self,
         pod: &PodId,
         involved: impl Into<Involved<'a>>,
-        reason: &'static str,
+        reason: impl Into<Cow<'static, str>>,
         message: String,
     ) {
-        self.send(pod, involved.into(), true, reason, message);
+        self.send(pod, involved.into(), true, reason.into(), message);
     }
 }
 
@@ -253,7 +254,7 @@ pub async fn publish(client: kube::Client, node_name: String, mut rx: EventRecei
                     field_path: ev.field_path.clone(),
                     ..Default::default()
                 },
-                reason: Some(ev.reason.into()),
+                reason: Some(ev.reason.to_string()),
                 message: Some(ev.message.chars().take(1024).collect()),
                 type_: Some(if ev.warning { "Warning" } else { "Normal" }.into()),
                 source: Some(EventSource {
@@ -274,7 +275,7 @@ pub async fn publish(client: kube::Client, node_name: String, mut rx: EventRecei
             created
         };
         if let Err(e) = result {
-            tracing::warn!(pod = %ev.pod, reason = ev.reason, error = %e, "could not publish event");
+            tracing::warn!(pod = %ev.pod, reason = %ev.reason, error = %e, "could not publish event");
         }
     }
 }
@@ -321,7 +322,7 @@ mod tests {
             },
             field_path: None,
             warning: false,
-            reason: "Started",
+            reason: "Started".into(),
             message: format!("event {i}"),
         };
         for i in 0..3 {
@@ -355,7 +356,7 @@ mod tests {
             pod: pod(),
             field_path: None,
             warning: false,
-            reason: "Pulled",
+            reason: "Pulled".into(),
             message: format!("event {i}"),
         };
         for i in 0..MAX_REMEMBERED_EVENTS + 10 {

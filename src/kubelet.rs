@@ -580,7 +580,7 @@ impl<C: Cri + Clone> PodAdmission for Kubelet<C> {
         let Some(id) = PodId::of(pod) else { return };
         let finished = |p: &Pod| PodId::of(p).is_some_and(|id| self.is_terminal(p, &id));
         if let Some(rejection) = self.admission.admit(pod, finished) {
-            tracing::warn!(pod = %id, reason = rejection.reason, message = %rejection.message, "pod rejected at admission");
+            tracing::warn!(pod = %id, reason = %rejection.reason, message = %rejection.message, "pod rejected at admission");
             self.status
                 .set_pod_status(&id, rejected_status(pod, &rejection));
             self.runtime

@@ -14,6 +14,7 @@ pub mod credentialprovider;
 pub mod cri;
 pub mod dns;
 pub mod envvars;
+pub mod errno;
 pub mod events;
 pub mod fault;
 pub mod images;

@@ -51,6 +51,28 @@ impl CriError {
         }
     }
 
+    /// The error as the kubelet prints a CRI error (grpc-go's `err.Error()`):
+    /// `rpc error: code = <code> desc = <message>`.
+    #[must_use]
+    pub fn grpc_error(&self) -> String {
+        match self {
+            Self::Rpc { code, message, .. } => {
+                format!("rpc error: code = {code:?} desc = {message}")
+            }
+            other => other.to_string(),
+        }
+    }
+
+    /// The runtime's own message, as the kubelet's container events and waiting messages
+    /// carry it (grpc-go's `status.Message()`).
+    #[must_use]
+    pub fn grpc_message(&self) -> String {
+        match self {
+            Self::Rpc { message, .. } => message.clone(),
+            other => other.to_string(),
+        }
+    }
+
     /// True when the runtime says the object does not exist (a lost race, or already removed).
     #[must_use]
     pub fn is_not_found(&self) -> bool {
@@ -83,6 +105,25 @@ pub fn ok_if_not_found<T>(result: Result<T>) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn runtime_errors_read_as_grpc_go_prints_them() {
+        let e = CriError::Rpc {
+            rpc: "StartContainer",
+            code: tonic::Code::Unknown,
+            message: "failed to create containerd task".into(),
+        };
+        assert_eq!(
+            e.grpc_error(),
+            "rpc error: code = Unknown desc = failed to create containerd task"
+        );
+        assert_eq!(e.grpc_message(), "failed to create containerd task");
+        let timeout = CriError::Timeout {
+            rpc: "PullImage",
+            after: Duration::from_secs(2),
+        };
+        assert_eq!(timeout.grpc_message(), timeout.to_string());
+    }
 
     #[test]
     fn rpc_error_names_the_call_and_code() {

@@ -392,9 +392,11 @@ impl<C: Cri> RuntimeManager<C> {
         }
         let log_dir = pod_log_dir(&self.settings.pod_logs_dir, id);
         if let Err(e) = tokio::fs::create_dir_all(&log_dir).await {
+            // The kubelet's event carries Go's `MkdirAll` error (`mkdir <dir>: <errno>`).
             let message = format!(
-                "Failed to create pod log directory {}: {e}",
-                log_dir.display()
+                "Failed to create pod sandbox: mkdir {}: {}",
+                log_dir.display(),
+                crate::errno::go_text(&e)
             );
             self.events
                 .warning(id, None, "FailedCreatePodSandBox", message.clone());
@@ -414,7 +416,7 @@ impl<C: Cri> RuntimeManager<C> {
                 resp.pod_sandbox_id
             }
             Err(e) => {
-                let message = format!("Failed to create pod sandbox: {e}");
+                let message = format!("Failed to create pod sandbox: {}", e.grpc_error());
                 self.events
                     .warning(id, None, "FailedCreatePodSandBox", message.clone());
                 return Err(message);
@@ -439,9 +441,9 @@ impl<C: Cri> RuntimeManager<C> {
                 })
                 .unwrap_or_default(),
             Err(e) => {
-                let message = format!("Failed to get pod sandbox status: {e}");
+                let message = format!("Unable to get pod sandbox status: {}", e.grpc_error());
                 self.events
-                    .warning(id, None, "FailedCreatePodSandBox", message.clone());
+                    .warning(id, None, "FailedStatusPodSandBox", message.clone());
                 return Err(message);
             }
         };
@@ -625,12 +627,15 @@ impl<C: Cri> RuntimeManager<C> {
             .map_err(|e| self.config_error(id, name, &ConfigError::ImageUser(e.to_string())))?;
         let config = container_config(pod, id, container, &cctx, env.vars)
             .map_err(|e| self.config_error(id, name, &e))?;
+        // As the kubelet: the runtime's own message (the gRPC status's), in the event and
+        // in the waiting message.
         let failed = |e: crate::cri::CriError, reason: &str| {
+            let message = e.grpc_message();
             self.events
-                .warning(id, name, "Failed", format!("Error: {e}"));
+                .warning(id, name, "Failed", format!("Error: {message}"));
             Waiting {
                 reason: reason.into(),
-                message: e.to_string(),
+                message,
             }
         };
         let created = self
@@ -1054,14 +1059,48 @@ mod tests {
                 "StopPodSandbox s1"
             ]
         );
-        let reasons: Vec<&str> = std::iter::from_fn(|| events.try_recv().ok())
-            .map(|e| e.reason)
+        let reasons: Vec<String> = std::iter::from_fn(|| events.try_recv().ok())
+            .map(|e| e.reason.into_owned())
             .collect();
         assert_eq!(reasons, ["Killing", "FailedPreStopHook"]);
         // Without the pod's spec (gone from the API), no hook runs.
         let m = manager();
         m.kill_pod((&pod_id(), None), &running, 4).await.unwrap();
         assert_eq!(m.cri().calls(), ["StopContainer c1 4", "StopPodSandbox s1"]);
+    }
+
+    #[tokio::test]
+    async fn a_log_directory_name_too_long_fails_the_sandbox_with_gos_mkdir_error() {
+        let logs = std::env::temp_dir().join(format!("rk-logdir-{}", std::process::id()));
+        let settings = SandboxSettings {
+            pod_logs_dir: logs.clone(),
+            ..SandboxSettings::default()
+        };
+        let (events, mut rx) = EventRecorder::channel();
+        let m = RuntimeManager::new(Recorder::default(), settings, events, 1);
+        // 253 characters, as the API allows: `default_<name>_<uid>` is over NAME_MAX.
+        let name = "n".repeat(253);
+        let pod = crate::pod::testing::pod(&name, &[("c", "busybox")]);
+        let id = PodId::of(&pod).unwrap();
+        let actions = PodActions {
+            create_sandbox: Some(0),
+            ..PodActions::default()
+        };
+        let got = m
+            .ensure_sandbox(&pod, &id, &PodRuntimeStatus::default(), &actions, "")
+            .await;
+        let dir = logs.join(format!("default_{name}_{}", id.uid));
+        let want = format!(
+            "Failed to create pod sandbox: mkdir {}: file name too long",
+            dir.display()
+        );
+        assert_eq!(got, Err(want.clone()));
+        let event = std::iter::from_fn(|| rx.try_recv().ok())
+            .find(|e| e.reason == "FailedCreatePodSandBox")
+            .expect("a FailedCreatePodSandBox event");
+        assert_eq!(event.message, want);
+        assert!(m.cri().calls().is_empty());
+        let _ = std::fs::remove_dir_all(&logs);
     }
 
     fn pod_id() -> PodId {

@@ -16,6 +16,7 @@
 //! manager): an unknown RuntimeClass is not an admission failure in v1.20 but fails the
 //! sandbox creation, retried with back-off.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
@@ -32,7 +33,7 @@ use crate::resources::{QosClass, Quantity, qos_class};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rejection {
     /// The reason, e.g. `OutOfcpu`, `NodeAffinity`, `SysctlForbidden`.
-    pub reason: &'static str,
+    pub reason: Cow<'static, str>,
     /// The handler's message (the pod status gets it prefixed with `Pod `).
     pub message: String,
 }
@@ -199,7 +200,7 @@ impl SysctlWhitelist {
         for s in sysctls {
             self.validate(&s.name, host_net, host_ipc)
                 .map_err(|e| Rejection {
-                    reason: "SysctlForbidden",
+                    reason: "SysctlForbidden".into(),
                     message: format!("forbidden sysctl: {e}"),
                 })?;
         }
@@ -207,27 +208,55 @@ impl SysctlWhitelist {
     }
 }
 
-/// The resources the scheduler accounts a pod for.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// The resources the scheduler accounts a pod for: cpu, memory, ephemeral storage, and
+/// the scalar ones (huge pages, extended and `*kubernetes.io/` resources) by name.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 struct Resources {
     milli_cpu: i64,
     memory: i64,
     ephemeral_storage: i64,
+    scalars: BTreeMap<String, i64>,
+}
+
+fn value_of(q: &ApiQuantity, milli: bool) -> Option<i64> {
+    let q = Quantity::parse(&q.0).ok()?;
+    let v = if milli { q.milli_value() } else { q.value() };
+    Some(i64::try_from(v).unwrap_or(i64::MAX))
 }
 
 fn amount(list: Option<&BTreeMap<String, ApiQuantity>>, name: &str, milli: bool) -> i64 {
     list.and_then(|l| l.get(name))
-        .and_then(|q| Quantity::parse(&q.0).ok())
-        .map(|q| if milli { q.milli_value() } else { q.value() })
-        .map_or(0, |v| i64::try_from(v).unwrap_or(i64::MAX))
+        .and_then(|q| value_of(q, milli))
+        .unwrap_or(0)
+}
+
+/// An extended resource (`IsExtendedResourceName`): a domain-prefixed name outside
+/// `kubernetes.io`, not a quota's `requests.` name.
+fn is_extended(name: &str) -> bool {
+    name.contains('/') && !name.contains("kubernetes.io/") && !name.starts_with("requests.")
+}
+
+/// A resource the scheduler counts by name (`IsScalarResourceName`).
+fn is_scalar(name: &str) -> bool {
+    is_extended(name)
+        || name.starts_with("hugepages-")
+        || name.contains("kubernetes.io/")
+        || name.starts_with("attachable-volumes-")
 }
 
 impl Resources {
     fn of(list: Option<&BTreeMap<String, ApiQuantity>>) -> Self {
+        let scalars = list
+            .into_iter()
+            .flatten()
+            .filter(|(name, _)| is_scalar(name))
+            .filter_map(|(name, q)| Some((name.clone(), value_of(q, false)?)))
+            .collect();
         Self {
             milli_cpu: amount(list, "cpu", true),
             memory: amount(list, "memory", false),
             ephemeral_storage: amount(list, "ephemeral-storage", false),
+            scalars,
         }
     }
 
@@ -235,20 +264,23 @@ impl Resources {
         Self::of(c.resources.as_ref().and_then(|r| r.requests.as_ref()))
     }
 
-    fn add(self, o: Self) -> Self {
-        Self {
-            milli_cpu: self.milli_cpu.saturating_add(o.milli_cpu),
-            memory: self.memory.saturating_add(o.memory),
-            ephemeral_storage: self.ephemeral_storage.saturating_add(o.ephemeral_storage),
+    fn combine(mut self, o: Self, f: fn(i64, i64) -> i64) -> Self {
+        self.milli_cpu = f(self.milli_cpu, o.milli_cpu);
+        self.memory = f(self.memory, o.memory);
+        self.ephemeral_storage = f(self.ephemeral_storage, o.ephemeral_storage);
+        for (name, v) in o.scalars {
+            let mine = self.scalars.entry(name).or_insert(0);
+            *mine = f(*mine, v);
         }
+        self
+    }
+
+    fn add(self, o: Self) -> Self {
+        self.combine(o, i64::saturating_add)
     }
 
     fn max(self, o: Self) -> Self {
-        Self {
-            milli_cpu: self.milli_cpu.max(o.milli_cpu),
-            memory: self.memory.max(o.memory),
-            ephemeral_storage: self.ephemeral_storage.max(o.ephemeral_storage),
-        }
+        self.combine(o, i64::max)
     }
 
     /// A pod's requests: the sum over its containers, at least any one init container's,
@@ -269,15 +301,9 @@ impl Resources {
     }
 }
 
-fn insufficient(resource: &'static str, requested: i64, used: i64, capacity: i64) -> Rejection {
-    let reason = match resource {
-        "pods" => "OutOfpods",
-        "cpu" => "OutOfcpu",
-        "memory" => "OutOfmemory",
-        _ => "OutOfephemeral-storage",
-    };
+fn insufficient(resource: &str, requested: i64, used: i64, capacity: i64) -> Rejection {
     Rejection {
-        reason,
+        reason: format!("OutOf{resource}").into(),
         message: format!(
             "Node didn't have enough resource: {resource}, requested: {requested}, used: {used}, capacity: {capacity}"
         ),
@@ -293,7 +319,13 @@ fn fits_resources(spec: &PodSpec, others: &[&PodSpec], node: &Node) -> Result<()
     if pods + 1 > allowed_pods {
         return Err(insufficient("pods", 1, pods, allowed_pods));
     }
-    let request = Resources::of_pod(spec);
+    let capacity = Resources::of(allocatable);
+    let mut request = Resources::of_pod(spec);
+    // The kubelet's `removeMissingExtendedResources`: extended resources the node does not
+    // have are left to their device plugins' admission.
+    request
+        .scalars
+        .retain(|name, _| !is_extended(name) || capacity.scalars.contains_key(name));
     if request == Resources::default() {
         return Ok(());
     }
@@ -301,7 +333,7 @@ fn fits_resources(spec: &PodSpec, others: &[&PodSpec], node: &Node) -> Result<()
         .iter()
         .map(|s| Resources::of_pod(s))
         .fold(Resources::default(), Resources::add);
-    let capacity = Resources::of(allocatable);
+    let scalar = |r: &Resources, name: &str| r.scalars.get(name).copied().unwrap_or(0);
     let checks = [
         ("cpu", request.milli_cpu, used.milli_cpu, capacity.milli_cpu),
         ("memory", request.memory, used.memory, capacity.memory),
@@ -311,7 +343,16 @@ fn fits_resources(spec: &PodSpec, others: &[&PodSpec], node: &Node) -> Result<()
             used.ephemeral_storage,
             capacity.ephemeral_storage,
         ),
-    ];
+    ]
+    .into_iter()
+    .chain(request.scalars.iter().map(|(name, req)| {
+        (
+            name.as_str(),
+            *req,
+            scalar(&used, name),
+            scalar(&capacity, name),
+        )
+    }));
     match checks
         .into_iter()
         .find(|(_, req, used, cap)| *cap < req.saturating_add(*used))
@@ -434,7 +475,7 @@ impl HostPort {
 
 fn predicate_failure(name: &'static str) -> Rejection {
     Rejection {
-        reason: name,
+        reason: name.into(),
         message: format!("Predicate {name} failed"),
     }
 }
@@ -550,7 +591,7 @@ pub fn admit_pod(
 pub fn rejected_status(pod: &Pod, rejection: &Rejection) -> PodStatus {
     PodStatus {
         phase: Some("Failed".into()),
-        reason: Some(rejection.reason.to_owned()),
+        reason: Some(rejection.reason.to_string()),
         message: Some(format!("Pod {}", rejection.message)),
         start_time: pod.status.as_ref().and_then(|s| s.start_time.clone()),
         ..Default::default()
@@ -826,7 +867,7 @@ mod tests {
         assert_eq!(
             rejected(&b, &[&a], &n),
             Some(Rejection {
-                reason: "OutOfcpu",
+                reason: "OutOfcpu".into(),
                 message: "Node didn't have enough resource: cpu, requested: 600, used: 1500, capacity: 2000".into()
             })
         );
@@ -834,7 +875,7 @@ mod tests {
         assert_eq!(
             rejected(&c, &[&a], &n),
             Some(Rejection {
-                reason: "OutOfmemory",
+                reason: "OutOfmemory".into(),
                 message: format!(
                     "Node didn't have enough resource: memory, requested: {}, used: {}, capacity: {}",
                     600 << 20,
@@ -848,11 +889,44 @@ mod tests {
         assert_eq!(
             rejected(&c, &[&none, &none, &none], &n).map(|r| (r.reason, r.message)),
             Some((
-                "OutOfpods",
+                "OutOfpods".into(),
                 "Node didn't have enough resource: pods, requested: 1, used: 3, capacity: 3".into()
             ))
         );
         assert_eq!(rejected(&none, &[&a, &b], &n), None);
+    }
+
+    #[test]
+    fn huge_pages_and_extended_resources_are_checked_by_name_and_missing_extended_ones_dropped() {
+        let mut n = big_node();
+        let allocatable = n.status.as_mut().unwrap().allocatable.as_mut().unwrap();
+        allocatable.insert("hugepages-2Mi".into(), ApiQuantity("0".into()));
+        allocatable.insert("example.com/gpu".into(), ApiQuantity("2".into()));
+        let huge = requesting("h", &[("hugepages-2Mi", "4Mi"), ("memory", "8Mi")]);
+        let got = rejected(&huge, &[], &n).unwrap();
+        assert_eq!(got.reason, "OutOfhugepages-2Mi");
+        assert_eq!(
+            got.message,
+            "Node didn't have enough resource: hugepages-2Mi, requested: 4194304, used: 0, capacity: 0"
+        );
+        // An extended resource the node lacks is left to its device plugin (admitted); one
+        // it has is counted against the other pods' requests.
+        let widget = requesting("w", &[("example.com/widget", "1")]);
+        assert_eq!(rejected(&widget, &[], &n), None);
+        let gpu = requesting("g", &[("example.com/gpu", "2")]);
+        assert_eq!(rejected(&gpu, &[], &n), None);
+        let got = rejected(&gpu, &[&gpu], &n).unwrap();
+        assert_eq!(got.reason, "OutOfexample.com/gpu");
+        assert_eq!(
+            got.message,
+            "Node didn't have enough resource: example.com/gpu, requested: 2, used: 2, capacity: 2"
+        );
+        // A `kubernetes.io/` resource is native: absent from the node, it has no room.
+        let native = requesting("k", &[("kubernetes.io/thing", "1")]);
+        assert_eq!(
+            rejected(&native, &[], &n).map(|r| r.reason),
+            Some("OutOfkubernetes.io/thing".into())
+        );
     }
 
     #[test]
@@ -861,7 +935,7 @@ mod tests {
         let p = requesting("p", &[("ephemeral-storage", "1Gi")]);
         assert_eq!(
             rejected(&p, &[], &n).map(|r| r.reason),
-            Some("OutOfephemeral-storage")
+            Some("OutOfephemeral-storage".into())
         );
     }
 
@@ -891,7 +965,7 @@ mod tests {
         assert_eq!(
             rejected(&p, &[], &n),
             Some(Rejection {
-                reason: "NodeAffinity",
+                reason: "NodeAffinity".into(),
                 message: "Predicate NodeAffinity failed".into()
             })
         );
@@ -972,7 +1046,10 @@ mod tests {
         let n = big_node();
         let mut p = requesting("p", &[]);
         p.spec.as_mut().unwrap().node_name = Some("other".into());
-        assert_eq!(rejected(&p, &[], &n).map(|r| r.reason), Some("NodeName"));
+        assert_eq!(
+            rejected(&p, &[], &n).map(|r| r.reason),
+            Some("NodeName".into())
+        );
     }
 
     fn with_host_port(name: &str, port: i32, ip: Option<&str>, protocol: Option<&str>) -> Pod {
@@ -995,7 +1072,7 @@ mod tests {
         assert_eq!(
             rejected(&clash, &[&any], &n),
             Some(Rejection {
-                reason: "NodePorts",
+                reason: "NodePorts".into(),
                 message: "Predicate NodePorts failed".into()
             })
         );
@@ -1028,7 +1105,7 @@ mod tests {
 
     fn forbidden(message: &str) -> Result<(), Rejection> {
         Err(Rejection {
-            reason: "SysctlForbidden",
+            reason: "SysctlForbidden".into(),
             message: format!("forbidden sysctl: {message}"),
         })
     }
@@ -1089,7 +1166,7 @@ mod tests {
         let sysctls = SysctlWhitelist::new(&[]).unwrap();
         assert_eq!(
             admit_pod(&p, &[], &big_node(), &sysctls).map_err(|r| r.reason),
-            Err("SysctlForbidden")
+            Err("SysctlForbidden".into())
         );
     }
 
@@ -1098,7 +1175,7 @@ mod tests {
         let status = rejected_status(
             &requesting("p", &[]),
             &Rejection {
-                reason: "OutOfcpu",
+                reason: "OutOfcpu".into(),
                 message: "Node didn't have enough resource: cpu".into(),
             },
         );
@@ -1130,7 +1207,10 @@ mod tests {
         let first = Arc::new(requesting("first", &[("cpu", "800m")]));
         let second = Arc::new(requesting("second", &[("cpu", "800m")]));
         assert_eq!(a.admit(&first, never), None);
-        assert_eq!(a.admit(&second, never).map(|r| r.reason), Some("OutOfcpu"));
+        assert_eq!(
+            a.admit(&second, never).map(|r| r.reason),
+            Some("OutOfcpu".into())
+        );
         // Seen again (an update), even with room now, it stays rejected.
         let first_done = |p: &Pod| p.metadata.name.as_deref() == Some("first");
         assert_eq!(a.admit(&second, first_done), None);
@@ -1158,7 +1238,7 @@ mod tests {
         let relabelled = admitter(big_node(), Some(node(&[], &[("pods", "10")])));
         assert_eq!(
             relabelled.admit(&p, |_| false).map(|r| r.reason),
-            Some("NodeAffinity")
+            Some("NodeAffinity".into())
         );
     }
 

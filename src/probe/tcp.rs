@@ -32,25 +32,9 @@ pub(super) async fn dial(addr: &str, timeout: Duration) -> Result<TcpStream, Str
         Ok(Ok(stream)) => Ok(stream),
         Ok(Err(error)) => Err(format!(
             "dial tcp {addr}: connect: {}",
-            go_error_text(&error)
+            crate::errno::go_text(&error)
         )),
         Err(_) => Err(format!("dial tcp {addr}: i/o timeout")),
-    }
-}
-
-/// The errno text Go prints (lower-case, no "(os error N)").
-fn go_error_text(error: &std::io::Error) -> String {
-    match error.kind() {
-        std::io::ErrorKind::ConnectionRefused => "connection refused".to_owned(),
-        std::io::ErrorKind::HostUnreachable => "no route to host".to_owned(),
-        std::io::ErrorKind::NetworkUnreachable => "network is unreachable".to_owned(),
-        _ => {
-            let text = error.to_string();
-            match text.find(" (os error") {
-                Some(at) => text[..at].to_lowercase(),
-                None => text,
-            }
-        }
     }
 }
 

@@ -3,6 +3,9 @@
 //! one pull at a time per image (pods that need the same image wait for the same pull).
 //! A pull uses the pod's image pull secrets: each credential that matches the image's
 //! repository is tried in turn (the kubelet's `PullImage`), else the pull is anonymous.
+//! A reference that does not parse ([`reference`]) never reaches the runtime.
+
+pub mod reference;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -12,7 +15,7 @@ use k8s_openapi::api::core::v1::{Container, Secret};
 
 use crate::backoff::Backoff;
 use crate::credentialprovider::{Keyring, repository};
-use crate::cri::{Cri, CriError, api};
+use crate::cri::{Cri, api};
 use crate::events::{EventRecorder, Involved};
 use crate::pod::PodId;
 
@@ -31,6 +34,9 @@ pub enum ImageError {
     /// The container has no image.
     #[error("container has no image")]
     Missing,
+    /// The reference does not parse: the kubelet's whole message.
+    #[error("{0}")]
+    InvalidName(String),
 }
 
 impl ImageError {
@@ -41,7 +47,7 @@ impl ImageError {
             Self::Pull(_) => "ErrImagePull",
             Self::BackOff(_) => "ImagePullBackOff",
             Self::NeverPull(_) => "ErrImageNeverPull",
-            Self::Missing => "InvalidImageName",
+            Self::Missing | Self::InvalidName(_) => "InvalidImageName",
         }
     }
 }
@@ -84,6 +90,13 @@ impl ImageManager {
         events: &EventRecorder,
     ) -> Result<Option<String>, ImageError> {
         let image = image_of(container)?;
+        if let Err(e) = reference::validate(&image) {
+            let message = format!(
+                "Failed to apply default image tag {image:?}: couldn't parse image reference {image:?}: {e}"
+            );
+            events.warning(pod, name, "InspectFailed", message.clone());
+            return Err(ImageError::InvalidName(message));
+        }
         let policy = pull_policy(container);
         if policy == "Always" {
             return Ok(None);
@@ -234,7 +247,7 @@ async fn pull_with_secrets<C: Cri>(
         return pull(None)
             .await
             .map(|r| r.image_ref)
-            .map_err(|e| runtime_error(&e));
+            .map_err(|e| e.grpc_error());
     }
     let mut errors: Vec<String> = Vec::new();
     for cred in creds {
@@ -246,7 +259,7 @@ async fn pull_with_secrets<C: Cri>(
         match pull(Some(auth)).await {
             Ok(resp) => return Ok(resp.image_ref),
             Err(e) => {
-                let message = runtime_error(&e);
+                let message = e.grpc_error();
                 if !errors.contains(&message) {
                     errors.push(message);
                 }
@@ -257,16 +270,6 @@ async fn pull_with_secrets<C: Cri>(
         [one] => one.clone(),
         all => format!("[{}]", all.join(", ")),
     })
-}
-
-/// A runtime error as the kubelet shows it: a gRPC status in grpc-go's words.
-fn runtime_error(error: &CriError) -> String {
-    match error {
-        CriError::Rpc { code, message, .. } => {
-            format!("rpc error: code = {code:?} desc = {message}")
-        }
-        other => other.to_string(),
-    }
 }
 
 fn image_of(container: &Container) -> Result<String, ImageError> {
@@ -429,6 +432,21 @@ mod tests {
             "IfNotPresent"
         );
         assert_eq!(pull_policy(&container("nginx", Some("Never"))), "Never");
+    }
+
+    #[tokio::test]
+    async fn a_reference_that_does_not_parse_never_reaches_the_runtime() {
+        let cri = FakeImages::default();
+        let (events, mut rx) = EventRecorder::channel();
+        let images = ImageManager::default();
+        let got = ensure(&images, &cri, &container("Busybox:1", None), &events).await;
+        let message = "Failed to apply default image tag \"Busybox:1\": couldn't parse image reference \"Busybox:1\": invalid reference format: repository name must be lowercase";
+        assert_eq!(got, Err(ImageError::InvalidName(message.into())));
+        assert_eq!(got.unwrap_err().reason(), "InvalidImageName");
+        assert_eq!(cri.pulls.load(Ordering::SeqCst), 0);
+        let event = rx.recv().await.unwrap();
+        assert_eq!(event.reason, "InspectFailed");
+        assert_eq!(event.message, message);
     }
 
     #[tokio::test]
@@ -598,11 +616,15 @@ mod tests {
             "no second pull during back-off"
         );
         let reasons: Vec<_> = std::iter::from_fn(|| rx.try_recv().ok())
-            .map(|e| (e.reason, e.warning))
+            .map(|e| (e.reason.into_owned(), e.warning))
             .collect();
         assert_eq!(
             reasons,
-            [("Pulling", false), ("Failed", true), ("BackOff", false)]
+            [
+                ("Pulling".to_owned(), false),
+                ("Failed".to_owned(), true),
+                ("BackOff".to_owned(), false)
+            ]
         );
         let never = ensure(
             &images,
