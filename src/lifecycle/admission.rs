@@ -564,7 +564,7 @@ pub fn pressure_admit(pod: &Pod, node: &Node) -> Result<(), Rejection> {
         }
     }
     Err(Rejection {
-        reason: EVICTED,
+        reason: EVICTED.into(),
         message: format!("The node had condition: [{}]. ", held.join(" ")),
     })
 }
@@ -831,7 +831,7 @@ mod tests {
         let sysctls = SysctlWhitelist::new(&[]).unwrap();
         let admit = |p: &Pod, n: &Node| admit_pod(p, &[], n, &sysctls).err();
         let disk = Some(Rejection {
-            reason: "Evicted",
+            reason: "Evicted".into(),
             message: "The node had condition: [DiskPressure]. ".into(),
         });
         assert_eq!(admit(&best_effort, &under(&["DiskPressure"])), disk);
