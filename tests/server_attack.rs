@@ -341,10 +341,12 @@ async fn a_thousand_concurrent_requests_leave_memory_and_fds_at_baseline() {
         peak.0,
         before.0
     );
-    // And back: every client's fd closed (idle connections to the API server may stay
-    // pooled a while); memory near where it was.
+    // And back: every client's fd closed; memory near where it was. Idle connections to
+    // the API server stay pooled for 90 s (HTTP/1.1, one per request in flight): up to one
+    // per review, plus a few of the pod's own sync during the flood (its status patches,
+    // events, the watch's reconnection).
     assert!(
-        settled_fds <= before.1 + reviews + 2,
+        settled_fds <= before.1 + reviews + 4,
         "fds {} after, {} before",
         settled_fds,
         before.1
