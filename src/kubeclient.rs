@@ -177,22 +177,30 @@ where
     }
 }
 
-/// The pause before a failed watch is tried again, as client-go's reflector waits: 1 s
-/// while the API server refuses connections (it is restarting: the watch resumes within
-/// a second of its return), else a back-off from 800 ms doubling to 30 s, started over
-/// after 2 min without failure.
-#[derive(Debug)]
+/// The pause before a failed watch is tried again, as client-go's reflector waits: two
+/// back-offs, one for a refused connection (the API server is restarting: the watch is
+/// resumed where it was, not relisted) and one for every other failure, each from 800 ms
+/// doubling to 30 s and started over after 2 min without a failure, each wait stretched by
+/// up to as much again at random (jitter 1.0), so that the node's watches do not all come
+/// back in the same instant.
+#[derive(Debug, Default)]
 pub struct WatchRetry {
+    refused: RetryBackoff,
+    other: RetryBackoff,
+}
+
+/// See [`WatchRetry`].
+const WATCH_BACKOFF: (Duration, Duration) = (Duration::from_millis(800), Duration::from_secs(30));
+const WATCH_BACKOFF_RESET: Duration = Duration::from_secs(120);
+
+/// One of client-go's `ExponentialBackoffManager`s as the reflector makes them.
+#[derive(Debug)]
+struct RetryBackoff {
     backoff: crate::backoff::Backoff,
     last_failure: Option<std::time::Instant>,
 }
 
-/// See [`WatchRetry`].
-const WATCH_REFUSED_RETRY: Duration = Duration::from_secs(1);
-const WATCH_BACKOFF: (Duration, Duration) = (Duration::from_millis(800), Duration::from_secs(30));
-const WATCH_BACKOFF_RESET: Duration = Duration::from_secs(120);
-
-impl Default for WatchRetry {
+impl Default for RetryBackoff {
     fn default() -> Self {
         Self {
             backoff: crate::backoff::Backoff::new(WATCH_BACKOFF.0, WATCH_BACKOFF.1),
@@ -201,21 +209,8 @@ impl Default for WatchRetry {
     }
 }
 
-impl WatchRetry {
-    /// The wait [`Self::after`] gives for `error` now, to be awaited.
-    pub fn pause(&mut self, error: &(dyn std::error::Error + 'static)) -> tokio::time::Sleep {
-        tokio::time::sleep(self.after(error, std::time::Instant::now()))
-    }
-
-    /// How long to wait after `error` at `now`.
-    pub fn after(
-        &mut self,
-        error: &(dyn std::error::Error + 'static),
-        now: std::time::Instant,
-    ) -> Duration {
-        if connection_refused(error) {
-            return WATCH_REFUSED_RETRY;
-        }
+impl RetryBackoff {
+    fn failed(&mut self, now: std::time::Instant) -> Duration {
         if self
             .last_failure
             .is_some_and(|at| now.saturating_duration_since(at) >= WATCH_BACKOFF_RESET)
@@ -225,6 +220,43 @@ impl WatchRetry {
         self.last_failure = Some(now);
         self.backoff.failed(now)
     }
+}
+
+impl WatchRetry {
+    /// The wait [`Self::after`] gives for `error` now, with its jitter, to be awaited.
+    pub fn pause(&mut self, error: &(dyn std::error::Error + 'static)) -> tokio::time::Sleep {
+        let base = self.after(error, std::time::Instant::now());
+        tokio::time::sleep(jittered(base, random_fraction()))
+    }
+
+    /// How long to wait after `error` at `now`, before jitter.
+    pub fn after(
+        &mut self,
+        error: &(dyn std::error::Error + 'static),
+        now: std::time::Instant,
+    ) -> Duration {
+        if connection_refused(error) {
+            self.refused.failed(now)
+        } else {
+            self.other.failed(now)
+        }
+    }
+}
+
+/// `base` stretched by `fraction` (in [0, 1)) of itself, as `wait.Jitter(base, 1.0)`.
+fn jittered(base: Duration, fraction: f64) -> Duration {
+    base + base.mul_f64(fraction.clamp(0.0, 1.0))
+}
+
+/// A number in [0, 1) that differs from call to call (std's per-map random keys hashing
+/// the current instant): enough to spread retries, no cryptography.
+fn random_fraction() -> f64 {
+    use std::hash::BuildHasher;
+    let bits = std::collections::hash_map::RandomState::new().hash_one(std::time::Instant::now());
+    // The top 53 bits, as a fraction of 2^53.
+    #[allow(clippy::cast_precision_loss)]
+    let fraction = (bits >> 11) as f64 / (1u64 << 53) as f64;
+    fraction
 }
 
 /// Whether `error` (or an error it wraps) is a refused TCP connection.
@@ -378,10 +410,10 @@ mod tests {
         );
     }
 
-    /// A watch whose API server refuses connections is tried again every second; other
-    /// failures back off from 800 ms to 30 s, and start over after 2 min without one.
+    /// A refused watch and other failures each back off from 800 ms to 30 s on their own,
+    /// and start over after 2 min without a failure; waits are jittered by up to 100 %.
     #[tokio::test]
-    async fn a_refused_watch_is_retried_every_second_other_failures_back_off() {
+    async fn refused_watches_and_other_failures_back_off_each_on_their_own() {
         // A port nobody listens on: the client's own error, as the watcher sees it.
         let port = {
             let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -394,10 +426,10 @@ mod tests {
         let t = std::time::Instant::now();
         assert_eq!(
             retry.after(&refused, t),
-            Duration::from_secs(1),
+            Duration::from_millis(800),
             "{refused:?}"
         );
-        assert_eq!(retry.after(&refused, t), Duration::from_secs(1));
+        assert_eq!(retry.after(&refused, t), Duration::from_millis(1600));
         let gone = std::io::Error::other("410 Gone: too old resource version");
         assert_eq!(retry.after(&gone, t), Duration::from_millis(800));
         assert_eq!(retry.after(&gone, t), Duration::from_millis(1600));
@@ -405,8 +437,17 @@ mod tests {
             retry.after(&gone, t);
         }
         assert_eq!(retry.after(&gone, t), Duration::from_secs(30));
+        assert_eq!(retry.after(&refused, t), Duration::from_millis(3200));
         let later = t + Duration::from_secs(121);
         assert_eq!(retry.after(&gone, later), Duration::from_millis(800));
+        assert_eq!(retry.after(&refused, later), Duration::from_millis(800));
+        let base = Duration::from_secs(2);
+        assert_eq!(jittered(base, 0.0), base);
+        assert_eq!(jittered(base, 0.5), Duration::from_secs(3));
+        for _ in 0..100 {
+            let f = random_fraction();
+            assert!((0.0..1.0).contains(&f), "{f}");
+        }
     }
 
     /// The `tr` (timer) field of the loopback socket with local port `port`.

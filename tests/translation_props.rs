@@ -546,7 +546,7 @@ fn check(pod: &Pod, restart_count: u32, image_user: ImageUser) -> Result<(), Tes
     let id = PodId::of(pod).expect("uid and name");
     let spec = pod.spec.as_ref().expect("a spec");
     let whitelist = SysctlWhitelist::new(&["kernel.msg*".into()]).expect("a whitelist");
-    let _ = admit_pod(pod, &[pod], &node(), &whitelist);
+    let _ = admit_pod(pod, &[pod], &node(), &whitelist, None);
     let _ = resource_config_for_pod(spec);
     let _ = qos_class(spec);
     let _ = cgroup_parent(Some(&QosContainers::under("/")), pod);

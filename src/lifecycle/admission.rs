@@ -25,6 +25,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::api::node::v1::RuntimeClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as ApiQuantity;
+use k8s_openapi::jiff::Timestamp;
 use kube::runtime::reflector::Store;
 
 use crate::resources::{QosClass, Quantity, qos_class};
@@ -529,11 +530,14 @@ fn tolerates_no_schedule(tolerations: &[Toleration], key: &str) -> bool {
 
 /// The eviction manager's admit handler: under the pressure conditions the Node reports,
 /// only critical pods are admitted, and under MemoryPressure alone also pods that are not
-/// BestEffort or that tolerate the memory-pressure taint.
+/// BestEffort or that tolerate the memory-pressure taint. With `since`, only conditions
+/// posted since then count: the kubelet's eviction manager starts with none after a
+/// restart, so the pods already running are admitted again rather than rejected on what
+/// the previous process reported.
 ///
 /// # Errors
 /// `Evicted`, with the kubelet's message naming the conditions.
-pub fn pressure_admit(pod: &Pod, node: &Node) -> Result<(), Rejection> {
+pub fn pressure_admit(pod: &Pod, node: &Node, since: Option<Timestamp>) -> Result<(), Rejection> {
     let conditions = node
         .status
         .as_ref()
@@ -543,9 +547,13 @@ pub fn pressure_admit(pod: &Pod, node: &Node) -> Result<(), Rejection> {
     let held: Vec<&str> = PRESSURE_CONDITIONS
         .into_iter()
         .filter(|kind| {
-            conditions
-                .iter()
-                .any(|c| c.type_ == *kind && c.status == "True")
+            conditions.iter().any(|c| {
+                c.type_ == *kind
+                    && c.status == "True"
+                    && since.is_none_or(|since| {
+                        c.last_heartbeat_time.as_ref().is_some_and(|t| t.0 >= since)
+                    })
+            })
         })
         .collect();
     if held.is_empty() || crate::cm::is_critical(pod) {
@@ -569,8 +577,8 @@ pub fn pressure_admit(pod: &Pod, node: &Node) -> Result<(), Rejection> {
     })
 }
 
-/// All admit handlers in the kubelet's order: node pressure, sysctls, then the general
-/// predicates.
+/// All admit handlers in the kubelet's order: node pressure (conditions posted since
+/// `since`, see [`pressure_admit`]), sysctls, then the general predicates.
 ///
 /// # Errors
 /// The first handler's rejection.
@@ -579,8 +587,9 @@ pub fn admit_pod(
     others: &[&Pod],
     node: &Node,
     sysctls: &SysctlWhitelist,
+    since: Option<Timestamp>,
 ) -> Result<(), Rejection> {
-    pressure_admit(pod, node)?;
+    pressure_admit(pod, node, since)?;
     sysctls.admit(pod)?;
     general_predicates(pod, others, node)
 }
@@ -615,6 +624,8 @@ pub struct PodAdmitter {
     sysctls: SysctlWhitelist,
     runtime_classes: kube::Api<RuntimeClass>,
     admitted: Mutex<Admitted>,
+    /// When this admitter was made: pressure the Node reported before is not ours.
+    started: Timestamp,
 }
 
 impl std::fmt::Debug for PodAdmitter {
@@ -641,6 +652,7 @@ impl PodAdmitter {
             sysctls,
             runtime_classes: kube::Api::all(client),
             admitted: Mutex::default(),
+            started: Timestamp::now(),
         }
     }
 
@@ -676,7 +688,7 @@ impl PodAdmitter {
             .map(AsRef::as_ref)
             .filter(|p| !finished(p))
             .collect();
-        match admit_pod(pod, &others, &node, &self.sysctls) {
+        match admit_pod(pod, &others, &node, &self.sysctls, Some(self.started)) {
             Ok(()) => {
                 state.pods.insert(uid, pod.clone());
                 None
@@ -829,7 +841,7 @@ mod tests {
             ..Default::default()
         }]);
         let sysctls = SysctlWhitelist::new(&[]).unwrap();
-        let admit = |p: &Pod, n: &Node| admit_pod(p, &[], n, &sysctls).err();
+        let admit = |p: &Pod, n: &Node| admit_pod(p, &[], n, &sysctls, None).err();
         let disk = Some(Rejection {
             reason: "Evicted".into(),
             message: "The node had condition: [DiskPressure]. ".into(),
@@ -852,6 +864,41 @@ mod tests {
         }
         assert_eq!(admit(&best_effort, &under(&[])), None);
         assert!(admit(&best_effort, &under(&["PIDPressure"])).is_some());
+    }
+
+    /// Pressure the Node reported before this agent started (a previous process's) does
+    /// not reject: the kubelet's eviction manager starts with no conditions.
+    #[test]
+    fn pressure_reported_before_the_start_does_not_count() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let best_effort = pod("be", &[("c", "busybox")]);
+        let sysctls = SysctlWhitelist::new(&[]).unwrap();
+        let started = Timestamp::now();
+        let mut node = under(&["DiskPressure"]);
+        let at = |node: &mut Node, t: Timestamp| {
+            for c in node.status.as_mut().unwrap().conditions.as_mut().unwrap() {
+                c.last_heartbeat_time = Some(Time(t));
+            }
+        };
+        let before = started - std::time::Duration::from_secs(30);
+        at(&mut node, before);
+        assert_eq!(
+            admit_pod(&best_effort, &[], &node, &sysctls, Some(started)),
+            Ok(())
+        );
+        at(&mut node, started + std::time::Duration::from_secs(10));
+        assert!(admit_pod(&best_effort, &[], &node, &sysctls, Some(started)).is_err());
+        // No heartbeat at all: not known to be ours.
+        assert_eq!(
+            admit_pod(
+                &best_effort,
+                &[],
+                &under(&["DiskPressure"]),
+                &sysctls,
+                Some(started)
+            ),
+            Ok(())
+        );
     }
 
     fn rejected(pod: &Pod, others: &[&Pod], node: &Node) -> Option<Rejection> {
@@ -1165,7 +1212,7 @@ mod tests {
         p.spec.as_mut().unwrap().node_name = Some("other".into());
         let sysctls = SysctlWhitelist::new(&[]).unwrap();
         assert_eq!(
-            admit_pod(&p, &[], &big_node(), &sysctls).map_err(|r| r.reason),
+            admit_pod(&p, &[], &big_node(), &sysctls, None).map_err(|r| r.reason),
             Err("SysctlForbidden".into())
         );
     }

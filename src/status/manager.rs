@@ -49,8 +49,6 @@ struct Entry {
     id: PodId,
     status: PodStatus,
     sent: Option<PodStatus>,
-    /// The resource version the API gave the pod for the `sent` status.
-    sent_version: Option<u64>,
     /// The back-off of this pod's failed patches; none while they succeed.
     retry: Option<crate::backoff::Backoff>,
 }
@@ -109,7 +107,6 @@ impl StatusManager {
             id: id.clone(),
             status: PodStatus::default(),
             sent: None,
-            sent_version: None,
             retry: None,
         });
         if entry.sent.as_ref() == Some(&status) {
@@ -122,10 +119,12 @@ impl StatusManager {
         self.notify.notify_one();
     }
 
-    /// The kubelet's `needsReconcile`: when the API's copy of a pod, newer than the one our
-    /// last patch made, no longer says what we sent (the node lifecycle controller marks
-    /// the pods of a node it lost contact with not Ready, and nobody else puts them back),
-    /// the pod's status is sent again.
+    /// The kubelet's `needsReconcile`: when the API's copy of a pod says neither what we
+    /// last sent nor what we are about to send (the node lifecycle controller marks the
+    /// pods of a node it lost contact with not Ready, and nobody else puts them back), the
+    /// pod's status is sent again. The API's echo of a patch still in flight says the
+    /// status being sent, so it triggers nothing; resource versions are opaque and are not
+    /// compared.
     pub fn reconcile(&self, pod: &Pod) {
         let Some(uid) = pod.metadata.uid.as_deref() else {
             return;
@@ -134,12 +133,11 @@ impl StatusManager {
         let Some(entry) = state.pods.get_mut(uid) else {
             return;
         };
-        let (Some(sent), Some(ours)) = (&entry.sent, entry.sent_version) else {
+        let Some(sent) = &entry.sent else {
             return;
         };
-        let theirs = resource_version(pod.metadata.resource_version.as_deref());
         let api = pod.status.clone().unwrap_or_default();
-        if theirs.is_none_or(|v| v <= ours) || !differs(sent, &api) {
+        if !differs(sent, &api) || !differs(&entry.status, &api) {
             return;
         }
         tracing::info!(pod = %entry.id, "the API's pod status differs from the one sent; sending it again");
@@ -162,8 +160,8 @@ impl StatusManager {
         state.dirty.remove(uid);
     }
 
-    /// Patches the pod's status; the pod's resource version after it.
-    async fn patch(&self, id: &PodId, status: &PodStatus) -> Result<Option<u64>, StatusError> {
+    /// Patches the pod's status.
+    async fn patch(&self, id: &PodId, status: &PodStatus) -> Result<(), StatusError> {
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &id.namespace);
         let body = patch_body(id, status);
         // The timeline's end: the first acknowledged patch that says Ready.
@@ -179,12 +177,10 @@ impl StatusManager {
             .instrument(span.clone())
             .await;
         span.record("outcome", if patched.is_ok() { "ok" } else { "error" });
-        patched
-            .map(|pod| resource_version(pod.metadata.resource_version.as_deref()))
-            .map_err(|source| StatusError::Patch {
-                pod: id.clone(),
-                source,
-            })
+        patched.map(drop).map_err(|source| StatusError::Patch {
+            pod: id.clone(),
+            source,
+        })
     }
 
     /// Sends the status of a pod now, waiting for the API (for the final status of a pod
@@ -201,7 +197,7 @@ impl StatusManager {
         let Some(status) = status else { return Ok(()) };
         match self.patch(id, &status).await {
             Err(StatusError::Patch { source, .. }) if is_gone(&source) => Ok(()),
-            other => other.map(drop),
+            other => other,
         }
     }
 
@@ -287,10 +283,9 @@ impl StatusManager {
             for (id, status, outcome) in results {
                 let mut state = self.lock();
                 match outcome {
-                    Ok(version) => {
+                    Ok(()) => {
                         if let Some(e) = state.pods.get_mut(&id.uid) {
                             e.sent = Some(status);
-                            e.sent_version = version;
                             e.retry = None;
                         }
                     }
@@ -312,11 +307,6 @@ impl StatusManager {
             }
         }
     }
-}
-
-/// A resource version as a number (the API server's are; an opaque one counts as none).
-fn resource_version(v: Option<&str>) -> Option<u64> {
-    v?.parse().ok()
 }
 
 /// Whether the API's status of a pod says something else than the one we sent: another
@@ -519,10 +509,12 @@ mod tests {
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        manager.lock().pods.get_mut("u").unwrap().sent_version = Some(100);
         let before = requests.load(Ordering::SeqCst);
-        // Older than our patch, or saying the same with others' fields: nothing to do.
+        // The echo of a patch in flight (saying what is being sent), or the same with
+        // others' fields: nothing to do.
+        manager.lock().pods.get_mut("u").unwrap().status = ready_status("False");
         manager.reconcile(&api_pod("90", ready_status("False")));
+        manager.lock().pods.get_mut("u").unwrap().status = sent.clone();
         let mut same = sent.clone();
         same.qos_class = Some("BestEffort".into());
         same.conditions
@@ -535,7 +527,7 @@ mod tests {
             });
         manager.reconcile(&api_pod("110", same));
         assert!(manager.lock().dirty.is_empty());
-        // Newer, and not Ready: sent again.
+        // Not Ready, which we neither sent nor are sending: sent again.
         manager.reconcile(&api_pod("120", ready_status("False")));
         for _ in 0..100 {
             if requests.load(Ordering::SeqCst) > before {
