@@ -513,7 +513,10 @@ async fn kube_apiserver_down_for_60_s_pods_keep_running_and_the_agent_resumes() 
         })
         .await
     });
-    // The watch resumes: a pod created now runs, a pod deleted now is torn down.
+    // The watch resumes: a pod created now runs, a pod deleted now is torn down. It comes
+    // back after client-go's back-off, as the kubelet's: by the end of a 60 s outage the
+    // waits between attempts are 25.6 s and up to twice that with jitter.
+    const RESUME: Duration = Duration::from_secs(120);
     let created = case.create("after", sleeper()).await;
     let victim = names[0].clone();
     pods_api()
@@ -524,15 +527,16 @@ async fn kube_apiserver_down_for_60_s_pods_keep_running_and_the_agent_resumes() 
     let (lease_after, new_running, victim_gone) = tokio::join!(
         lease_back,
         async {
-            common::case::running(&created).await;
+            eventually(&format!("{created} Running"), RESUME, || async {
+                get(&created).await.filter(|p| phase(p) == Some("Running"))
+            })
+            .await;
             ready.elapsed()
         },
         async {
-            eventually(
-                &format!("{victim} gone"),
-                Duration::from_secs(60),
-                || async { get(&victim).await.is_none().then_some(()) },
-            )
+            eventually(&format!("{victim} gone"), RESUME, || async {
+                get(&victim).await.is_none().then_some(())
+            })
             .await;
             ready.elapsed()
         },
@@ -540,14 +544,10 @@ async fn kube_apiserver_down_for_60_s_pods_keep_running_and_the_agent_resumes() 
     let lease_after = since_us(starting, lease_after.expect("lease task"));
 
     // Status converges: every pod Ready in the API, nothing restarted for the outage.
-    eventually(
-        "every pod Ready in the API",
-        Duration::from_secs(60),
-        || async {
-            let pods = case.pods.list().await;
-            (pods.len() == 4 && pods.iter().all(pod_ready)).then_some(())
-        },
-    )
+    eventually("every pod Ready in the API", RESUME, || async {
+        let pods = case.pods.list().await;
+        (pods.len() == 4 && pods.iter().all(pod_ready)).then_some(())
+    })
     .await;
     let converged = ready.elapsed();
     for pod in case.pods.list().await {

@@ -141,12 +141,14 @@ impl PluginExec for ProcessExec {
             // A plugin may exit without reading all of stdin: its exit status tells.
             let _ = pipe.write_all(stdin).await;
         };
-        let run = async {
+        let mut run = std::pin::pin!(async {
             let ((), output) = tokio::join!(feed, child.wait_with_output());
             output
-        };
-        let Ok(output) = tokio::time::timeout(self.timeout, run).await else {
-            // The plugin's whole group goes; the child itself is reaped once dropped.
+        });
+        let Ok(output) = tokio::time::timeout(self.timeout, &mut run).await else {
+            // The plugin's whole group goes while its leader is still there (not reaped,
+            // so the group id cannot have been reused); the child itself is reaped once
+            // `run` is dropped.
             if let Some(group) = group {
                 let _ = killpg(Pid::from_raw(group), Signal::SIGKILL);
             }

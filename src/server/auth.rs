@@ -12,10 +12,11 @@
 //! and `nodes/proxy` for everything else (logs of containers, exec, attach,
 //! port-forward, pods), with the verb of the HTTP method. Denial is 403. Reviews are
 //! cached: tokens for 2 min (10 s when refused), decisions for 5 min (30 s when denied),
-//! the kubelet's defaults. At most [`MAX_REVIEWS_IN_FLIGHT`] reviews are asked at once:
-//! a flood of new tokens costs the API server, and this agent's connections to it, no
-//! more than that (the kubelet's client multiplexes its reviews over one HTTP/2
-//! connection; this one opens a connection per concurrent request).
+//! the kubelet's defaults. At most [`MAX_REVIEWS_IN_FLIGHT`] token reviews and as many
+//! access reviews are asked at once: a flood of new tokens costs the API server, and this
+//! agent's connections to it, no more than that, and does not hold up the access reviews
+//! of callers already authenticated (the kubelet's client multiplexes its reviews over
+//! one HTTP/2 connection; this one opens a connection per concurrent request).
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -39,7 +40,7 @@ pub const AUTHORIZED_TTL: Duration = Duration::from_secs(300);
 pub const UNAUTHORIZED_TTL: Duration = Duration::from_secs(30);
 /// Most entries each cache holds; beyond it, expired entries are dropped, then all.
 const CACHE_MAX: usize = 4096;
-/// Most reviews asked of the API server at once.
+/// Most reviews of each kind (token, access) asked of the API server at once.
 pub const MAX_REVIEWS_IN_FLIGHT: usize = 8;
 
 /// An authenticated user.
@@ -300,8 +301,10 @@ pub struct Auth<R> {
     /// By SHA-256 of the token: tokens themselves are not kept.
     tokens: TtlCache<[u8; 32], Option<UserInfo>>,
     decisions: TtlCache<String, bool>,
-    /// Reviews asked at once, at most [`MAX_REVIEWS_IN_FLIGHT`].
-    in_flight: tokio::sync::Semaphore,
+    /// Token reviews asked at once, at most [`MAX_REVIEWS_IN_FLIGHT`].
+    token_reviews: tokio::sync::Semaphore,
+    /// Access reviews asked at once, at most [`MAX_REVIEWS_IN_FLIGHT`].
+    access_reviews: tokio::sync::Semaphore,
 }
 
 impl<R: Reviews> Auth<R> {
@@ -312,7 +315,8 @@ impl<R: Reviews> Auth<R> {
             node,
             tokens: TtlCache::new(),
             decisions: TtlCache::new(),
-            in_flight: tokio::sync::Semaphore::new(MAX_REVIEWS_IN_FLIGHT),
+            token_reviews: tokio::sync::Semaphore::new(MAX_REVIEWS_IN_FLIGHT),
+            access_reviews: tokio::sync::Semaphore::new(MAX_REVIEWS_IN_FLIGHT),
         }
     }
 
@@ -341,7 +345,7 @@ impl<R: Reviews> Auth<R> {
             .tokens
             .get_or_review(
                 key,
-                &self.in_flight,
+                &self.token_reviews,
                 || self.reviews.token_review(token),
                 |reviewed| {
                     if reviewed.is_some() {
@@ -385,7 +389,7 @@ impl<R: Reviews> Auth<R> {
             .decisions
             .get_or_review(
                 key,
-                &self.in_flight,
+                &self.access_reviews,
                 || self.reviews.subject_access_review(user, &attrs),
                 |allowed| {
                     if *allowed {

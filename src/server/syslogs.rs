@@ -199,7 +199,17 @@ pub async fn serve(root: &Path, path: &str) -> Response<Body> {
         Target::NotFound => return text(StatusCode::NOT_FOUND, "404 page not found"),
         Target::Entry { relative, slash } => (relative, slash),
     };
-    let full_path: PathBuf = root.join(&relative);
+    let full_path = match inside(root, &root.join(&relative)).await {
+        Ok(Some(p)) => p,
+        Ok(None) => {
+            tracing::warn!(
+                path,
+                "a /logs path leads out of the logs root through a link"
+            );
+            return text(StatusCode::NOT_FOUND, "404 page not found");
+        }
+        Err(e) => return io_error(&e),
+    };
     let meta = match tokio::fs::metadata(&full_path).await {
         Ok(m) => m,
         Err(e) => return io_error(&e),
@@ -230,6 +240,16 @@ pub async fn serve(root: &Path, path: &str) -> Response<Body> {
         return redirect(&format!("../{base}"));
     }
     file(&full_path).await
+}
+
+/// `path` with every link resolved, if it stays under `root` (also resolved). Unlike the
+/// kubelet's `http.Dir`, a link out of the root is not followed: a pod that can write
+/// under `/var/log` through a hostPath must not make the node's other files readable to
+/// whoever may read its logs.
+async fn inside(root: &Path, path: &Path) -> std::io::Result<Option<PathBuf>> {
+    let root = tokio::fs::canonicalize(root).await?;
+    let resolved = tokio::fs::canonicalize(path).await?;
+    Ok(resolved.starts_with(&root).then_some(resolved))
 }
 
 /// A file's bytes, streamed.
@@ -384,6 +404,17 @@ mod tests {
         assert!(!text.contains("outside"));
         let (status, _, _) = body(serve(&root, "/logs/missing").await).await;
         assert_eq!(status, StatusCode::NOT_FOUND);
+        // A link out of the root is not followed; one inside it is.
+        std::os::unix::fs::symlink(dir.join("secret"), root.join("escape")).unwrap();
+        std::os::unix::fs::symlink(root.join("syslog"), root.join("pods/syslog")).unwrap();
+        let (status, _, text) = body(serve(&root, "/logs/escape").await).await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        assert!(!text.contains("outside"));
+        let (status, _, text) = body(serve(&root, "/logs/pods/syslog").await).await;
+        assert_eq!(
+            (status, text.as_str()),
+            (StatusCode::OK, "line 1\nline 2\n")
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
