@@ -3,12 +3,13 @@
 //! missing env and volume sources, hostPath types that do not match, subPath escapes,
 //! impossible resources, very long names, huge env and annotations, conflicting host
 //! ports, runtime classes, commands that cannot run, failing processes (exit codes), bad
-//! probes and hooks, root images under runAsNonRoot, read-only root file systems). Each row states the kubelet v1.20's
-//! outcome: the pod's phase, the container's waiting or terminated reason and message (or
-//! the pod's reason and message when admission rejects it) and the event. The rows run in
-//! one batch on one agent, with a healthy control pod created after them that must be
-//! Ready in normal time; after them the agent is still alive with no panic in its log,
-//! every pod is deleted, and the leak check finds nothing left.
+//! probes and hooks, root images under runAsNonRoot, read-only root file systems). Each
+//! row states the kubelet v1.20's outcome: the pod's phase, the container's waiting or
+//! terminated reason and message (or the pod's reason and message when admission rejects
+//! it) and the event. The rows run in one batch on one agent, with a healthy control pod
+//! created after them that must be Ready in normal time; after them the agent is still
+//! alive with no panic in its log, every pod is deleted, and the leak check finds nothing
+//! left.
 
 mod common;
 
