@@ -321,6 +321,10 @@ async fn rows(cm: &str, secret: &str) -> Vec<Row> {
         .collect();
     let mut huge_annotations = pod(json!({}), json!({}));
     huge_annotations["metadata"]["annotations"] = json!({ "rk/big": "a".repeat(250 * 1024) });
+    let liveness = json!({
+        "exec": { "command": ["/rk-no-such-probe"] },
+        "periodSeconds": 1, "failureThreshold": 1
+    });
     let readiness = json!({
         "httpGet": { "port": 9999, "path": "/" }, "periodSeconds": 1
     });
@@ -674,6 +678,21 @@ async fn rows(cm: &str, secret: &str) -> Vec<Row> {
         row("many-env", env(Value::Array(big_env)), Want::Running { ready: true }),
         row("annotations", huge_annotations, Want::Running { ready: true }),
         // Probes and hooks.
+        // containerd answers an error (not an exit code) for exec of a missing binary: the
+        // kubelet v1.20 reports "probe errored" and skips the result, so the container is
+        // never restarted (kubernetes/kubernetes#106682).
+        row(
+            "liveness-missing",
+            pod(json!({ "livenessProbe": liveness }), json!({})),
+            Want::Running { ready: true },
+        )
+        .event(
+            "Unhealthy",
+            frames(
+                "Liveness probe errored: rpc error: code = Unknown desc = failed to exec in container: failed to start exec ",
+                "exec: \"/rk-no-such-probe\": stat /rk-no-such-probe: no such file or directory",
+            ),
+        ),
         row(
             "readiness",
             pod(json!({ "readinessProbe": readiness }), json!({})),
