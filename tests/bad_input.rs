@@ -2,13 +2,14 @@
 //! refuse or handle (admission rejections, images that are absent or do not parse,
 //! missing env and volume sources, hostPath types that do not match, subPath escapes,
 //! impossible resources, very long names, huge env and annotations, conflicting host
-//! ports, runtime classes, failing processes (exit codes), bad probes and hooks, root images
-//! under runAsNonRoot, read-only root file systems). Each row states the kubelet v1.20's
-//! outcome: the pod's phase, the container's waiting or terminated reason and message (or
-//! the pod's reason and message when admission rejects it) and the event. The rows run in
-//! one batch on one agent, with a healthy control pod created after them that must be
-//! Ready in normal time; after them the agent is still alive with no panic in its log,
-//! every pod is deleted, and the leak check finds nothing left.
+//! ports, runtime classes, commands that cannot run, failing processes (exit codes), bad
+//! probes and hooks, root images under runAsNonRoot, read-only root file systems). Each
+//! row states the kubelet v1.20's outcome: the pod's phase, the container's waiting or
+//! terminated reason and message (or the pod's reason and message when admission rejects
+//! it) and the event. The rows run in one batch on one agent, with a healthy control pod
+//! created after them that must be Ready in normal time; after them the agent is still
+//! alive with no panic in its log, every pod is deleted, and the leak check finds nothing
+//! left.
 
 mod common;
 
@@ -24,6 +25,9 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use rkubelet::resources::Quantity;
 use serde_json::{Value, json};
 
+/// What runc says of a command that does not exist (`/rk-no-such-binary`).
+const NO_BINARY: &str =
+    "exec: \"/rk-no-such-binary\": stat /rk-no-such-binary: no such file or directory";
 /// How long a row may take to reach its outcome.
 const ROW_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long the control pod, created after the batch, may take to be Ready.
@@ -268,6 +272,19 @@ fn pull_fails(suffix: &'static str, image: &str, inner: &str) -> Row {
     row(suffix, p, want).event("Failed", event)
 }
 
+/// A row whose container cannot start (restartPolicy Never): terminated `StartError`
+/// with exit code 128 and the runtime's message holding `inner`; the kubelet's Failed
+/// event carries the runtime's message.
+fn start_error(suffix: &'static str, pod: Value, inner: &str) -> Row {
+    let want = Want::Terminated {
+        container: "c",
+        reason: "StartError",
+        exit_code: 128,
+        message: frames("", inner),
+    };
+    row(suffix, pod, want).event("Failed", frames("Error: ", inner))
+}
+
 /// The node's allocatable `name` (cpu in millicores).
 async fn allocatable(name: &str) -> u128 {
     let node = Api::<Node>::all(kube_client("admin.kubeconfig").await)
@@ -304,6 +321,10 @@ async fn rows(cm: &str, secret: &str) -> Vec<Row> {
         .collect();
     let mut huge_annotations = pod(json!({}), json!({}));
     huge_annotations["metadata"]["annotations"] = json!({ "rk/big": "a".repeat(250 * 1024) });
+    let liveness = json!({
+        "exec": { "command": ["/rk-no-such-probe"] },
+        "periodSeconds": 1, "failureThreshold": 1
+    });
     let readiness = json!({
         "httpGet": { "port": 9999, "path": "/" }, "periodSeconds": 1
     });
@@ -609,6 +630,31 @@ async fn rows(cm: &str, secret: &str) -> Vec<Row> {
             },
         ),
         // Commands and processes.
+        start_error(
+            "cmd-missing",
+            once("", json!({ "command": ["/rk-no-such-binary"] })),
+            NO_BINARY,
+        ),
+        start_error(
+            "cmd-not-exec",
+            once("", json!({ "command": ["/etc/passwd"] })),
+            "permission denied",
+        ),
+        // Under Always the failed start is retried after a back-off.
+        row(
+            "cmd-missing-always",
+            pod(json!({ "command": ["/rk-no-such-binary"] }), json!({})),
+            Want::Waiting {
+                phase: "Running",
+                container: "c",
+                reason: "CrashLoopBackOff",
+                message: frames(
+                    "back-off ",
+                    " restarting failed container=c pod={name}_default({uid})",
+                ),
+            },
+        )
+        .event("Failed", frames("Error: ", NO_BINARY)),
         row(
             "exit-3",
             once("echo bye > /dev/termination-log; exit 3", json!({})),
@@ -632,6 +678,21 @@ async fn rows(cm: &str, secret: &str) -> Vec<Row> {
         row("many-env", env(Value::Array(big_env)), Want::Running { ready: true }),
         row("annotations", huge_annotations, Want::Running { ready: true }),
         // Probes and hooks.
+        // containerd answers an error (not an exit code) for exec of a missing binary: the
+        // kubelet v1.20 reports "probe errored" and skips the result, so the container is
+        // never restarted (kubernetes/kubernetes#106682).
+        row(
+            "liveness-missing",
+            pod(json!({ "livenessProbe": liveness }), json!({})),
+            Want::Running { ready: true },
+        )
+        .event(
+            "Unhealthy",
+            frames(
+                "Liveness probe errored: rpc error: code = Unknown desc = failed to exec in container: failed to start exec ",
+                "exec: \"/rk-no-such-probe\": stat /rk-no-such-probe: no such file or directory",
+            ),
+        ),
         row(
             "readiness",
             pod(json!({ "readinessProbe": readiness }), json!({})),

@@ -275,3 +275,73 @@ pub(crate) mod testing {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cri::Result;
+
+    /// A runtime holding one container of pod `u1` whose start failed, as containerd 1.6
+    /// reports it: exited, exit code 128, reason `StartError` and runc's message.
+    struct StartFailed;
+
+    const RUNC: &str = "failed to create containerd task: failed to create shim task: OCI \
+                        runtime create failed: runc create failed: unable to start container \
+                        process: exec: \"/does-not-exist\": stat /does-not-exist: no such \
+                        file or directory: unknown";
+
+    impl Cri for StartFailed {
+        async fn list_pod_sandbox(
+            &self,
+            _: api::ListPodSandboxRequest,
+        ) -> Result<api::ListPodSandboxResponse> {
+            Ok(api::ListPodSandboxResponse::default())
+        }
+        async fn list_containers(
+            &self,
+            _: api::ListContainersRequest,
+        ) -> Result<api::ListContainersResponse> {
+            Ok(api::ListContainersResponse {
+                containers: vec![api::Container {
+                    id: "c1".into(),
+                    pod_sandbox_id: "s1".into(),
+                    labels: HashMap::from([(labels::CONTAINER_NAME.to_owned(), "c".to_owned())]),
+                    annotations: HashMap::from([(
+                        labels::TERMINATION_MESSAGE_POLICY.to_owned(),
+                        "FallbackToLogsOnError".to_owned(),
+                    )]),
+                    ..Default::default()
+                }],
+            })
+        }
+        async fn container_status(
+            &self,
+            _: api::ContainerStatusRequest,
+        ) -> Result<api::ContainerStatusResponse> {
+            Ok(api::ContainerStatusResponse {
+                status: Some(api::ContainerStatus {
+                    id: "c1".into(),
+                    state: api::ContainerState::ContainerExited.into(),
+                    created_at: 1,
+                    finished_at: 2,
+                    exit_code: 128,
+                    reason: "StartError".into(),
+                    message: RUNC.into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_failed_start_keeps_the_runtimes_reason_exit_code_and_message() {
+        let status = get_pod_status(&StartFailed, "u1").await.unwrap();
+        let c = status.latest("c").unwrap();
+        assert_eq!(
+            (c.state, c.exit_code, c.reason.as_str(), c.message.as_str()),
+            (RunState::Exited, 128, "StartError", RUNC)
+        );
+        assert_eq!(c.started_at, 0);
+    }
+}

@@ -1,15 +1,19 @@
 //! The exec probe: runs a command in a container through the runtime's `ExecSync`, with the
 //! probe's timeout. Exit code 0 is success, any other is failure; the output (stdout then
-//! stderr, capped) is kept for the kubelet's event messages.
+//! stderr, capped) is kept for the kubelet's event messages. As in the kubelet v1.20 with
+//! `ExecProbeTimeout` (on by default), a command that outlives its timeout is a failure
+//! with no output; any other runtime error (containerd answers one for a command that
+//! does not exist) is unknown, which the prober reports as "probe errored" and skips.
 
 use std::time::Duration;
 
 use super::{Outcome, ProbeResult, capped_text};
-use crate::cri::{Cri, api};
+use crate::cri::{Cri, CriError, api};
 
-/// Runs `cmd` in the container `container_id` and judges its exit code. A runtime error
-/// (including a timed-out command) is [`ProbeResult::Unknown`] with the error as output,
-/// which the prober reports as "probe errored", as the kubelet does.
+/// Runs `cmd` in the container `container_id` and judges its exit code. A deadline
+/// exceeded (the runtime's or the call's) is [`ProbeResult::Failure`] with no output; any
+/// other runtime error is [`ProbeResult::Unknown`] with the error as grpc-go prints it
+/// (`rpc error: code = ... desc = ...`), the text of the kubelet's "probe errored" event.
 pub async fn run<C: Cri>(
     cri: &C,
     container_id: &str,
@@ -32,31 +36,36 @@ pub async fn run<C: Cri>(
             };
             Outcome::new(result, capped_text(&data))
         }
-        Err(error) => Outcome::new(ProbeResult::Unknown, error.to_string()),
+        Err(error) if timed_out(&error) => Outcome::new(ProbeResult::Failure, String::new()),
+        Err(error) => Outcome::new(ProbeResult::Unknown, error.grpc_error()),
     }
+}
+
+/// Whether the runtime or the call gave up on the command's deadline (the kubelet's
+/// remote runtime turns `DeadlineExceeded` into an exec timeout error).
+fn timed_out(error: &CriError) -> bool {
+    matches!(error, CriError::Timeout { .. }) || error.code() == Some(tonic::Code::DeadlineExceeded)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cri::{CriError, Result};
+    use crate::cri::Result;
     use std::sync::Mutex;
 
-    /// Answers a fixed exit code and output, and records the request.
+    /// Answers a fixed exit code and output (or the error `fail` makes), and records the
+    /// request.
     struct FakeExec {
         exit_code: i32,
-        fail: bool,
+        fail: Option<fn() -> CriError>,
         seen: Mutex<Option<api::ExecSyncRequest>>,
     }
 
     impl Cri for FakeExec {
         async fn exec_sync(&self, req: api::ExecSyncRequest) -> Result<api::ExecSyncResponse> {
             *self.seen.lock().expect("lock") = Some(req);
-            if self.fail {
-                return Err(CriError::Timeout {
-                    rpc: "ExecSync",
-                    after: Duration::from_secs(1),
-                });
+            if let Some(fail) = self.fail {
+                return Err(fail());
             }
             Ok(api::ExecSyncResponse {
                 stdout: b"out ".to_vec(),
@@ -66,7 +75,7 @@ mod tests {
         }
     }
 
-    fn fake(exit_code: i32, fail: bool) -> FakeExec {
+    fn fake(exit_code: i32, fail: Option<fn() -> CriError>) -> FakeExec {
         FakeExec {
             exit_code,
             fail,
@@ -74,9 +83,21 @@ mod tests {
         }
     }
 
+    fn rpc(code: tonic::Code, message: &str) -> CriError {
+        CriError::Rpc {
+            rpc: "ExecSync",
+            code,
+            message: message.to_owned(),
+        }
+    }
+
+    async fn outcome(exit_code: i32, fail: Option<fn() -> CriError>) -> Outcome {
+        run(&fake(exit_code, fail), "c1", &[], Duration::from_secs(1)).await
+    }
+
     #[tokio::test]
     async fn exit_zero_is_success_and_the_request_carries_command_and_timeout() {
-        let cri = fake(0, false);
+        let cri = fake(0, None);
         let cmd = vec!["cat".to_owned(), "/tmp/ready".to_owned()];
         let outcome = run(&cri, "c1", &cmd, Duration::from_secs(3)).await;
         assert_eq!(outcome.result, ProbeResult::Success);
@@ -89,11 +110,54 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_non_zero_exit_is_failure_and_a_runtime_error_unknown() {
-        let failed = run(&fake(1, false), "c1", &[], Duration::from_secs(1)).await;
+    async fn a_non_zero_exit_is_failure_with_the_output() {
+        let failed = outcome(127, None).await;
         assert_eq!(failed.result, ProbeResult::Failure);
-        let errored = run(&fake(0, true), "c1", &[], Duration::from_secs(1)).await;
+        assert!(failed.output.starts_with("out e"), "{}", failed.output);
+    }
+
+    #[tokio::test]
+    async fn a_runtime_error_is_unknown_with_the_grpc_error_as_output() {
+        // What containerd 1.6 answers for a command that does not exist.
+        let missing = || {
+            rpc(
+                tonic::Code::Unknown,
+                "failed to exec in container: failed to start exec \"x\": OCI runtime exec failed: exec failed: unable to start container process: exec: \"/nope\": stat /nope: no such file or directory: unknown",
+            )
+        };
+        let errored = outcome(0, Some(missing)).await;
         assert_eq!(errored.result, ProbeResult::Unknown);
-        assert!(errored.output.contains("ExecSync"), "{}", errored.output);
+        assert!(
+            errored
+                .output
+                .starts_with("rpc error: code = Unknown desc = failed to exec in container: "),
+            "{}",
+            errored.output
+        );
+        assert!(
+            errored
+                .output
+                .ends_with("stat /nope: no such file or directory: unknown")
+        );
+    }
+
+    #[tokio::test]
+    async fn a_deadline_exceeded_by_the_runtime_or_the_call_is_failure_without_output() {
+        let runtime = || {
+            rpc(
+                tonic::Code::DeadlineExceeded,
+                "failed to exec in container: timeout 1s exceeded: context deadline exceeded",
+            )
+        };
+        let call = || CriError::Timeout {
+            rpc: "ExecSync",
+            after: Duration::from_secs(121),
+        };
+        for fail in [runtime as fn() -> CriError, call] {
+            assert_eq!(
+                outcome(0, Some(fail)).await,
+                Outcome::new(ProbeResult::Failure, "")
+            );
+        }
     }
 }

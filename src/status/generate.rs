@@ -12,6 +12,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
+use crate::kuberuntime::actions::should_restart;
 use crate::kuberuntime::runtime_status::ContainerState as RuntimeContainer;
 use crate::kuberuntime::{PodRuntimeStatus, RunState, Waiting};
 use crate::probe::ProbeResult;
@@ -80,6 +81,21 @@ fn waiting(reason: &str, message: Option<&str>) -> ContainerState {
     }
 }
 
+/// Whether the next sync starts the container (again), the kubelet's
+/// `ShouldContainerBeRestarted`: only then does the reason it waits for from the last sync
+/// stand in for its state. A container that ended for good, e.g. one whose start failed
+/// under `restartPolicy: Never`, shows the runtime's terminated state instead.
+fn will_restart(pod: &Pod, latest: Option<&RuntimeContainer>) -> bool {
+    if pod.metadata.deletion_timestamp.is_some() {
+        return false;
+    }
+    latest.is_none_or(|c| match c.state {
+        RunState::Running => false,
+        RunState::Created | RunState::Unknown => true,
+        RunState::Exited => should_restart(crate::pod::restart_policy(pod), c.exit_code),
+    })
+}
+
 /// Which of a pod's container lists a status is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -119,7 +135,9 @@ fn statuses_of(
             // An init container that succeeded is done: no reason to wait applies to it.
             let succeeded = kind == Kind::Init
                 && latest.is_some_and(|c| c.state == RunState::Exited && c.exit_code == 0);
-            let cached = reasons.get(&spec.name).filter(|_| !succeeded);
+            let cached = reasons
+                .get(&spec.name)
+                .filter(|_| !succeeded && will_restart(pod, latest));
             let state = match (latest, cached) {
                 (Some(c), _) if c.state == RunState::Running => ContainerState {
                     running: Some(ContainerStateRunning {
@@ -721,5 +739,83 @@ mod tests {
             .unwrap();
         assert_eq!(last.exit_code, 1);
         assert_eq!(status.phase.as_deref(), Some("Pending"));
+    }
+
+    /// The runtime's record of a container whose start failed, as containerd reports it.
+    fn start_error(attempt: u32) -> RuntimeContainer {
+        RuntimeContainer {
+            exit_code: 128,
+            reason: "StartError".into(),
+            message: "failed to create containerd task: exec: \"/nope\": no such file".into(),
+            started_at: 0,
+            ..rc("a", attempt, RunState::Exited, 128)
+        }
+    }
+
+    fn run_container_error() -> HashMap<String, Waiting> {
+        HashMap::from([(
+            "a".to_owned(),
+            Waiting {
+                reason: "RunContainerError".into(),
+                message: "failed to create containerd task".into(),
+            },
+        )])
+    }
+
+    #[test]
+    fn a_failed_start_under_never_ends_with_the_runtimes_start_error() {
+        let mut p = pod("web", &[("a", "busybox")]);
+        p.spec.as_mut().unwrap().restart_policy = Some("Never".into());
+        let rt = PodRuntimeStatus {
+            sandboxes: vec![],
+            containers: vec![start_error(0)],
+        };
+        // The reason the last sync gave does not apply: the container never runs again.
+        let status = generate_pod_status(&p, &inputs(&rt, &run_container_error()));
+        let a = &status.container_statuses.as_ref().unwrap()[0];
+        let t = a.state.as_ref().unwrap().terminated.as_ref().unwrap();
+        assert_eq!(
+            (t.exit_code, t.reason.as_deref(), t.message.as_deref()),
+            (
+                128,
+                Some("StartError"),
+                Some(start_error(0).message.as_str())
+            )
+        );
+        assert_eq!(t.started_at, None);
+        assert_eq!(status.phase.as_deref(), Some("Failed"));
+    }
+
+    #[test]
+    fn a_failed_start_under_always_waits_with_the_start_error_as_last_state() {
+        let p = pod("web", &[("a", "busybox")]);
+        let rt = PodRuntimeStatus {
+            sandboxes: vec![],
+            containers: vec![start_error(1), start_error(0)],
+        };
+        let status = generate_pod_status(&p, &inputs(&rt, &run_container_error()));
+        let a = &status.container_statuses.as_ref().unwrap()[0];
+        assert_eq!(waiting_reason(a), Some("RunContainerError"));
+        let last = a.last_state.as_ref().unwrap().terminated.as_ref().unwrap();
+        assert_eq!(
+            (last.exit_code, last.reason.as_deref()),
+            (128, Some("StartError"))
+        );
+        assert_eq!(a.restart_count, 1);
+        assert_eq!(status.phase.as_deref(), Some("Running"));
+    }
+
+    #[test]
+    fn a_pod_being_deleted_shows_no_reason_to_wait() {
+        let mut p = pod("web", &[("a", "busybox")]);
+        p.metadata.deletion_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
+        let rt = PodRuntimeStatus {
+            sandboxes: vec![],
+            containers: vec![start_error(0)],
+        };
+        let status = generate_pod_status(&p, &inputs(&rt, &run_container_error()));
+        let a = &status.container_statuses.as_ref().unwrap()[0];
+        let t = a.state.as_ref().unwrap().terminated.as_ref().unwrap();
+        assert_eq!(t.reason.as_deref(), Some("StartError"));
     }
 }
