@@ -285,12 +285,14 @@ fn start_error(suffix: &'static str, pod: Value, inner: &str) -> Row {
     row(suffix, pod, want).event("Failed", frames("Error: ", inner))
 }
 
-/// The node's allocatable `name` (cpu in millicores).
+/// The node's allocatable `name` (cpu in millicores), once the test's agent has
+/// registered the node (on a fresh cluster it does not exist before).
 async fn allocatable(name: &str) -> u128 {
-    let node = Api::<Node>::all(kube_client("admin.kubeconfig").await)
-        .get(&node_name())
-        .await
-        .expect("the node");
+    let nodes = Api::<Node>::all(kube_client("admin.kubeconfig").await);
+    let node = eventually("the node registered", Duration::from_secs(30), || async {
+        nodes.get_opt(&node_name()).await.ok().flatten()
+    })
+    .await;
     let q = node
         .status
         .and_then(|s| s.allocatable)
