@@ -54,6 +54,21 @@ impl Backoff {
     }
 }
 
+/// A random number in `[0, 1)`, to spread waits (jitter): from the TLS provider's secure
+/// random source, else one half.
+#[must_use]
+pub fn random_fraction() -> f64 {
+    let mut bytes = [0u8; 4];
+    if crate::server::tls::provider()
+        .secure_random
+        .fill(&mut bytes)
+        .is_err()
+    {
+        return 0.5;
+    }
+    f64::from(u32::from_le_bytes(bytes)) / (f64::from(u32::MAX) + 1.0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -380,26 +380,8 @@ pub fn repository(image: &str) -> String {
         Some(i) if !name[i..].contains('/') => &name[..i],
         _ => name,
     };
-    let (domain, path) = match name.split_once('/') {
-        Some((first, rest))
-            if first.contains(['.', ':'])
-                || first == "localhost"
-                || first.to_lowercase() != first =>
-        {
-            (first, rest)
-        }
-        _ => ("docker.io", name),
-    };
-    let domain = if domain == DEFAULT_REGISTRY_HOST {
-        "docker.io"
-    } else {
-        domain
-    };
-    if domain == "docker.io" && !path.contains('/') {
-        format!("{domain}/library/{path}")
-    } else {
-        format!("{domain}/{path}")
-    }
+    let (domain, path) = crate::images::reference::split_docker_domain(name);
+    format!("{domain}/{path}")
 }
 
 #[cfg(test)]

@@ -226,11 +226,11 @@ impl WatchRetry {
     /// The wait [`Self::after`] gives for `error` now, with its jitter, to be awaited.
     pub fn pause(&mut self, error: &(dyn std::error::Error + 'static)) -> tokio::time::Sleep {
         let base = self.after(error, std::time::Instant::now());
-        tokio::time::sleep(jittered(base, random_fraction()))
+        tokio::time::sleep(jittered(base, crate::backoff::random_fraction()))
     }
 
     /// How long to wait after `error` at `now`, before jitter.
-    pub fn after(
+    fn after(
         &mut self,
         error: &(dyn std::error::Error + 'static),
         now: std::time::Instant,
@@ -246,17 +246,6 @@ impl WatchRetry {
 /// `base` stretched by `fraction` (in [0, 1)) of itself, as `wait.Jitter(base, 1.0)`.
 fn jittered(base: Duration, fraction: f64) -> Duration {
     base + base.mul_f64(fraction.clamp(0.0, 1.0))
-}
-
-/// A number in [0, 1) that differs from call to call (std's per-map random keys hashing
-/// the current instant): enough to spread retries, no cryptography.
-fn random_fraction() -> f64 {
-    use std::hash::BuildHasher;
-    let bits = std::collections::hash_map::RandomState::new().hash_one(std::time::Instant::now());
-    // The top 53 bits, as a fraction of 2^53.
-    #[allow(clippy::cast_precision_loss)]
-    let fraction = (bits >> 11) as f64 / (1u64 << 53) as f64;
-    fraction
 }
 
 /// Whether `error` (or an error it wraps) is a refused TCP connection.
@@ -444,10 +433,6 @@ mod tests {
         let base = Duration::from_secs(2);
         assert_eq!(jittered(base, 0.0), base);
         assert_eq!(jittered(base, 0.5), Duration::from_secs(3));
-        for _ in 0..100 {
-            let f = random_fraction();
-            assert!((0.0..1.0).contains(&f), "{f}");
-        }
     }
 
     /// The `tr` (timer) field of the loopback socket with local port `port`.

@@ -12,29 +12,13 @@ use std::time::{Duration, Instant};
 
 use common::agent::AgentProcess;
 use common::case::{Case, delete_and_wait, failed, get, phase, running};
-use common::pods::{events_of, pods_api, running_containers_of, sandboxes_of};
+use common::pods::{events_of, pods_api, running_containers_of, sandboxes_of, sleeper};
 use common::{eventually, kube_client, node_name};
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use k8s_openapi::api::node::v1::RuntimeClass;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use rkubelet::resources::Quantity;
 use serde_json::json;
-
-/// A busybox pod that sleeps, with `spec` merged into its spec.
-fn sleeper(spec: serde_json::Value) -> serde_json::Value {
-    let mut pod = json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "spec": {
-            "terminationGracePeriodSeconds": 1,
-            "containers": [{ "name": "main", "image": "busybox", "command": ["sleep", "3600"] }]
-        }
-    });
-    for (k, v) in spec.as_object().into_iter().flatten() {
-        pod["spec"][k] = v.clone();
-    }
-    pod
-}
 
 fn requesting(requests: serde_json::Value) -> serde_json::Value {
     let mut pod = sleeper(json!({}));

@@ -33,19 +33,9 @@ const AGENT_NETWORK_DIR: &str = "/var/lib/cni/networks/rkubelet";
 
 /// `scripts/cluster.sh ARGS`, waiting for it; panics if it fails.
 async fn cluster(args: &[&str]) {
-    let out = tokio::process::Command::new("bash")
-        .arg(cluster_sh())
-        .args(args)
-        .stdin(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .output()
-        .await
-        .expect("cluster.sh runs");
-    assert!(
-        out.status.success(),
-        "cluster.sh {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let mut cmd = tokio::process::Command::new("bash");
+    cmd.arg(cluster_sh()).args(args);
+    common::run_ok(cmd, &format!("cluster.sh {args:?}")).await;
 }
 
 fn cluster_sh() -> PathBuf {

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use common::case::{Case, get, phase, running};
 use common::leaks::NodeNetwork;
-use common::pods::{events_of, pods_api, sandboxes_of};
+use common::pods::{events_of, pods_api, sandboxes_of, sleeper};
 use common::{eventually, state_dir};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::DeleteParams;
@@ -26,23 +26,6 @@ use rkubelet::cri::api::PodSandboxState;
 use rkubelet::fault;
 use rkubelet::inspect::procfs::ProcFs;
 use serde_json::json;
-
-/// A pod whose one container sleeps, stopped at once.
-fn sleeper() -> serde_json::Value {
-    json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {},
-        "spec": {
-            "terminationGracePeriodSeconds": 1,
-            "containers": [{
-                "name": "main",
-                "image": "busybox",
-                "command": ["sleep", "3600"],
-            }],
-        }
-    })
-}
 
 const READY: i32 = PodSandboxState::SandboxReady as i32;
 
@@ -105,7 +88,7 @@ async fn crash_during_start_up(point: &str, restarts: i32) {
     let before = NodeNetwork::now();
     let mut case = Case::new(&format!("drill-{point}")).await;
     case.start_agent_with(None, &[], &[(fault::ENV, point)]);
-    let name = case.create("p", sleeper()).await;
+    let name = case.create("p", sleeper(json!({}))).await;
     killed_at(&mut case, point).await;
     let restarted = Instant::now();
     case.start_agent(&[]);
@@ -168,7 +151,7 @@ async fn crash_during_teardown(point: &str) {
     let before = NodeNetwork::now();
     let mut case = Case::new(&format!("drill-{point}")).await;
     case.start_agent_with(None, &[], &[(fault::ENV, point)]);
-    let name = case.create("p", sleeper()).await;
+    let name = case.create("p", sleeper(json!({}))).await;
     let uid = uid(&running(&name).await);
     assert!(
         case.agent_mut().exited(Duration::ZERO).await.is_none(),
@@ -337,7 +320,7 @@ async fn a_hanging_cni_plugin_times_out_is_retried_and_stalls_no_other_pod() {
     let mut case = Case::new("drill-cni").await;
     let bin = plugin.bin_dir();
     case.start_agent_with(Some(&plugin.conf_dir()), &["--cni-bin-dir", &bin], &[]);
-    let hung = case.create("hang", sleeper()).await;
+    let hung = case.create("hang", sleeper(json!({}))).await;
     let pids = eventually("the plugin hangs", Duration::from_secs(60), || async {
         plugin.hung()
     })
@@ -352,7 +335,7 @@ async fn a_hanging_cni_plugin_times_out_is_retried_and_stalls_no_other_pod() {
     let hung_sandbox = hung_add.split(' ').nth(1).expect("container id").to_owned();
 
     // Another pod, created while the ADD hangs, starts in normal time.
-    let other = case.create("other", sleeper()).await;
+    let other = case.create("other", sleeper(json!({}))).await;
     running(&other).await;
     let other_took = hang_began.elapsed();
     assert!(

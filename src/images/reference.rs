@@ -28,11 +28,15 @@ pub fn validate(image: &str) -> Result<(), String> {
 }
 
 /// The domain of a reference and the rest (`splitDockerDomain`): the first component when
-/// it looks like a host (a dot, a port or `localhost`), else Docker Hub's, with `library/`
-/// for official images.
-fn split_docker_domain(name: &str) -> (&str, String) {
+/// it looks like a host (a dot, a port, `localhost` or upper case), else Docker Hub's, with
+/// `library/` for official images.
+pub(crate) fn split_docker_domain(name: &str) -> (&str, String) {
     let (domain, remainder) = match name.split_once('/') {
-        Some((first, rest)) if first.contains(['.', ':']) || first == "localhost" => {
+        Some((first, rest))
+            if first.contains(['.', ':'])
+                || first == "localhost"
+                || first.to_lowercase() != first =>
+        {
             (first, rest.to_owned())
         }
         _ => ("docker.io", name.to_owned()),

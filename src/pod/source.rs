@@ -77,9 +77,8 @@ pub fn start<S: PodSyncer, A: PodAdmission>(
                 Ok(Some(event)) => feeder.handle(event),
                 Ok(None) => break,
                 Err(e) => {
-                    let wait = retry.after(&e, std::time::Instant::now());
-                    tracing::warn!(error = %e, retry_in = ?wait, "pod watch failed; retrying");
-                    tokio::time::sleep(wait).await;
+                    tracing::warn!(error = %e, "pod watch failed; retrying");
+                    retry.pause(&e).await;
                 }
             }
         }

@@ -22,6 +22,7 @@ use kube::api::{Api, ObjectMeta, PostParams};
 use tokio_util::sync::CancellationToken;
 
 use super::tls::{self, CertStore, ServingCertificate, TlsError};
+use crate::backoff::random_fraction;
 
 /// The signer of kubelet serving certificates.
 pub const KUBELET_SERVING_SIGNER: &str = "kubernetes.io/kubelet-serving";
@@ -124,15 +125,6 @@ pub fn rotation_deadline(not_before: Timestamp, not_after: Timestamp, jitter: f6
         .unwrap_or(not_after)
 }
 
-/// A random number in `[0, 1)`.
-fn jitter() -> f64 {
-    let mut bytes = [0u8; 4];
-    if tls::provider().secure_random.fill(&mut bytes).is_err() {
-        return 0.5;
-    }
-    f64::from(u32::from_le_bytes(bytes)) / (f64::from(u32::MAX) + 1.0)
-}
-
 /// The self-signed serving certificate in `cert_dir` (`kubelet.crt`, `kubelet.key`), made
 /// on first use.
 ///
@@ -231,7 +223,8 @@ impl CertificateManager {
         let mut current = self.load_current().await;
         loop {
             let wait = current.as_ref().map_or(Duration::ZERO, |c| {
-                let deadline = rotation_deadline(c.info.not_before, c.info.not_after, jitter());
+                let deadline =
+                    rotation_deadline(c.info.not_before, c.info.not_after, random_fraction());
                 Duration::try_from(deadline.duration_since(Timestamp::now())).unwrap_or_default()
             });
             if !wait.is_zero() {
@@ -374,7 +367,7 @@ mod tests {
         );
         assert!(rotation_deadline(start, end, 0.999_999) < "2024-01-10T00:00:01Z".parse().unwrap());
         for _ in 0..100 {
-            let j = jitter();
+            let j = random_fraction();
             assert!((0.0..1.0).contains(&j), "{j}");
         }
     }

@@ -97,18 +97,24 @@ pub fn unique(prefix: &str) -> String {
 
 /// `kubectl` as the admin; answers stdout, panics on failure.
 pub async fn kubectl(args: &[&str]) -> String {
-    let out = tokio::process::Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(state_dir().join("pki").join("admin.kubeconfig"))
-        .args(args)
+    let kubeconfig = state_dir().join("pki").join("admin.kubeconfig");
+    let mut cmd = tokio::process::Command::new("kubectl");
+    cmd.arg("--kubeconfig").arg(kubeconfig).args(args);
+    run_ok(cmd, &format!("kubectl {args:?}")).await
+}
+
+/// Runs `cmd` (named `what` in a failure) with no stdin, waiting for it; answers its
+/// stdout, panics if it fails.
+pub async fn run_ok(mut cmd: tokio::process::Command, what: &str) -> String {
+    let out = cmd
         .stdin(std::process::Stdio::null())
         .kill_on_drop(true)
         .output()
         .await
-        .expect("kubectl runs");
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
     assert!(
         out.status.success(),
-        "kubectl {args:?}: {}",
+        "{what}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()

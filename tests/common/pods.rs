@@ -130,6 +130,23 @@ impl Drop for TestPods {
     }
 }
 
+/// A busybox pod whose container `main` sleeps and stops at once, with `spec` merged into
+/// its spec.
+pub fn sleeper(spec: serde_json::Value) -> serde_json::Value {
+    let mut pod = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{ "name": "main", "image": "busybox", "command": ["sleep", "3600"] }]
+        }
+    });
+    for (k, v) in spec.as_object().into_iter().flatten() {
+        pod["spec"][k] = v.clone();
+    }
+    pod
+}
+
 /// The events about the pod named `name`, oldest first.
 pub async fn events_of(name: &str) -> Vec<Event> {
     let api: Api<Event> = Api::namespaced(kube_client("admin.kubeconfig").await, "default");
