@@ -399,13 +399,16 @@ struct LineReader {
     path: PathBuf,
     pending: Vec<u8>,
     max_record: usize,
+    /// Bytes left to read when the read stops at a fixed length (`None`: follow the file).
+    remaining: Option<u64>,
     /// The `<timestamp> <stream> ` and tag of a long line being read in pieces (empty
     /// for a line that is not in the CRI format: its pieces are given out as they are).
     split: Option<(Vec<u8>, Vec<u8>)>,
 }
 
 impl LineReader {
-    async fn open(path: &Path, max_record: usize) -> Result<Self, LogError> {
+    /// Opens the log at `path`; with `length`, reads only its first `length` bytes.
+    async fn open(path: &Path, max_record: usize, length: Option<u64>) -> Result<Self, LogError> {
         let file = tokio::fs::File::open(path)
             .await
             .map_err(|source| LogError::Io {
@@ -417,6 +420,7 @@ impl LineReader {
             path: path.to_owned(),
             pending: Vec::new(),
             max_record,
+            remaining: length,
             split: None,
         })
     }
@@ -424,15 +428,19 @@ impl LineReader {
     /// The next complete line (without its line feed); `None` at the end for now. At the
     /// real end (`at_end`), a last unterminated line is returned too.
     async fn next(&mut self, at_end: bool) -> Result<Option<Vec<u8>>, LogError> {
-        let room = self.max_record.saturating_sub(self.pending.len()).max(1);
-        (&mut self.reader)
-            .take(room as u64)
+        let room = self.max_record.saturating_sub(self.pending.len()).max(1) as u64;
+        let room = self.remaining.map_or(room, |left| left.min(room));
+        let read = (&mut self.reader)
+            .take(room)
             .read_until(b'\n', &mut self.pending)
             .await
             .map_err(|source| LogError::Io {
                 path: self.path.clone(),
                 source,
             })?;
+        if let Some(left) = &mut self.remaining {
+            *left = left.saturating_sub(read as u64);
+        }
         if self.pending.last() == Some(&b'\n') {
             self.pending.pop();
             return Ok(Some(self.piece(true)));
@@ -492,8 +500,8 @@ fn cri_header(line: &[u8]) -> Option<(usize, usize)> {
 
 /// How many lines (joined) the log at `path` holds now; a last unfinished one counts at
 /// the real end (`final_end`).
-async fn count_lines(path: &Path, final_end: bool) -> Result<u64, LogError> {
-    let mut reader = LineReader::open(path, MAX_RECORD).await?;
+async fn count_lines(path: &Path, length: u64, final_end: bool) -> Result<u64, LogError> {
+    let mut reader = LineReader::open(path, MAX_RECORD, Some(length)).await?;
     let mut joiner = Joiner::default();
     let mut lines = 0u64;
     while let Some(raw) = reader.next(final_end).await? {
@@ -531,12 +539,23 @@ pub async fn stream<C: Cri>(
 ) -> Result<(), LogError> {
     let path = &source.path;
     let final_end = !opts.follow;
-    // With a tail, the lines before the last `tailLines` of what is in the file now.
+    // What is in the file now: lines written while it is read are not counted in a tail,
+    // and without following they are not sent (a tail of 2 is 2 lines).
+    let length = tokio::fs::metadata(path)
+        .await
+        .map_err(|source| LogError::Io {
+            path: path.clone(),
+            source,
+        })?
+        .len();
+    // With a tail, the lines before the last `tailLines` of that.
     let mut skip = match opts.tail_lines {
-        Some(tail) => count_lines(path, final_end).await?.saturating_sub(tail),
+        Some(tail) => count_lines(path, length, final_end)
+            .await?
+            .saturating_sub(tail),
         None => 0,
     };
-    let mut reader = LineReader::open(path, MAX_RECORD).await?;
+    let mut reader = LineReader::open(path, MAX_RECORD, final_end.then_some(length)).await?;
     let mut joiner = Joiner::default();
     let mut out = LogWriter::new(&opts);
     let send = |out: &mut LogWriter| {
@@ -900,6 +919,36 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// A read bounded to the length the log had when the request came stops there: lines
+    /// written since (by a container still logging) are not part of a `--tail` answer.
+    #[tokio::test]
+    async fn a_bounded_read_stops_at_the_length_it_was_given() {
+        let dir = std::env::temp_dir().join(format!("rkubelet-bounded-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("0.log");
+        let first = "2024-01-01T00:00:01Z stdout F one\n2024-01-01T00:00:02Z stdout F two\n";
+        std::fs::write(
+            &path,
+            format!("{first}2024-01-01T00:00:03Z stdout F three\n"),
+        )
+        .unwrap();
+        let mut reader = LineReader::open(&path, MAX_RECORD, Some(first.len() as u64))
+            .await
+            .unwrap();
+        let mut lines = Vec::new();
+        while let Some(raw) = reader.next(true).await.unwrap() {
+            lines.push(String::from_utf8(raw).unwrap());
+        }
+        assert_eq!(
+            lines,
+            [
+                "2024-01-01T00:00:01Z stdout F one",
+                "2024-01-01T00:00:02Z stdout F two"
+            ]
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     /// A line of 100 bytes in a file read 48 bytes at most at once: read in pieces of at
     /// most 48 bytes of content (each a partial line under the line's timestamp), joined back
     /// into the line, or given out in pieces when longer than the joiner's maximum.
@@ -914,7 +963,7 @@ mod tests {
             format!("2024-01-01T00:00:01Z stdout F {text}\n2024-01-01T00:00:02Z stderr F short\n"),
         )
         .unwrap();
-        let mut reader = LineReader::open(&path, 48).await.unwrap();
+        let mut reader = LineReader::open(&path, 48, None).await.unwrap();
         let mut pieces = Vec::new();
         while let Some(raw) = reader.next(true).await.unwrap() {
             pieces.push(raw);
