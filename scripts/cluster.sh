@@ -4,7 +4,13 @@
 # registry (and a private one, with htpasswd authentication) and containerd (CRI), plus a node address on a veth pair and an
 # iptables chain that keeps pod traffic on this machine.
 #
-#   cluster.sh up                  start everything (idempotent-ish)
+#   cluster.sh up [--nodes N]      start everything (idempotent-ish); N > 1: add-nodes N too
+#   cluster.sh add-nodes N         N nodes rk-host1..N, each its own netns "host" on the
+#                                  underlay bridge, with its own containerd and kube-proxy
+#   cluster.sh start-agents [--pod-network-routes none|host-gw|vxlan] [--binary PATH]
+#                                  an rkubelet on every added node (by recorded PID)
+#   cluster.sh stop-agent NODE     stop one added node's rkubelet
+#   cluster.sh remove-nodes        remove the added nodes and all they hold
 #   cluster.sh down                stop and remove everything `up` made
 #   cluster.sh status              show components; non-zero if any is dead
 #   cluster.sh node-credentials N  mint a node identity (cert + kubeconfig) for N
@@ -32,8 +38,9 @@ CNI_VAR="/var/lib/cni"            # libcni result cache + host-local default dat
 RUN_CTRD="$(dirname "$CONTAINERD_SOCK")"
 APISERVER="https://127.0.0.1:6443"
 
-NODE_LINK="rk-node0"              # host end of the node-address veth
-NODE_PEER="rk-node0-peer"         # peer end, moved into $NODE_NETNS
+NODE_LINK="rk-node0"              # the underlay bridge, holding the node address
+NODE_PORT="rk-node0-p"            # a veth port of it (carrier) ...
+NODE_PEER="rk-node0-peer"         # ... whose peer end sits in $NODE_NETNS
 NODE_NETNS="rk-nodepeer"
 POD_BRIDGE="rkbr0"                # bridge made by the CNI template
 AGENT_BRIDGE="rk0"                # bridge of the agent's own conflist (cni-config/10-rkubelet.conflist)
@@ -70,6 +77,8 @@ comp_pid() {
 }
 
 # start_proc NAME BINARY ARGS...: start detached, log to logs/NAME.log, record the PID.
+# With IN_NETNS set, the process runs in that network namespace (nsenter execs in place:
+# the recorded PID is still the daemon's), in the machine's mount namespace.
 start_proc() {
   local name=$1 bin=$2; shift 2
   log "starting $name"
@@ -81,6 +90,9 @@ start_proc() {
       fd=${f##*/}
       if ((fd > 2)) && [[ -e $f ]]; then exec {fd}>&-; fi
     done
+    if [[ -n ${IN_NETNS:-} ]]; then
+      exec setsid nsenter --net="/run/netns/$IN_NETNS" -- "$bin" "$@"
+    fi
     exec setsid "$bin" "$@"
   ) >"$LOGS/$name.log" 2>&1 </dev/null &
   local pid=$! exe i
@@ -177,9 +189,9 @@ issue() {
   rm -f "$PKI/$name.csr"
 }
 
-# kubeconfig FILE USER CERTNAME: a kubeconfig with everything embedded.
+# kubeconfig FILE USER CERTNAME [SERVER]: a kubeconfig with everything embedded.
 kubeconfig() {
-  local file=$1 user=$2 cert=$3
+  local file=$1 user=$2 cert=$3 server=${4:-$APISERVER}
   install -m 600 /dev/null "$file"
   cat >"$file" <<EOF
 apiVersion: v1
@@ -187,7 +199,7 @@ kind: Config
 clusters:
 - name: rkubelet
   cluster:
-    server: $APISERVER
+    server: $server
     certificate-authority-data: $(b64 "$PKI/ca.crt")
 users:
 - name: $user
@@ -268,21 +280,27 @@ restore_sysctls() {
   done <"$REC/sysctl"
 }
 
-# The node address lives on a veth whose peer sits in its own netns (so it has carrier).
+# The node address lives on the underlay bridge $NODE_LINK (no uplink: nothing on it leaves
+# the machine). A veth port whose peer sits in its own netns gives it carrier; the nodes of
+# `add-nodes` are further ports.
 setup_node_link() {
-  log "node address $NODE_IP/24 on $NODE_LINK (peer in netns $NODE_NETNS)"
+  log "node address $NODE_IP/24 on bridge $NODE_LINK (port $NODE_PORT, peer in netns $NODE_NETNS)"
   [[ -d /run/netns ]] || echo created >"$REC/run-netns"
   ip netns add "$NODE_NETNS"
   echo "$NODE_NETNS" >>"$REC/netns"
-  ip link add "$NODE_LINK" type veth peer name "$NODE_PEER" netns "$NODE_NETNS"
+  ip link add "$NODE_LINK" type bridge
   echo "$NODE_LINK" >>"$REC/links"
   ip addr add "$NODE_IP/24" dev "$NODE_LINK"
+  ip link add "$NODE_PORT" type veth peer name "$NODE_PEER" netns "$NODE_NETNS"
+  ip link set "$NODE_PORT" master "$NODE_LINK" up
   ip link set "$NODE_LINK" up
   ip -n "$NODE_NETNS" link set lo up
   ip -n "$NODE_NETNS" link set "$NODE_PEER" up
 }
 
-# Pods stay on this machine: only pod<->pod and pod<->198.18.0.0/15 is forwarded.
+# Pods stay on this machine: only pod<->pod and pod<->198.18.0.0/15 is forwarded; what
+# comes from the underlay (the nodes of `add-nodes`) is bridged between them or delivered
+# here, never routed on.
 setup_firewall() {
   log "iptables chain $FWD_CHAIN (pods may not leave the machine)"
   remove_chains <<<"filter $FWD_CHAIN"   # a leftover from a crashed run, if any
@@ -297,11 +315,13 @@ setup_firewall() {
   ipt_restore <<EOF
 *filter
 :$FWD_CHAIN - [0:0]
+-A $FWD_CHAIN -i $NODE_LINK -o $NODE_LINK -j ACCEPT
 -A $FWD_CHAIN -s $CLUSTER_CIDR -d $CLUSTER_CIDR -j ACCEPT
 -A $FWD_CHAIN -s $CLUSTER_CIDR -d $BENCH_NET -j ACCEPT
 -A $FWD_CHAIN -s $BENCH_NET -d $CLUSTER_CIDR -j ACCEPT
 -A $FWD_CHAIN -d $CLUSTER_CIDR -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT
 -A $FWD_CHAIN -s $CLUSTER_CIDR -j DROP
+-A $FWD_CHAIN -i $NODE_LINK -j DROP
 -I FORWARD 1 -j $FWD_CHAIN
 COMMIT
 EOF
@@ -341,8 +361,9 @@ teardown_firewall() {
     done | grep -vxF -f "$REC/cni-chains-before" >"$REC/cni-chains-new" || true
     remove_chains <"$REC/cni-chains-new"
   fi
-  # Our own chain has a dedicated name: remove it even if the records are gone.
-  remove_chains <<<"filter $FWD_CHAIN"
+  # Our own chains have dedicated names: remove them even if the records are gone.
+  remove_chains <<<"filter $FWD_CHAIN
+nat $HOSTS_CHAIN"
   remove_new_tables
 }
 
@@ -528,24 +549,27 @@ write_containerd_config() {
   for p in /usr/lib/cni/*; do ln -sfn "$p" "$CNI_BIN/$(basename "$p")"; done
   [[ -f $CNI_TEMPLATE ]] || die "missing CNI template $CNI_TEMPLATE"
 
-  # docker.io never reaches the internet: server and mirror are the local registry.
+  # docker.io never reaches the internet: server and mirror are the local registry. A
+  # node in its own netns reaches the registries at the control plane's address
+  # (REGISTRY_VIA, PRIVATE_REGISTRY_VIA); images keep their 127.0.0.1 names.
+  local via=${REGISTRY_VIA:-$REGISTRY} pvia=${PRIVATE_REGISTRY_VIA:-$PRIVATE_REGISTRY}
   cat >"$CTRD/certs.d/docker.io/hosts.toml" <<EOF
-server = "http://$REGISTRY"
+server = "http://$via"
 
-[host."http://$REGISTRY"]
+[host."http://$via"]
   capabilities = ["pull", "resolve"]
 EOF
   cat >"$CTRD/certs.d/$REGISTRY/hosts.toml" <<EOF
 server = "http://$REGISTRY"
 
-[host."http://$REGISTRY"]
+[host."http://$via"]
   capabilities = ["pull", "resolve", "push"]
 EOF
   # Plain HTTP too; the credentials come with each pull (CRI PullImage's auth).
   cat >"$CTRD/certs.d/$PRIVATE_REGISTRY/hosts.toml" <<EOF
 server = "http://$PRIVATE_REGISTRY"
 
-[host."http://$PRIVATE_REGISTRY"]
+[host."http://$pvia"]
   capabilities = ["pull", "resolve"]
 EOF
 
@@ -657,7 +681,13 @@ on_up_exit() {
 
 cmd_up() {
   need_root
-  local n_alive=0 n_rec=0 c
+  local n_alive=0 n_rec=0 c nodes=1
+  case ${1:-} in
+    "") ;;
+    --nodes) nodes=${2:-} ;;
+    *) die "usage: $0 up [--nodes N]" ;;
+  esac
+  if ! [[ $nodes =~ ^[0-9]+$ ]] || ((nodes < 1)); then die "usage: $0 up [--nodes N]"; fi
   for c in "${COMPONENTS[@]}"; do
     if [[ -f $PIDS/$c.pid ]]; then
       n_rec=$((n_rec + 1))
@@ -717,6 +747,9 @@ cmd_up() {
   wait_for "ServiceAccount default/default" 120 kube-controller-manager \
     kubectl --kubeconfig "$KUBECONFIG_ADMIN" -n default get serviceaccount default
   comp_pid kube-scheduler >/dev/null || die "kube-scheduler died (see $LOGS/kube-scheduler.log)"
+
+  # More than one node: each its own netns (the root namespace's node stays unused).
+  if ((nodes > 1)); then cmd_add_nodes "$nodes"; fi
 
   UP_OK=1
   trap - EXIT INT TERM
@@ -927,6 +960,8 @@ cmd_down() {
   # 0. An agent started on this cluster (scripts/run.sh records it like a component):
   #    stopped first, so it does not re-create what is removed next.
   if pid=$(comp_pid rkubelet); then stop_pid rkubelet "$pid"; fi
+  # The nodes of `add-nodes`, each with all it holds.
+  remove_hosts
   # 1. Containers first, while containerd still runs.
   remove_containers
   # 2. Processes, by recorded PID, in reverse start order.
@@ -954,6 +989,185 @@ cmd_down() {
   log "down in $((SECONDS - t0))s"
 }
 
+# ---------------------------------------------------------------- nodes as hosts
+
+# `add-nodes N`: N nodes rk-host1..N, each its own "host": a network namespace whose eth0
+# is a port of the underlay bridge $NODE_LINK (198.18.0.11, .12, ... /24), with its own
+# containerd (root, state, socket under hosts/<node>), its own kube-proxy (iptables mode)
+# and, from `start-agents`, its own rkubelet with its own node identity, pod bridge, pod
+# CIDR and cgroup root. The control plane stays here and answers the nodes at $NODE_IP:
+# the API server and the registries, DNATed to loopback ($HOSTS_CHAIN).
+HOSTS_DIR="$RKUBELET_STATE/hosts"
+HOST_PREFIX="rk-host"
+HOSTS_CHAIN="RKUBELET-HOSTS"
+HOST_SERVER="https://$NODE_IP:6443"
+HOST_PORTS="6443,${REGISTRY##*:},${PRIVATE_REGISTRY##*:}"
+
+host_ip() { echo "198.18.0.$((10 + ${1#"$HOST_PREFIX"}))"; }
+host_names() { [[ -f $REC/hosts ]] && cat "$REC/hosts"; return 0; }
+
+# use_host NODE: point the containerd and CNI variables at NODE's own (a subshell's globals).
+use_host() {
+  HOST_DIR="$HOSTS_DIR/$1"
+  CTRD="$HOST_DIR/containerd"
+  CONTAINERD_SOCK="$HOST_DIR/containerd.sock"
+  CNI_BIN="$HOST_DIR/cni/bin"
+  CNI_CONF="$HOST_DIR/cni/net.d"
+  CNI_TEMPLATE="$HOST_DIR/cni/containerd-bridge.conflist.template"
+  REGISTRY_VIA="$NODE_IP:${REGISTRY##*:}"
+  PRIVATE_REGISTRY_VIA="$NODE_IP:${PRIVATE_REGISTRY##*:}"
+}
+
+# The API server and the registries, for the nodes' namespaces: their traffic to
+# $NODE_IP:{6443,5000,5001} arriving on the underlay bridge goes to loopback (which needs
+# route_localnet on that bridge; the bridge and its setting go with `down`).
+setup_host_dnat() {
+  iptables -w 5 -t nat -S "$HOSTS_CHAIN" >/dev/null 2>&1 && return 0
+  sysctl -qw "net.ipv4.conf.$NODE_LINK.route_localnet=1"
+  ipt_restore <<EOF
+*nat
+:$HOSTS_CHAIN - [0:0]
+-A $HOSTS_CHAIN -d $NODE_IP/32 -p tcp -m multiport --dports $HOST_PORTS -j DNAT --to-destination 127.0.0.1
+-I PREROUTING 1 -i $NODE_LINK -j $HOSTS_CHAIN
+COMMIT
+EOF
+}
+
+# add_host NODE: its namespace, link, sysctls, credentials, containerd and kube-proxy.
+add_host() {
+  local h=$1 ip
+  ip=$(host_ip "$h")
+  use_host "$h"
+  log "node $h: netns $h, $ip/24 on $NODE_LINK"
+  mkdir -p "$HOST_DIR/cni/networks" "$HOST_DIR/agent-cni"
+  echo "$h" >>"$REC/hosts"
+  ip netns add "$h"
+  ip link add "$h" type veth peer name eth0 netns "$h"
+  ip link set "$h" master "$NODE_LINK" up
+  ip -n "$h" addr add "$ip/24" dev eth0
+  ip -n "$h" link set lo up
+  ip -n "$h" link set eth0 up
+  # Service addresses are on-link here, so that the node's own connections to them reach
+  # kube-proxy's DNAT (a node has a default route; this one has none: nothing leaves).
+  ip -n "$h" route add "$SERVICE_CIDR" dev eth0
+  ip netns exec "$h" sysctl -qw net.ipv4.ip_forward=1
+  # The node's CNI configs keep their IP reservations under its own dir.
+  mkdir -p "$(dirname "$CNI_TEMPLATE")"
+  jq --arg d "$HOST_DIR/cni/networks" '.plugins[0].ipam.dataDir = $d' \
+    "$RKUBELET_REPO/cni-config/10-rkubelet.conflist" >"$HOST_DIR/agent-cni/10-rkubelet.conflist"
+  sed "s|\"type\": \"host-local\",|\"type\": \"host-local\", \"dataDir\": \"$HOST_DIR/cni/networks\",|" \
+    "$RKUBELET_REPO/cni-config/containerd-bridge.conflist.template" >"$CNI_TEMPLATE"
+  node_credentials "$h" "$ip" 2>/dev/null
+  kubeconfig "$HOST_DIR/kubelet.kubeconfig" "system:node:$h" "node-$h" "$HOST_SERVER"
+  kubeconfig "$HOST_DIR/kube-proxy.kubeconfig" system:kube-proxy kube-proxy "$HOST_SERVER"
+  write_containerd_config
+  IN_NETNS=$h start_proc "containerd@$h" /usr/bin/containerd --config "$CTRD/config.toml"
+  IN_NETNS=$h start_proc "kube-proxy@$h" "$K8S_BIN/kube-proxy" \
+    --kubeconfig="$HOST_DIR/kube-proxy.kubeconfig" --hostname-override="$h" \
+    --proxy-mode=iptables --cluster-cidr="$CLUSTER_CIDR" --bind-address="$ip" \
+    --metrics-bind-address=127.0.0.1:10249 --healthz-bind-address=127.0.0.1:10256 \
+    --oom-score-adj=0 --conntrack-max-per-core=0 \
+    --conntrack-tcp-timeout-established=0 --conntrack-tcp-timeout-close-wait=0
+}
+
+cmd_add_nodes() {
+  need_root
+  local n=${1:-} i h
+  if ! [[ $n =~ ^[0-9]+$ ]] || ((n < 1 || n > 20)); then die "usage: $0 add-nodes N (1..20)"; fi
+  [[ -x $K8S_BIN/kube-proxy ]] || die "missing $K8S_BIN/kube-proxy: run scripts/setup.sh"
+  comp_pid kube-apiserver >/dev/null || die "the cluster is not up: run 'cluster.sh up'"
+  [[ -z $(host_names) ]] || die "nodes already added ($(host_names | tr '\n' ' ')): run 'cluster.sh remove-nodes' first"
+  [[ -f $PKI/kube-proxy.crt ]] || issue kube-proxy "/CN=system:kube-proxy" client
+  setup_host_dnat
+  for ((i = 1; i <= n; i++)); do (add_host "$HOST_PREFIX$i"); done
+  for h in $(host_names); do
+    (use_host "$h"; wait_for "containerd of $h" 60 "containerd@$h" ctr_ version)
+  done
+  log "$n nodes added: $(host_names | tr '\n' ' ')(start their agents with 'cluster.sh start-agents')"
+}
+
+# start-agents [--pod-network-routes MODE] [--binary PATH] [-- ARGS]: an rkubelet on every
+# added node that has none running, with agent-owned pod networking.
+cmd_start_agents() {
+  need_root
+  local routes=() bin="$RKUBELET_REPO/target/debug/rkubelet" extra=() h
+  while [[ $# -gt 0 ]]; do
+    case $1 in
+      --pod-network-routes) routes=(--pod-network-routes "$2"); shift 2 ;;
+      --binary) bin=$2; shift 2 ;;
+      --) shift; extra=("$@"); break ;;
+      *) die "usage: $0 start-agents [--pod-network-routes none|host-gw|vxlan] [--binary PATH] [-- ARGS]" ;;
+    esac
+  done
+  [[ -x $bin ]] || die "no agent binary $bin (cargo build)"
+  [[ -n $(host_names) ]] || die "no nodes: run 'cluster.sh add-nodes N' first"
+  for h in $(host_names); do
+    comp_pid "rkubelet@$h" >/dev/null && continue
+    (
+      use_host "$h"
+      IN_NETNS=$h start_proc "rkubelet@$h" "$bin" run \
+        --kubeconfig "$HOST_DIR/kubelet.kubeconfig" --hostname-override "$h" --node-ip "$(host_ip "$h")" \
+        --node-labels "rkubelet.io/host=true" \
+        --container-runtime-endpoint "unix://$CONTAINERD_SOCK" \
+        --root-dir "$HOST_DIR/rkubelet" --pod-logs-dir "$HOST_DIR/rkubelet/logs" \
+        --cgroup-root "/$h" --network-owner agent \
+        --cni-conf-dir "$HOST_DIR/agent-cni" --cni-bin-dir /usr/lib/cni \
+        --runtime-cni-conf-dir "$CNI_CONF" --runtime-cni-bin-dir "$CNI_BIN" \
+        --resolv-conf "" "${routes[@]}" \
+        --address "$(host_ip "$h")" --client-ca-file "$PKI/ca.crt" \
+        --tls-cert-file "$PKI/node-$h-serving.crt" --tls-private-key-file "$PKI/node-$h-serving.key" \
+        "${extra[@]}"
+    )
+  done
+}
+
+# stop-agent NODE: SIGTERM (SIGKILL after 15 s) its rkubelet, by recorded PID.
+cmd_stop_agent() {
+  need_root
+  local pid
+  if [[ -z ${1:-} ]] || ! host_names | grep -qxF "$1"; then
+    die "usage: $0 stop-agent NODE (one of: $(host_names | tr '\n' ' '))"
+  fi
+  pid=$(comp_pid "rkubelet@$1") || die "no agent runs on $1"
+  stop_pid "rkubelet@$1" "$pid"
+}
+
+# remove_hosts: every added node's processes (agent, kube-proxy, containers, containerd and
+# its shims), then its namespace (with it the links, routes, FDB entries, VXLAN devices
+# and iptables rules inside), its link, its cgroups and its state.
+remove_hosts() {
+  local h pid c
+  for h in $(host_names); do
+    for c in "rkubelet@$h" "kube-proxy@$h"; do
+      if pid=$(comp_pid "$c"); then stop_pid "$c" "$pid"; fi
+    done
+    (
+      use_host "$h"
+      remove_containers
+      if pid=$(comp_pid "containerd@$h"); then stop_pid "containerd@$h" "$pid"; fi
+      kill_leftover_shims
+      kill_recorded_shims
+      remove_cgroup_tree "/$h"
+      unmount_under "$HOST_DIR"
+    )
+    log "removing node $h (netns, link)"
+    ip link delete "$h" 2>/dev/null || true
+    delete_netns "$h"
+    rm -rf "${HOSTS_DIR:?}/$h" "$PKI/node-$h"{,-serving}.{crt,key} "$PKI/node-$h.kubeconfig"
+    rm -f "$PIDS/"{rkubelet,kube-proxy,containerd}@"$h".{pid,exe}
+  done
+  rm -f "$REC/hosts"
+  remove_chains <<<"nat $HOSTS_CHAIN"
+}
+
+# remove_cgroup_tree PATH: a cgroup and everything under it, in every hierarchy, if empty.
+remove_cgroup_tree() {
+  local h
+  for h in $(findmnt -rn -t cgroup,cgroup2 -o TARGET); do
+    if [[ -d $h$1 ]]; then find "$h$1" -depth -type d -exec rmdir {} + 2>/dev/null || true; fi
+  done
+}
+
 # ---------------------------------------------------------------- leak check
 
 # Everything of the cluster that survives `down`, one line each: processes (components,
@@ -975,6 +1189,8 @@ list_leaks() {
     ppid in incwd { print "process " pid ": " $0 " (child of " ppid ")" }' <<<"$ps_out"
   # Network: the node netns, sandbox netns (mounts, below), links by their dedicated names.
   [[ ! -e /run/netns/$NODE_NETNS ]] || echo "netns /run/netns/$NODE_NETNS"
+  find /run/netns -maxdepth 1 -name "$HOST_PREFIX*" -printf 'netns %p\n' 2>/dev/null || true
+  ip -o link show 2>/dev/null | awk -F': ' -v p="$HOST_PREFIX" 'index($2, p) == 1 {print "link " $2}' | cut -d@ -f1
   for l in "$POD_BRIDGE" "$AGENT_BRIDGE"; do
     if ip link show "$l" >/dev/null 2>&1; then
       echo "bridge $l ($(ip -o link show master "$l" | wc -l) veths on it)"
@@ -992,6 +1208,8 @@ list_leaks() {
   # Pod cgroups (the agents' kubepods hierarchy), in any hierarchy.
   find /sys/fs/cgroup/*/kubepods* /sys/fs/cgroup/kubepods* -maxdepth 2 -type d -name 'pod*' \
     -printf 'pod cgroup %p\n' 2>/dev/null || true
+  find /sys/fs/cgroup/ /sys/fs/cgroup/*/ -maxdepth 1 -type d -name "$HOST_PREFIX*" \
+    -printf 'node cgroup %p\n' 2>/dev/null || true
   [[ ! -e $RKUBELET_STATE ]] || echo "state dir $RKUBELET_STATE"
 }
 
@@ -1005,7 +1223,7 @@ iptables_leaks() {
 # whose comment names one of our networks, rules naming a pod address (10.244.x.y).
 cluster_rules() {
   local pods=${CLUSTER_CIDR%%.0.0/*}
-  grep -E -- "(^|[ :])$FWD_CHAIN( |\$)|name: [\\]?\"($CNI_NET_NAME|$AGENT_NET_NAME)[\\]?\"| ${pods//./\\.}\\." || true
+  grep -E -- "(^|[ :])($FWD_CHAIN|$HOSTS_CHAIN)( |\$)|name: [\\]?\"($CNI_NET_NAME|$AGENT_NET_NAME)[\\]?\"| ${pods//./\\.}\\." || true
 }
 
 cmd_leak_check() {
@@ -1088,6 +1306,17 @@ cmd_status() {
       bad=1
     fi
   done
+  local h
+  for h in $(host_names); do
+    for c in "containerd@$h" "kube-proxy@$h" "rkubelet@$h"; do
+      if pid=$(comp_pid "$c"); then
+        printf '%-24s pid %-8s alive\n' "$c" "$pid"
+      elif [[ -f $PIDS/$c.pid ]]; then
+        printf '%-24s pid %-8s DEAD\n' "$c" "$(cat "$PIDS/$c.pid")"
+        [[ $c == rkubelet@* ]] || bad=1
+      fi
+    done
+  done
   printf '%-24s %s\n' "node address" "$(ip -o -4 addr show dev "$NODE_LINK" 2>/dev/null | awk '{print $4}' || true)"
   printf '%-24s %s\n' "iptables $FWD_CHAIN" "$(iptables -w 5 -C FORWARD -j "$FWD_CHAIN" 2>/dev/null && echo present || echo MISSING)"
   return "$bad"
@@ -1096,7 +1325,11 @@ cmd_status() {
 # ---------------------------------------------------------------- main
 
 case "${1:-}" in
-  up) cmd_up ;;
+  up) shift; cmd_up "$@" ;;
+  add-nodes) cmd_add_nodes "${2:-}" ;;
+  remove-nodes) need_root; remove_hosts ;;
+  start-agents) shift; cmd_start_agents "$@" ;;
+  stop-agent) cmd_stop_agent "${2:-}" ;;
   down) cmd_down ;;
   status) cmd_status ;;
   leak-check) cmd_leak_check ;;
@@ -1118,7 +1351,7 @@ case "${1:-}" in
     start_proc rkubelet "$@"
     ;;
   *)
-    echo "usage: $0 {up|down|status|leak-check|node-credentials NAME [IP]|start-agent BINARY [ARGS...]|kill|stop|start COMPONENT}" >&2
+    echo "usage: $0 {up [--nodes N]|down|status|leak-check|node-credentials NAME [IP]|start-agent BINARY [ARGS...]|kill|stop|start COMPONENT|add-nodes N|remove-nodes|start-agents [--pod-network-routes MODE] [--binary PATH]|stop-agent NODE}" >&2
     exit 2
     ;;
 esac

@@ -1,23 +1,23 @@
 #!/usr/bin/env bash
 # Prepare a fresh Debian 12 machine (as root) for rkubelet's local cluster and tests:
 #   - installs every Debian package the cluster, images and tests need;
-#   - builds kube-apiserver, kube-controller-manager, kube-scheduler and kubelet v1.20.2
-#     from Debian's `kubernetes` source package, cached under $RKUBELET_CACHE so a second
-#     run skips the build.
+#   - builds kube-apiserver, kube-controller-manager, kube-scheduler, kubelet and kube-proxy
+#     v1.20.2 from Debian's `kubernetes` source package, cached under $RKUBELET_CACHE so a
+#     second run skips the build (and a cache missing some of them builds only those).
 # Idempotent: safe to run again; it only does what is missing.
 set -euo pipefail
 
 CACHE="${RKUBELET_CACHE:-/var/cache/rkubelet}"
 K8S_VERSION="v1.20.2"
 K8S_BIN="$CACHE/kubernetes-$K8S_VERSION/bin"
-K8S_TOOLS=(kube-apiserver kube-controller-manager kube-scheduler kubelet)
+K8S_TOOLS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy)
 
 PACKAGES=(
   containerd runc containernetworking-plugins etcd-server
   golang-go rsync dpkg-dev
   docker-registry busybox-static skopeo debootstrap
   protobuf-compiler iptables iproute2 openssl jq curl ca-certificates
-  apache2-utils nftables shellcheck
+  apache2-utils nftables shellcheck conntrack
 )
 
 log() { printf '[setup %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
@@ -68,9 +68,9 @@ install_packages() {
 }
 
 build_kubernetes() {
-  local ok=1
-  for t in "${K8S_TOOLS[@]}"; do [[ -x $K8S_BIN/$t ]] || ok=0; done
-  if [[ $ok -eq 1 ]]; then
+  local missing=() t
+  for t in "${K8S_TOOLS[@]}"; do [[ -x $K8S_BIN/$t ]] || missing+=("$t"); done
+  if [[ ${#missing[@]} -eq 0 ]]; then
     log "Kubernetes $K8S_VERSION binaries cached in $K8S_BIN: skipping the build"
     return 0
   fi
@@ -85,17 +85,17 @@ build_kubernetes() {
   dsc=${dscs[0]}
   (cd "$work" && dpkg-source --no-check -x "$dsc" src >/dev/null)
   local tree="$work/src"
-  log "building ${K8S_TOOLS[*]} (several minutes)"
+  log "building ${missing[*]} (several minutes)"
   mkdir -p "$tree/.go/src/k8s.io"
   ln -sfn "$tree" "$tree/.go/src/k8s.io/kubernetes"
   (
     cd "$tree/.go/src/k8s.io/kubernetes"
     export GOPATH="$tree/.go" CGO_ENABLED=0 GOFLAGS=-mod=vendor GOCACHE="$work/gocache"
-    make WHAT="cmd/kube-apiserver cmd/kube-controller-manager cmd/kube-scheduler cmd/kubelet" >"$work/build.log" 2>&1
+    make WHAT="${missing[*]/#/cmd/}" >"$work/build.log" 2>&1
   ) || { tail -n 40 "$work/build.log" >&2; exit 1; }
   mkdir -p "$K8S_BIN"
-  for t in "${K8S_TOOLS[@]}"; do install -m 0755 "$tree/_output/bin/$t" "$K8S_BIN/$t"; done
-  "$K8S_BIN/kube-apiserver" --version >&2
+  for t in "${missing[@]}"; do install -m 0755 "$tree/_output/bin/$t" "$K8S_BIN/$t"; done
+  "$K8S_BIN/${missing[0]}" --version >&2
   rm -rf "$work"
 }
 

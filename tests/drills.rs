@@ -10,12 +10,12 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::case::{Case, get, phase};
 use common::pods::{pods_api, running_containers_of, sandboxes_of};
-use common::{cri, eventually, kube_client, node_name, unique};
+use common::{cluster, cluster_sh, cri, eventually, kube_client, node_name, unique};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use k8s_openapi::jiff::Timestamp;
@@ -30,17 +30,6 @@ const API_OUTAGE: Duration = Duration::from_secs(60);
 const AGENT_NETWORK_DIR: &str = "/var/lib/cni/networks/rkubelet";
 
 // ---------------------------------------------------------------- the cluster's components
-
-/// `scripts/cluster.sh ARGS`, waiting for it; panics if it fails.
-async fn cluster(args: &[&str]) {
-    let mut cmd = tokio::process::Command::new("bash");
-    cmd.arg(cluster_sh()).args(args);
-    common::run_ok(cmd, &format!("cluster.sh {args:?}")).await;
-}
-
-fn cluster_sh() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/cluster.sh")
-}
 
 /// A component taken down by a drill. Dropped while still down (a failed test), it is
 /// started again, so that the tests after it (and the pods' clean-up) find the cluster up.

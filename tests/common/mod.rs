@@ -103,6 +103,18 @@ pub async fn kubectl(args: &[&str]) -> String {
     run_ok(cmd, &format!("kubectl {args:?}")).await
 }
 
+/// `scripts/cluster.sh ARGS`, waiting for it; answers its stdout, panics if it fails.
+pub async fn cluster(args: &[&str]) -> String {
+    let mut cmd = tokio::process::Command::new("bash");
+    cmd.arg(cluster_sh()).args(args);
+    run_ok(cmd, &format!("cluster.sh {args:?}")).await
+}
+
+/// The cluster script of this checkout.
+pub fn cluster_sh() -> PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/cluster.sh")
+}
+
 /// Runs `cmd` (named `what` in a failure) with no stdin, waiting for it; answers its
 /// stdout, panics if it fails.
 pub async fn run_ok(mut cmd: tokio::process::Command, what: &str) -> String {
