@@ -1086,17 +1086,19 @@ cmd_add_nodes() {
   log "$n nodes added: $(host_names | tr '\n' ' ')(start their agents with 'cluster.sh start-agents')"
 }
 
-# start-agents [--pod-network-routes MODE] [--binary PATH] [-- ARGS]: an rkubelet on every
-# added node that has none running, with agent-owned pod networking.
+# start-agents [--pod-network-routes MODE] [--network-owner OWNER] [--binary PATH] [-- ARGS]:
+# an rkubelet on every added node that has none running (pod networking: agent-owned unless
+# said otherwise).
 cmd_start_agents() {
   need_root
-  local routes=() bin="$RKUBELET_REPO/target/debug/rkubelet" extra=() h
+  local routes=() owner=agent bin="$RKUBELET_REPO/target/debug/rkubelet" extra=() h
   while [[ $# -gt 0 ]]; do
     case $1 in
       --pod-network-routes) routes=(--pod-network-routes "$2"); shift 2 ;;
+      --network-owner) owner=$2; shift 2 ;;
       --binary) bin=$2; shift 2 ;;
       --) shift; extra=("$@"); break ;;
-      *) die "usage: $0 start-agents [--pod-network-routes none|host-gw|vxlan] [--binary PATH] [-- ARGS]" ;;
+      *) die "usage: $0 start-agents [--pod-network-routes none|host-gw|vxlan] [--network-owner agent|runtime] [--binary PATH] [-- ARGS]" ;;
     esac
   done
   [[ -x $bin ]] || die "no agent binary $bin (cargo build)"
@@ -1110,7 +1112,7 @@ cmd_start_agents() {
         --node-labels "rkubelet.io/host=true" \
         --container-runtime-endpoint "unix://$CONTAINERD_SOCK" \
         --root-dir "$HOST_DIR/rkubelet" --pod-logs-dir "$HOST_DIR/rkubelet/logs" \
-        --cgroup-root "/$h" --network-owner agent \
+        --cgroup-root "/$h" --network-owner "$owner" \
         --cni-conf-dir "$HOST_DIR/agent-cni" --cni-bin-dir /usr/lib/cni \
         --runtime-cni-conf-dir "$CNI_CONF" --runtime-cni-bin-dir "$CNI_BIN" \
         --resolv-conf "" "${routes[@]}" \

@@ -1,46 +1,89 @@
 #!/usr/bin/env bash
 # The main job: set up this machine, bring up the local cluster, start rkubelet as the
-# node agent of node rk-node1 (with only its node identity), and follow the seed's story:
+# node agent (with only its node identity), and follow the seed's story:
 # `kubectl create deployment nginx --image=nginx --replicas=3`, until the pods serve HTTP.
-# Then tells the story of one pod with `rkubelet inspect` (scripts/story.sh).
+#
+#   bash scripts/run.sh [--nodes N] [--pod-network-routes none|host-gw|vxlan]
+#
+# One node (the default): rkubelet runs node rk-node1 here, and the story of one pod is
+# told with `rkubelet inspect` (scripts/story.sh). N > 1 nodes: each node rk-host1..N is its
+# own network namespace with its own containerd, kube-proxy and rkubelet (which keeps the
+# routes to the other nodes' pod CIDRs in the given mode); the Deployment gets 2 replicas
+# per node and a ClusterIP Service, and each node prints an answer of it.
 # Leaves everything running; stop it all with `scripts/cluster.sh down`.
 set -euo pipefail
 # shellcheck source=scripts/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 cd "$RKUBELET_REPO"
 
+nodes=1 routes=none
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --nodes) nodes=${2:-}; shift 2 ;;
+    --pod-network-routes) routes=${2:-}; shift 2 ;;
+    *) die "usage: $0 [--nodes N] [--pod-network-routes none|host-gw|vxlan]" ;;
+  esac
+done
+if ! [[ $nodes =~ ^[0-9]+$ ]] || ((nodes < 1)); then die "--nodes wants a number ≥ 1"; fi
+[[ $routes =~ ^(none|host-gw|vxlan)$ ]] || die "--pod-network-routes: none, host-gw or vxlan"
+
 bash scripts/setup.sh
 log "building rkubelet (release)"
 cargo build --locked --release
-bash scripts/cluster.sh up
+bash scripts/cluster.sh up --nodes "$nodes"
 
 rk="$RKUBELET_REPO/target/release/rkubelet"
-"$rk" cri version
-"$rk" cri status || true
-
-bash scripts/cluster.sh start-agent "$rk" run \
-  --kubeconfig "$RKUBELET_STATE/pki/node-$NODE_NAME.kubeconfig" \
-  --hostname-override "$NODE_NAME" --node-ip "$NODE_IP" \
-  --root-dir "$RKUBELET_STATE/rkubelet" --pod-logs-dir "$RKUBELET_STATE/rkubelet/logs" \
-  --network-owner agent \
-  --cni-conf-dir "$RKUBELET_REPO/cni-config" --cni-bin-dir /usr/lib/cni \
-  --runtime-cni-conf-dir "$RKUBELET_STATE/cni/net.d" --runtime-cni-bin-dir "$RKUBELET_STATE/cni/bin" \
-  --resolv-conf "" \
-  --address "$NODE_IP" --client-ca-file "$RKUBELET_STATE/pki/ca.crt" \
-  --tls-cert-file "$RKUBELET_STATE/pki/node-$NODE_NAME-serving.crt" \
-  --tls-private-key-file "$RKUBELET_STATE/pki/node-$NODE_NAME-serving.key"
-
 export KUBECONFIG="$KUBECONFIG_ADMIN"
 k() { kubectl "$@" 2> >(grep -v 'version difference' >&2); }
-log "waiting for node $NODE_NAME to be Ready"
-k wait --for=condition=Ready "node/$NODE_NAME" --timeout=60s
-k create deployment nginx --image=nginx --replicas=3
-k rollout status deployment/nginx --timeout=120s
-k get pods -o wide
-ip=$(k get pods -l app=nginx -o jsonpath='{.items[0].status.podIP}')
-log "HTTP answer of pod $ip:"
-curl -sS -i "http://$ip/" | head -n 12
-# How the pod is wired and where its start-up time went, as `rkubelet inspect` shows it.
-bash scripts/story.sh "$RKUBELET_STATE/story"
-log "the story's outputs and pictures (node.svg, timeline.svg): $RKUBELET_STATE/story (the README tells it)"
-log "rkubelet's log: $RKUBELET_STATE/logs/rkubelet.log; stop everything with: bash scripts/cluster.sh down"
+
+if ((nodes > 1)); then
+  bash scripts/cluster.sh start-agents --binary "$rk" --pod-network-routes "$routes"
+  log "waiting for $nodes nodes to be Ready"
+  until [[ $(k get nodes -l rkubelet.io/host=true --no-headers 2>/dev/null | wc -l) -eq $nodes ]]; do sleep 1; done
+  k wait --for=condition=Ready node -l rkubelet.io/host=true --timeout=60s
+  k create deployment nginx --image=nginx --replicas=$((2 * nodes))
+  k rollout status deployment/nginx --timeout=180s
+  k expose deployment nginx --port=80
+  k get nodes -o custom-columns=NODE:.metadata.name,INTERNAL-IP:.status.addresses[0].address,POD-CIDR:.spec.podCIDR
+  k get pods -o wide
+  ip=$(k get service nginx -o jsonpath='{.spec.clusterIP}')
+  for ((i = 1; i <= nodes; i++)); do
+    if [[ $routes == none ]]; then
+      # No routes between nodes: only this node's own pods are reachable from it.
+      target=$(k get pods -l app=nginx --field-selector "spec.nodeName=rk-host$i" -o jsonpath='{.items[0].status.podIP}')
+    else
+      target=$ip
+    fi
+    log "answer of http://$target/ from node rk-host$i:"
+    ip netns exec "rk-host$i" curl -sS -m 5 "http://$target/" | grep -m1 '<title>'
+  done
+  [[ $routes != none ]] || log "pods on different nodes reach each other with --pod-network-routes host-gw or vxlan"
+  log "each node's routes: rkubelet inspect node (run inside the node's netns: ip netns exec rk-hostN ...)"
+else
+  "$rk" cri version
+  "$rk" cri status || true
+  bash scripts/cluster.sh start-agent "$rk" run \
+    --kubeconfig "$RKUBELET_STATE/pki/node-$NODE_NAME.kubeconfig" \
+    --hostname-override "$NODE_NAME" --node-ip "$NODE_IP" \
+    --root-dir "$RKUBELET_STATE/rkubelet" --pod-logs-dir "$RKUBELET_STATE/rkubelet/logs" \
+    --network-owner agent \
+    --cni-conf-dir "$RKUBELET_REPO/cni-config" --cni-bin-dir /usr/lib/cni \
+    --runtime-cni-conf-dir "$RKUBELET_STATE/cni/net.d" --runtime-cni-bin-dir "$RKUBELET_STATE/cni/bin" \
+    --resolv-conf "" \
+    --address "$NODE_IP" --client-ca-file "$RKUBELET_STATE/pki/ca.crt" \
+    --tls-cert-file "$RKUBELET_STATE/pki/node-$NODE_NAME-serving.crt" \
+    --tls-private-key-file "$RKUBELET_STATE/pki/node-$NODE_NAME-serving.key"
+  log "waiting for node $NODE_NAME to be Ready"
+  k wait --for=condition=Ready "node/$NODE_NAME" --timeout=60s
+  k create deployment nginx --image=nginx --replicas=3
+  k rollout status deployment/nginx --timeout=120s
+  k get pods -o wide
+  ip=$(k get pods -l app=nginx -o jsonpath='{.items[0].status.podIP}')
+  log "HTTP answer of pod $ip:"
+  curl -sS -i "http://$ip/" | head -n 12
+  # How the pod is wired and where its start-up time went, as `rkubelet inspect` shows it.
+  bash scripts/story.sh "$RKUBELET_STATE/story"
+  log "the story's outputs and pictures (node.svg, timeline.svg): $RKUBELET_STATE/story (the README tells it)"
+fi
+log "use the cluster: export KUBECONFIG=$KUBECONFIG_ADMIN"
+log "agent logs: $RKUBELET_STATE/logs/rkubelet*.log; stop everything with: bash scripts/cluster.sh down"
