@@ -100,7 +100,7 @@ impl Nodes {
         let settings = Settings {
             mode,
             node_name: which.to_owned(),
-            node_ip: format!("198.18.1.1{n}").parse().unwrap(),
+            node_ip: format!("198.18.1.1{n}").parse().expect("an IP"),
             pod_cidr: format!("10.244.{n}.0/24"),
         };
         Programmer::start(IpRoute2::in_netns(&self.ns(which)), &settings)
@@ -136,9 +136,9 @@ impl Nodes {
                         .is_some_and(|f| f.contains(&json!("onlink")));
                     format!(
                         "{} via {} dev {}{}",
-                        r["dst"].as_str().unwrap(),
-                        r["gateway"].as_str().unwrap(),
-                        r["dev"].as_str().unwrap(),
+                        r["dst"].as_str().expect("dst"),
+                        r["gateway"].as_str().expect("gateway"),
+                        r["dev"].as_str().expect("dev"),
                         if onlink { " onlink" } else { "" }
                     )
                 })
