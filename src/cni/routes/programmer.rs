@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Patch, PatchParams};
+use kube::runtime::reflector::{ObjectRef, Store};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -267,7 +268,7 @@ async fn publish_mac(client: &kube::Client, node: &Node, mac: &str) -> Result<()
 /// the Nodes call for changes, and every [`RESYNC`]; writes what it programmed to
 /// `state_file`. The routes stay when the agent stops.
 pub async fn run<O: RouteOps>(
-    mut programmer: Programmer<O>,
+    programmer: Programmer<O>,
     client: kube::Client,
     state_file: PathBuf,
     cancel: CancellationToken,
@@ -279,11 +280,37 @@ pub async fn run<O: RouteOps>(
             move || changed.notify_one()
         });
     let feed = tokio::spawn(feed);
+    let nodes = Watched {
+        store,
+        changed,
+        client,
+    };
+    follow(programmer, nodes, state_file, cancel).await;
+    feed.abort();
+}
+
+/// The Nodes as the watch reflects them, a wake-up on every change, and the client that
+/// publishes this node's VTEP MAC.
+struct Watched {
+    store: Store<Node>,
+    changed: Arc<tokio::sync::Notify>,
+    client: kube::Client,
+}
+
+/// [`run`]'s loop, on Nodes watched elsewhere.
+async fn follow<O: RouteOps>(
+    mut programmer: Programmer<O>,
+    nodes: Watched,
+    state_file: PathBuf,
+    cancel: CancellationToken,
+) {
+    let Watched {
+        store,
+        changed,
+        client,
+    } = nodes;
     tokio::select! {
-        () = cancel.cancelled() => {
-            feed.abort();
-            return;
-        }
+        () = cancel.cancelled() => return,
         ready = store.wait_until_ready() => if ready.is_err() { return },
     }
     let mut synced: Option<Vec<RemoteRoute>> = None;
@@ -323,21 +350,18 @@ pub async fn run<O: RouteOps>(
         }
         if let (Some(mac), Some(own)) = (
             programmer.vtep_mac(),
-            store.get(&kube::runtime::reflector::ObjectRef::new(
-                programmer.node_name(),
-            )),
+            store.get(&ObjectRef::new(programmer.node_name())),
         ) && let Err(e) = publish_mac(&client, &own, mac).await
         {
             tracing::warn!(error = %e, "could not publish the VTEP MAC; retrying");
             next = next.min(tokio::time::Instant::now() + RETRY);
         }
         tokio::select! {
-            () = cancel.cancelled() => break,
+            () = cancel.cancelled() => return,
             () = changed.notified() => {}
             () = tokio::time::sleep_until(next) => {}
         }
     }
-    feed.abort();
 }
 
 #[cfg(test)]
@@ -825,5 +849,145 @@ mod tests {
         assert_eq!(checked.len(), 1);
         assert_eq!(checked[0].0.node, "b");
         assert_eq!(checked[0].1, ["fdb"]);
+    }
+
+    /// An API server that records the body of every request and answers it with an
+    /// empty Node.
+    async fn recording_api() -> (kube::Client, Arc<Mutex<Vec<(String, serde_json::Value)>>>) {
+        use http_body_util::BodyExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen: Arc<Mutex<Vec<(String, serde_json::Value)>>> = Arc::default();
+        let record = seen.clone();
+        tokio::spawn(async move {
+            while let Ok((conn, _)) = listener.accept().await {
+                let record = record.clone();
+                let service = hyper::service::service_fn(
+                    move |req: hyper::Request<hyper::body::Incoming>| {
+                        let record = record.clone();
+                        async move {
+                            let what = format!("{} {}", req.method(), req.uri().path());
+                            let body = req.into_body().collect().await?.to_bytes();
+                            let body = serde_json::from_slice(&body).unwrap_or_default();
+                            record.lock().unwrap().push((what, body));
+                            let node = serde_json::json!({"kind": "Node", "apiVersion": "v1", "metadata": {"name": "a"}});
+                            hyper::Response::builder()
+                                .header("content-type", "application/json")
+                                .body(http_body_util::Full::new(hyper::body::Bytes::from(
+                                    node.to_string(),
+                                )))
+                                .map_err(std::io::Error::other)
+                                .map_err(Into::<Box<dyn std::error::Error + Send + Sync>>::into)
+                        }
+                    },
+                );
+                tokio::spawn(
+                    hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(conn), service),
+                );
+            }
+        });
+        let config = kube::Config::new(format!("http://{addr}").parse().unwrap());
+        (kube::Client::try_from(config).unwrap(), seen)
+    }
+
+    /// Waits up to 2 s for `done`.
+    async fn soon(what: &str, mut done: impl FnMut() -> bool) {
+        for _ in 0..100 {
+            if done() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("not within 2 s: {what}");
+    }
+
+    #[tokio::test]
+    async fn the_loop_waits_for_the_list_then_follows_node_events_and_publishes_the_mac() {
+        use kube::runtime::watcher::Event;
+        let ops = FakeOps::default();
+        let programmer = Programmer::start(ops.clone(), &settings(Mode::Vxlan))
+            .await
+            .unwrap();
+        let mac = programmer.vtep_mac().unwrap().to_owned();
+        ops.take_applied();
+        let (client, requests) = recording_api().await;
+        let (store, mut writer) = kube::runtime::reflector::store();
+        let changed = Arc::new(tokio::sync::Notify::new());
+        let dir = crate::cni::testutil::TempDir::new("routes");
+        let state_file = dir.path().join(crate::cni::routes::STATE_FILE);
+        let cancel = CancellationToken::new();
+        let nodes = Watched {
+            store,
+            changed: changed.clone(),
+            client,
+        };
+        let task = tokio::spawn(follow(
+            programmer,
+            nodes,
+            state_file.clone(),
+            cancel.clone(),
+        ));
+        let event = |writer: &mut kube::runtime::reflector::store::Writer<Node>, e: Event<Node>| {
+            writer.apply_watcher_event(&e);
+            changed.notify_one();
+        };
+        let all: Vec<Node> = cluster().into_iter().map(|n| (*n).clone()).collect();
+        let [mut own, b, c, _]: [Node; 4] = all.try_into().unwrap();
+        // This node has not published its MAC yet.
+        own.metadata.annotations = None;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(
+            ops.applied().is_empty(),
+            "synced before the Nodes were listed"
+        );
+        event(&mut writer, Event::Init);
+        event(&mut writer, Event::InitApply(own));
+        event(&mut writer, Event::InitApply(b.clone()));
+        event(&mut writer, Event::InitDone);
+        soon("b's route", || {
+            ops.applied()
+                .iter()
+                .any(|c| c.starts_with("add route 10.244.2.0/24"))
+        })
+        .await;
+        soon("the state file", || state_file.exists()).await;
+        soon("the MAC published", || {
+            requests.lock().unwrap().iter().any(|(what, body)| {
+                what == "PATCH /api/v1/nodes/a"
+                    && body["metadata"]["annotations"][vxlan::VTEP_MAC_ANNOTATION] == mac.as_str()
+            })
+        })
+        .await;
+        let mut c = c;
+        c.metadata.annotations = Some(BTreeMap::from([(
+            vxlan::VTEP_MAC_ANNOTATION.to_owned(),
+            "0a:00:00:00:00:c0".to_owned(),
+        )]));
+        event(&mut writer, Event::Apply(c));
+        soon("c's route", || {
+            ops.applied()
+                .iter()
+                .any(|c| c.starts_with("add route 10.244.3.0/24"))
+        })
+        .await;
+        event(&mut writer, Event::Delete(b));
+        soon("b's route gone", || {
+            ops.applied()
+                .iter()
+                .any(|c| c.starts_with("delete route 10.244.2.0/24"))
+        })
+        .await;
+        soon("the state file follows", || {
+            std::fs::read_to_string(&state_file).is_ok_and(|t| !t.contains("10.244.2.0"))
+        })
+        .await;
+        let state = RoutesState::read(&state_file).await.unwrap().unwrap();
+        assert_eq!(state.vtep_mac.as_deref(), Some(mac.as_str()));
+        cancel.cancel();
+        tokio::time::timeout(Duration::from_secs(2), task)
+            .await
+            .unwrap()
+            .unwrap();
     }
 }
