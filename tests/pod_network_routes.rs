@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use k8s_openapi::api::core::v1::Node;
-use rkubelet::cni::routes::{IpRoute2, Mode, Programmer, Settings, vxlan};
+use rkubelet::cni::routes::{IpRoute2, Mode, Programmer, RouteOps, Settings, live_check, vxlan};
 use serde_json::{Value, json};
 
 /// Runs `program args`, answering its standard output; a failure fails the test.
@@ -324,6 +324,49 @@ async fn vxlan_overlay_carries_pod_traffic_and_keeps_its_device_on_restart() {
     assert!(
         vxlan_packets(&b_ns, "rx").await >= received + 3,
         "B's rkvx.1 received nothing"
+    );
+
+    // What `inspect node` shows: all live; then somebody removes b's FDB entry, inspect
+    // sees it missing, and the next sync (the periodic resync) puts it back, alone.
+    let state = report.state;
+    let live = |netns: String| async move {
+        IpRoute2::in_netns(&netns)
+            .programmed(Some(vxlan::DEVICE))
+            .await
+            .expect("the live tables")
+    };
+    let checked = live_check(&state, &live(a_ns.clone()).await);
+    assert!(
+        checked.iter().all(|(_, missing)| missing.is_empty()),
+        "{checked:?}"
+    );
+    run(
+        "bridge",
+        &[
+            "-n",
+            &a_ns,
+            "fdb",
+            "del",
+            &mac_b,
+            "dev",
+            vxlan::DEVICE,
+            "dst",
+            "198.18.1.12",
+            "self",
+        ],
+    )
+    .await;
+    let checked = live_check(&state, &live(a_ns.clone()).await);
+    assert_eq!(checked[0].0.node, "b");
+    assert_eq!(checked[0].1, ["fdb"]);
+    assert!(
+        !nodes.ping_a_to_b(1).await,
+        "B reached without its FDB entry"
+    );
+    assert_eq!(a.sync(&all).await.unwrap().changes, 1);
+    assert!(
+        nodes.ping_a_to_b(1).await,
+        "the repaired FDB entry does not carry traffic"
     );
 
     // A restarted agent keeps the device and its MAC, and changes nothing.
