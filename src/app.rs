@@ -63,6 +63,8 @@ pub struct Config {
     pub pod_logs_dir: PathBuf,
     /// Who wires pod networks.
     pub network_owner: NetworkOwner,
+    /// How pod traffic reaches the other nodes (`--pod-network-routes`).
+    pub pod_network_routes: cni::routes::Mode,
     /// Where the agent finds CNI plugins.
     pub cni_bin_dirs: Vec<PathBuf>,
     /// Where the agent finds its conflist.
@@ -115,6 +117,9 @@ pub enum AppError {
     /// Pod networking could not be set up.
     #[error(transparent)]
     Cni(#[from] cni::CniError),
+    /// The routes to other nodes' pods could not be set up.
+    #[error(transparent)]
+    Routes(#[from] cni::routes::RoutesError),
     /// The QoS cgroups could not be set up.
     #[error(transparent)]
     Cgroups(#[from] crate::cm::CmError),
@@ -263,10 +268,37 @@ async fn network_gc_loop(cri: CriClient, cni: Arc<Cni>, cancel: CancellationToke
     }
 }
 
-/// Sets up pod networking for the chosen owner.
+/// Turns on the forwarding pod networking needs (when the agent owns it or routes between
+/// nodes) and sets up the routes to the other nodes' pods, when asked for.
+async fn start_routes(
+    config: &Config,
+    pod_cidr: &str,
+) -> Result<Option<cni::routes::Programmer<cni::routes::IpRoute2>>, AppError> {
+    use cni::routes::{IpRoute2, Mode, Programmer, Settings, sysctl};
+    let mode = config.pod_network_routes;
+    if config.network_owner == NetworkOwner::Agent || mode != Mode::None {
+        sysctl::enable_forwarding(Path::new("/proc/sys")).await?;
+    }
+    if mode == Mode::None {
+        return Ok(None);
+    }
+    let settings = Settings {
+        mode,
+        node_name: config.node_name.clone(),
+        node_ip: config.node_ip,
+        pod_cidr: pod_cidr.to_owned(),
+    };
+    Ok(Some(
+        Programmer::start(IpRoute2::default(), &settings).await?,
+    ))
+}
+
+/// Sets up pod networking for the chosen owner; `pod_mtu` is the MTU the routes need the
+/// pods to have.
 async fn setup_network(
     config: &Config,
     pod_cidr: &str,
+    pod_mtu: Option<u32>,
     cancel: &CancellationToken,
 ) -> Result<(), AppError> {
     match config.network_owner {
@@ -282,10 +314,19 @@ async fn setup_network(
                     }),
                 })
                 .await?;
+            if let Some(mtu) = pod_mtu {
+                tracing::warn!(
+                    mtu,
+                    "the runtime's CNI config must give the pods this MTU itself"
+                );
+            }
             tracing::info!(pod_cidr, "pod networking owned by the runtime");
         }
         NetworkOwner::Agent => {
-            let network = cni::load_conflist(&config.cni_conf_dir, pod_cidr).await?;
+            let mut network = cni::load_conflist(&config.cni_conf_dir, pod_cidr).await?;
+            if let Some(mtu) = pod_mtu {
+                network = network.with_bridge_mtu(mtu);
+            }
             for bridge in network.bridges() {
                 cni::reconcile_bridge(&cni::IpBridgeOps, bridge, pod_cidr).await?;
             }
@@ -458,7 +499,17 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
     let (node_store, node_feed) = crate::node::node_lister(client.clone(), &config.node_name);
     tokio::spawn(node_feed);
     let pod_cidr = wait_for_pod_cidr(&client, &config.node_name, Duration::from_secs(120)).await?;
-    setup_network(&config, &pod_cidr, &cancel).await?;
+    let routes = start_routes(&config, &pod_cidr).await?;
+    let pod_mtu = routes.as_ref().and_then(cni::routes::Programmer::pod_mtu);
+    setup_network(&config, &pod_cidr, pod_mtu, &cancel).await?;
+    if let Some(routes) = routes {
+        tokio::spawn(cni::routes::run(
+            routes,
+            client.clone(),
+            config.root_dir.join(cni::routes::STATE_FILE),
+            cancel.clone(),
+        ));
+    }
     wait_for_network_ready(&config.cri, Duration::from_secs(5)).await;
     let heartbeats = node.clone().spawn(cancel.clone());
     // The network was set up after the first status: report it now, not in 10 s.

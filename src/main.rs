@@ -51,6 +51,17 @@ enum NetworkOwnerArg {
     Runtime,
 }
 
+/// How pod traffic reaches the other nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum PodNetworkRoutesArg {
+    /// The agent programs no routes between nodes.
+    None,
+    /// A route to each other node's pod CIDR through its InternalIP (nodes on one link).
+    HostGw,
+    /// A VXLAN overlay (device rkvx.1, VNI 1, UDP 8472); pods get the MTU less 50.
+    Vxlan,
+}
+
 /// Flags of `rkubelet run`, named like the kubelet's where the meaning is the same.
 #[derive(Debug, clap::Args)]
 struct RunArgs {
@@ -74,6 +85,10 @@ struct RunArgs {
     /// Who wires pod networks.
     #[arg(long, value_enum, default_value = "agent")]
     network_owner: NetworkOwnerArg,
+    /// How pod traffic reaches the other nodes' pods: routes kept by the agent from a watch
+    /// on every Node, as flannel's backends.
+    #[arg(long, value_enum, default_value = "none")]
+    pod_network_routes: PodNetworkRoutesArg,
     /// Directories searched for CNI plugins, in order.
     #[arg(
         long,
@@ -352,6 +367,11 @@ async fn run_command(
         network_owner: match args.network_owner {
             NetworkOwnerArg::Agent => app::NetworkOwner::Agent,
             NetworkOwnerArg::Runtime => app::NetworkOwner::Runtime,
+        },
+        pod_network_routes: match args.pod_network_routes {
+            PodNetworkRoutesArg::None => rkubelet::cni::routes::Mode::None,
+            PodNetworkRoutesArg::HostGw => rkubelet::cni::routes::Mode::HostGw,
+            PodNetworkRoutesArg::Vxlan => rkubelet::cni::routes::Mode::Vxlan,
         },
         cni_bin_dirs: args.cni_bin_dir,
         cni_conf_dir: args.cni_conf_dir,

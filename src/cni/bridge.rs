@@ -27,23 +27,13 @@ pub trait BridgeOps: Send + Sync {
 pub struct IpBridgeOps;
 
 async fn ip(args: &[&str]) -> Result<String, CniError> {
-    let out = tokio::process::Command::new("ip")
-        .args(args)
-        .output()
+    super::routes::run_tool("ip", args)
         .await
-        .map_err(|source| CniError::Io {
-            op: "running ip",
-            path: "ip".into(),
-            source,
-        })?;
-    if !out.status.success() {
-        return Err(CniError::Io {
+        .map_err(|e| CniError::Io {
             op: "running ip",
             path: args.join(" ").into(),
-            source: std::io::Error::other(String::from_utf8_lossy(&out.stderr).trim().to_owned()),
-        });
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+            source: std::io::Error::other(e.to_string()),
+        })
 }
 
 impl BridgeOps for IpBridgeOps {

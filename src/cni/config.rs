@@ -134,6 +134,24 @@ impl NetworkConfigList {
             .map(|p| p.get("bridge").and_then(Value::as_str).unwrap_or("cni0"))
     }
 
+    /// The list with `"mtu": mtu` given to each `bridge` plugin that sets no MTU of its
+    /// own: the pods' MTU when the pod network is encapsulated (vxlan routes).
+    #[must_use]
+    pub fn with_bridge_mtu(mut self, mtu: u32) -> Self {
+        let plugins = self.raw.get_mut("plugins").and_then(Value::as_array_mut);
+        for (i, plugin) in plugins.into_iter().flatten().enumerate() {
+            let Some(obj) = plugin.as_object_mut() else {
+                continue;
+            };
+            if obj.get("type").and_then(Value::as_str) == Some("bridge") && !obj.contains_key("mtu")
+            {
+                obj.insert("mtu".into(), json!(mtu));
+                self.plugins[i] = obj.clone();
+            }
+        }
+        self
+    }
+
     /// The directories where the chain's host-local IPAM keeps this network's
     /// reservations (`<dataDir>/<network name>`, dataDir defaulting to
     /// `/var/lib/cni/networks`).
@@ -294,6 +312,33 @@ mod tests {
         let portmap = &list.plugins()[1];
         assert_eq!(portmap["capabilities"], json!({"portMappings": true}));
         assert_eq!(portmap["snat"], true);
+    }
+
+    #[tokio::test]
+    async fn vxlan_gives_the_bridge_its_mtu_unless_the_list_sets_one() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("cni-config");
+        let list = load_conflist(&dir, "10.244.1.0/24")
+            .await
+            .unwrap()
+            .with_bridge_mtu(1450);
+        assert_eq!(list.plugins()[0]["mtu"], 1450);
+        assert!(list.plugins()[1].get("mtu").is_none(), "portmap has no MTU");
+        let rendered = serde_json::to_value(&list).unwrap();
+        assert_eq!(
+            rendered["plugins"][0]["mtu"], 1450,
+            "the config plugins get"
+        );
+        let own = NetworkConfigList::parse(
+            "t",
+            br#"{"cniVersion":"0.4.0","name":"n","plugins":[{"type":"bridge","mtu":1400}]}"#,
+        )
+        .unwrap()
+        .with_bridge_mtu(1450);
+        assert_eq!(own.plugins()[0]["mtu"], 1400);
+        assert_eq!(
+            serde_json::to_value(&own).unwrap()["plugins"][0]["mtu"],
+            1400
+        );
     }
 
     #[tokio::test]

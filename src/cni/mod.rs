@@ -12,6 +12,8 @@
 //! - [`shim`] is the thin `rkubelet-cni` plugin that containerd runs instead of a real
 //!   chain, and the socket server that answers it, so that the agent is the one owner of
 //!   pod networking even though containerd 1.6 always runs CNI itself.
+//! - [`routes`] keeps the routes to the other nodes' pods (host-gw or vxlan), from a watch
+//!   on every Node.
 //!
 //! The process boundary is the [`PluginExec`] trait: [`ProcessExec`] runs the binaries,
 //! and the unit tests use a fake, so all chain logic is tested without root.
@@ -24,6 +26,7 @@ mod error;
 mod exec;
 mod gc;
 mod result;
+pub mod routes;
 pub mod shim;
 
 pub use bridge::{BridgeOps, IpBridgeOps, reconcile_bridge};

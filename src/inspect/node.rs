@@ -8,7 +8,7 @@ use super::netlink::{Interfaces, Link, Route};
 use super::pod::{
     POD_IFNAME, host_end, list_sandboxes, on_host_network, read_interfaces, sandbox_status,
 };
-use super::view::{BridgeView, NodeView, PodLink};
+use super::view::{BridgeView, NodeView, PodLink, RoutesView};
 use super::{InspectError, Locations, cni_store};
 use crate::cri::{Cri, api};
 
@@ -66,6 +66,7 @@ pub async fn inspect<C: Cri>(
             .map(route_line)
             .collect();
     }
+    view.pod_network_routes = pod_network_routes(at, &mut view.notes).await;
     view.pod_cidr = pod_cidr
         .or_else(|| cached.iter().flat_map(cni_store::Cached::subnets).next())
         .or_else(|| {
@@ -75,6 +76,34 @@ pub async fn inspect<C: Cri>(
                 .map(|a| format!("{a} (the bridge's network)"))
         });
     Ok(view)
+}
+
+/// The routes the agent wrote down it programmed, each checked against the live tables.
+async fn pod_network_routes(at: &Locations, notes: &mut Vec<String>) -> Option<RoutesView> {
+    use crate::cni::routes::{IpRoute2, RouteOps, RoutesState, STATE_FILE, live_check};
+    let state = match RoutesState::read(&at.root_dir.join(STATE_FILE)).await {
+        Ok(state) => state?,
+        Err(e) => {
+            notes.push(format!("the pod network routes: {e}"));
+            return None;
+        }
+    };
+    let missing = match IpRoute2::default()
+        .programmed(state.device.as_deref())
+        .await
+    {
+        Ok(live) => Some(
+            live_check(&state, &live)
+                .into_iter()
+                .map(|(_, missing)| missing.into_iter().map(str::to_owned).collect())
+                .collect(),
+        ),
+        Err(e) => {
+            notes.push(format!("the live pod network routes: {e}"));
+            None
+        }
+    };
+    Some(RoutesView { state, missing })
 }
 
 /// Who runs the CNI plugins: the agent when its thin plugin's conflist is in the

@@ -720,6 +720,7 @@ mod tests {
                 "10.88.0.0/24 dev cni0 proto kernel scope link src 10.88.0.1".to_owned(),
             ],
             notes: Vec::new(),
+            pod_network_routes: None,
         }
     }
 

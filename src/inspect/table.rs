@@ -6,7 +6,7 @@ use std::fmt::Write;
 use super::netlink::Link;
 use super::node::route_line;
 use super::pod::short;
-use super::view::{NodeView, PodView};
+use super::view::{NodeView, PodView, RoutesView};
 use crate::timeline::PodTimeline;
 
 /// Rows of cells, aligned into columns (the last one unpadded).
@@ -286,12 +286,52 @@ pub fn node(view: &NodeView) -> String {
         ]);
     }
     out.push_str(&columns(&rows, "  "));
+    if let Some(routes) = &view.pod_network_routes {
+        pod_network_routes(&mut out, routes);
+    }
     out.push_str("\nHost routes:\n");
     for r in &view.routes {
         let _ = writeln!(out, "  {r}");
     }
     notes(&mut out, &view.notes);
     out
+}
+
+fn pod_network_routes(out: &mut String, routes: &RoutesView) {
+    let s = &routes.state;
+    let _ = write!(
+        out,
+        "\nRoutes to other nodes' pods ({} over {}",
+        s.mode, s.underlay
+    );
+    if let Some(device) = &s.device {
+        let _ = write!(
+            out,
+            ", device {device} VTEP {}",
+            or_dash(s.vtep_mac.as_ref())
+        );
+    }
+    if let Some(mtu) = s.pod_mtu {
+        let _ = write!(out, ", pod MTU {mtu}");
+    }
+    out.push_str("):\n");
+    let mut rows = vec![cells(["NODE", "POD CIDR", "VIA", "DEVICE", "MAC", "LIVE"])];
+    for (i, r) in s.remotes.iter().enumerate() {
+        let live = match routes.missing.as_ref().and_then(|m| m.get(i)) {
+            None => "unknown".to_owned(),
+            Some(missing) if missing.is_empty() => "programmed".to_owned(),
+            Some(missing) => format!("missing {}", missing.join(",")),
+        };
+        rows.push(vec![
+            r.node.clone(),
+            r.pod_cidr.to_string(),
+            r.via.to_string(),
+            r.device.clone(),
+            or_dash(r.mac.as_ref()),
+            live,
+        ]);
+    }
+    out.push_str(&columns(&rows, "  "));
 }
 
 /// `rkubelet inspect timeline`'s table.
@@ -363,5 +403,64 @@ mod tests {
         assert!(lines[4].ends_with("  run_pod_sandbox"), "{text}");
         let step_col = |l: &str| l.find("sync_pod").or_else(|| l.find("  run_pod")).unwrap();
         assert_eq!(step_col(lines[3]), step_col(lines[4]), "aligned:\n{text}");
+    }
+
+    #[test]
+    fn the_routes_to_other_nodes_show_what_is_live() {
+        use crate::cni::routes::{Mode, RemoteRoute, RoutesState};
+        let remote = |node: &str, n: u8| RemoteRoute {
+            node: node.into(),
+            node_ip: std::net::Ipv4Addr::new(198, 18, 0, 10 + n),
+            pod_cidr: format!("10.244.{n}.0/24").parse().unwrap(),
+            via: std::net::Ipv4Addr::new(10, 244, n, 0),
+            device: "rkvx.1".into(),
+            mac: Some(format!("0a:00:00:00:00:0{n}")),
+        };
+        let view = NodeView {
+            pod_network_routes: Some(RoutesView {
+                state: RoutesState {
+                    mode: Mode::Vxlan,
+                    underlay: "eth0".into(),
+                    device: Some("rkvx.1".into()),
+                    vtep_mac: Some("0a:00:00:00:00:01".into()),
+                    pod_mtu: Some(1450),
+                    remotes: vec![remote("b", 2), remote("c", 3)],
+                },
+                missing: Some(vec![vec![], vec!["fdb".into()]]),
+            }),
+            ..NodeView::default()
+        };
+        let text = node(&view);
+        assert!(
+            text.contains("Routes to other nodes' pods (vxlan over eth0, device rkvx.1 VTEP 0a:00:00:00:00:01, pod MTU 1450):"),
+            "{text}"
+        );
+        let row = |name: &str| {
+            text.lines()
+                .find(|l| l.trim_start().starts_with(name))
+                .unwrap_or_default()
+                .split_whitespace()
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            row("b "),
+            [
+                "b",
+                "10.244.2.0/24",
+                "10.244.2.0",
+                "rkvx.1",
+                "0a:00:00:00:00:02",
+                "programmed"
+            ]
+        );
+        assert_eq!(row("c ")[5..], ["missing", "fdb"]);
+        let json = serde_json::to_value(&view).unwrap();
+        assert_eq!(json["podNetworkRoutes"]["mode"], "vxlan");
+        assert_eq!(
+            json["podNetworkRoutes"]["remotes"][1]["podCidr"],
+            "10.244.3.0/24"
+        );
+        let back: NodeView = serde_json::from_value(json).unwrap();
+        assert_eq!(back, view);
     }
 }

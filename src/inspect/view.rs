@@ -20,8 +20,25 @@ pub struct NodeView {
     pub pods: Vec<PodLink>,
     /// The host's main routing table, as `ip route` prints it.
     pub routes: Vec<String>,
+    /// The routes to other nodes' pods the agent keeps (`--pod-network-routes`), when it
+    /// keeps any.
+    #[serde(default)]
+    pub pod_network_routes: Option<RoutesView>,
     /// What could not be seen, and why.
     pub notes: Vec<String>,
+}
+
+/// The routes to other nodes' pods: what the agent last programmed, checked against the
+/// live tables.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RoutesView {
+    /// What the agent wrote down.
+    #[serde(flatten)]
+    pub state: crate::cni::routes::RoutesState,
+    /// Per other node, the entries (`route`, `neighbour`, `fdb`) missing from the live
+    /// tables; none when they could not be read.
+    pub missing: Option<Vec<Vec<String>>>,
 }
 
 /// The bridge the pods' veths are attached to.

@@ -1,6 +1,7 @@
-//! This agent's own Node object as last seen, through a watch on `metadata.name=<node>`
-//! reflected into a store (the kubelet's node lister behind `getNodeAnyWay`): admission
-//! reads the node's labels and allocatable from it, never with a GET per pod.
+//! Node objects as last seen, through a watch reflected into a store (the kubelet's node
+//! lister behind `getNodeAnyWay`): admission reads this node's labels and allocatable from
+//! [`node_lister`], never with a GET per pod; the pod network routes follow every Node
+//! through [`nodes_lister`].
 
 use std::future::Future;
 
@@ -11,15 +12,26 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher;
 
-/// Starts the watch; returns the store and the task that keeps it current until the
-/// process ends. Watch errors are retried as the kubelet's reflector does
-/// ([`crate::kubeclient::WatchRetry`]).
+/// Starts the watch of this node's own Node object; returns the store and the task that
+/// keeps it current until the process ends.
 pub fn node_lister(
     client: kube::Client,
     node_name: &str,
 ) -> (Store<Node>, impl Future<Output = ()> + Send + use<>) {
-    let api: kube::Api<Node> = kube::Api::all(client);
     let config = watcher::Config::default().fields(&format!("metadata.name={node_name}"));
+    nodes_lister(client, config, || {})
+}
+
+/// Starts a watch of the Nodes `config` selects; returns the store and the task that keeps
+/// it current until the process ends, calling `changed` after every event it reflected.
+/// Watch errors are retried as the kubelet's reflector does
+/// ([`crate::kubeclient::WatchRetry`]).
+pub fn nodes_lister<F: Fn() + Send + 'static>(
+    client: kube::Client,
+    config: watcher::Config,
+    changed: F,
+) -> (Store<Node>, impl Future<Output = ()> + Send + use<F>) {
+    let api: kube::Api<Node> = kube::Api::all(client);
     let (store, writer) = reflector::store();
     let stream = watcher(api, config)
         .modify(|node| {
@@ -31,7 +43,7 @@ pub fn node_lister(
         let mut retry = crate::kubeclient::WatchRetry::default();
         loop {
             match stream.try_next().await {
-                Ok(Some(_)) => {}
+                Ok(Some(_)) => changed(),
                 Ok(None) => break,
                 Err(e) => {
                     tracing::warn!(error = %e, "node watch failed; retrying");

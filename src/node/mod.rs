@@ -43,7 +43,7 @@ pub use config::{
 };
 pub use error::{MachineError, NodeError};
 pub use lease::{LeaseController, NODE_LEASE_NAMESPACE};
-pub use lister::node_lister;
+pub use lister::{node_lister, nodes_lister};
 pub use machine::{FsStats, HugePages, LinuxMachine, MachineInfo, Memory, PidUsage};
 pub use registration::wait_for_pod_cidr;
 pub use runtime::{ContainerRuntime, ReadinessCheck, RuntimeVersion};

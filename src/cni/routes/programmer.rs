@@ -1,0 +1,993 @@
+//! The agent's side of the routes: [`Programmer`] turns the Node objects into the kernel
+//! entries of the chosen backend and makes the kernel match them ([`Programmer::sync`]);
+//! [`run`] drives it from a watch on every Node, resyncing periodically, and publishes
+//! this node's VTEP MAC.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::reflector::{ObjectRef, Store};
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::program::{Cidr, RouteOps, Underlay, device_plan, plan};
+use super::state::{RemoteRoute, RoutesState, entries};
+use super::{Mode, RoutesError, hostgw, vxlan};
+
+/// How often the tables are compared with the Nodes even when no Node changed (flannel's
+/// route check period), repairing whatever else changed them.
+pub const RESYNC: Duration = Duration::from_secs(10);
+/// How soon a sync that failed in part is tried again.
+const RETRY: Duration = Duration::from_secs(2);
+
+/// Another node, as far as the routes care.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteNode {
+    /// Its name.
+    pub name: String,
+    /// Its pod CIDR (IPv4, host bits cleared).
+    pub pod_cidr: Cidr,
+    /// Its InternalIP (IPv4).
+    pub ip: Ipv4Addr,
+    /// Its published VTEP MAC.
+    pub vtep_mac: Option<String>,
+}
+
+/// The Nodes other than `own` that have an IPv4 pod CIDR and an IPv4 InternalIP, by name.
+#[must_use]
+pub fn remote_nodes(nodes: &[Arc<Node>], own: &str) -> Vec<RemoteNode> {
+    let mut remotes: Vec<RemoteNode> = nodes
+        .iter()
+        .filter(|n| n.metadata.name.as_deref().is_some_and(|name| name != own))
+        .filter_map(|node| {
+            let spec = node.spec.as_ref()?;
+            let pod_cidr = spec
+                .pod_cidr
+                .iter()
+                .chain(spec.pod_cidrs.iter().flatten())
+                .find_map(|c| c.parse::<Cidr>().ok())?
+                .network();
+            let ip = node
+                .status
+                .as_ref()?
+                .addresses
+                .iter()
+                .flatten()
+                .filter(|a| a.type_ == "InternalIP")
+                .find_map(|a| a.address.parse().ok())?;
+            Some(RemoteNode {
+                name: node.metadata.name.clone()?,
+                pod_cidr,
+                ip,
+                vtep_mac: vxlan::published_mac(node),
+            })
+        })
+        .collect();
+    remotes.sort_by(|a, b| a.name.cmp(&b.name));
+    remotes
+}
+
+/// What the programmer is set up with.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The backend (not [`Mode::None`]).
+    pub mode: Mode,
+    /// This node's name.
+    pub node_name: String,
+    /// This node's IP.
+    pub node_ip: IpAddr,
+    /// This node's pod CIDR.
+    pub pod_cidr: String,
+}
+
+/// The outcome of one [`Programmer::sync`].
+#[derive(Debug, Clone)]
+pub struct SyncReport {
+    /// How many changes were made (or tried).
+    pub changes: usize,
+    /// How many of them failed.
+    pub failed: usize,
+    /// What is wanted now.
+    pub state: RoutesState,
+}
+
+/// Keeps this node's routes to the other nodes' pods.
+#[derive(Debug)]
+pub struct Programmer<O> {
+    ops: O,
+    mode: Mode,
+    node_name: String,
+    node_ip: Ipv4Addr,
+    pod_cidr: Cidr,
+    underlay: Underlay,
+    vtep_mac: Option<String>,
+}
+
+impl<O: RouteOps> Programmer<O> {
+    /// Finds the interface holding the node IP and, for vxlan, sets up the VXLAN device
+    /// (keeping an existing one that fits, and its MAC).
+    ///
+    /// # Errors
+    /// The node IP or pod CIDR is not IPv4, no interface holds the node IP, or the device
+    /// cannot be set up.
+    pub async fn start(ops: O, settings: &Settings) -> Result<Self, RoutesError> {
+        let IpAddr::V4(node_ip) = settings.node_ip else {
+            return Err(RoutesError::NotIpv4 {
+                what: "node IP",
+                value: settings.node_ip.to_string(),
+            });
+        };
+        let pod_cidr: Cidr = settings
+            .pod_cidr
+            .parse()
+            .map_err(|_| RoutesError::NotIpv4 {
+                what: "pod CIDR",
+                value: settings.pod_cidr.clone(),
+            })?;
+        let underlay = ops.underlay(node_ip).await?;
+        let mut programmer = Self {
+            ops,
+            mode: settings.mode,
+            node_name: settings.node_name.clone(),
+            node_ip,
+            pod_cidr: pod_cidr.network(),
+            underlay,
+            vtep_mac: None,
+        };
+        if programmer.mode == Mode::Vxlan {
+            programmer.ensure_device().await?;
+        }
+        tracing::info!(mode = %programmer.mode, underlay = %programmer.underlay.name, mtu = programmer.underlay.mtu, vtep_mac = ?programmer.vtep_mac, "pod network routes set up");
+        Ok(programmer)
+    }
+
+    /// The MTU the pods must use, when the backend lowers it (vxlan).
+    #[must_use]
+    pub fn pod_mtu(&self) -> Option<u32> {
+        (self.mode == Mode::Vxlan).then(|| vxlan::mtu(&self.underlay))
+    }
+
+    /// This node's VTEP MAC (vxlan).
+    #[must_use]
+    pub fn vtep_mac(&self) -> Option<&str> {
+        self.vtep_mac.as_deref()
+    }
+
+    /// This node's name.
+    #[must_use]
+    pub fn node_name(&self) -> &str {
+        &self.node_name
+    }
+
+    /// Creates or repairs the VXLAN device; notes its MAC.
+    async fn ensure_device(&mut self) -> Result<(), RoutesError> {
+        let spec = vxlan::spec(self.node_ip, &self.underlay, self.pod_cidr);
+        let existing = self.ops.link(&spec.name).await?;
+        for change in device_plan(existing.as_ref(), &spec) {
+            self.ops.apply(&change).await?;
+            tracing::info!(%change, "VXLAN device");
+        }
+        let device = |reason: &str| RoutesError::Device {
+            device: spec.name.clone(),
+            reason: reason.to_owned(),
+        };
+        let link = self
+            .ops
+            .link(&spec.name)
+            .await?
+            .ok_or_else(|| device("missing after it was set up"))?;
+        if link.mac.is_empty() {
+            return Err(device("it has no MAC"));
+        }
+        if self.vtep_mac.as_deref() != Some(link.mac.as_str()) {
+            tracing::info!(device = %spec.name, mac = %link.mac, "VTEP MAC");
+            self.vtep_mac = Some(link.mac);
+        }
+        Ok(())
+    }
+
+    /// The ways to the other nodes' pods that `nodes` call for.
+    #[must_use]
+    pub fn routes_to(&self, nodes: &[Arc<Node>]) -> Vec<RemoteRoute> {
+        let remotes = remote_nodes(nodes, &self.node_name);
+        match self.mode {
+            Mode::None => Vec::new(),
+            Mode::HostGw => remotes
+                .iter()
+                .map(|n| hostgw::remote_route(n, &self.underlay.name))
+                .collect(),
+            Mode::Vxlan => remotes.iter().filter_map(vxlan::remote_route).collect(),
+        }
+    }
+
+    /// Makes the kernel's tables carry the ways to the pods of `nodes`: reads what the
+    /// agent has programmed, and changes only what differs. A change that fails is logged
+    /// and counted; the others are still made.
+    ///
+    /// # Errors
+    /// The tables, or the VXLAN device, cannot be read or set up.
+    pub async fn sync(&mut self, nodes: &[Arc<Node>]) -> Result<SyncReport, RoutesError> {
+        let device = if self.mode == Mode::Vxlan {
+            self.ensure_device().await?;
+            Some(vxlan::DEVICE)
+        } else {
+            None
+        };
+        let remotes = self.routes_to(nodes);
+        let current = self.ops.programmed(device).await?;
+        let changes = plan(&current, &entries(&remotes));
+        let mut failed = 0;
+        for change in &changes {
+            match self.ops.apply(change).await {
+                Ok(()) => tracing::info!(%change, "pod network route"),
+                Err(e) => {
+                    failed += 1;
+                    tracing::warn!(%change, error = %e, "could not program a pod network route");
+                }
+            }
+        }
+        Ok(SyncReport {
+            changes: changes.len(),
+            failed,
+            state: RoutesState {
+                mode: self.mode,
+                underlay: self.underlay.name.clone(),
+                device: device.map(str::to_owned),
+                vtep_mac: self.vtep_mac.clone(),
+                pod_mtu: self.pod_mtu(),
+                remotes,
+            },
+        })
+    }
+}
+
+/// Publishes this node's VTEP MAC on its Node, if the Node lacks it.
+async fn publish_mac(client: &kube::Client, node: &Node, mac: &str) -> Result<(), RoutesError> {
+    let Some(patch) = vxlan::annotation_patch(node, mac) else {
+        return Ok(());
+    };
+    let name = node.metadata.name.clone().unwrap_or_default();
+    let nodes: kube::Api<Node> = kube::Api::all(client.clone());
+    nodes
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(|source| RoutesError::Annotate {
+            node: name.clone(),
+            source,
+        })?;
+    tracing::info!(node = %name, mac, "VTEP MAC published");
+    Ok(())
+}
+
+/// Keeps the routes in step with every Node until `cancel` fires: syncs once the Nodes are
+/// listed (never from an empty list, which would remove every route), again whenever what
+/// the Nodes call for changes, and every [`RESYNC`]; writes what it programmed to
+/// `state_file`. The routes stay when the agent stops.
+pub async fn run<O: RouteOps>(
+    programmer: Programmer<O>,
+    client: kube::Client,
+    state_file: PathBuf,
+    cancel: CancellationToken,
+) {
+    let changed = Arc::new(tokio::sync::Notify::new());
+    let (store, feed) =
+        crate::node::nodes_lister(client.clone(), kube::runtime::watcher::Config::default(), {
+            let changed = changed.clone();
+            move || changed.notify_one()
+        });
+    let feed = tokio::spawn(feed);
+    let nodes = Watched {
+        store,
+        changed,
+        client,
+    };
+    follow(programmer, nodes, state_file, cancel).await;
+    feed.abort();
+}
+
+/// The Nodes as the watch reflects them, a wake-up on every change, and the client that
+/// publishes this node's VTEP MAC.
+struct Watched {
+    store: Store<Node>,
+    changed: Arc<tokio::sync::Notify>,
+    client: kube::Client,
+}
+
+/// [`run`]'s loop, on Nodes watched elsewhere.
+async fn follow<O: RouteOps>(
+    mut programmer: Programmer<O>,
+    nodes: Watched,
+    state_file: PathBuf,
+    cancel: CancellationToken,
+) {
+    let Watched {
+        store,
+        changed,
+        client,
+    } = nodes;
+    tokio::select! {
+        () = cancel.cancelled() => return,
+        ready = store.wait_until_ready() => if ready.is_err() { return },
+    }
+    let mut synced: Option<Vec<RemoteRoute>> = None;
+    let mut written: Option<RoutesState> = None;
+    let mut next = tokio::time::Instant::now();
+    loop {
+        let nodes = store.state();
+        let wanted = programmer.routes_to(&nodes);
+        if tokio::time::Instant::now() >= next || synced.as_ref() != Some(&wanted) {
+            let span = tracing::info_span!("pod_network_routes", nodes = nodes.len());
+            next = tokio::time::Instant::now() + RESYNC;
+            synced = None;
+            match programmer.sync(&nodes).instrument(span).await {
+                Ok(report) if report.failed == 0 => {
+                    synced = Some(report.state.remotes.clone());
+                    if written.as_ref() != Some(&report.state) {
+                        match report.state.write(&state_file).await {
+                            Ok(()) => written = Some(report.state),
+                            Err(e) => {
+                                tracing::warn!(error = %e, "could not write the pod network routes state")
+                            }
+                        }
+                    }
+                }
+                Ok(report) => {
+                    tracing::warn!(
+                        failed = report.failed,
+                        "some pod network routes could not be programmed; retrying"
+                    );
+                    next = tokio::time::Instant::now() + RETRY;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not program the pod network routes; retrying");
+                    next = tokio::time::Instant::now() + RETRY;
+                }
+            }
+        }
+        if let (Some(mac), Some(own)) = (
+            programmer.vtep_mac(),
+            store.get(&ObjectRef::new(programmer.node_name())),
+        ) && let Err(e) = publish_mac(&client, &own, mac).await
+        {
+            tracing::warn!(error = %e, "could not publish the VTEP MAC; retrying");
+            next = next.min(tokio::time::Instant::now() + RETRY);
+        }
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            () = changed.notified() => {}
+            () = tokio::time::sleep_until(next) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::sync::Mutex;
+
+    use k8s_openapi::api::core::v1::{NodeAddress, NodeSpec, NodeStatus};
+
+    use super::*;
+    use crate::cni::routes::program::{Change, FdbEntry, LinkState, Neighbour, Programmed, Route};
+    use crate::cni::routes::{ROUTE_PROTOCOL, live_check};
+
+    /// An in-memory kernel: routes of every protocol, neighbours, FDB and links, with the
+    /// kernel's refusals (a second route to a destination, deleting a route of another
+    /// protocol); every change made is recorded.
+    #[derive(Default)]
+    struct Kernel {
+        routes: Vec<(Route, u8)>,
+        neighbours: BTreeSet<Neighbour>,
+        fdb: BTreeSet<FdbEntry>,
+        links: BTreeMap<String, LinkState>,
+        applied: Vec<Change>,
+        macs: u8,
+    }
+
+    #[derive(Clone, Default)]
+    struct FakeOps(Arc<Mutex<Kernel>>);
+
+    impl FakeOps {
+        fn kernel(&self) -> std::sync::MutexGuard<'_, Kernel> {
+            self.0.lock().unwrap()
+        }
+        fn applied(&self) -> Vec<String> {
+            self.kernel()
+                .applied
+                .iter()
+                .map(ToString::to_string)
+                .collect()
+        }
+        fn take_applied(&self) -> Vec<String> {
+            let all = self.applied();
+            self.kernel().applied.clear();
+            all
+        }
+        fn foreign_route(&self, dst: &str, via: &str) {
+            self.kernel()
+                .routes
+                .push((route(dst, via, "eth0", false), 3));
+        }
+        fn all_routes(&self) -> Vec<(String, u8)> {
+            self.kernel()
+                .routes
+                .iter()
+                .map(|(r, p)| (Change::AddRoute(r.clone()).to_string(), *p))
+                .collect()
+        }
+    }
+
+    fn refused(message: &str) -> RoutesError {
+        RoutesError::Failed {
+            command: "fake".into(),
+            message: message.into(),
+        }
+    }
+
+    impl RouteOps for FakeOps {
+        async fn underlay(&self, ip: Ipv4Addr) -> Result<Underlay, RoutesError> {
+            if ip == Ipv4Addr::new(198, 18, 0, 11) {
+                Ok(Underlay {
+                    name: "eth0".into(),
+                    mtu: 1500,
+                })
+            } else {
+                Err(RoutesError::NoUnderlay { ip })
+            }
+        }
+
+        async fn link(&self, name: &str) -> Result<Option<LinkState>, RoutesError> {
+            Ok(self.kernel().links.get(name).cloned())
+        }
+
+        async fn programmed(&self, device: Option<&str>) -> Result<Programmed, RoutesError> {
+            let k = self.kernel();
+            let on = |dev: &str| Some(dev) == device;
+            Ok(Programmed {
+                routes: k
+                    .routes
+                    .iter()
+                    .filter(|(_, p)| *p == ROUTE_PROTOCOL)
+                    .map(|(r, _)| r.clone())
+                    .collect(),
+                neighbours: k
+                    .neighbours
+                    .iter()
+                    .filter(|n| on(&n.dev))
+                    .cloned()
+                    .collect(),
+                fdb: k.fdb.iter().filter(|e| on(&e.dev)).cloned().collect(),
+            })
+        }
+
+        async fn apply(&self, change: &Change) -> Result<(), RoutesError> {
+            let mut k = self.kernel();
+            k.applied.push(change.clone());
+            match change {
+                Change::AddRoute(r) => {
+                    if k.routes.iter().any(|(o, _)| o.dst == r.dst) {
+                        return Err(refused("RTNETLINK answers: File exists"));
+                    }
+                    k.routes.push((r.clone(), ROUTE_PROTOCOL));
+                }
+                Change::ReplaceRoute(r) => {
+                    k.routes.retain(|(o, _)| o.dst != r.dst);
+                    k.routes.push((r.clone(), ROUTE_PROTOCOL));
+                }
+                Change::DeleteRoute(r) => {
+                    let before = k.routes.len();
+                    k.routes.retain(|(o, p)| !(o == r && *p == ROUTE_PROTOCOL));
+                    if k.routes.len() == before {
+                        return Err(refused("RTNETLINK answers: No such process"));
+                    }
+                }
+                Change::SetNeighbour(n) => {
+                    k.neighbours.retain(|o| (o.ip, &o.dev) != (n.ip, &n.dev));
+                    k.neighbours.insert(n.clone());
+                }
+                Change::DeleteNeighbour(n) => {
+                    k.neighbours.remove(n);
+                }
+                Change::SetFdb(e) => {
+                    k.fdb.retain(|o| (&o.mac, &o.dev) != (&e.mac, &e.dev));
+                    k.fdb.insert(e.clone());
+                }
+                Change::DeleteFdb(e) => {
+                    k.fdb.remove(e);
+                }
+                Change::CreateVxlan(spec) => {
+                    k.macs += 1;
+                    let link = LinkState {
+                        kind: Some("vxlan".into()),
+                        vni: Some(spec.vni),
+                        local: Some(spec.local),
+                        port: Some(spec.port),
+                        underlay: Some(spec.underlay.clone()),
+                        mtu: 1500,
+                        mac: format!("0a:00:00:00:00:{:02x}", k.macs),
+                        ..LinkState::default()
+                    };
+                    k.links.insert(spec.name.clone(), link);
+                }
+                Change::DeleteLink(name) => {
+                    k.links.remove(name);
+                    k.routes.retain(|(r, _)| r.dev != *name);
+                    k.neighbours.retain(|n| n.dev != *name);
+                    k.fdb.retain(|e| e.dev != *name);
+                }
+                Change::SetMtu { dev, mtu } => k.links.get_mut(dev).unwrap().mtu = *mtu,
+                Change::AddAddress { dev, address } => {
+                    k.links.get_mut(dev).unwrap().addresses.push(*address);
+                }
+                Change::DeleteAddress { dev, address } => {
+                    k.links
+                        .get_mut(dev)
+                        .unwrap()
+                        .addresses
+                        .retain(|a| a != address);
+                }
+                Change::SetUp(dev) => k.links.get_mut(dev).unwrap().up = true,
+            }
+            Ok(())
+        }
+    }
+
+    fn route(dst: &str, via: &str, dev: &str, onlink: bool) -> Route {
+        Route {
+            dst: dst.parse().unwrap(),
+            via: via.parse().unwrap(),
+            dev: dev.into(),
+            onlink,
+        }
+    }
+
+    fn node(name: &str, pod_cidr: Option<&str>, ip: &str, mac: Option<&str>) -> Arc<Node> {
+        let mut n = Node::default();
+        n.metadata.name = Some(name.into());
+        if let Some(mac) = mac {
+            n.metadata.annotations = Some(BTreeMap::from([(
+                vxlan::VTEP_MAC_ANNOTATION.to_owned(),
+                mac.to_owned(),
+            )]));
+        }
+        n.spec = Some(NodeSpec {
+            pod_cidr: pod_cidr.map(str::to_owned),
+            ..NodeSpec::default()
+        });
+        n.status = Some(NodeStatus {
+            addresses: Some(vec![
+                NodeAddress {
+                    type_: "Hostname".into(),
+                    address: name.into(),
+                },
+                NodeAddress {
+                    type_: "InternalIP".into(),
+                    address: ip.into(),
+                },
+            ]),
+            ..NodeStatus::default()
+        });
+        Arc::new(n)
+    }
+
+    fn settings(mode: Mode) -> Settings {
+        Settings {
+            mode,
+            node_name: "a".into(),
+            node_ip: "198.18.0.11".parse().unwrap(),
+            pod_cidr: "10.244.1.0/24".into(),
+        }
+    }
+
+    fn cluster() -> Vec<Arc<Node>> {
+        vec![
+            node(
+                "a",
+                Some("10.244.1.0/24"),
+                "198.18.0.11",
+                Some("0a:00:00:00:00:01"),
+            ),
+            node(
+                "b",
+                Some("10.244.2.0/24"),
+                "198.18.0.12",
+                Some("0a:00:00:00:00:b0"),
+            ),
+            node("c", Some("10.244.3.0/24"), "198.18.0.13", None),
+            node("d", None, "198.18.0.14", None),
+        ]
+    }
+
+    #[tokio::test]
+    async fn host_gw_follows_nodes_added_changed_and_deleted() {
+        let ops = FakeOps::default();
+        let mut p = Programmer::start(ops.clone(), &settings(Mode::HostGw))
+            .await
+            .unwrap();
+        assert_eq!(p.pod_mtu(), None);
+        let mut nodes = cluster();
+        let report = p.sync(&nodes).await.unwrap();
+        assert_eq!((report.changes, report.failed), (2, 0));
+        assert_eq!(
+            ops.take_applied(),
+            [
+                "add route 10.244.2.0/24 via 198.18.0.12 dev eth0",
+                "add route 10.244.3.0/24 via 198.18.0.13 dev eth0"
+            ],
+            "the node without a pod CIDR and this node itself get none"
+        );
+        // c moves to another IP: its route is replaced in place.
+        nodes[2] = node("c", Some("10.244.3.0/24"), "198.18.0.23", None);
+        p.sync(&nodes).await.unwrap();
+        assert_eq!(
+            ops.take_applied(),
+            ["replace route 10.244.3.0/24 via 198.18.0.23 dev eth0"]
+        );
+        // c gets another pod CIDR: the old route goes, the new one comes.
+        nodes[2] = node("c", Some("10.244.7.0/24"), "198.18.0.23", None);
+        p.sync(&nodes).await.unwrap();
+        assert_eq!(
+            ops.take_applied(),
+            [
+                "delete route 10.244.3.0/24 via 198.18.0.23 dev eth0",
+                "add route 10.244.7.0/24 via 198.18.0.23 dev eth0"
+            ]
+        );
+        // b is deleted.
+        nodes.remove(1);
+        let report = p.sync(&nodes).await.unwrap();
+        assert_eq!(
+            ops.take_applied(),
+            ["delete route 10.244.2.0/24 via 198.18.0.12 dev eth0"]
+        );
+        assert_eq!(report.state.remotes.len(), 1);
+        assert_eq!(report.state.remotes[0].node, "c");
+    }
+
+    #[tokio::test]
+    async fn a_restart_changes_nothing_that_is_right_and_repairs_drift() {
+        for mode in [Mode::HostGw, Mode::Vxlan] {
+            let ops = FakeOps::default();
+            let mut first = Programmer::start(ops.clone(), &settings(mode))
+                .await
+                .unwrap();
+            first.sync(&cluster()).await.unwrap();
+            let mac = first.vtep_mac().map(str::to_owned);
+            assert!(!ops.take_applied().is_empty());
+            let mut again = Programmer::start(ops.clone(), &settings(mode))
+                .await
+                .unwrap();
+            let report = again.sync(&cluster()).await.unwrap();
+            assert_eq!(report.changes, 0, "{mode}: {:?}", ops.applied());
+            assert!(ops.applied().is_empty(), "{mode}: {:?}", ops.applied());
+            assert_eq!(
+                again.vtep_mac(),
+                mac.as_deref(),
+                "{mode}: the device is kept"
+            );
+            // Somebody deletes a route of ours: the next sync puts it back, and only it.
+            let lost = ops.kernel().routes.remove(0).0;
+            again.sync(&cluster()).await.unwrap();
+            assert_eq!(
+                ops.take_applied(),
+                [Change::AddRoute(lost).to_string()],
+                "{mode}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn routes_of_others_are_never_touched() {
+        let ops = FakeOps::default();
+        ops.foreign_route("10.99.0.0/24", "198.18.0.1");
+        // Somebody else routes c's pod CIDR: ours cannot be added, and theirs stays.
+        ops.foreign_route("10.244.3.0/24", "198.18.0.1");
+        let mut p = Programmer::start(ops.clone(), &settings(Mode::HostGw))
+            .await
+            .unwrap();
+        let report = p.sync(&cluster()).await.unwrap();
+        assert_eq!((report.changes, report.failed), (2, 1));
+        let routes = ops.all_routes();
+        assert!(routes.contains(&("add route 10.99.0.0/24 via 198.18.0.1 dev eth0".into(), 3)));
+        assert!(routes.contains(&("add route 10.244.3.0/24 via 198.18.0.1 dev eth0".into(), 3)));
+        assert!(routes.contains(&(
+            "add route 10.244.2.0/24 via 198.18.0.12 dev eth0".into(),
+            ROUTE_PROTOCOL
+        )));
+        // With every node gone, only the agent's own route goes.
+        ops.take_applied();
+        p.sync(&cluster()[..1]).await.unwrap();
+        assert_eq!(
+            ops.take_applied(),
+            ["delete route 10.244.2.0/24 via 198.18.0.12 dev eth0"]
+        );
+        assert_eq!(ops.all_routes().len(), 2);
+    }
+
+    #[tokio::test]
+    async fn vxlan_programs_device_neighbour_fdb_and_route() {
+        let ops = FakeOps::default();
+        let mut p = Programmer::start(ops.clone(), &settings(Mode::Vxlan))
+            .await
+            .unwrap();
+        assert_eq!(
+            ops.take_applied(),
+            [
+                "create vxlan rkvx.1 id 1 local 198.18.0.11 dev eth0 dstport 8472",
+                "set rkvx.1 mtu 1450",
+                "add address 10.244.1.0/32 dev rkvx.1",
+                "set rkvx.1 up"
+            ]
+        );
+        assert_eq!(p.pod_mtu(), Some(1450));
+        assert_eq!(p.vtep_mac(), Some("0a:00:00:00:00:01"));
+        let mut nodes = cluster();
+        p.sync(&nodes).await.unwrap();
+        assert_eq!(
+            ops.take_applied(),
+            [
+                "set fdb 0a:00:00:00:00:b0 dst 198.18.0.12 dev rkvx.1",
+                "set neighbour 10.244.2.0 lladdr 0a:00:00:00:00:b0 dev rkvx.1",
+                "add route 10.244.2.0/24 via 10.244.2.0 dev rkvx.1 onlink"
+            ],
+            "c has published no VTEP yet"
+        );
+        // b's agent re-created its device: a new MAC; the route stays as it is.
+        nodes[1] = node(
+            "b",
+            Some("10.244.2.0/24"),
+            "198.18.0.12",
+            Some("0A:00:00:00:00:B1"),
+        );
+        p.sync(&nodes).await.unwrap();
+        assert_eq!(
+            ops.take_applied(),
+            [
+                "delete fdb 0a:00:00:00:00:b0 dst 198.18.0.12 dev rkvx.1",
+                "set fdb 0a:00:00:00:00:b1 dst 198.18.0.12 dev rkvx.1",
+                "set neighbour 10.244.2.0 lladdr 0a:00:00:00:00:b1 dev rkvx.1"
+            ]
+        );
+        // b is deleted.
+        nodes.remove(1);
+        p.sync(&nodes).await.unwrap();
+        assert_eq!(
+            ops.take_applied(),
+            [
+                "delete route 10.244.2.0/24 via 10.244.2.0 dev rkvx.1 onlink",
+                "delete neighbour 10.244.2.0 dev rkvx.1",
+                "delete fdb 0a:00:00:00:00:b1 dst 198.18.0.12 dev rkvx.1"
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_lost_or_foreign_device_is_made_again_with_a_new_mac() {
+        let ops = FakeOps::default();
+        ops.kernel().links.insert(
+            vxlan::DEVICE.into(),
+            LinkState {
+                kind: Some("vxlan".into()),
+                vni: Some(2),
+                mac: "0a:ff:00:00:00:01".into(),
+                ..LinkState::default()
+            },
+        );
+        let mut p = Programmer::start(ops.clone(), &settings(Mode::Vxlan))
+            .await
+            .unwrap();
+        assert_eq!(ops.take_applied()[0], "delete link rkvx.1");
+        let first = p.vtep_mac().unwrap().to_owned();
+        assert_ne!(first, "0a:ff:00:00:00:01");
+        p.sync(&cluster()).await.unwrap();
+        ops.kernel().links.clear();
+        ops.kernel().neighbours.clear();
+        ops.kernel().fdb.clear();
+        ops.kernel().routes.clear();
+        p.sync(&cluster()).await.unwrap();
+        assert_ne!(
+            p.vtep_mac().unwrap(),
+            first,
+            "a new device, a new MAC to publish"
+        );
+        assert_eq!(ops.kernel().routes.len(), 1);
+        assert_eq!(ops.kernel().fdb.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn ipv6_and_missing_underlays_are_refused() {
+        let mut s = settings(Mode::HostGw);
+        s.node_ip = "fd00::1".parse().unwrap();
+        let Err(err) = Programmer::start(FakeOps::default(), &s).await else {
+            panic!("started")
+        };
+        assert!(matches!(err, RoutesError::NotIpv4 { .. }), "{err}");
+        let mut s = settings(Mode::HostGw);
+        s.node_ip = "198.18.0.99".parse().unwrap();
+        let Err(err) = Programmer::start(FakeOps::default(), &s).await else {
+            panic!("started")
+        };
+        assert!(
+            err.to_string()
+                .contains("no interface holds the node IP 198.18.0.99"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn the_vtep_mac_is_published_only_when_it_differs() {
+        let own = node(
+            "a",
+            Some("10.244.1.0/24"),
+            "198.18.0.11",
+            Some("0A:00:00:00:00:01"),
+        );
+        assert_eq!(vxlan::annotation_patch(&own, "0a:00:00:00:00:01"), None);
+        let patch = vxlan::annotation_patch(&own, "0a:00:00:00:00:02").unwrap();
+        assert_eq!(
+            patch["metadata"]["annotations"][vxlan::VTEP_MAC_ANNOTATION],
+            "0a:00:00:00:00:02"
+        );
+        let bad = node("b", Some("10.244.2.0/24"), "198.18.0.12", Some("not-a-mac"));
+        assert_eq!(remote_nodes(&[bad], "a")[0].vtep_mac, None);
+    }
+
+    #[tokio::test]
+    async fn inspect_sees_what_is_missing_from_the_live_tables() {
+        let ops = FakeOps::default();
+        let mut p = Programmer::start(ops.clone(), &settings(Mode::Vxlan))
+            .await
+            .unwrap();
+        let state = p.sync(&cluster()).await.unwrap().state;
+        ops.kernel().fdb.clear();
+        let live = ops.programmed(Some(vxlan::DEVICE)).await.unwrap();
+        let checked = live_check(&state, &live);
+        assert_eq!(checked.len(), 1);
+        assert_eq!(checked[0].0.node, "b");
+        assert_eq!(checked[0].1, ["fdb"]);
+    }
+
+    /// An API server that records the body of every request and answers it with an
+    /// empty Node.
+    async fn recording_api() -> (kube::Client, Arc<Mutex<Vec<(String, serde_json::Value)>>>) {
+        use http_body_util::BodyExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen: Arc<Mutex<Vec<(String, serde_json::Value)>>> = Arc::default();
+        let record = seen.clone();
+        tokio::spawn(async move {
+            while let Ok((conn, _)) = listener.accept().await {
+                let record = record.clone();
+                let service = hyper::service::service_fn(
+                    move |req: hyper::Request<hyper::body::Incoming>| {
+                        let record = record.clone();
+                        async move {
+                            let what = format!("{} {}", req.method(), req.uri().path());
+                            let body = req.into_body().collect().await?.to_bytes();
+                            let body = serde_json::from_slice(&body).unwrap_or_default();
+                            record.lock().unwrap().push((what, body));
+                            let node = serde_json::json!({"kind": "Node", "apiVersion": "v1", "metadata": {"name": "a"}});
+                            hyper::Response::builder()
+                                .header("content-type", "application/json")
+                                .body(http_body_util::Full::new(hyper::body::Bytes::from(
+                                    node.to_string(),
+                                )))
+                                .map_err(std::io::Error::other)
+                                .map_err(Into::<Box<dyn std::error::Error + Send + Sync>>::into)
+                        }
+                    },
+                );
+                tokio::spawn(
+                    hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(conn), service),
+                );
+            }
+        });
+        let config = kube::Config::new(format!("http://{addr}").parse().unwrap());
+        (kube::Client::try_from(config).unwrap(), seen)
+    }
+
+    /// Waits up to 2 s for `done`.
+    async fn soon(what: &str, mut done: impl FnMut() -> bool) {
+        for _ in 0..100 {
+            if done() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("not within 2 s: {what}");
+    }
+
+    #[tokio::test]
+    async fn the_loop_waits_for_the_list_then_follows_node_events_and_publishes_the_mac() {
+        use kube::runtime::watcher::Event;
+        let ops = FakeOps::default();
+        let programmer = Programmer::start(ops.clone(), &settings(Mode::Vxlan))
+            .await
+            .unwrap();
+        let mac = programmer.vtep_mac().unwrap().to_owned();
+        ops.take_applied();
+        let (client, requests) = recording_api().await;
+        let (store, mut writer) = kube::runtime::reflector::store();
+        let changed = Arc::new(tokio::sync::Notify::new());
+        let dir = crate::cni::testutil::TempDir::new("routes");
+        let state_file = dir.path().join(crate::cni::routes::STATE_FILE);
+        let cancel = CancellationToken::new();
+        let nodes = Watched {
+            store,
+            changed: changed.clone(),
+            client,
+        };
+        let task = tokio::spawn(follow(
+            programmer,
+            nodes,
+            state_file.clone(),
+            cancel.clone(),
+        ));
+        let event = |writer: &mut kube::runtime::reflector::store::Writer<Node>, e: Event<Node>| {
+            writer.apply_watcher_event(&e);
+            changed.notify_one();
+        };
+        let all: Vec<Node> = cluster().into_iter().map(|n| (*n).clone()).collect();
+        let [mut own, b, c, _]: [Node; 4] = all.try_into().unwrap();
+        // This node has not published its MAC yet.
+        own.metadata.annotations = None;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(
+            ops.applied().is_empty(),
+            "synced before the Nodes were listed"
+        );
+        event(&mut writer, Event::Init);
+        event(&mut writer, Event::InitApply(own));
+        event(&mut writer, Event::InitApply(b.clone()));
+        event(&mut writer, Event::InitDone);
+        soon("b's route", || {
+            ops.applied()
+                .iter()
+                .any(|c| c.starts_with("add route 10.244.2.0/24"))
+        })
+        .await;
+        soon("the state file", || state_file.exists()).await;
+        soon("the MAC published", || {
+            requests.lock().unwrap().iter().any(|(what, body)| {
+                what == "PATCH /api/v1/nodes/a"
+                    && body["metadata"]["annotations"][vxlan::VTEP_MAC_ANNOTATION] == mac.as_str()
+            })
+        })
+        .await;
+        let mut c = c;
+        c.metadata.annotations = Some(BTreeMap::from([(
+            vxlan::VTEP_MAC_ANNOTATION.to_owned(),
+            "0a:00:00:00:00:c0".to_owned(),
+        )]));
+        event(&mut writer, Event::Apply(c));
+        soon("c's route", || {
+            ops.applied()
+                .iter()
+                .any(|c| c.starts_with("add route 10.244.3.0/24"))
+        })
+        .await;
+        event(&mut writer, Event::Delete(b));
+        soon("b's route gone", || {
+            ops.applied()
+                .iter()
+                .any(|c| c.starts_with("delete route 10.244.2.0/24"))
+        })
+        .await;
+        soon("the state file follows", || {
+            std::fs::read_to_string(&state_file).is_ok_and(|t| !t.contains("10.244.2.0"))
+        })
+        .await;
+        let state = RoutesState::read(&state_file).await.unwrap().unwrap();
+        assert_eq!(state.vtep_mac.as_deref(), Some(mac.as_str()));
+        cancel.cancel();
+        tokio::time::timeout(Duration::from_secs(2), task)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+}
