@@ -276,8 +276,11 @@ async fn start_routes(
 ) -> Result<Option<cni::routes::Programmer<cni::routes::IpRoute2>>, AppError> {
     use cni::routes::{IpRoute2, Mode, Programmer, Settings, sysctl};
     let mode = config.pod_network_routes;
-    if config.network_owner == NetworkOwner::Agent || mode != Mode::None {
-        sysctl::enable_forwarding(Path::new("/proc/sys")).await?;
+    // As kubenet, a setting that cannot be made is a warning, not a failure to start.
+    if (config.network_owner == NetworkOwner::Agent || mode != Mode::None)
+        && let Err(e) = sysctl::enable_forwarding(Path::new("/proc/sys")).await
+    {
+        tracing::warn!(error = %e, "could not turn on forwarding for pod networking");
     }
     if mode == Mode::None {
         return Ok(None);

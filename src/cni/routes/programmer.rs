@@ -20,7 +20,7 @@ use super::{Mode, RoutesError, hostgw, vxlan};
 
 /// How often the tables are compared with the Nodes even when no Node changed (flannel's
 /// route check period), repairing whatever else changed them.
-pub const RESYNC: Duration = Duration::from_secs(10);
+const RESYNC: Duration = Duration::from_secs(10);
 /// How soon a sync that failed in part is tried again.
 const RETRY: Duration = Duration::from_secs(2);
 
@@ -265,7 +265,7 @@ async fn publish_mac(client: &kube::Client, node: &Node, mac: &str) -> Result<()
 
 /// Keeps the routes in step with every Node until `cancel` fires: syncs once the Nodes are
 /// listed (never from an empty list, which would remove every route), again whenever what
-/// the Nodes call for changes, and every [`RESYNC`]; writes what it programmed to
+/// the Nodes call for changes, and every 10 s (`RESYNC`); writes what it programmed to
 /// `state_file`. The routes stay when the agent stops.
 pub async fn run<O: RouteOps>(
     programmer: Programmer<O>,
