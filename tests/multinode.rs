@@ -233,12 +233,13 @@ fn ip_of(p: &Pod) -> String {
         .expect("pod IP")
 }
 
-/// `wget` from a client pod (through `kubectl exec`, the node's kubelet API); its answer.
+/// `wget` from a client pod (through `kubectl exec`, the node's kubelet API), 10 s at most
+/// (`timeout`: busybox 1.35's own `wget -T` crashes); its answer.
 async fn http_from(client: &str, url: &str) -> Result<String, String> {
     let mut cmd = tokio::process::Command::new("kubectl");
     cmd.arg("--kubeconfig")
         .arg(common::state_dir().join("pki/admin.kubeconfig"))
-        .args(["exec", client, "--", "wget", "-qO-", "-T", "5", url]);
+        .args(["exec", client, "--", "timeout", "10", "wget", "-qO-", url]);
     let out = cmd
         .stdin(std::process::Stdio::null())
         .output()
