@@ -15,8 +15,11 @@ use rkubelet::server::{ServerConfig, ServingCertificateSource};
 
 /// A kubelet-compatible node agent.
 #[derive(Debug, Parser)]
-#[command(name = "rkubelet", version, about)]
+#[command(name = "rkubelet", about, disable_version_flag = true)]
 struct Cli {
+    /// Print the version as the kubelet prints its own (`Kubernetes v1.20.2+rkubelet-…`).
+    #[arg(long)]
+    version: bool,
     /// Log line format.
     #[arg(long, value_enum, default_value_t, global = true)]
     log_format: LogFormat,
@@ -27,7 +30,7 @@ struct Cli {
     #[arg(long, global = true)]
     log_span_timings: bool,
     #[command(subcommand)]
-    command: Command,
+    command: Option<Command>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -73,9 +76,10 @@ struct RunArgs {
     /// The node's name (default: the host name).
     #[arg(long)]
     hostname_override: Option<String>,
-    /// The node's IP address (InternalIP). Must not be loopback.
+    /// The node's IP address (InternalIP): one of this host's, not loopback. Default: the
+    /// address the node name resolves to, else that of the default route's interface.
     #[arg(long)]
-    node_ip: IpAddr,
+    node_ip: Option<IpAddr>,
     /// The agent's state directory.
     #[arg(long, default_value = "/var/lib/rkubelet")]
     root_dir: PathBuf,
@@ -321,8 +325,21 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
         return Ok(rkubelet::cni::shim::run_plugin());
     }
     let cli = Cli::parse();
+    let Some(command) = cli.command else {
+        let mut out = std::io::stdout().lock();
+        if cli.version {
+            writeln!(
+                out,
+                "Kubernetes {}",
+                rkubelet::node::DEFAULT_KUBELET_VERSION
+            )?;
+            return Ok(std::process::ExitCode::SUCCESS);
+        }
+        <Cli as clap::CommandFactory>::command().write_help(&mut out)?;
+        return Ok(std::process::ExitCode::from(2));
+    };
     let timelines = rkubelet::timeline::Timelines::new();
-    let record = matches!(cli.command, Command::Run(_)).then(|| timelines.clone());
+    let record = matches!(command, Command::Run(_)).then(|| timelines.clone());
     observability::init(cli.log_format, &cli.log_level, cli.log_span_timings, record)
         .map_err(|e| anyhow::anyhow!("setting up logging: {e}"))?;
     // The blocking pool serves short file-system calls: a few threads are plenty, and
@@ -332,7 +349,7 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
         .enable_all()
         .build()?;
     runtime.block_on(async {
-        match cli.command {
+        match command {
             Command::Run(args) => run_command(*args, timelines).await,
             Command::Cri(args) => cri_command(args).await,
             Command::Inspect(args) => inspect_command(args).await,
@@ -355,11 +372,15 @@ async fn run_command(
             .with_context(|| format!("--node-labels: {label:?} is not key=value"))?;
         node_labels.insert(k.to_owned(), v.to_owned());
     }
-    let server = args.server.config(&node_name, args.node_ip, &args.root_dir);
+    let node_ip = rkubelet::node::node_ip(args.node_ip, &node_name, &rkubelet::node::LinuxHost)
+        .await
+        .context("--node-ip")?;
+    tracing::info!(node = %node_name, %node_ip, "node IP");
+    let server = args.server.config(&node_name, node_ip, &args.root_dir);
     let config = app::Config {
         kubeconfig: args.kubeconfig,
         node_name,
-        node_ip: args.node_ip,
+        node_ip,
         cri: args.runtime.client()?,
         timelines,
         root_dir: args.root_dir,

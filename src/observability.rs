@@ -1,8 +1,9 @@
-//! Logging set-up, in one place: human-readable text or JSON lines on stderr, filtered by
-//! `RUST_LOG` or the `--log-level`, and optionally one line per closed span with its busy
-//! and idle time. The pods' start-up [`timeline`](crate::timeline) is recorded from the
+//! Logging set-up, in one place: human-readable text (coloured on a terminal only) or JSON
+//! lines on stderr, filtered by `RUST_LOG` or the `--log-level`, and optionally one line per
+//! closed span with its busy and idle time. The pods' start-up [`timeline`](crate::timeline) is recorded from the
 //! same spans, whatever the log filter.
 
+use std::io::IsTerminal;
 use std::sync::Arc;
 
 use tracing_subscriber::fmt::format::FmtSpan;
@@ -42,8 +43,10 @@ pub fn init(
     } else {
         FmtSpan::NONE
     };
+    // Colours only for a terminal: a log file gets plain text.
     let fmt = tracing_subscriber::fmt::layer()
         .with_span_events(spans)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     let fmt = match format {
         LogFormat::Text => fmt.boxed(),

@@ -511,8 +511,9 @@ fn the_systemd_driver_is_refused() {
             "run",
             "--kubeconfig",
             "/nonexistent",
-            "--node-ip",
-            "198.18.0.1",
+            // A node named by an address needs no --node-ip (and no cluster).
+            "--hostname-override",
+            "192.0.2.1",
         ])
         .args(["--cgroup-driver", "systemd"])
         .output()

@@ -13,6 +13,7 @@
 //!   Computed every 10 s, patched onto `nodes/status` when it changed or once a minute.
 //! - **Lease** ([`LeaseController`]): `kube-node-lease/<name>`, renewed every 10 s.
 //! - **Lister** ([`node_lister`]): the Node as last seen through a watch, for admission.
+//! - **Address** ([`node_ip`]): the InternalIP, `--node-ip` or found as the kubelet finds it.
 //!
 //! Allocatable is capacity minus kube-reserved, system-reserved and the hard eviction
 //! thresholds that the kubelet reserves: `memory.available` (100Mi by default) from
@@ -22,6 +23,7 @@
 //! The agent works with the identity `system:node:<name>` under the Node authorizer and
 //! the NodeRestriction admission plugin, and sends only fields a v1.20 API server knows.
 
+mod address;
 mod agent;
 mod config;
 mod error;
@@ -37,6 +39,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+pub use address::{AddressError, HostAddresses, LinuxHost, node_ip};
 pub use agent::{Heartbeats, NodeAgent, StatusTrigger, StatusUpdate};
 pub use config::{
     DEFAULT_KUBELET_VERSION, EvictionHard, NodeConfig, Reservation, go_arch, parse_go_duration,

@@ -1,0 +1,54 @@
+//! The `rkubelet` command as a kubelet user meets it, without a cluster: `--version` as the
+//! kubelet prints it, a `--node-ip` that is not this host's refused with the kubelet's
+//! message, and plain log lines (no colour escapes) when stderr is not a terminal.
+
+use std::process::Command;
+
+fn rkubelet(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_rkubelet"))
+        .args(args)
+        .env_remove("RUST_LOG")
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .expect("rkubelet")
+}
+
+#[test]
+fn version_is_printed_as_the_kubelet_prints_it() {
+    let out = rkubelet(&["--version"]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.starts_with("Kubernetes v1.20.2+rkubelet-"), "{text}");
+    assert_eq!(text.lines().count(), 1, "{text}");
+}
+
+#[test]
+fn a_node_ip_of_another_host_is_refused_and_logs_carry_no_colour() {
+    // 192.0.2.0/24 is documentation space: no interface here holds it.
+    let out = rkubelet(&[
+        "run",
+        "--kubeconfig",
+        "/nonexistent",
+        "--node-ip",
+        "192.0.2.77",
+    ]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("node IP: 192.0.2.77 not found in the host's network interfaces"),
+        "{stderr}"
+    );
+    let out = rkubelet(&[
+        "run",
+        "--kubeconfig",
+        "/nonexistent",
+        "--hostname-override",
+        "192.0.2.1",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("node IP"), "a log line: {stderr}");
+    assert!(
+        !stderr.contains('\u{1b}'),
+        "no escape sequences: {stderr:?}"
+    );
+}
