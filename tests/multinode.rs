@@ -334,6 +334,23 @@ async fn round(mode: &str) -> (BTreeMap<String, String>, Vec<Pod>) {
         }
     }
     eprintln!("{mode}: {checked} cross-node HTTP requests answered");
+    // The pods' MTU: the underlay's, less the 50 bytes of VXLAN encapsulation in vxlan mode.
+    let eth0 = ip_in(&host(1), &["-j", "link", "show", "eth0"]).await;
+    let eth0: Vec<serde_json::Value> = serde_json::from_str(&eth0).expect("ip -j link");
+    let underlay = eth0[0]["mtu"].as_u64().expect("eth0 MTU");
+    let want = if mode == "vxlan" {
+        underlay - 50
+    } else {
+        underlay
+    };
+    for client in clients.values() {
+        let mtu = kubectl(&["exec", client, "--", "cat", "/sys/class/net/eth0/mtu"]).await;
+        assert_eq!(
+            mtu.trim(),
+            want.to_string(),
+            "{client}'s eth0 MTU in {mode} mode"
+        );
+    }
     if mode == "vxlan" {
         for h in hosts() {
             let after = vxlan_tx_packets(&h).await;
