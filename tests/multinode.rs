@@ -72,9 +72,7 @@ impl Drop for Hosts {
 
 /// `ip -n NETNS ARGS` (JSON output asked by the caller's args).
 async fn ip_in(netns: &str, args: &[&str]) -> String {
-    let mut cmd = tokio::process::Command::new("ip");
-    cmd.args(["-n", netns]).args(args);
-    common::run_ok(cmd, &format!("ip -n {netns} {args:?}")).await
+    output_of("ip", &[&["-n", netns], args].concat()).await
 }
 
 /// The IPv4 routes of a node's namespace: destination → (gateway, device).
@@ -410,40 +408,34 @@ async fn end_round() {
     }
 }
 
+/// `PROGRAM ARGS`' standard output; panics if it fails.
+async fn output_of(program: &str, args: &[&str]) -> String {
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.args(args);
+    common::run_ok(cmd, &format!("{program} {args:?}")).await
+}
+
 /// Whatever of the added nodes survived their removal.
 async fn host_leaks() -> Vec<String> {
     let mut leaks = Vec::new();
-    let netns = tokio::process::Command::new("ip")
-        .args(["netns", "list"])
-        .output()
-        .await
-        .expect("ip netns");
+    let netns = output_of("ip", &["netns", "list"]).await;
     leaks.extend(
-        String::from_utf8_lossy(&netns.stdout)
+        netns
             .lines()
             .filter(|l| l.starts_with("rk-host"))
             .map(|l| format!("netns {l}")),
     );
-    let links = tokio::process::Command::new("ip")
-        .args(["-o", "link", "show"])
-        .output()
-        .await
-        .expect("ip link");
+    let links = output_of("ip", &["-o", "link", "show"]).await;
     leaks.extend(
-        String::from_utf8_lossy(&links.stdout)
+        links
             .lines()
             .filter_map(|l| l.split(": ").nth(1))
             .filter(|l| l.starts_with("rk-host"))
             .map(|l| format!("link {l}")),
     );
-    let nat = tokio::process::Command::new("iptables-save")
-        .args(["-t", "nat"])
-        .output()
-        .await
-        .expect("iptables-save");
+    let nat = output_of("iptables-save", &["-t", "nat"]).await;
     leaks.extend(
-        String::from_utf8_lossy(&nat.stdout)
-            .lines()
+        nat.lines()
             .filter(|l| l.contains("RKUBELET-HOSTS"))
             .map(|l| format!("iptables {l}")),
     );
