@@ -298,7 +298,8 @@ setup_node_link() {
   ip -n "$NODE_NETNS" link set "$NODE_PEER" up
 }
 
-# Pods stay on this machine: only pod<->pod and pod<->198.18.0.0/15 is forwarded; what
+# Pods stay on this machine: only pod<->pod (within the machine: see the blackhole route)
+# and pod<->198.18.0.0/15 is forwarded; what
 # comes from the underlay (the nodes of `add-nodes`) is bridged between them or delivered
 # here, never routed on.
 setup_firewall() {
@@ -326,6 +327,9 @@ setup_firewall() {
 COMMIT
 EOF
   iptables -w 5 -S "$FWD_CHAIN" >"$REC/iptables-rules"
+  # A pod address no node bridge holds is dropped here, not sent to the default gateway
+  # (the ACCEPT of pod to pod above would let it through): the bridges' /24 routes win.
+  ip route replace blackhole "$CLUSTER_CIDR"
 }
 
 # remove_chains < "TABLE CHAIN" lines: delete the rules that jump to each chain,
@@ -353,6 +357,9 @@ remove_chains() {
 }
 
 teardown_firewall() {
+  if ip route show type blackhole "$CLUSTER_CIDR" | grep -q .; then
+    ip route delete blackhole "$CLUSTER_CIDR" || true
+  fi
   # Chains portmap (CNI) created while we ran: CNI-* chains not present at `up`.
   if [[ -f $REC/cni-chains-before ]]; then
     local t
@@ -1200,6 +1207,7 @@ list_leaks() {
   done
   if ip link show "$NODE_LINK" >/dev/null 2>&1; then echo "link $NODE_LINK"; fi
   iptables_leaks
+  ip route show type blackhole "$CLUSTER_CIDR" | sed 's/^/route /'
   # Mounts under the state dir (rootfs, sandbox netns, volumes of test agents' pods).
   findmnt -rn -o TARGET | awk -v r="$RKUBELET_STATE" 'index($0, r "/") == 1 || $0 == r {print "mount " $0}'
   # CNI: host-local reservations and libcni's cached results of our two networks.
