@@ -1191,6 +1191,9 @@ fn goals_table(results: &[Value]) -> String {
         .collect();
     agents.sort_unstable();
     agents.dedup();
+    if agents.is_empty() {
+        return String::new();
+    }
     let kubelet_idle_cpu = results
         .iter()
         .filter(|r| r["kind"] == "footprint" && r["state"] == "idle")
@@ -1753,6 +1756,8 @@ mod tests {
             "{table}"
         );
         assert!(nodes_table(&[]).is_empty());
+        // The goals are single-node ones: none for a multi-node burst.
+        assert!(goals_table(&merged).is_empty());
     }
 
     #[test]
