@@ -27,6 +27,17 @@
 # settles: `bench settle` waits (30 s at most) until the CPUs are quiet, so that no
 # scenario inherits the clean-up of the one before.
 #
+# With BENCH_NODES=N (N > 1), the layout is N nodes as hosts (`cluster.sh up --nodes N`:
+# each node its own netns with its own containerd and kube-proxy) and there is one
+# scenario: BENCH_BURSTS pods (default 30) on every node at once, BENCH_REPEAT times, with
+# each node agent's CPU seconds and resident memory meanwhile (`bench burst --node ...
+# --pid ...`). Agents (BENCH_AGENTS, default "rkubelet kubelet-qps50"): rkubelet with
+# runtime-owned networking (`cluster.sh start-agents --network-owner runtime`) and the
+# kubelet, one per node, each in its node's netns (nsenter, the machine's mount
+# namespace). Every agent gets fresh nodes (remove-nodes, add-nodes) and one unmeasured
+# burst of one pod per node first (the image pulls), e.g.
+#   BENCH_NODES=3 bash scripts/bench.sh out/3nodes
+#
 # For a shorter run: BENCH_AGENTS (default "rkubelet rkubelet-agent-cni kubelet-qps5
 # kubelet-qps50"), BENCH_BURSTS (default "1 10 30 100"), BENCH_REPEAT (default 3),
 # BENCH_FLOOR=0 (skip the floor), BENCH_FOOTPRINT_SECONDS (default 60), BENCH_SCENARIOS
@@ -40,8 +51,15 @@ cd "$RKUBELET_REPO"
 OUT="${1:-$RKUBELET_REPO/out/bench-$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
-read -ra BURSTS <<<"${BENCH_BURSTS:-1 10 30 100}"
-read -ra AGENTS <<<"${BENCH_AGENTS:-rkubelet rkubelet-agent-cni kubelet-qps5 kubelet-qps50}"
+NODES="${BENCH_NODES:-1}"
+[[ $NODES =~ ^[1-9][0-9]?$ ]] || die "BENCH_NODES must be a node count (1..99), not '$NODES'"
+if ((NODES > 1)); then
+  read -ra BURSTS <<<"${BENCH_BURSTS:-30}"
+  read -ra AGENTS <<<"${BENCH_AGENTS:-rkubelet kubelet-qps50}"
+else
+  read -ra BURSTS <<<"${BENCH_BURSTS:-1 10 30 100}"
+  read -ra AGENTS <<<"${BENCH_AGENTS:-rkubelet rkubelet-agent-cni kubelet-qps5 kubelet-qps50}"
+fi
 FOOTPRINT_SECONDS="${BENCH_FOOTPRINT_SECONDS:-60}"
 REPEAT="${BENCH_REPEAT:-3}"
 ALL_SCENARIOS="idle bursts deployments steady probes sources"
@@ -56,7 +74,7 @@ SECOND_NODE=rk-node2
 
 # The floor uses containerd's own network, whose config containerd renders from the pod
 # CIDR an agent with runtime-owned networking sends it (UpdateRuntimeConfig).
-if [[ ${BENCH_FLOOR:-1} == 1 && " ${AGENTS[*]} " != *" rkubelet "* && " ${AGENTS[*]} " != *" kubelet-qps"* ]]; then
+if ((NODES == 1)) && [[ ${BENCH_FLOOR:-1} == 1 && " ${AGENTS[*]} " != *" rkubelet "* && " ${AGENTS[*]} " != *" kubelet-qps"* ]]; then
   die "the CRI floor needs containerd's CNI config, rendered once rkubelet or the kubelet ran: add one to BENCH_AGENTS, or set BENCH_FLOOR=0"
 fi
 
@@ -76,14 +94,38 @@ SYSCTLS=(vm.overcommit_memory kernel.panic kernel.panic_on_oops)
 declare -A SYSCTL_BEFORE
 for s in "${SYSCTLS[@]}"; do SYSCTL_BEFORE[$s]=$(sysctl -n "$s"); done
 LOG_DIRS_BEFORE=()
-for d in /var/log/pods /var/log/containers; do [[ -e $d ]] && LOG_DIRS_BEFORE+=("$d"); done
+# (and the kubelet's device plugin directory, which no flag moves)
+for d in /var/log/pods /var/log/containers /var/lib/kubelet; do [[ -e $d ]] && LOG_DIRS_BEFORE+=("$d"); done
 
 AGENT_PID=""
+NODE_AGENT_PIDS=()
+HOSTS=()
+for ((i = 1; i <= NODES; i++)); do HOSTS+=("rk-host$i"); done
+host_dir() { echo "$RKUBELET_STATE/hosts/$1"; }
+host_ip() { echo "198.18.0.$((10 + ${1#rk-host}))"; } # as cluster.sh assigns them
+
+# stop_node_agents: the kubelets this script started in the nodes' netns (by PID), then
+# the nodes' rkubelets (cluster.sh records them).
+stop_node_agents() {
+  local pid h
+  for pid in "${NODE_AGENT_PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${NODE_AGENT_PIDS[@]}"; do
+    for _ in $(seq 150); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
+  NODE_AGENT_PIDS=()
+  for h in "${HOSTS[@]}"; do
+    [[ ! -f $RKUBELET_STATE/pids/rkubelet@$h.pid ]] || bash scripts/cluster.sh stop-agent "$h" 2>/dev/null || true
+  done
+}
+
 cleanup() {
   stop_agent
+  stop_node_agents
   bash scripts/cluster.sh down || true
   for s in "${SYSCTLS[@]}"; do sysctl -qw "$s=${SYSCTL_BEFORE[$s]}" || true; done
-  for d in /var/log/pods /var/log/containers; do
+  for d in /var/log/pods /var/log/containers /var/lib/kubelet; do
     [[ " ${LOG_DIRS_BEFORE[*]} " == *" $d "* ]] || rm -rf "$d"
   done
 }
@@ -91,7 +133,7 @@ trap cleanup EXIT
 
 bash scripts/cluster.sh down
 bash scripts/cluster.sh up
-bash scripts/cluster.sh node-credentials "$SECOND_NODE" "$NODE_IP"
+((NODES > 1)) || bash scripts/cluster.sh node-credentials "$SECOND_NODE" "$NODE_IP"
 
 start_agent() { # NAME NODE COMMAND...
   local name=$1 node=$2; shift 2
@@ -114,15 +156,17 @@ rkubelet_cmd() { # NODE OWNER
     --log-format json --log-span-timings
 }
 
-kubelet_cmd() { # QPS BURST
-  echo "$K8S_BIN/kubelet" --kubeconfig "$RKUBELET_STATE/pki/node-$NODE_NAME.kubeconfig" \
-    --hostname-override "$NODE_NAME" --node-ip "$NODE_IP" --root-dir "$RKUBELET_STATE/bench/kubelet" \
-    --container-runtime=remote --container-runtime-endpoint="unix://$CONTAINERD_SOCK" \
+kubelet_cmd() { # QPS BURST [NODE IP KUBECONFIG ROOT_DIR CONTAINERD_SOCK] (default: this machine's node)
+  local node=${3:-$NODE_NAME} ip=${4:-$NODE_IP} kubeconfig=${5:-$RKUBELET_STATE/pki/node-$NODE_NAME.kubeconfig}
+  local root=${6:-$RKUBELET_STATE/bench/kubelet} sock=${7:-$CONTAINERD_SOCK}
+  echo "$K8S_BIN/kubelet" --kubeconfig "$kubeconfig" \
+    --hostname-override "$node" --node-ip "$ip" --root-dir "$root" \
+    --container-runtime=remote --container-runtime-endpoint="unix://$sock" \
     --cgroup-driver=cgroupfs --cgroups-per-qos=false --enforce-node-allocatable= --fail-swap-on=false \
     --eviction-hard= --image-gc-high-threshold=100 --resolv-conf= --read-only-port=0 \
-    --address="$NODE_IP" --anonymous-auth=false --client-ca-file="$RKUBELET_STATE/pki/ca.crt" \
-    --tls-cert-file="$RKUBELET_STATE/pki/node-$NODE_NAME-serving.crt" \
-    --tls-private-key-file="$RKUBELET_STATE/pki/node-$NODE_NAME-serving.key" \
+    --address="$ip" --anonymous-auth=false --client-ca-file="$RKUBELET_STATE/pki/ca.crt" \
+    --tls-cert-file="$RKUBELET_STATE/pki/node-$node-serving.crt" \
+    --tls-private-key-file="$RKUBELET_STATE/pki/node-$node-serving.key" \
     --kube-api-qps="$1" --kube-api-burst="$2"
 }
 
@@ -186,8 +230,78 @@ run_agent() { # NAME NODE COMMAND...
   stop_agent
 }
 
+# ---- N nodes as hosts (BENCH_NODES > 1)
+
+# start_node_agents AGENT: one agent per node; their PIDs in NODE_AGENT_PIDS (node order).
+start_node_agents() {
+  local h
+  case $1 in
+    rkubelet)
+      bash scripts/cluster.sh start-agents --network-owner runtime --binary "$RK"
+      for h in "${HOSTS[@]}"; do NODE_AGENT_PIDS+=("$(<"$RKUBELET_STATE/pids/rkubelet@$h.pid")"); done
+      ;;
+    kubelet-qps5 | kubelet-qps50)
+      local qps=${1#kubelet-qps}
+      for h in "${HOSTS[@]}"; do
+        log "starting the kubelet (QPS $qps) as node $h, in its netns"
+        # shellcheck disable=SC2046  # the command is a word list on purpose
+        nsenter --net="/run/netns/$h" -- $(kubelet_cmd "$qps" $((qps * 2)) "$h" "$(host_ip "$h")" \
+          "$(host_dir "$h")/kubelet.kubeconfig" "$(host_dir "$h")/kubelet" "$(host_dir "$h")/containerd.sock") \
+          >"$OUT/kubelet-qps$qps-$h.log" 2>&1 &
+        NODE_AGENT_PIDS+=("$!")
+      done
+      ;;
+    *) die "unknown agent in BENCH_AGENTS for BENCH_NODES > 1: $1 (one of rkubelet kubelet-qps5 kubelet-qps50)" ;;
+  esac
+  for h in "${HOSTS[@]}"; do
+    for _ in $(seq 120); do k get "node/$h" >/dev/null 2>&1 && break; sleep 1; done
+    k wait --for=condition=Ready "node/$h" --timeout=120s >/dev/null
+  done
+  log "$1: nodes ${HOSTS[*]} Ready"
+}
+
+# multi_node_agent AGENT NAME: fresh nodes, the agents, the bursts; then the nodes go.
+multi_node_agent() {
+  local agent=$1 name=$2 n run h pid nodes=() pids=()
+  bash scripts/cluster.sh add-nodes "$NODES"
+  start_node_agents "$agent"
+  for h in "${HOSTS[@]}"; do nodes+=(--node "$h"); done
+  for pid in "${NODE_AGENT_PIDS[@]}"; do pids+=(--pid "$pid"); done
+  log "$name: warm-up, 1 pod per node (image pulls, not measured)"
+  "$BENCH" burst --kubeconfig "$KUBECONFIG_ADMIN" "${nodes[@]}" --count 1 --agent "$name" >>"$OUT/warm-up.log"
+  for n in "${BURSTS[@]}"; do
+    for ((run = 1; run <= REPEAT; run++)); do
+      settle
+      log "$name: $n pods on each of $NODES nodes at once (run $run of $REPEAT)"
+      "$BENCH" burst --kubeconfig "$KUBECONFIG_ADMIN" "${nodes[@]}" --count "$n" --agent "$name" \
+        "${pids[@]}" >>"$OUT/nodes.json"
+    done
+  done
+  stop_node_agents
+  for h in "${HOSTS[@]}"; do
+    [[ ! -f $RKUBELET_STATE/logs/rkubelet@$h.log ]] || cp "$RKUBELET_STATE/logs/rkubelet@$h.log" "$OUT/$agent-$h.log"
+  done
+  bash scripts/cluster.sh remove-nodes
+  # The next agent registers its nodes afresh (a stale Ready would pass its wait).
+  k delete node "${HOSTS[@]}" --ignore-not-found >/dev/null
+}
+
+if ((NODES > 1)); then
+  for agent in "${AGENTS[@]}"; do
+    case $agent in
+      rkubelet) multi_node_agent rkubelet "rkubelet" ;;
+      kubelet-qps5) multi_node_agent kubelet-qps5 "kubelet QPS 5" ;;
+      kubelet-qps50) multi_node_agent kubelet-qps50 "kubelet QPS 50" ;;
+      *) die "unknown agent in BENCH_AGENTS for BENCH_NODES > 1: $agent (one of rkubelet kubelet-qps5 kubelet-qps50)" ;;
+    esac
+  done
+fi
+
+# ---- one node
+
 # shellcheck disable=SC2046  # the commands are word lists on purpose
 for agent in "${AGENTS[@]}"; do
+  ((NODES == 1)) || break
   case $agent in
     rkubelet) run_agent "rkubelet" "$NODE_NAME" $(rkubelet_cmd "$NODE_NAME" runtime) ;;
     rkubelet-agent-cni) run_agent "rkubelet (agent CNI)" "$SECOND_NODE" $(rkubelet_cmd "$SECOND_NODE" agent) ;;
@@ -199,7 +313,7 @@ done
 
 # The floor, with containerd's own network (rendered from rk-node1's pod CIDR by now).
 FLOOR_COUNTS=(1 30 100)
-[[ ${BENCH_FLOOR:-1} == 1 ]] || FLOOR_COUNTS=()
+[[ ${BENCH_FLOOR:-1} == 1 && $NODES == 1 ]] || FLOOR_COUNTS=()
 # The concurrency that gives the shortest wall time is found with one run of each, then
 # measured BENCH_REPEAT times in all.
 for n in "${FLOOR_COUNTS[@]}"; do
@@ -223,6 +337,7 @@ done
 rm -f "$OUT"/*.tmp
 
 machine="$(date -u +%Y-%m-%d), $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB, $(uname -r), containerd $(containerd --version | awk '{print $3}')"
+((NODES == 1)) || machine+=", $NODES nodes as hosts (a netns, containerd and kube-proxy each) on this machine"
 "$BENCH" report "$OUT" --machine "($machine)" >/dev/null
 gnuplot <<EOF
 set terminal pngcairo size 1000,600

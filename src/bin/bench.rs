@@ -4,7 +4,9 @@
 //! table and gnuplot data. It is a benchmark, not a test: it asserts nothing.
 //!
 //! - `burst`: N pods created at once, bound to the node; create → Running and create → Ready
-//!   per pod as seen through a watch, then the time until all are deleted and gone.
+//!   per pod as seen through a watch, then the time until all are deleted and gone. With
+//!   several nodes, N pods on each, all at once, and each node agent's CPU seconds and
+//!   resident memory meanwhile.
 //! - `deployment`: the same through a Deployment, the scheduler and the controllers.
 //! - `floor`: sandbox + network + create + start straight over CRI, no agent, no API server,
 //!   and the teardown likewise — the physical limit the agents are compared with.
@@ -39,8 +41,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// N pods bound to the node at once: start-up latencies, then deletion.
-    Burst(ApiArgs),
+    /// N pods bound to the node (to each node) at once: start-up latencies, then deletion.
+    Burst(BurstArgs),
     /// A Deployment of N replicas through the scheduler: start-up latencies, then deletion.
     Deployment(ApiArgs),
     /// The CRI floor: N sandboxes with one container each, straight over CRI.
@@ -64,10 +66,11 @@ struct ApiArgs {
     /// Admin kubeconfig.
     #[arg(long)]
     kubeconfig: PathBuf,
-    /// The node the pods are for.
-    #[arg(long)]
-    node: String,
-    /// How many pods.
+    /// The node the pods are for. A burst takes several (`--node a --node b`): `count`
+    /// pods on each.
+    #[arg(long, required = true)]
+    node: Vec<String>,
+    /// How many pods (on each node).
     #[arg(long, default_value_t = 100)]
     count: usize,
     /// The agent under test, for the report.
@@ -83,6 +86,26 @@ struct ApiArgs {
     /// (from its debug socket) give the start-up breakdown per step.
     #[arg(long)]
     agent_root_dir: Option<PathBuf>,
+}
+
+impl ApiArgs {
+    /// The node of a scenario that runs on one.
+    fn single_node(&self) -> anyhow::Result<&str> {
+        match self.node.as_slice() {
+            [node] => Ok(node),
+            nodes => anyhow::bail!("this scenario runs on one node, not {nodes:?}"),
+        }
+    }
+}
+
+#[derive(Debug, clap::Args)]
+struct BurstArgs {
+    #[command(flatten)]
+    api: ApiArgs,
+    /// The node agents' processes (one per `--node`, in the same order): their CPU
+    /// seconds and resident memory from the first create until all pods are gone.
+    #[arg(long)]
+    pid: Vec<u32>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -349,7 +372,7 @@ fn startup_breakdown(timelines: &[PodTimeline], run: &str) -> Value {
 
 fn timings_json(kind: &str, args: &ApiArgs, t: &Timings) -> Value {
     json!({
-        "kind": kind, "agent": args.agent, "count": args.count,
+        "kind": kind, "agent": args.agent, "count": args.count, "nodes": args.node,
         "running": t.running, "ready": t.ready,
         "all_ready": t.all_ready, "all_gone": t.all_gone, "windows": t.windows,
         "startup": t.startup,
@@ -364,8 +387,8 @@ fn run_id() -> String {
     format!("b{:x}", nanos % 0xffff_ffff)
 }
 
-/// N pods bound to the node at once, pod `i` with the spec `spec(i)`; `hold` runs once
-/// all are Ready (see [`time_pods`]).
+/// N pods bound to each node at once (pod `i` to node `i % nodes`), pod `i` with the spec
+/// `spec(i)`; `hold` runs once all are Ready (see [`time_pods`]).
 async fn bound_pods(
     args: &ApiArgs,
     spec: impl Fn(usize) -> Value,
@@ -374,11 +397,12 @@ async fn bound_pods(
     let client = client(&args.kubeconfig).await?;
     let pods: Api<Pod> = Api::namespaced(client, "default");
     let run = run_id();
+    let count = args.count * args.node.len();
     let create = || async {
         let started = Instant::now();
-        let bodies = (0..args.count).map(|i| {
+        let bodies = (0..count).map(|i| {
             let mut spec = spec(i);
-            spec["nodeName"] = json!(args.node);
+            spec["nodeName"] = json!(args.node[i % args.node.len()]);
             let pod: Pod = serde_json::from_value(json!({
                 "apiVersion": "v1", "kind": "Pod",
                 "metadata": { "name": format!("{run}-{i}"), "labels": { "bench": run } },
@@ -390,7 +414,7 @@ async fn bound_pods(
         });
         // "At once": every create is in flight together (the API server's own limits apply).
         let results: Vec<_> = futures::stream::iter(bodies)
-            .buffer_unordered(args.count.max(1))
+            .buffer_unordered(count.max(1))
             .collect()
             .await;
         for r in results {
@@ -421,7 +445,7 @@ async fn bound_pods(
     let mut timings = time_pods(
         pods.clone(),
         &run,
-        args.count,
+        count,
         Duration::from_secs(args.timeout),
         create,
         hold,
@@ -432,15 +456,121 @@ async fn bound_pods(
     Ok(timings)
 }
 
-async fn burst(args: ApiArgs) -> anyhow::Result<Value> {
-    let hold = std::future::ready(Ok(Value::Null));
+async fn burst(args: BurstArgs) -> anyhow::Result<Value> {
+    let BurstArgs { api, pid } = args;
+    if !pid.is_empty() && pid.len() != api.node.len() {
+        anyhow::bail!("one --pid per --node: {pid:?} for {:?}", api.node);
+    }
+    let usage = AgentUsage::start(&pid)?;
+    // The start-up's share: the agents' CPU seconds once all pods are Ready.
+    let hold = async { Ok(json!(usage.cpu_seconds()?)) };
     let t = bound_pods(
-        &args,
-        |_| json!({ "containers": [container(&args.image)] }),
+        &api,
+        |_| json!({ "containers": [container(&api.image)] }),
         hold,
     )
     .await?;
-    Ok(timings_json("burst", &args, &t))
+    let kind = if api.node.len() > 1 { "nodes" } else { "burst" };
+    let mut result = timings_json(kind, &api, &t);
+    if !pid.is_empty() {
+        merge_into(&mut result, &usage.finish(&api.node, &t.held)?);
+    }
+    Ok(result)
+}
+
+/// The CPU seconds and resident memory of some processes (the node agents) from `start`
+/// on, their memory sampled every 250 ms by a background task.
+struct AgentUsage {
+    pids: Vec<u32>,
+    cpu_from: Vec<f64>,
+    /// Per process: the largest and the sum of the resident sizes sampled (kB), and how
+    /// many samples.
+    rss: std::sync::Arc<std::sync::Mutex<Vec<(u64, u64, u64)>>>,
+    sampler: tokio::task::JoinHandle<()>,
+}
+
+impl AgentUsage {
+    fn start(pids: &[u32]) -> anyhow::Result<Self> {
+        let cpu_from = pids
+            .iter()
+            .map(|pid| Ok(sample(*pid)?.1))
+            .collect::<anyhow::Result<Vec<f64>>>()?;
+        let rss = std::sync::Arc::new(std::sync::Mutex::new(vec![(0, 0, 0); pids.len()]));
+        let sampler = tokio::spawn({
+            let (pids, rss) = (pids.to_vec(), rss.clone());
+            async move {
+                let mut tick = tokio::time::interval(Duration::from_millis(250));
+                loop {
+                    tick.tick().await;
+                    let now: Vec<Option<u64>> = pids
+                        .iter()
+                        .map(|pid| sample(*pid).ok().map(|s| s.0))
+                        .collect();
+                    let mut rss = rss
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    for (agg, kb) in rss.iter_mut().zip(now) {
+                        if let Some(kb) = kb {
+                            *agg = (agg.0.max(kb), agg.1 + kb, agg.2 + 1);
+                        }
+                    }
+                }
+            }
+        });
+        Ok(Self {
+            pids: pids.to_vec(),
+            cpu_from,
+            rss,
+            sampler,
+        })
+    }
+
+    /// Each process's CPU seconds since `start`, in hundredths.
+    fn cpu_seconds(&self) -> anyhow::Result<Vec<f64>> {
+        self.pids
+            .iter()
+            .zip(&self.cpu_from)
+            .map(|(pid, from)| Ok(((sample(*pid)?.1 - from) * 100.0).round() / 100.0))
+            .collect()
+    }
+
+    /// Per node (`nodes[i]` runs `pids[i]`): CPU seconds until all pods were Ready
+    /// (`startup`, from [`Self::cpu_seconds`]) and until now, resident memory max and mean
+    /// (MB); and their sums (CPU), max and mean (memory) over the nodes.
+    fn finish(self, nodes: &[String], startup: &Value) -> anyhow::Result<Value> {
+        let cpu = self.cpu_seconds()?;
+        self.sampler.abort();
+        let rss = self
+            .rss
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        let agents: Vec<Value> = nodes
+            .iter()
+            .zip(cpu)
+            .zip(rss)
+            .enumerate()
+            .map(|(i, ((node, cpu), (max, sum, n)))| {
+                json!({
+                    "node": node, "cpu_startup_seconds": startup[i], "cpu_seconds": cpu,
+                    "rss_max_mb": max / 1024, "rss_mean_mb": sum / n.max(1) / 1024,
+                })
+            })
+            .collect();
+        let of =
+            |key: &str| -> Vec<f64> { agents.iter().filter_map(|a| a[key].as_f64()).collect() };
+        let hundredths = |x: f64| (x * 100.0).round() / 100.0;
+        let rss_means = of("rss_mean_mb");
+        #[allow(clippy::cast_precision_loss)]
+        let rss_mean = rss_means.iter().sum::<f64>() / rss_means.len().max(1) as f64;
+        Ok(json!({
+            "cpu_startup_seconds": hundredths(of("cpu_startup_seconds").iter().sum()),
+            "cpu_seconds": hundredths(of("cpu_seconds").iter().sum()),
+            "rss_max_mb": of("rss_max_mb").into_iter().reduce(f64::max),
+            "rss_mean_mb": hundredths(rss_mean),
+            "agents": agents,
+        }))
+    }
 }
 
 /// The sources scenario: N pods that all use one Secret and one ConfigMap, in their
@@ -494,7 +624,11 @@ async fn sources(args: SourcesArgs) -> anyhow::Result<Value> {
     let from = Timestamp::now();
     let hold = std::future::ready(Ok(Value::Null));
     let t = bound_pods(&api, spec, hold).await?;
-    let reads = audited_reads(&audit_log, &format!("system:node:{}", api.node), from)?;
+    let reads = audited_reads(
+        &audit_log,
+        &format!("system:node:{}", api.single_node()?),
+        from,
+    )?;
     secrets.delete(&name, &DeleteParams::default()).await?;
     config_maps.delete(&name, &DeleteParams::default()).await?;
     let mut result = timings_json("sources", &api, &t);
@@ -552,6 +686,7 @@ fn merge_into(into: &mut Value, from: &Value) {
 }
 
 async fn deployment(args: ApiArgs) -> anyhow::Result<Value> {
+    let node = args.single_node()?;
     let client = client(&args.kubeconfig).await?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     let deployments: Api<Deployment> = Api::namespaced(client, "default");
@@ -566,7 +701,7 @@ async fn deployment(args: ApiArgs) -> anyhow::Result<Value> {
                 "template": {
                     "metadata": { "labels": { "bench": run } },
                     "spec": {
-                        "nodeSelector": { "kubernetes.io/hostname": args.node },
+                        "nodeSelector": { "kubernetes.io/hostname": node },
                         "containers": [container(&args.image)]
                     }
                 }
@@ -862,7 +997,8 @@ fn median(values: &[f64]) -> f64 {
 /// result: `all_ready` and `all_gone` are the medians of the runs, with their ranges;
 /// the per-pod latencies of all runs are pooled; the windows are those of the run
 /// closest to the median, for the per-step breakdown. The footprint of a scenario that
-/// measured one (`probes`) is the median of its runs'. Footprints are kept as they are.
+/// measured one (`probes`, a burst on several nodes) is the median of its runs', each
+/// node agent's too. Footprints are kept as they are.
 fn merge_runs(results: Vec<Value>) -> Vec<Value> {
     let mut groups: BTreeMap<String, Vec<Value>> = BTreeMap::new();
     let mut merged = Vec::new();
@@ -912,10 +1048,27 @@ fn merge_runs(results: Vec<Value>) -> Vec<Value> {
         m["all_gone_range"] = range(&gone);
         m["ready"] = json!(pooled("ready"));
         m["running"] = json!(pooled("running"));
-        for key in ["cpu_seconds", "rss_max_mb", "rss_mean_mb"] {
+        let usage = [
+            "cpu_startup_seconds",
+            "cpu_seconds",
+            "rss_max_mb",
+            "rss_mean_mb",
+        ];
+        for key in usage {
             let values = of(key);
             if !values.is_empty() {
                 m[key] = json!(median(&values));
+            }
+        }
+        if let Some(agents) = m["agents"].as_array_mut() {
+            for (i, agent) in agents.iter_mut().enumerate() {
+                for key in usage {
+                    let values: Vec<f64> = runs
+                        .iter()
+                        .filter_map(|r| r["agents"][i][key].as_f64())
+                        .collect();
+                    agent[key] = json!(median(&values));
+                }
             }
         }
         merged.push(m);
@@ -1038,6 +1191,9 @@ fn goals_table(results: &[Value]) -> String {
         .collect();
     agents.sort_unstable();
     agents.dedup();
+    if agents.is_empty() {
+        return String::new();
+    }
     let kubelet_idle_cpu = results
         .iter()
         .filter(|r| r["kind"] == "footprint" && r["state"] == "idle")
@@ -1186,6 +1342,56 @@ fn probes_table(results: &[Value]) -> String {
     md
 }
 
+/// Markdown: bursts on several nodes at once, each node with its own agent: the pods'
+/// start-up, and the agents' CPU seconds (their sum, and each node's) and resident memory.
+fn nodes_table(results: &[Value]) -> String {
+    let mut rows: Vec<&Value> = results.iter().filter(|r| r["kind"] == "nodes").collect();
+    if rows.is_empty() {
+        return String::new();
+    }
+    rows.sort_by_key(|r| (r["count"].as_u64(), r["agent"].as_str()));
+    let mut md = String::from(concat!(
+        "\n| scenario | agent | runs | Ready p50 | p90 | max | all Ready | all gone after delete ",
+        "| agent CPU s, create → all Ready: sum (per node) | agent CPU s, create → all gone: sum ",
+        "| agent resident memory, max / mean (per node max) |\n",
+        "|---|---|---|---|---|---|---|---|---|---|---|\n",
+    ));
+    for r in rows {
+        let ready = latencies(r, "ready");
+        let agents = r["agents"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        let each = |key: &str, digits: usize| {
+            agents
+                .iter()
+                .map(|a| format!("{:.digits$}", a[key].as_f64().unwrap_or(f64::NAN)))
+                .collect::<Vec<_>>()
+                .join(" / ")
+        };
+        let number = |key: &str| r[key].as_f64().unwrap_or(f64::NAN);
+        md.push_str(&format!(
+            "| {} × {} pods at once | {} | {} | {:.2} | {:.2} | {:.2} | {} | {} | {:.2} ({}) | {:.2} | {:.0} / {:.0} MB ({}) |\n",
+            r["nodes"].as_array().map_or(0, Vec::len),
+            r["count"],
+            r["agent"].as_str().unwrap_or_default(),
+            r["runs"],
+            percentile(&ready, 50.0),
+            percentile(&ready, 90.0),
+            percentile(&ready, 100.0),
+            wall(r, "all_ready"),
+            wall(r, "all_gone"),
+            number("cpu_startup_seconds"),
+            each("cpu_startup_seconds", 2),
+            number("cpu_seconds"),
+            number("rss_max_mb"),
+            number("rss_mean_mb"),
+            each("rss_max_mb", 0),
+        ));
+    }
+    md
+}
+
 /// Markdown: the agents' reads of Secrets and ConfigMaps in the sources scenario.
 fn sources_table(results: &[Value]) -> String {
     let rows: Vec<&Value> = results.iter().filter(|r| r["kind"] == "sources").collect();
@@ -1301,10 +1507,9 @@ fn report(args: &ReportArgs) -> anyhow::Result<Value> {
     let mut md = String::new();
     md.push_str(&format!("### Benchmark {}\n\n", args.machine));
     md.push_str("Where a scenario ran several times, `all Ready` and `all gone` are the medians of the runs (their range in brackets) and the percentiles pool the pods of all runs.\n\n");
-    md.push_str("| scenario | agent | pods | runs | Ready p50 | p90 | p99 | max | Running p50 | all Ready | all gone after delete |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
     let mut rows: Vec<&Value> = results
         .iter()
-        .filter(|r| r["kind"] != "footprint")
+        .filter(|r| r["kind"] != "footprint" && r["kind"] != "nodes")
         .collect();
     rows.sort_by_key(|r| {
         (
@@ -1313,7 +1518,18 @@ fn report(args: &ReportArgs) -> anyhow::Result<Value> {
             r["agent"].as_str().unwrap_or_default().to_owned(),
         )
     });
+    if !rows.is_empty() {
+        md.push_str("| scenario | agent | pods | runs | Ready p50 | p90 | p99 | max | Running p50 | all Ready | all gone after delete |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+    }
     let mut plot: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    for r in results.iter().filter(|r| r["kind"] == "nodes") {
+        let nodes = r["nodes"].as_array().map_or(0, Vec::len);
+        let agent = r["agent"].as_str().unwrap_or_default();
+        plot.insert(
+            format!("{nodes} nodes {agent} x{}", r["count"]),
+            latencies(r, "ready"),
+        );
+    }
     for r in &rows {
         let ready = latencies(r, "ready");
         let running = latencies(r, "running");
@@ -1351,7 +1567,9 @@ fn report(args: &ReportArgs) -> anyhow::Result<Value> {
             );
         }
     }
-    md.push_str("\n| agent | state | resident memory (max / mean) | CPU seconds over the window |\n|---|---|---|---|\n");
+    if results.iter().any(|r| r["kind"] == "footprint") {
+        md.push_str("\n| agent | state | resident memory (max / mean) | CPU seconds over the window |\n|---|---|---|---|\n");
+    }
     for r in results.iter().filter(|r| r["kind"] == "footprint") {
         md.push_str(&format!(
             "| {} | {} | {} / {} MB | {:.2} s in {} s |\n",
@@ -1364,6 +1582,7 @@ fn report(args: &ReportArgs) -> anyhow::Result<Value> {
         ));
     }
     md.push_str(&probes_table(&results));
+    md.push_str(&nodes_table(&results));
     md.push_str(&sources_table(&results));
     md.push_str(&goals_table(&results));
     md.push_str(&breakdown_tables(&args.dir, &rows)?);
@@ -1501,6 +1720,44 @@ mod tests {
         json!({"kind": "probes", "agent": agent, "count": 100, "seconds": 60,
                "all_ready": 10.0, "all_gone": 5.0, "ready": [1.0], "running": [0.5],
                "cpu_seconds": cpu, "rss_max_mb": rss, "rss_mean_mb": rss})
+    }
+
+    #[test]
+    fn bursts_on_several_nodes_merge_each_agents_usage_into_medians() {
+        let run = |ready: f64, cpu: [f64; 2], rss: [u64; 2]| {
+            let agent = |i: usize| {
+                json!({"node": format!("n{i}"), "cpu_startup_seconds": cpu[i] / 2.0,
+                       "cpu_seconds": cpu[i], "rss_max_mb": rss[i], "rss_mean_mb": rss[i] - 1})
+            };
+            json!({"kind": "nodes", "agent": "rkubelet", "count": 2, "nodes": ["n0", "n1"],
+                   "all_ready": ready, "all_gone": 1.0, "ready": [ready], "running": [ready],
+                   "cpu_startup_seconds": (cpu[0] + cpu[1]) / 2.0, "cpu_seconds": cpu[0] + cpu[1],
+                   "rss_max_mb": rss[0].max(rss[1]), "rss_mean_mb": 1.0,
+                   "agents": [agent(0), agent(1)]})
+        };
+        let merged = merge_runs(vec![
+            run(3.0, [1.0, 4.0], [20, 30]),
+            run(1.0, [2.0, 2.0], [22, 31]),
+            run(2.0, [3.0, 6.0], [21, 29]),
+        ]);
+        assert_eq!(merged.len(), 1);
+        let m = &merged[0];
+        assert_eq!(m["cpu_seconds"], 5.0);
+        assert_eq!(m["agents"][0]["cpu_seconds"], 2.0);
+        assert_eq!(m["agents"][1]["cpu_seconds"], 4.0);
+        assert_eq!(m["agents"][1]["rss_max_mb"], 30.0);
+        assert_eq!(m["agents"][0]["node"], "n0");
+        let table = nodes_table(&merged);
+        assert!(
+            table.contains(
+                "| 2 × 2 pods at once | rkubelet | 3 | 2.00 | 3.00 | 3.00 | 2.00 s (1.00–3.00) | 1.00 s (1.00–1.00) \
+                 | 2.50 (1.00 / 2.00) | 5.00 | 30 / 1 MB (21 / 30) |"
+            ),
+            "{table}"
+        );
+        assert!(nodes_table(&[]).is_empty());
+        // The goals are single-node ones: none for a multi-node burst.
+        assert!(goals_table(&merged).is_empty());
     }
 
     #[test]
