@@ -327,9 +327,11 @@ setup_firewall() {
 COMMIT
 EOF
   iptables -w 5 -S "$FWD_CHAIN" >"$REC/iptables-rules"
-  # A pod address no node bridge holds is dropped here, not sent to the default gateway
-  # (the ACCEPT of pod to pod above would let it through): the bridges' /24 routes win.
+  # A pod or Service address no node bridge holds is dropped here, not sent to the default
+  # gateway (the ACCEPT of pod to pod above would let it through): the bridges' /24 routes
+  # win.
   ip route replace blackhole "$CLUSTER_CIDR"
+  ip route replace blackhole "$SERVICE_CIDR"
 }
 
 # remove_chains < "TABLE CHAIN" lines: delete the rules that jump to each chain,
@@ -357,9 +359,12 @@ remove_chains() {
 }
 
 teardown_firewall() {
-  if ip route show type blackhole "$CLUSTER_CIDR" | grep -q .; then
-    ip route delete blackhole "$CLUSTER_CIDR" || true
-  fi
+  local range
+  for range in "$CLUSTER_CIDR" "$SERVICE_CIDR"; do
+    if ip route show type blackhole "$range" | grep -q .; then
+      ip route delete blackhole "$range" || true
+    fi
+  done
   # Chains portmap (CNI) created while we ran: CNI-* chains not present at `up`.
   if [[ -f $REC/cni-chains-before ]]; then
     local t
@@ -703,6 +708,13 @@ cmd_up() {
   done
   if ((n_alive == ${#COMPONENTS[@]})); then
     log "cluster already up (all ${#COMPONENTS[@]} components alive)"
+    local have
+    have=$(host_names | wc -l)
+    if ((nodes > 1 && have == 0)); then
+      cmd_add_nodes "$nodes"
+    elif ((nodes > 1 && have != nodes)); then
+      die "the running cluster has $have added nodes, not $nodes: run 'cluster.sh remove-nodes' first"
+    fi
     print_summary
     return 0
   fi
@@ -780,7 +792,7 @@ EOF
 
 # Kill every task and delete every container in every containerd namespace.
 remove_containers() {
-  comp_pid containerd >/dev/null || return 0
+  comp_pid "${CTRD_COMP:-containerd}" >/dev/null || return 0
   ctr_ version >/dev/null 2>&1 || return 0
   local ns id
   for ns in $(ctr_ namespaces ls -q 2>/dev/null); do
@@ -1016,6 +1028,7 @@ host_names() { [[ -f $REC/hosts ]] && cat "$REC/hosts"; return 0; }
 # use_host NODE: point the containerd and CNI variables at NODE's own (a subshell's globals).
 use_host() {
   HOST_DIR="$HOSTS_DIR/$1"
+  CTRD_COMP="containerd@$1"
   CTRD="$HOST_DIR/containerd"
   CONTAINERD_SOCK="$HOST_DIR/containerd.sock"
   CNI_BIN="$HOST_DIR/cni/bin"
@@ -1058,13 +1071,16 @@ add_host() {
   # kube-proxy's DNAT (a node has a default route; this one has none: nothing leaves).
   ip -n "$h" route add "$SERVICE_CIDR" dev eth0
   ip netns exec "$h" sysctl -qw net.ipv4.ip_forward=1
+  # Pods reach the control plane (the `kubernetes` Service, DNATed to loopback there) from
+  # the node's address: the control plane has no route to this node's pods.
+  ip netns exec "$h" iptables -w 5 -t nat -A POSTROUTING -s "$CLUSTER_CIDR" -d "$NODE_IP/32" -j MASQUERADE
   # The node's CNI configs keep their IP reservations under its own dir.
   mkdir -p "$(dirname "$CNI_TEMPLATE")"
   jq --arg d "$HOST_DIR/cni/networks" '.plugins[0].ipam.dataDir = $d' \
     "$RKUBELET_REPO/cni-config/10-rkubelet.conflist" >"$HOST_DIR/agent-cni/10-rkubelet.conflist"
   sed "s|\"type\": \"host-local\",|\"type\": \"host-local\", \"dataDir\": \"$HOST_DIR/cni/networks\",|" \
     "$RKUBELET_REPO/cni-config/containerd-bridge.conflist.template" >"$CNI_TEMPLATE"
-  node_credentials "$h" "$ip" 2>/dev/null
+  node_credentials "$h" "$ip"
   kubeconfig "$HOST_DIR/kubelet.kubeconfig" "system:node:$h" "node-$h" "$HOST_SERVER"
   kubeconfig "$HOST_DIR/kube-proxy.kubeconfig" system:kube-proxy kube-proxy "$HOST_SERVER"
   write_containerd_config
@@ -1150,7 +1166,9 @@ remove_hosts() {
     for c in "rkubelet@$h" "kube-proxy@$h"; do
       if pid=$(comp_pid "$c"); then stop_pid "$c" "$pid"; fi
     done
+    # Each step whatever the one before did: a node that failed half-way is removed too.
     (
+      set +e
       use_host "$h"
       remove_containers
       if pid=$(comp_pid "containerd@$h"); then stop_pid "containerd@$h" "$pid"; fi
@@ -1158,7 +1176,7 @@ remove_hosts() {
       kill_recorded_shims
       remove_cgroup_tree "/$h"
       unmount_under "$HOST_DIR"
-    )
+    ) || log "warning: removing node $h's processes and mounts failed part-way"
     log "removing node $h (netns, link)"
     ip link delete "$h" 2>/dev/null || true
     delete_netns "$h"
@@ -1167,6 +1185,9 @@ remove_hosts() {
   done
   rm -f "$REC/hosts"
   remove_chains <<<"nat $HOSTS_CHAIN"
+  if [[ -e /proc/sys/net/ipv4/conf/$NODE_LINK/route_localnet ]]; then
+    sysctl -qw "net.ipv4.conf.$NODE_LINK.route_localnet=0"
+  fi
 }
 
 # remove_cgroup_tree PATH: a cgroup and everything under it, in every hierarchy, if empty.
@@ -1208,6 +1229,10 @@ list_leaks() {
   if ip link show "$NODE_LINK" >/dev/null 2>&1; then echo "link $NODE_LINK"; fi
   iptables_leaks
   ip route show type blackhole "$CLUSTER_CIDR" | sed 's/^/route /'
+  ip route show type blackhole "$SERVICE_CIDR" | sed 's/^/route /'
+  # An agent's routes to other nodes (proto 211) and its VXLAN device, in this namespace.
+  ip route show proto 211 | sed 's/^/route /'
+  if ip link show rkvx.1 >/dev/null 2>&1; then echo "link rkvx.1"; fi
   # Mounts under the state dir (rootfs, sandbox netns, volumes of test agents' pods).
   findmnt -rn -o TARGET | awk -v r="$RKUBELET_STATE" 'index($0, r "/") == 1 || $0 == r {print "mount " $0}'
   # CNI: host-local reservations and libcni's cached results of our two networks.

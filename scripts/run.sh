@@ -39,8 +39,14 @@ k() { kubectl "$@" 2> >(grep -v 'version difference' >&2); }
 if ((nodes > 1)); then
   bash scripts/cluster.sh start-agents --binary "$rk" --pod-network-routes "$routes"
   log "waiting for $nodes nodes to be Ready"
-  until [[ $(k get nodes -l rkubelet.io/host=true --no-headers 2>/dev/null | wc -l) -eq $nodes ]]; do sleep 1; done
-  k wait --for=condition=Ready node -l rkubelet.io/host=true --timeout=60s
+  for ((i = 1; i <= nodes; i++)); do
+    deadline=$((SECONDS + 60))
+    until k get node "rk-host$i" >/dev/null 2>&1; do
+      ((SECONDS < deadline)) || die "node rk-host$i did not register (see $RKUBELET_STATE/logs/rkubelet@rk-host$i.log)"
+      sleep 1
+    done
+    k wait --for=condition=Ready "node/rk-host$i" --timeout=60s
+  done
   k create deployment nginx --image=nginx --replicas=$((2 * nodes))
   k rollout status deployment/nginx --timeout=180s
   k expose deployment nginx --port=80

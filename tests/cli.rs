@@ -24,18 +24,18 @@ fn version_is_printed_as_the_kubelet_prints_it() {
 
 #[test]
 fn a_node_ip_of_another_host_is_refused_and_logs_carry_no_colour() {
-    // 192.0.2.0/24 is documentation space: no interface here holds it.
+    // 203.0.113.0/24 is documentation space (TEST-NET-3): not this host's.
     let out = rkubelet(&[
         "run",
         "--kubeconfig",
         "/nonexistent",
         "--node-ip",
-        "192.0.2.77",
+        "203.0.113.77",
     ]);
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("node IP: 192.0.2.77 not found in the host's network interfaces"),
+        stderr.contains("node IP: 203.0.113.77 not found in the host's network interfaces"),
         "{stderr}"
     );
     let out = rkubelet(&[

@@ -1,8 +1,8 @@
 //! The node's InternalIP, as the kubelet's `NodeAddress` setter chooses it: `--node-ip`
 //! when given (it must be an address of this host, not loopback, multicast, link-local or
 //! unspecified); else the node name when it is an IP address; else the first valid
-//! address the node name resolves to (IPv4 preferred); else the IPv4 address of the
-//! interface that holds the default route (`ChooseHostInterface`).
+//! address the node name resolves to (IPv4 preferred, IPv6 for `--node-ip ::`); else the
+//! IPv4 address of the interface that holds the default route (`ChooseHostInterface`).
 
 use std::net::IpAddr;
 
@@ -85,13 +85,15 @@ pub async fn node_ip<H: HostAddresses>(
         validate(ip, &local)?;
         return Ok(ip);
     }
+    // `::` asks for IPv6 first; anything else (or nothing) for IPv4.
+    let prefer_v4 = !given.is_some_and(|ip| ip.is_ipv6());
     if let Ok(ip) = node_name.parse::<IpAddr>() {
         return Ok(ip);
     }
     let mut found = None;
     for ip in host.lookup(node_name).await {
         if validate(ip, &local).is_ok() {
-            if ip.is_ipv4() {
+            if ip.is_ipv4() == prefer_v4 {
                 return Ok(ip);
             }
             found.get_or_insert(ip);
@@ -263,6 +265,8 @@ mod tests {
         assert_eq!(node_ip(None, "node", &h).await, Ok(ip("198.18.0.5")));
         h.dns = vec![ip("127.0.1.1"), ip("fd00::5")];
         assert_eq!(node_ip(None, "node", &h).await, Ok(ip("fd00::5")));
+        h.dns = vec![ip("198.18.0.5"), ip("fd00::5")];
+        assert_eq!(node_ip(Some(ip("::")), "node", &h).await, Ok(ip("fd00::5")));
     }
 
     #[tokio::test]

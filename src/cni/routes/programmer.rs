@@ -68,6 +68,16 @@ pub fn remote_nodes(nodes: &[Arc<Node>], own: &str) -> Vec<RemoteNode> {
         })
         .collect();
     remotes.sort_by(|a, b| a.name.cmp(&b.name));
+    // Two Nodes claiming one pod CIDR would make its route flap between them: the first
+    // by name keeps it.
+    let mut claimed = std::collections::BTreeSet::new();
+    remotes.retain(|r| {
+        let first = claimed.insert(r.pod_cidr);
+        if !first {
+            tracing::warn!(node = %r.name, pod_cidr = %r.pod_cidr, "another node has this pod CIDR already; no route to it");
+        }
+        first
+    });
     remotes
 }
 
@@ -316,6 +326,8 @@ async fn follow<O: RouteOps>(
     let mut synced: Option<Vec<RemoteRoute>> = None;
     let mut written: Option<RoutesState> = None;
     let mut next = tokio::time::Instant::now();
+    // After a failed sync: the wait before the next one, doubling up to the resync period.
+    let mut retry = RETRY;
     loop {
         let nodes = store.state();
         let wanted = programmer.routes_to(&nodes);
@@ -324,27 +336,34 @@ async fn follow<O: RouteOps>(
             next = tokio::time::Instant::now() + RESYNC;
             synced = None;
             match programmer.sync(&nodes).instrument(span).await {
-                Ok(report) if report.failed == 0 => {
-                    synced = Some(report.state.remotes.clone());
+                Ok(report) => {
+                    // What is wanted, also when some of it failed: `inspect node` shows
+                    // which entries are missing.
                     if written.as_ref() != Some(&report.state) {
                         match report.state.write(&state_file).await {
-                            Ok(()) => written = Some(report.state),
+                            Ok(()) => written = Some(report.state.clone()),
                             Err(e) => {
                                 tracing::warn!(error = %e, "could not write the pod network routes state")
                             }
                         }
                     }
-                }
-                Ok(report) => {
-                    tracing::warn!(
-                        failed = report.failed,
-                        "some pod network routes could not be programmed; retrying"
-                    );
-                    next = tokio::time::Instant::now() + RETRY;
+                    if report.failed == 0 {
+                        synced = Some(report.state.remotes);
+                        retry = RETRY;
+                    } else {
+                        tracing::warn!(
+                            failed = report.failed,
+                            retry_in = ?retry,
+                            "some pod network routes could not be programmed"
+                        );
+                        next = tokio::time::Instant::now() + retry;
+                        retry = (retry * 2).min(RESYNC);
+                    }
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, "could not program the pod network routes; retrying");
-                    next = tokio::time::Instant::now() + RETRY;
+                    tracing::warn!(error = %e, retry_in = ?retry, "could not program the pod network routes");
+                    next = tokio::time::Instant::now() + retry;
+                    retry = (retry * 2).min(RESYNC);
                 }
             }
         }
@@ -834,6 +853,19 @@ mod tests {
         );
         let bad = node("b", Some("10.244.2.0/24"), "198.18.0.12", Some("not-a-mac"));
         assert_eq!(remote_nodes(&[bad], "a")[0].vtep_mac, None);
+    }
+
+    /// Two Nodes with one pod CIDR: the first by name gets the route, so it cannot flap.
+    #[test]
+    fn a_pod_cidr_claimed_twice_goes_to_the_first_node_by_name() {
+        let nodes = [
+            node("c", Some("10.244.2.0/24"), "198.18.0.13", None),
+            node("b", Some("10.244.2.0/24"), "198.18.0.12", None),
+            node("d", Some("10.244.3.0/24"), "198.18.0.14", None),
+        ];
+        let remotes = remote_nodes(&nodes, "a");
+        let names: Vec<&str> = remotes.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(names, ["b", "d"]);
     }
 
     #[tokio::test]
