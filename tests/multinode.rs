@@ -45,6 +45,9 @@ impl Hosts {
 
 impl Drop for Hosts {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            print_node_logs();
+        }
         cleanup_blocking(|| async {
             let _ = tokio::process::Command::new("kubectl")
                 .arg("--kubeconfig")
@@ -67,6 +70,19 @@ impl Drop for Hosts {
                 .output()
                 .await;
         });
+    }
+}
+
+/// The last lines of each node's agent, containerd and kube-proxy log, for a failed test.
+fn print_node_logs() {
+    for h in hosts() {
+        for component in ["rkubelet", "containerd", "kube-proxy"] {
+            let path = common::state_dir().join(format!("logs/{component}@{h}.log"));
+            let text = std::fs::read_to_string(&path).unwrap_or_else(|e| format!("({e})"));
+            let lines: Vec<&str> = text.lines().collect();
+            let tail = lines[lines.len().saturating_sub(25)..].join("\n");
+            eprintln!("---- {} (last 25 lines)\n{tail}", path.display());
+        }
     }
 }
 
