@@ -22,7 +22,9 @@ pub trait BridgeOps: Send + Sync {
     fn delete(&self, bridge: &str) -> impl Future<Output = Result<(), CniError>> + Send;
 }
 
-/// Bridges through sysfs and the `ip` command.
+/// Bridges through the `ip` command: netlink answers for the agent's own network
+/// namespace, where `/sys/class/net` shows the namespace sysfs was mounted in (not the
+/// agent's, when it runs in a namespace of its own with the machine's mounts).
 #[derive(Debug, Default, Clone, Copy)]
 pub struct IpBridgeOps;
 
@@ -38,10 +40,8 @@ async fn ip(args: &[&str]) -> Result<String, CniError> {
 
 impl BridgeOps for IpBridgeOps {
     async fn addresses(&self, bridge: &str) -> Result<Option<Vec<(Ipv4Addr, u8)>>, CniError> {
-        if tokio::fs::metadata(format!("/sys/class/net/{bridge}"))
-            .await
-            .is_err()
-        {
+        let links = ip(&["-o", "link", "show"]).await?;
+        if !link_names(&links).any(|name| name == bridge) {
             return Ok(None);
         }
         let text = ip(&["-o", "-4", "addr", "show", "dev", bridge]).await?;
@@ -49,28 +49,21 @@ impl BridgeOps for IpBridgeOps {
     }
 
     async fn ports(&self, bridge: &str) -> Result<usize, CniError> {
-        let dir = format!("/sys/class/net/{bridge}/brif");
-        let mut entries = match tokio::fs::read_dir(&dir).await {
-            Ok(e) => e,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
-            Err(source) => {
-                return Err(CniError::Io {
-                    op: "listing bridge ports",
-                    path: dir.into(),
-                    source,
-                });
-            }
-        };
-        let mut n = 0;
-        while let Ok(Some(_)) = entries.next_entry().await {
-            n += 1;
-        }
-        Ok(n)
+        let text = ip(&["-o", "link", "show", "master", bridge]).await?;
+        Ok(link_names(&text).count())
     }
 
     async fn delete(&self, bridge: &str) -> Result<(), CniError> {
         ip(&["link", "delete", bridge]).await.map(drop)
     }
+}
+
+/// The interface names of `ip -o link` output (`N: name[@peer]: <flags> ...`).
+fn link_names(text: &str) -> impl Iterator<Item = &str> {
+    text.lines().filter_map(|line| {
+        let name = line.split(": ").nth(1)?;
+        Some(name.split_once('@').map_or(name, |(n, _)| n))
+    })
 }
 
 /// `inet A.B.C.D/N` words of `ip -o -4 addr` output.
@@ -131,6 +124,17 @@ pub async fn reconcile_bridge<B: BridgeOps>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn link_names_are_read_from_ip_link_output() {
+        let text = "1: lo: <LOOPBACK,UP,LOWER_UP> mtu 65536 qdisc noqueue state UNKNOWN\n\
+            5: veth1a2b@if3: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1500 master rk0 state UP\n\
+            7: rk0: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1500 qdisc noqueue state UP\n";
+        assert_eq!(
+            link_names(text).collect::<Vec<_>>(),
+            ["lo", "veth1a2b", "rk0"]
+        );
+    }
     use std::sync::Mutex;
 
     struct FakeBridge {

@@ -240,5 +240,18 @@ fn serving_args(node: &str, minted: bool) -> Vec<std::ffi::OsString> {
 impl Drop for AgentProcess {
     fn drop(&mut self) {
         self.terminate();
+        // A failed test shows what the agent complained of (its log goes with the cluster).
+        if std::thread::panicking() {
+            let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+            let complaints: Vec<&str> = text
+                .lines()
+                .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+                .collect();
+            eprintln!(
+                "---- the agent's last warnings and errors ({}):\n{}",
+                self.log.display(),
+                complaints[complaints.len().saturating_sub(60)..].join("\n")
+            );
+        }
     }
 }
