@@ -64,7 +64,10 @@ if ((nodes > 1)); then
     ip netns exec "rk-host$i" curl -sS -m 5 "http://$target/" | grep -m1 '<title>'
   done
   [[ $routes != none ]] || log "pods on different nodes reach each other with --pod-network-routes host-gw or vxlan"
-  log "each node's routes: rkubelet inspect node (run inside the node's netns: ip netns exec rk-hostN ...)"
+  h="$RKUBELET_STATE/hosts/rk-host1"
+  log "a node's pods and routes to the others, e.g. rk-host1's: ip netns exec rk-host1 $rk inspect node" \
+    "--hostname-override rk-host1 --root-dir $h/rkubelet --container-runtime-endpoint unix://$h/containerd.sock" \
+    "--runtime-cni-conf-dir $h/cni/net.d"
 else
   "$rk" cri version
   "$rk" cri status || true
