@@ -13,10 +13,9 @@ use std::time::{Duration, Instant};
 use common::agent::AgentProcess;
 use common::case::{Case, delete_and_wait, failed, get, phase, running};
 use common::pods::{events_of, pods_api, running_containers_of, sandboxes_of, sleeper};
-use common::{eventually, kube_client, node_name};
+use common::{TestRuntimeClass, eventually, kube_client, node_name};
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
-use k8s_openapi::api::node::v1::RuntimeClass;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use rkubelet::resources::Quantity;
 use serde_json::json;
 
@@ -225,7 +224,7 @@ async fn an_unknown_runtime_class_fails_the_sandbox_creation_as_in_the_kubelet()
     // The API server's RuntimeClass admission refuses pods of an unknown RuntimeClass: the
     // kubelet meets one only when it is deleted after the pod was created (here before
     // the agent runs).
-    let classes = RuntimeClasses::create("rkubelet-test-missing", "runc").await;
+    let classes = TestRuntimeClass::create("rkubelet-test-missing", "runc").await;
     let spec = json!({ "runtimeClassName": "rkubelet-test-missing" });
     let name = case.create("p", sleeper(spec)).await;
     drop(classes);
@@ -250,42 +249,12 @@ async fn an_unknown_runtime_class_fails_the_sandbox_creation_as_in_the_kubelet()
     assert!(sandboxes_of(&uid).await.is_empty(), "a sandbox for {uid}");
 }
 
-/// RuntimeClasses a test made, deleted when dropped.
-struct RuntimeClasses(Vec<String>);
-
-impl RuntimeClasses {
-    /// Creates the RuntimeClass `name` with `handler` (replacing a leftover one).
-    async fn create(name: &str, handler: &str) -> Self {
-        let api: Api<RuntimeClass> = Api::all(kube_client("admin.kubeconfig").await);
-        let class: RuntimeClass =
-            serde_json::from_value(json!({ "metadata": { "name": name }, "handler": handler }))
-                .expect("a RuntimeClass");
-        let _ = api.delete(name, &DeleteParams::default()).await;
-        api.create(&kube::api::PostParams::default(), &class)
-            .await
-            .expect("create the RuntimeClass");
-        Self(vec![name.to_owned()])
-    }
-}
-
-impl Drop for RuntimeClasses {
-    fn drop(&mut self) {
-        let names = std::mem::take(&mut self.0);
-        common::cleanup_blocking(move || async move {
-            let api: Api<RuntimeClass> = Api::all(kube_client("admin.kubeconfig").await);
-            for name in names {
-                let _ = api.delete(&name, &DeleteParams::default()).await;
-            }
-        });
-    }
-}
-
 #[tokio::test]
 #[ignore = "needs root and the local cluster: run scripts/test.sh"]
 async fn the_handler_of_a_runtime_class_reaches_the_runtime() {
     let case = Case::with_agent("adm-rch", &[]).await;
-    let _runc = RuntimeClasses::create("rkubelet-test-runc", "runc").await;
-    let _bogus = RuntimeClasses::create("rkubelet-test-bogus", "rkubelet-bogus").await;
+    let _runc = TestRuntimeClass::create("rkubelet-test-runc", "runc").await;
+    let _bogus = TestRuntimeClass::create("rkubelet-test-bogus", "rkubelet-bogus").await;
     let good = case
         .create(
             "a",

@@ -18,9 +18,8 @@ use std::time::{Duration, Instant};
 
 use common::case::{Case, get, running};
 use common::pods::{events_of, pods_api};
-use common::{eventually, kube_client, node_name};
+use common::{TestRuntimeClass, eventually, kube_client, node_name};
 use k8s_openapi::api::core::v1::{ConfigMap, ContainerStatus, Node, Pod, Secret};
-use k8s_openapi::api::node::v1::RuntimeClass;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use rkubelet::resources::Quantity;
 use serde_json::{Value, json};
@@ -906,33 +905,6 @@ impl Drop for Sources {
     }
 }
 
-/// A RuntimeClass, deleted when dropped.
-struct Class(String);
-
-impl Class {
-    async fn create(name: &str, handler: &str) -> Self {
-        let api: Api<RuntimeClass> = Api::all(kube_client("admin.kubeconfig").await);
-        let class: RuntimeClass =
-            serde_json::from_value(json!({ "metadata": { "name": name }, "handler": handler }))
-                .expect("a RuntimeClass");
-        let _ = api.delete(name, &DeleteParams::default()).await;
-        api.create(&PostParams::default(), &class)
-            .await
-            .expect("create the RuntimeClass");
-        Self(name.to_owned())
-    }
-}
-
-impl Drop for Class {
-    fn drop(&mut self) {
-        let name = self.0.clone();
-        common::cleanup_blocking(move || async move {
-            let api: Api<RuntimeClass> = Api::all(kube_client("admin.kubeconfig").await);
-            let _ = api.delete(&name, &DeleteParams::default()).await;
-        });
-    }
-}
-
 /// The agent's log written since `from` bytes.
 fn log_since(path: &Path, from: u64) -> String {
     let text = std::fs::read(path).unwrap_or_default();
@@ -950,7 +922,7 @@ async fn bad_pod_specs_end_as_in_the_kubelet_and_the_agent_keeps_serving() {
     // A RuntimeClass deleted after its pod was created (the API refuses pods of unknown
     // classes), before the agent sees the pod; and one whose handler the runtime lacks.
     let gone_class = format!("{label}-gone");
-    let gone = Class::create(&gone_class, "runc").await;
+    let gone = TestRuntimeClass::create(&gone_class, "runc").await;
     let rc_gone = case
         .create(
             "rc-gone",
@@ -959,7 +931,7 @@ async fn bad_pod_specs_end_as_in_the_kubelet_and_the_agent_keeps_serving() {
         .await;
     drop(gone);
     let bogus_class = format!("{label}-bogus");
-    let _bogus = Class::create(&bogus_class, "rkubelet-bogus").await;
+    let _bogus = TestRuntimeClass::create(&bogus_class, "rkubelet-bogus").await;
     let log = common::case::root_dir().with_extension("log");
     let log_start = std::fs::metadata(&log).map_or(0, |m| m.len());
     case.start_agent(&[]);

@@ -103,6 +103,38 @@ pub async fn kubectl(args: &[&str]) -> String {
     run_ok(cmd, &format!("kubectl {args:?}")).await
 }
 
+/// A RuntimeClass a test made (a leftover of the name replaced), deleted when dropped.
+pub struct TestRuntimeClass(String);
+
+impl TestRuntimeClass {
+    /// Creates the RuntimeClass `name` with `handler`.
+    pub async fn create(name: &str, handler: &str) -> Self {
+        use k8s_openapi::api::node::v1::RuntimeClass;
+        let api: kube::Api<RuntimeClass> = kube::Api::all(kube_client("admin.kubeconfig").await);
+        let class: RuntimeClass = serde_json::from_value(
+            serde_json::json!({ "metadata": { "name": name }, "handler": handler }),
+        )
+        .expect("a RuntimeClass");
+        let _ = api.delete(name, &Default::default()).await;
+        api.create(&Default::default(), &class)
+            .await
+            .expect("create the RuntimeClass");
+        Self(name.to_owned())
+    }
+}
+
+impl Drop for TestRuntimeClass {
+    fn drop(&mut self) {
+        let name = std::mem::take(&mut self.0);
+        cleanup_blocking(move || async move {
+            use k8s_openapi::api::node::v1::RuntimeClass;
+            let api: kube::Api<RuntimeClass> =
+                kube::Api::all(kube_client("admin.kubeconfig").await);
+            let _ = api.delete(&name, &Default::default()).await;
+        });
+    }
+}
+
 /// `scripts/cluster.sh ARGS`, waiting for it; answers its stdout, panics if it fails.
 pub async fn cluster(args: &[&str]) -> String {
     let mut cmd = tokio::process::Command::new("bash");
