@@ -54,17 +54,6 @@ enum NetworkOwnerArg {
     Runtime,
 }
 
-/// How pod traffic reaches the other nodes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum PodNetworkRoutesArg {
-    /// The agent programs no routes between nodes.
-    None,
-    /// A route to each other node's pod CIDR through its InternalIP (nodes on one link).
-    HostGw,
-    /// A VXLAN overlay (device rkvx.1, VNI 1, UDP 8472); pods get the MTU less 50.
-    Vxlan,
-}
-
 /// Flags of `rkubelet run`, named like the kubelet's where the meaning is the same.
 #[derive(Debug, clap::Args)]
 struct RunArgs {
@@ -92,7 +81,7 @@ struct RunArgs {
     /// How pod traffic reaches the other nodes' pods: routes kept by the agent from a watch
     /// on every Node, as flannel's backends.
     #[arg(long, value_enum, default_value = "none")]
-    pod_network_routes: PodNetworkRoutesArg,
+    pod_network_routes: rkubelet::cni::routes::Mode,
     /// Directories searched for CNI plugins, in order.
     #[arg(
         long,
@@ -389,11 +378,7 @@ async fn run_command(
             NetworkOwnerArg::Agent => app::NetworkOwner::Agent,
             NetworkOwnerArg::Runtime => app::NetworkOwner::Runtime,
         },
-        pod_network_routes: match args.pod_network_routes {
-            PodNetworkRoutesArg::None => rkubelet::cni::routes::Mode::None,
-            PodNetworkRoutesArg::HostGw => rkubelet::cni::routes::Mode::HostGw,
-            PodNetworkRoutesArg::Vxlan => rkubelet::cni::routes::Mode::Vxlan,
-        },
+        pod_network_routes: args.pod_network_routes,
         cni_bin_dirs: args.cni_bin_dir,
         cni_conf_dir: args.cni_conf_dir,
         runtime_cni_conf_dir: args.runtime_cni_conf_dir,

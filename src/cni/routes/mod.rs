@@ -43,15 +43,17 @@ pub const ROUTE_PROTOCOL: u8 = 211;
 /// Where, under the agent's root dir, the programmed state is written.
 pub const STATE_FILE: &str = "pod-network-routes.json";
 
-/// How pod traffic reaches other nodes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+/// How pod traffic reaches other nodes (`--pod-network-routes`).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum Mode {
-    /// The agent programs nothing (another component, or a single node).
+    /// The agent programs no routes between nodes (another component, or a single node).
     None,
-    /// Routes to each node's pod CIDR through its IP.
+    /// A route to each other node's pod CIDR through its InternalIP (nodes on one link).
     HostGw,
-    /// A VXLAN overlay.
+    /// A VXLAN overlay (device rkvx.1, VNI 1, UDP 8472); pods get the MTU less 50.
     Vxlan,
 }
 
