@@ -12,7 +12,7 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use common::{cleanup_blocking, cluster, eventually, kubectl, unique};
+use common::{cleanup_blocking, cluster, eventually, kubectl, kubectl_command, unique};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams};
 
@@ -49,24 +49,11 @@ impl Drop for Hosts {
             print_node_logs();
         }
         cleanup_blocking(|| async {
-            let _ = tokio::process::Command::new("kubectl")
-                .arg("--kubeconfig")
-                .arg(common::state_dir().join("pki/admin.kubeconfig"))
-                .args([
-                    "delete",
-                    "all,nodes",
-                    "-A",
-                    "-l",
-                    TEST_LABEL,
-                    "--wait=false",
-                ])
+            let _ = kubectl_command(&["delete", "all", "-A", "-l", TEST_LABEL, "--wait=false"])
                 .output()
                 .await;
             cluster(&["remove-nodes"]).await;
-            let _ = tokio::process::Command::new("kubectl")
-                .arg("--kubeconfig")
-                .arg(common::state_dir().join("pki/admin.kubeconfig"))
-                .args(["delete", "nodes", "-l", HOST_LABEL])
+            let _ = kubectl_command(&["delete", "nodes", "-l", HOST_LABEL])
                 .output()
                 .await;
         });
@@ -250,11 +237,7 @@ fn ip_of(p: &Pod) -> String {
 /// `wget` from a client pod (through `kubectl exec`, the node's kubelet API), 10 s at most
 /// (`timeout`: busybox 1.35's own `wget -T` crashes); its answer.
 async fn http_from(client: &str, url: &str) -> Result<String, String> {
-    let mut cmd = tokio::process::Command::new("kubectl");
-    cmd.arg("--kubeconfig")
-        .arg(common::state_dir().join("pki/admin.kubeconfig"))
-        .args(["exec", client, "--", "timeout", "10", "wget", "-qO-", url]);
-    let out = cmd
+    let out = kubectl_command(&["exec", client, "--", "timeout", "10", "wget", "-qO-", url])
         .stdin(std::process::Stdio::null())
         .output()
         .await

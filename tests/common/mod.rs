@@ -95,12 +95,18 @@ pub fn unique(prefix: &str) -> String {
     format!("{prefix}-{}-{nanos:x}", std::process::id())
 }
 
+/// `kubectl ARGS` as the admin, to run.
+pub fn kubectl_command(args: &[&str]) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new("kubectl");
+    cmd.arg("--kubeconfig")
+        .arg(state_dir().join("pki").join("admin.kubeconfig"))
+        .args(args);
+    cmd
+}
+
 /// `kubectl` as the admin; answers stdout, panics on failure.
 pub async fn kubectl(args: &[&str]) -> String {
-    let kubeconfig = state_dir().join("pki").join("admin.kubeconfig");
-    let mut cmd = tokio::process::Command::new("kubectl");
-    cmd.arg("--kubeconfig").arg(kubeconfig).args(args);
-    run_ok(cmd, &format!("kubectl {args:?}")).await
+    run_ok(kubectl_command(args), &format!("kubectl {args:?}")).await
 }
 
 /// A RuntimeClass a test made (a leftover of the name replaced), deleted when dropped.
