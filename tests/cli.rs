@@ -52,3 +52,24 @@ fn a_node_ip_of_another_host_is_refused_and_logs_carry_no_colour() {
         "no escape sequences: {stderr:?}"
     );
 }
+
+#[test]
+fn a_flag_given_twice_takes_the_later_value_as_on_the_kubelet() {
+    // The systemd drop-in appends the administrator's KUBELET_EXTRA_ARGS to kubeadm's
+    // flags: the later one must win, not be refused.
+    let out = rkubelet(&[
+        "run",
+        "--kubeconfig",
+        "/nonexistent",
+        "--node-ip",
+        "203.0.113.1",
+        "--node-ip",
+        "203.0.113.78",
+    ]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("node IP: 203.0.113.78 not found in the host's network interfaces"),
+        "{stderr}"
+    );
+}
