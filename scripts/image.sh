@@ -124,6 +124,7 @@ binary() {
     echo "$RKUBELET_BINARY"
     return 0
   fi
+  command -v cargo >/dev/null || die "cargo is needed to build rkubelet (or set RKUBELET_BINARY)"
   log "cargo build --release --bin rkubelet"
   (cd "$RKUBELET_REPO" && nice cargo build --quiet --locked --release --bin rkubelet) >&2
   echo "$RKUBELET_REPO/target/release/rkubelet"
