@@ -163,11 +163,12 @@ cmd_build() {
   log "image: $image, $(buildah images --format '{{.Size}}' "$image"), in $((SECONDS - start)) s"
 }
 
+# Removes every tag of the image's and the base's repositories.
 cmd_clean() {
-  local image
-  for image in "${RKUBELET_IMAGE:-localhost/rkubelet}" "$BASE_IMAGE"; do
-    buildah images --format '{{.Name}}:{{.Tag}}' "$image" 2>/dev/null | xargs -r buildah rmi >/dev/null
-  done
+  local repo=${RKUBELET_IMAGE:-localhost/rkubelet}
+  buildah images --format '{{.Name}} {{.Tag}}' |
+    awk -v a="${repo%:*}" -v b="${BASE_IMAGE%:*}" '$1 == a || $1 == b { print $1 ":" $2 }' |
+    xargs -r buildah rmi >/dev/null
   rm -f "$BASE_TARBALL" "$BASE_TARBALL.recipe"
   log "removed the images and $BASE_TARBALL"
 }
