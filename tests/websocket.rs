@@ -295,7 +295,12 @@ async fn exec_over_websocket_on_the_kubelet_and_through_the_apiserver() {
         let plain = Streams::default();
 
         // v4: stdout, then a Success status on the error channel, then a normal close.
+        let started = std::time::Instant::now();
         let (chosen, got) = via.run(&exec(&["echo", "hi"], plain), &[V4], vec![]).await;
+        eprintln!(
+            "exec echo over WebSocket via {via:?}: {:?} from connect to close",
+            started.elapsed()
+        );
         assert_eq!(chosen, V4);
         assert_eq!(got.get(1), "hi\n", "{via:?}");
         assert_eq!(got.status()["status"], "Success", "{via:?} {got:?}");
