@@ -318,8 +318,10 @@ pub fn generate_pod_status(pod: &Pod, inputs: &StatusInputs<'_>) -> PodStatus {
     let init_statuses = init_container_statuses(pod, inputs);
     let statuses = container_statuses(pod, inputs);
     let mut phase = phase(crate::pod::restart_policy(pod), &init_statuses, &statuses).to_owned();
-    // A terminal phase never changes again.
-    if matches!(old.phase.as_deref(), Some("Succeeded" | "Failed")) {
+    // A terminal phase never changes again, nor why it was reached (`Evicted`,
+    // `DeadlineExceeded`).
+    let terminal = matches!(old.phase.as_deref(), Some("Succeeded" | "Failed"));
+    if terminal {
         phase = old.phase.clone().unwrap_or_default();
     }
     let unready: Vec<&str> = statuses
@@ -407,6 +409,8 @@ pub fn generate_pod_status(pod: &Pod, inputs: &StatusInputs<'_>) -> PodStatus {
             .map(|s| crate::resources::qos_class(s).as_str().to_owned()),
         container_statuses: Some(statuses),
         init_container_statuses: (!init_statuses.is_empty()).then_some(init_statuses),
+        reason: old.reason.clone().filter(|_| terminal),
+        message: old.message.clone().filter(|_| terminal),
         ..Default::default()
     }
 }
