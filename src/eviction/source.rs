@@ -94,14 +94,7 @@ impl<C: Cri, M: MachineInfo + ?Sized + 'static> StatsSource for NodeStats<C, M> 
     async fn pod_usage(&self) -> Result<HashMap<String, PodUsage>, EvictionError> {
         let running: std::collections::HashSet<String> = self
             .cri
-            .list_containers(api::ListContainersRequest {
-                filter: Some(api::ContainerFilter {
-                    state: Some(api::ContainerStateValue {
-                        state: api::ContainerState::ContainerRunning.into(),
-                    }),
-                    ..Default::default()
-                }),
-            })
+            .list_containers(crate::cri::running_containers_request())
             .await?
             .containers
             .into_iter()
