@@ -1,6 +1,8 @@
-//! The eviction manager on the real node: pods run under an agent with the default
-//! thresholds; the agent restarts with `--eviction-hard=memory.available<1Pi` (a threshold
-//! always met), the node reports MemoryPressure, and the pods are evicted one per pass in
+//! The eviction manager on the real node: pods run under an agent with only the default
+//! memory threshold (the shared disk may be fuller than the default `nodefs.available<10%`);
+//! the agent restarts with `memory.available` 512Mi below the machine's memory (a
+//! threshold always met that leaves 512Mi allocatable, so the running pods are admitted
+//! again), the node reports MemoryPressure, and the pods are evicted one per pass in
 //! the kubelet's order — BestEffort first, then Burstable (within its request, least far
 //! below it), then Guaranteed — each ending Failed with reason `Evicted`, the kubelet's
 //! message and a Warning `Evicted` event, its containers killed; nothing is left behind.
@@ -38,6 +40,17 @@ async fn evicted_event(name: &str) -> Event {
     .await
 }
 
+/// A `/proc/meminfo` figure, in bytes.
+fn meminfo(key: &str) -> u64 {
+    let text = std::fs::read_to_string("/proc/meminfo").expect("/proc/meminfo");
+    let kib: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches(" kB").parse().ok())
+        .unwrap_or_else(|| panic!("{key} in /proc/meminfo"));
+    kib * 1024
+}
+
 fn resources(requests: serde_json::Value, limits: serde_json::Value) -> serde_json::Value {
     sleeper(serde_json::json!({
         "containers": [{
@@ -50,7 +63,7 @@ fn resources(requests: serde_json::Value, limits: serde_json::Value) -> serde_js
 #[tokio::test]
 #[ignore = "needs root and the local cluster: run scripts/test.sh"]
 async fn memory_pressure_evicts_best_effort_then_burstable_then_guaranteed() {
-    let mut case = Case::with_agent("evict", &[]).await;
+    let mut case = Case::with_agent("evict", &["--eviction-hard", "memory.available<100Mi"]).await;
     let best_effort = case
         .create("besteffort", sleeper(serde_json::json!({})))
         .await;
@@ -79,7 +92,12 @@ async fn memory_pressure_evicts_best_effort_then_burstable_then_guaranteed() {
 
     // Memory is short from now on: the restarted agent admits its running pods, then
     // evicts them one per pass.
-    case.start_agent(&["--eviction-hard", "memory.available<1Pi"]);
+    let threshold = meminfo("MemTotal") - (512 << 20);
+    assert!(
+        meminfo("MemAvailable") + (1 << 30) < threshold,
+        "the machine has too little memory in use for an always-met threshold"
+    );
+    case.start_agent(&["--eviction-hard", &format!("memory.available<{threshold}")]);
     let first = failed(&best_effort, Duration::from_secs(60)).await;
     let (reason, message) = reason_and_message(&first);
     assert_eq!(reason, Some("Evicted"), "{}", case.agent().log_tail());
