@@ -222,7 +222,8 @@ mod tests {
     struct Fake {
         /// Memory available, then after a reclaim.
         memory: Mutex<Vec<u64>>,
-        disk_available_percent: u64,
+        /// Percent of the disk available, then after a reclaim.
+        disk: Mutex<Vec<u64>>,
         pods: Option<Vec<Arc<Pod>>>,
         usage: HashMap<String, PodUsage>,
         evicted: Mutex<Vec<(String, String, i64)>>,
@@ -231,17 +232,19 @@ mod tests {
 
     impl StatsSource for &Fake {
         async fn observe(&self) -> Observations {
-            let mut memory = self.memory.lock().unwrap();
-            let available = if memory.len() > 1 {
-                memory.remove(0)
-            } else {
-                memory[0]
-            };
+            fn next(figures: &Mutex<Vec<u64>>) -> u64 {
+                let mut figures = figures.lock().unwrap();
+                if figures.len() > 1 {
+                    figures.remove(0)
+                } else {
+                    figures[0]
+                }
+            }
             Observations {
-                memory_available_bytes: Some(available),
+                memory_available_bytes: Some(next(&self.memory)),
                 nodefs: Some(FsStats {
                     capacity_bytes: 100,
-                    available_bytes: self.disk_available_percent,
+                    available_bytes: next(&self.disk),
                     inodes: 100,
                     inodes_free: 100,
                 }),
@@ -307,7 +310,7 @@ mod tests {
     async fn evicts_one_pod_per_pass_best_effort_first_never_a_static_pod() {
         let fake = Fake {
             memory: Mutex::new(vec![10 * MIB]),
-            disk_available_percent: 50,
+            disk: Mutex::new(vec![50]),
             pods: Some(vec![
                 pod("guaranteed", &[], Some("64Mi")),
                 pod("static", &[("kubernetes.io/config.source", "file")], None),
@@ -343,7 +346,7 @@ mod tests {
     async fn disk_pressure_reclaims_node_resources_first() {
         let fake = Fake {
             memory: Mutex::new(vec![10_000 * MIB]),
-            disk_available_percent: 5,
+            disk: Mutex::new(vec![5]),
             pods: Some(vec![pod("besteffort", &[], None)]),
             ..Fake::default()
         };
@@ -361,10 +364,23 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_reclaim_that_relieves_disk_pressure_evicts_nothing() {
+        let fake = Fake {
+            memory: Mutex::new(vec![10_000 * MIB]),
+            disk: Mutex::new(vec![5, 50]),
+            pods: Some(vec![pod("besteffort", &[], None)]),
+            ..Fake::default()
+        };
+        let pass = manager(&fake).synchronize().await;
+        assert_eq!(pass, Pass::Reclaimed(Signal::NodeFsAvailable));
+        assert!(fake.evicted.lock().unwrap().is_empty());
+    }
+
+    #[tokio::test]
     async fn no_pressure_no_pods_or_only_critical_pods_evict_nothing() {
         let mut fake = Fake {
             memory: Mutex::new(vec![10_000 * MIB]),
-            disk_available_percent: 50,
+            disk: Mutex::new(vec![50]),
             pods: Some(vec![pod("besteffort", &[], None)]),
             ..Fake::default()
         };

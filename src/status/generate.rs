@@ -528,6 +528,36 @@ mod tests {
         assert_eq!(status.qos_class.as_deref(), Some("BestEffort"));
     }
 
+    /// An evicted pod whose containers still run until killed stays Failed, and keeps
+    /// why (`Evicted` and the eviction manager's message); a running pod has neither.
+    #[test]
+    fn a_terminal_pod_keeps_its_phase_reason_and_message() {
+        let mut p = pod("web", &[("a", "nginx")]);
+        let rt = running_a(vec![]);
+        let w = HashMap::new();
+        let status = generate_pod_status(&p, &inputs(&rt, &w));
+        assert_eq!((status.reason, status.message), (None, None));
+        p.status = Some(PodStatus {
+            phase: Some("Failed".into()),
+            reason: Some("Evicted".into()),
+            message: Some("The node was low on resource: memory. ".into()),
+            ..Default::default()
+        });
+        let status = generate_pod_status(&p, &inputs(&rt, &w));
+        assert_eq!(
+            (
+                status.phase.as_deref(),
+                status.reason.as_deref(),
+                status.message.as_deref()
+            ),
+            (
+                Some("Failed"),
+                Some("Evicted"),
+                Some("The node was low on resource: memory. ")
+            )
+        );
+    }
+
     #[test]
     fn a_running_pod_is_ready_with_ips_and_ids() {
         let p = pod("web", &[("a", "nginx")]);
