@@ -128,7 +128,7 @@ struct RunArgs {
     /// (`memory.available<100Mi,nodefs.available<10%`); signals not named get none.
     /// Default: the kubelet's (`memory.available<100Mi,nodefs.available<10%,
     /// nodefs.inodesFree<5%`, and `pid.available<10%`).
-    #[arg(long, value_parser = rkubelet::eviction::parse_eviction_hard)]
+    #[arg(long, value_parser = rkubelet::eviction::parse_eviction_hard, overrides_with = "eviction_hard")]
     eviction_hard: Option<rkubelet::eviction::ParsedThresholds>,
     /// Unsafe sysctls or sysctl patterns (ending in `*`) pods may set besides the safe
     /// ones, comma-separated.

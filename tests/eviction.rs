@@ -1,5 +1,5 @@
-//! The eviction manager on the real node: pods run under an agent with only the default
-//! memory threshold (the shared disk may be fuller than the default `nodefs.available<10%`);
+//! The eviction manager on the real node: pods run under an agent with the tests'
+//! thresholds (`tests/common/agent.rs`: the kubelet's memory threshold, 1% of the disk);
 //! the agent restarts with `memory.available` 512Mi below the machine's memory (a
 //! threshold always met that leaves 512Mi allocatable, so the running pods are admitted
 //! again), the node reports MemoryPressure, and the pods are evicted one per pass in
@@ -63,7 +63,7 @@ fn resources(requests: serde_json::Value, limits: serde_json::Value) -> serde_js
 #[tokio::test]
 #[ignore = "needs root and the local cluster: run scripts/test.sh"]
 async fn memory_pressure_evicts_best_effort_then_burstable_then_guaranteed() {
-    let mut case = Case::with_agent("evict", &["--eviction-hard", "memory.available<100Mi"]).await;
+    let mut case = Case::with_agent("evict", &[]).await;
     let best_effort = case
         .create("besteffort", sleeper(serde_json::json!({})))
         .await;
