@@ -131,6 +131,12 @@ struct RunArgs {
     /// after its threshold stops being met, as a Go duration (`5m0s`, `30s`).
     #[arg(long, default_value = "5m0s", value_parser = rkubelet::node::parse_go_duration)]
     eviction_pressure_transition_period: Duration,
+    /// Hard eviction thresholds, `<signal><<value>` comma-separated
+    /// (`memory.available<100Mi,nodefs.available<10%`); signals not named get none.
+    /// Default: the kubelet's (`memory.available<100Mi,nodefs.available<10%,
+    /// nodefs.inodesFree<5%`, and `pid.available<10%`).
+    #[arg(long, value_parser = rkubelet::eviction::parse_eviction_hard, overrides_with = "eviction_hard")]
+    eviction_hard: Option<rkubelet::eviction::ParsedThresholds>,
     /// Unsafe sysctls or sysctl patterns (ending in `*`) pods may set besides the safe
     /// ones, comma-separated.
     #[arg(long, value_delimiter = ',')]
@@ -397,6 +403,7 @@ async fn run_command(
         node_labels,
         max_pods: args.max_pods,
         eviction_pressure_transition_period: args.eviction_pressure_transition_period,
+        eviction_hard: args.eviction_hard,
         allowed_unsafe_sysctls: args.allowed_unsafe_sysctls,
         server,
         cgroups_per_qos: args.cgroups_per_qos,
