@@ -85,6 +85,17 @@ pub struct Config {
     pub node_labels: std::collections::BTreeMap<String, String>,
     /// `--max-pods`.
     pub max_pods: u32,
+    /// `--pod-cidr`: the pod CIDR when the registered Node has none (else the agent waits
+    /// for the controller manager's).
+    pub pod_cidr: Option<String>,
+    /// `--provider-id`.
+    pub provider_id: Option<String>,
+    /// `--register-with-taints`.
+    pub register_with_taints: Vec<k8s_openapi::api::core::v1::Taint>,
+    /// `--kube-reserved`.
+    pub kube_reserved: crate::node::Reservation,
+    /// `--system-reserved`.
+    pub system_reserved: crate::node::Reservation,
     /// `--eviction-pressure-transition-period`.
     pub eviction_pressure_transition_period: Duration,
     /// `--allowed-unsafe-sysctls`: sysctls (or `prefix*` patterns) pods may set besides
@@ -485,6 +496,10 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
     node_config.max_pods = config.max_pods;
     node_config.eviction_pressure_transition_period = config.eviction_pressure_transition_period;
     node_config.labels = config.node_labels.clone();
+    node_config.provider_id = config.provider_id.clone();
+    node_config.register_with_taints = config.register_with_taints.clone();
+    node_config.kube_reserved = config.kube_reserved;
+    node_config.system_reserved = config.system_reserved;
     if let Some(server) = &config.server {
         node_config.daemon_port = server.port;
     }
@@ -501,7 +516,21 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
     // registered Node until the watch delivers).
     let (node_store, node_feed) = crate::node::node_lister(client.clone(), &config.node_name);
     tokio::spawn(node_feed);
-    let pod_cidr = wait_for_pod_cidr(&client, &config.node_name, Duration::from_secs(120)).await?;
+    let registered_cidr = registered
+        .spec
+        .as_ref()
+        .and_then(|s| s.pod_cidr.clone())
+        .filter(|c| !c.is_empty());
+    let pod_cidr = match (registered_cidr, &config.pod_cidr) {
+        (Some(cidr), _) => cidr,
+        (None, Some(configured)) => {
+            tracing::info!(pod_cidr = %configured, "the node has no pod CIDR: using --pod-cidr");
+            configured.clone()
+        }
+        (None, None) => {
+            wait_for_pod_cidr(&client, &config.node_name, Duration::from_secs(120)).await?
+        }
+    };
     let routes = start_routes(&config, &pod_cidr).await?;
     let pod_mtu = routes.as_ref().and_then(cni::routes::Programmer::pod_mtu);
     setup_network(&config, &pod_cidr, pod_mtu, &cancel).await?;

@@ -103,7 +103,12 @@ impl NodeAgent {
                 labels: Some(node_labels(&self.config)),
                 ..ObjectMeta::default()
             },
-            spec: Some(NodeSpec::default()),
+            spec: Some(NodeSpec {
+                provider_id: self.config.provider_id.clone(),
+                taints: Some(self.config.register_with_taints.clone())
+                    .filter(|taints| !taints.is_empty()),
+                ..NodeSpec::default()
+            }),
             status: Some(node_status),
         };
         // A Node may be created with its status, which saves a round trip.
