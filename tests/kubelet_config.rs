@@ -279,3 +279,74 @@ async fn a_kind_worker_config_file_shows_in_the_node_and_the_pods() {
     );
     std::fs::remove_dir_all(&dir).expect("clean up");
 }
+
+/// Deletes the test node's Node and Lease, so that the next agent registers it anew.
+async fn delete_node(admin: &kube::Client) {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let nodes: kube::Api<Node> = kube::Api::all(admin.clone());
+    let leases: kube::Api<Lease> = kube::Api::namespaced(admin.clone(), "kube-node-lease");
+    let dp = kube::api::DeleteParams::default();
+    let _ = nodes.delete(&node_name(), &dp).await;
+    let _ = leases.delete(&node_name(), &dp).await;
+    eventually("the Node gone", Duration::from_secs(30), || async {
+        nodes
+            .get_opt(&node_name())
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn a_new_node_is_registered_with_the_provider_id_and_taints() {
+    let mut case = Case::new("ktaint").await;
+    let admin = kube_client("admin.kubeconfig").await;
+    delete_node(&admin).await;
+    let dir = scratch("provider");
+    let config = dir.join("config.json");
+    std::fs::write(
+        &config,
+        r#"{"apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
+            "providerID": "kind://docker/kind/rk-node1"}"#,
+    )
+    .expect("config");
+    case.start_agent(&[
+        "--config",
+        config.to_str().expect("utf-8"),
+        "--register-with-taints=rkubelet.test/config=yes:NoSchedule,rkubelet.test/bare:PreferNoSchedule",
+    ]);
+    let nodes: kube::Api<Node> = kube::Api::all(admin.clone());
+    let spec = eventually("the Node registered", Duration::from_secs(60), || async {
+        nodes.get_opt(&node_name()).await.ok()??.spec
+    })
+    .await;
+    case.stop_agent();
+    delete_node(&admin).await;
+    std::fs::remove_dir_all(dir).expect("clean up");
+    assert_eq!(
+        spec.provider_id.as_deref(),
+        Some("kind://docker/kind/rk-node1")
+    );
+    let taints: Vec<(String, Option<String>, String)> = spec
+        .taints
+        .unwrap_or_default()
+        .into_iter()
+        // The node lifecycle controller adds its own (not-ready, …).
+        .filter(|t| t.key.starts_with("rkubelet.test/"))
+        .map(|t| (t.key, t.value, t.effect))
+        .collect();
+    assert_eq!(
+        taints,
+        [
+            (
+                "rkubelet.test/config".into(),
+                Some("yes".into()),
+                "NoSchedule".into()
+            ),
+            ("rkubelet.test/bare".into(), None, "PreferNoSchedule".into()),
+        ]
+    );
+}
