@@ -125,6 +125,7 @@ fn augment(run: Command) -> Command {
         Arg::new(f.flag)
             .long(f.flag)
             .num_args(0..=1)
+            .value_name("VALUE")
             .default_missing_value("true")
             .help(format!("Accepted as the kubelet's; no effect: {}", f.why))
     });
