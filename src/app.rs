@@ -516,20 +516,9 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
     // registered Node until the watch delivers).
     let (node_store, node_feed) = crate::node::node_lister(client.clone(), &config.node_name);
     tokio::spawn(node_feed);
-    let registered_cidr = registered
-        .spec
-        .as_ref()
-        .and_then(|s| s.pod_cidr.clone())
-        .filter(|c| !c.is_empty());
-    let pod_cidr = match (registered_cidr, &config.pod_cidr) {
-        (Some(cidr), _) => cidr,
-        (None, Some(configured)) => {
-            tracing::info!(pod_cidr = %configured, "the node has no pod CIDR: using --pod-cidr");
-            configured.clone()
-        }
-        (None, None) => {
-            wait_for_pod_cidr(&client, &config.node_name, Duration::from_secs(120)).await?
-        }
+    let pod_cidr = match crate::node::pod_cidr_at_start(&registered, config.pod_cidr.as_deref()) {
+        Some(cidr) => cidr,
+        None => wait_for_pod_cidr(&client, &config.node_name, Duration::from_secs(120)).await?,
     };
     let routes = start_routes(&config, &pod_cidr).await?;
     let pod_mtu = routes.as_ref().and_then(cni::routes::Programmer::pod_mtu);
