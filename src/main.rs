@@ -16,7 +16,14 @@ use rkubelet::server::{ServerConfig, ServingCertificateSource};
 
 /// A kubelet-compatible node agent.
 #[derive(Debug, Parser)]
-#[command(name = "rkubelet", about, disable_version_flag = true)]
+// A flag given again overrides its earlier value, as on the kubelet: the systemd drop-in
+// puts the administrator's flags after kubeadm's.
+#[command(
+    name = "rkubelet",
+    about,
+    disable_version_flag = true,
+    args_override_self = true
+)]
 struct Cli {
     /// Print the version as the kubelet prints its own (`Kubernetes v1.20.2+rkubelet-…`).
     #[arg(long)]
