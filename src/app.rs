@@ -85,6 +85,17 @@ pub struct Config {
     pub node_labels: std::collections::BTreeMap<String, String>,
     /// `--max-pods`.
     pub max_pods: u32,
+    /// `--pod-cidr`: the pod CIDR when the registered Node has none (else the agent waits
+    /// for the controller manager's).
+    pub pod_cidr: Option<String>,
+    /// `--provider-id`.
+    pub provider_id: Option<String>,
+    /// `--register-with-taints`.
+    pub register_with_taints: Vec<k8s_openapi::api::core::v1::Taint>,
+    /// `--kube-reserved`.
+    pub kube_reserved: crate::node::Reservation,
+    /// `--system-reserved`.
+    pub system_reserved: crate::node::Reservation,
     /// `--eviction-pressure-transition-period`.
     pub eviction_pressure_transition_period: Duration,
     /// `--eviction-hard`; `None` for the kubelet's defaults.
@@ -497,6 +508,10 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
     }
     let eviction_hard = node_config.eviction_hard;
     node_config.labels = config.node_labels.clone();
+    node_config.provider_id = config.provider_id.clone();
+    node_config.register_with_taints = config.register_with_taints.clone();
+    node_config.kube_reserved = config.kube_reserved;
+    node_config.system_reserved = config.system_reserved;
     if let Some(server) = &config.server {
         node_config.daemon_port = server.port;
     }
@@ -513,7 +528,10 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
     // registered Node until the watch delivers).
     let (node_store, node_feed) = crate::node::node_lister(client.clone(), &config.node_name);
     tokio::spawn(node_feed);
-    let pod_cidr = wait_for_pod_cidr(&client, &config.node_name, Duration::from_secs(120)).await?;
+    let pod_cidr = match crate::node::pod_cidr_at_start(&registered, config.pod_cidr.as_deref()) {
+        Some(cidr) => cidr,
+        None => wait_for_pod_cidr(&client, &config.node_name, Duration::from_secs(120)).await?,
+    };
     let routes = start_routes(&config, &pod_cidr).await?;
     let pod_mtu = routes.as_ref().and_then(cni::routes::Programmer::pod_mtu);
     setup_network(&config, &pod_cidr, pod_mtu, &cancel).await?;

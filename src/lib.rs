@@ -22,6 +22,7 @@ pub mod images;
 pub mod inspect;
 pub mod kubeclient;
 pub mod kubelet;
+pub mod kubeletconfig;
 pub mod kuberuntime;
 pub mod lifecycle;
 pub mod node;

@@ -7,9 +7,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use rkubelet::app;
 use rkubelet::cri::{self, Cri, CriClient, Endpoint, RuntimeHealth};
+use rkubelet::kubeletconfig::{self, ParseError};
 use rkubelet::observability::{self, LogFormat};
 use rkubelet::server::{ServerConfig, ServingCertificateSource};
 
@@ -127,6 +128,22 @@ struct RunArgs {
     /// The most pods this node runs.
     #[arg(long, default_value_t = 110)]
     max_pods: u32,
+    /// The pod CIDR to use when the Node has none at registration (else the agent waits
+    /// for the controller manager's).
+    #[arg(long)]
+    pod_cidr: Option<String>,
+    /// The Node's `spec.providerID` (at registration).
+    #[arg(long)]
+    provider_id: Option<String>,
+    /// Taints the Node is registered with, `key=value:Effect` comma-separated.
+    #[arg(long, value_delimiter = ',', value_parser = kubeletconfig::values::parse_taint)]
+    register_with_taints: Vec<k8s_openapi::api::core::v1::Taint>,
+    /// Resources set aside for Kubernetes daemons: `cpu=100m,memory=1Gi,ephemeral-storage=1Gi`.
+    #[arg(long, value_parser = kubeletconfig::values::parse_reservation)]
+    kube_reserved: Option<rkubelet::node::Reservation>,
+    /// Resources set aside for system daemons, as --kube-reserved.
+    #[arg(long, value_parser = kubeletconfig::values::parse_reservation)]
+    system_reserved: Option<rkubelet::node::Reservation>,
     /// How long a pressure condition (MemoryPressure, DiskPressure, PIDPressure) is held
     /// after its threshold stops being met, as a Go duration (`5m0s`, `30s`).
     #[arg(long, default_value = "5m0s", value_parser = rkubelet::node::parse_go_duration)]
@@ -190,7 +207,15 @@ struct ServerFlags {
     client_ca_file: Option<PathBuf>,
     /// Request the serving certificate from the certificates API (signer
     /// kubernetes.io/kubelet-serving) and renew it before it expires.
-    #[arg(long, conflicts_with = "tls_cert_file")]
+    #[arg(
+        long,
+        conflicts_with = "tls_cert_file",
+        action = clap::ArgAction::Set,
+        num_args = 0..=1,
+        default_value_t = false,
+        default_missing_value = "true",
+        require_equals = true
+    )]
     rotate_server_certificates: bool,
     /// Where generated or requested serving certificates are kept (default:
     /// <root-dir>/pki).
@@ -237,17 +262,16 @@ struct RuntimeFlags {
         global = true
     )]
     container_runtime_endpoint: String,
-    /// Deadline of each CRI call but image pulls, in seconds.
-    #[arg(long, default_value_t = 120, global = true)]
-    runtime_request_timeout: u64,
+    /// Deadline of each CRI call but image pulls: a duration (`2m0s`) or seconds.
+    #[arg(long, default_value = "2m0s", value_parser = kubeletconfig::values::parse_timeout, global = true)]
+    runtime_request_timeout: Duration,
 }
 
 impl RuntimeFlags {
     fn client(&self) -> anyhow::Result<CriClient> {
         let endpoint: Endpoint = self.container_runtime_endpoint.parse()?;
-        let timeout = Duration::from_secs(self.runtime_request_timeout);
         // Image pulls have no deadline, as the kubelet's.
-        Ok(CriClient::new(endpoint, timeout, None))
+        Ok(CriClient::new(endpoint, self.runtime_request_timeout, None))
     }
 }
 
@@ -326,7 +350,13 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
     {
         return Ok(rkubelet::cni::shim::run_plugin());
     }
-    let cli = Cli::parse();
+    let (matches, startup) =
+        match kubeletconfig::parse(Cli::command(), std::env::args_os().collect()) {
+            Ok(parsed) => parsed,
+            Err(ParseError::CommandLine(e)) => e.exit(),
+            Err(e) => return Err(e.into()),
+        };
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     let Some(command) = cli.command else {
         let mut out = std::io::stdout().lock();
         if cli.version {
@@ -337,13 +367,14 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
             )?;
             return Ok(std::process::ExitCode::SUCCESS);
         }
-        <Cli as clap::CommandFactory>::command().write_help(&mut out)?;
+        Cli::command().write_help(&mut out)?;
         return Ok(std::process::ExitCode::from(2));
     };
     let timelines = rkubelet::timeline::Timelines::new();
     let record = matches!(command, Command::Run(_)).then(|| timelines.clone());
     observability::init(cli.log_format, &cli.log_level, cli.log_span_timings, record)
         .map_err(|e| anyhow::anyhow!("setting up logging: {e}"))?;
+    startup.log();
     // The blocking pool serves short file-system calls: a few threads are plenty, and
     // every extra thread is resident memory.
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -368,7 +399,7 @@ async fn run_command(
         None => nix::unistd::gethostname()?.to_string_lossy().to_lowercase(),
     };
     let mut node_labels = std::collections::BTreeMap::new();
-    for label in &args.node_labels {
+    for label in args.node_labels.iter().filter(|l| !l.is_empty()) {
         let (k, v) = label
             .split_once('=')
             .with_context(|| format!("--node-labels: {label:?} is not key=value"))?;
@@ -402,6 +433,11 @@ async fn run_command(
         resolv_conf: (!args.resolv_conf.is_empty()).then(|| args.resolv_conf.into()),
         node_labels,
         max_pods: args.max_pods,
+        pod_cidr: args.pod_cidr,
+        provider_id: args.provider_id,
+        register_with_taints: args.register_with_taints,
+        kube_reserved: args.kube_reserved.unwrap_or_default(),
+        system_reserved: args.system_reserved.unwrap_or_default(),
         eviction_pressure_transition_period: args.eviction_pressure_transition_period,
         eviction_hard: args.eviction_hard,
         allowed_unsafe_sysctls: args.allowed_unsafe_sysctls,
@@ -551,4 +587,24 @@ async fn node_pod_cidr(kubeconfig: &std::path::Path, node: &str) -> anyhow::Resu
         .await
         .with_context(|| format!("reading node {node}"))?;
     Ok(found.and_then(|n| n.spec).and_then(|s| s.pod_cidr))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_implemented_config_field_has_its_flag() {
+        let cli = Cli::command();
+        let run = cli.find_subcommand("run").expect("run");
+        for field in kubeletconfig::fields::IMPLEMENTED {
+            assert!(
+                run.get_arguments()
+                    .any(|a| a.get_long() == Some(field.flag)),
+                "{} maps to --{}, which `run` does not have",
+                field.path,
+                field.flag
+            );
+        }
+    }
 }
