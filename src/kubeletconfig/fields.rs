@@ -69,6 +69,7 @@ pub const IMPLEMENTED: &[Field] = &[
     field("providerID", "provider-id", Form::Text),
     field("kubeReserved", "kube-reserved", Form::Map),
     field("systemReserved", "system-reserved", Form::Map),
+    field("evictionHard", "eviction-hard", Form::Thresholds),
     field("evictionPressureTransitionPeriod", "eviction-pressure-transition-period", Form::Duration),
     field("allowedUnsafeSysctls", "allowed-unsafe-sysctls", Form::List),
     field("cgroupsPerQOS", "cgroups-per-qos", Form::Bool),
@@ -88,7 +89,6 @@ pub const OWNED_ELSEWHERE: &[Field] = &[
     field("imageGCHighThresholdPercent", "image-gc-high-threshold", Form::Int),
     field("imageGCLowThresholdPercent", "image-gc-low-threshold", Form::Int),
     field("imageMinimumGCAge", "minimum-image-ttl-duration", Form::Duration),
-    field("evictionHard", "eviction-hard", Form::Thresholds),
     field("evictionMinimumReclaim", "eviction-minimum-reclaim", Form::Map),
 ];
 
@@ -509,6 +509,10 @@ volumeStatsAggPeriod: 0s
                 ("cgroup-driver", "cgroupfs"),
                 ("cluster-dns", "10.96.0.10"),
                 ("cluster-domain", "cluster.local"),
+                (
+                    "eviction-hard",
+                    "imagefs.available<0%,nodefs.available<0%,nodefs.inodesFree<0%"
+                ),
                 ("healthz-bind-address", "127.0.0.1"),
                 ("healthz-port", "10248"),
             ]
@@ -517,7 +521,6 @@ volumeStatsAggPeriod: 0s
         assert_eq!(
             plan.notes,
             [
-                ignored("evictionHard", "not implemented by rkubelet yet"),
                 ignored(
                     "imageGCHighThresholdPercent",
                     "not implemented by rkubelet yet"
