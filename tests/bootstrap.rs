@@ -30,7 +30,7 @@ impl TestNode {
     fn new(name: &str) -> Self {
         let dir = std::env::temp_dir().join(format!("rk-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::create_dir_all(&dir).expect("test dir");
         Self {
             name: name.to_owned(),
             dir,
@@ -84,7 +84,7 @@ async fn node_csrs(admin: &kube::Client, node: &str) -> Vec<CertificateSigningRe
     let all = Api::<CertificateSigningRequest>::all(admin.clone())
         .list(&ListParams::default())
         .await
-        .unwrap();
+        .expect("list CSRs");
     all.items
         .into_iter()
         .filter(|csr| {
@@ -135,10 +135,10 @@ async fn ready_and_heartbeating(
 
 /// The serial, subject and end of validity of the first certificate in a PEM file.
 fn serial_and_expiry(pem: &Path) -> (Vec<u8>, String, Timestamp) {
-    let text = std::fs::read(pem).unwrap();
-    let (_, block) = x509_parser::pem::parse_x509_pem(&text).unwrap();
-    let cert = block.parse_x509().unwrap();
-    let not_after = Timestamp::from_second(cert.validity().not_after.timestamp()).unwrap();
+    let text = std::fs::read(pem).expect("certificate file");
+    let (_, block) = x509_parser::pem::parse_x509_pem(&text).expect("PEM");
+    let cert = block.parse_x509().expect("X.509");
+    let not_after = Timestamp::from_second(cert.validity().not_after.timestamp()).expect("time");
     (
         cert.raw_serial().to_vec(),
         cert.subject().to_string(),
@@ -231,11 +231,14 @@ async fn a_node_with_only_a_bootstrap_token_gets_its_certificate_through_a_csr()
 /// a kubeconfig naming it (as files). Returns the certificate's path.
 fn short_lived_identity(node: &TestNode, lifetime: Duration) -> PathBuf {
     let pki = common::state_dir().join("pki");
-    let ca_cert = std::fs::read_to_string(pki.join("ca.crt")).unwrap();
-    let ca_key =
-        rcgen::KeyPair::from_pem(&std::fs::read_to_string(pki.join("ca.key")).unwrap()).unwrap();
-    let issuer = rcgen::Issuer::from_ca_cert_pem(&ca_cert, ca_key).unwrap();
-    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let ca_cert = std::fs::read_to_string(pki.join("ca.crt")).expect("short-lived identity");
+    let ca_key = rcgen::KeyPair::from_pem(
+        &std::fs::read_to_string(pki.join("ca.key")).expect("short-lived identity"),
+    )
+    .expect("short-lived identity");
+    let issuer = rcgen::Issuer::from_ca_cert_pem(&ca_cert, ca_key).expect("short-lived identity");
+    let key =
+        rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("short-lived identity");
     let mut params = rcgen::CertificateParams::default();
     params.distinguished_name = rkubelet::certificate::csr::node_subject(&node.name);
     params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
@@ -243,15 +246,18 @@ fn short_lived_identity(node: &TestNode, lifetime: Duration) -> PathBuf {
     params.not_before = now.into();
     params.not_after = (now + lifetime).into();
     params.serial_number = Some(rcgen::SerialNumber::from(vec![0x42, 0x17]));
-    let cert = params.signed_by(&key, &issuer).unwrap();
+    let cert = params
+        .signed_by(&key, &issuer)
+        .expect("short-lived identity");
     let pem = node.dir.join("short-lived.pem");
-    std::fs::write(&pem, format!("{}{}", cert.pem(), key.serialize_pem())).unwrap();
+    std::fs::write(&pem, format!("{}{}", cert.pem(), key.serialize_pem()))
+        .expect("short-lived identity");
     let kubeconfig = format!(
         "apiVersion: v1\nkind: Config\nclusters:\n- name: rk\n  cluster:\n    server: https://127.0.0.1:6443\n    certificate-authority: {ca}\nusers:\n- name: node\n  user:\n    client-certificate: {pem}\n    client-key: {pem}\ncontexts:\n- name: node@rk\n  context:\n    cluster: rk\n    user: node\ncurrent-context: node@rk\n",
         ca = pki.join("ca.crt").display(),
         pem = pem.display(),
     );
-    std::fs::write(node.kubeconfig(), kubeconfig).unwrap();
+    std::fs::write(node.kubeconfig(), kubeconfig).expect("short-lived identity");
     pem
 }
 
