@@ -498,6 +498,56 @@ mod tests {
         assert_ne!(name, CsrTemplate::node_client("n2").digested_name(&key));
     }
 
+    /// A 2 s certificate is renewed between 1.4 s and 1.8 s into its life: a new CSR
+    /// (`csr-…`), the new certificate stored and handed over; the loop then waits for the
+    /// new one's deadline.
+    #[tokio::test]
+    async fn the_rotation_loop_renews_at_the_deadline_and_hands_the_certificate_over() {
+        let dir = std::env::temp_dir().join(format!("rkubelet-rotation-{}", std::process::id()));
+        let api = FakeCsrApi::new(Verdict::Sign(Duration::from_secs(3600)));
+        let template = CsrTemplate::node_client("n1");
+        let (csr, key) = template.generate().unwrap();
+        let short = api.sign(&csr, Duration::from_secs(2));
+        let store = PemStore::new(dir.clone(), "kubelet-client");
+        let current = store
+            .update(short.into_bytes(), &key.serialize_pem())
+            .await
+            .unwrap();
+        let rotation = Rotation {
+            api,
+            template,
+            store: store.clone(),
+            wait: Duration::from_secs(5),
+        };
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let cancel = CancellationToken::new();
+        let started = std::time::Instant::now();
+        let task = tokio::spawn(rotation.run(
+            Some(current.clone()),
+            move |cert| {
+                let _ = tx.send(cert);
+            },
+            cancel.clone(),
+        ));
+        let renewed = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+            .await
+            .expect("renewed before the old one ended")
+            .unwrap();
+        let after = started.elapsed();
+        assert!(after >= Duration::from_millis(300), "{after:?}");
+        assert!(after < Duration::from_secs(4), "{after:?}");
+        assert!(renewed.info.not_after > current.info.not_after);
+        assert_eq!(store.load_current().await.unwrap().info, renewed.info);
+        let silent = tokio::time::timeout(Duration::from_millis(500), rx.recv()).await;
+        assert!(
+            silent.is_err(),
+            "no second renewal for an hour-long certificate"
+        );
+        cancel.cancel();
+        task.await.unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[tokio::test]
     async fn a_denied_csr_says_so_and_an_unanswered_one_times_out() {
         let template = CsrTemplate::node_client("n1");
