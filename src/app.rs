@@ -12,6 +12,9 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::certificate::bootstrap;
+use crate::certificate::csr::{CsrTemplate, Rotation};
+use crate::certificate::transport::ClientIdentity;
 use crate::cm::{ContainerManager, NodeCapacity};
 use crate::cni::{self, Cni, ProcessExec};
 use crate::cri::{Cri, CriClient, RuntimeHealth, api};
@@ -29,6 +32,7 @@ use crate::node::{
 use crate::pleg::Pleg;
 use crate::pod::workers::PodWorkers;
 use crate::resources::Quantity;
+use crate::server::tls::ServingCertificate;
 use crate::status::StatusManager;
 use crate::volume::{KubeVolumeApi, LinuxMounter, VolumeManager};
 use crate::watch_manager::SourceCaches;
@@ -48,6 +52,8 @@ pub enum NetworkOwner {
 pub struct Config {
     /// The kubeconfig with the node's identity.
     pub kubeconfig: PathBuf,
+    /// How the client certificate is bootstrapped and rotated.
+    pub client_certificate: bootstrap::ClientCertificateConfig,
     /// The node's name.
     pub node_name: String,
     /// The node's IP.
@@ -145,6 +151,9 @@ pub enum AppError {
     /// The kubelet API server could not start.
     #[error(transparent)]
     Server(#[from] crate::server::ServerError),
+    /// The client certificate could not be bootstrapped or loaded.
+    #[error(transparent)]
+    Certificate(#[from] crate::certificate::CertificateError),
     /// A file could not be read.
     #[error("{what}: {source}")]
     Io {
@@ -180,8 +189,10 @@ fn client_for(
     config: &kube::Config,
     path: &Path,
     deadline: Duration,
+    identity: Option<&Arc<ClientIdentity>>,
 ) -> Result<kube::Client, AppError> {
-    crate::kubeclient::build(config, deadline).map_err(|e| kubeconfig_error(path, e.to_string()))
+    crate::kubeclient::build_with_identity(config, deadline, identity.cloned())
+        .map_err(|e| kubeconfig_error(path, e.to_string()))
 }
 
 /// A Kubernetes client from a kubeconfig file, with the agent's dialer and request
@@ -191,7 +202,43 @@ fn client_for(
 /// [`AppError::Kubeconfig`] when the file cannot be read or used.
 pub async fn kube_client(path: &Path) -> Result<kube::Client, AppError> {
     let config = kube_config(path).await?;
-    client_for(&config, path, crate::kubeclient::REQUEST_TIMEOUT)
+    client_for(&config, path, crate::kubeclient::REQUEST_TIMEOUT, None)
+}
+
+/// The client certificate as `--bootstrap-kubeconfig` and `--rotate-certificates` ask:
+/// bootstrapped into `--kubeconfig` if that has none valid; with rotation, the identity
+/// the clients present, renewed until `cancel` fires by a task started once the
+/// returned client exists.
+async fn client_certificate(
+    config: &Config,
+) -> Result<Option<(Arc<ClientIdentity>, ServingCertificate)>, AppError> {
+    let certs = &config.client_certificate;
+    if let Some(bootstrap) = &certs.bootstrap_kubeconfig {
+        bootstrap::load_client_cert(&config.kubeconfig, bootstrap, certs, &config.node_name)
+            .await?;
+    }
+    if !certs.rotate {
+        return Ok(None);
+    }
+    let current = bootstrap::current_client_certificate(&config.kubeconfig, certs).await?;
+    Ok(Some((ClientIdentity::new(&current), current)))
+}
+
+/// Renews the client certificate with `client` (authenticated by the current one, so the
+/// CSR is auto-approved as the node's own renewal) and swaps it into `identity`.
+fn rotate_client_certificate(
+    config: &Config,
+    client: kube::Client,
+    (identity, current): (Arc<ClientIdentity>, ServingCertificate),
+    cancel: CancellationToken,
+) {
+    let rotation = Rotation {
+        api: kube::Api::all(client),
+        template: CsrTemplate::node_client(&config.node_name),
+        store: config.client_certificate.store(),
+        wait: bootstrap::ROTATION_WAIT,
+    };
+    tokio::spawn(rotation.run(Some(current), move |cert| identity.set(&cert), cancel));
 }
 
 /// Waits until the runtime answers `Version`; returns its name.
@@ -425,11 +472,14 @@ async fn node_capacity(node: &k8s_openapi::api::core::v1::Node) -> NodeCapacity 
 pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppError> {
     let sysctls = SysctlWhitelist::new(&config.allowed_unsafe_sysctls)?;
     crate::cm::check_driver(&config.cgroup_driver)?;
+    let rotating = client_certificate(&config).await?;
+    let identity = rotating.as_ref().map(|(identity, _)| identity);
     let kube_config = kube_config(&config.kubeconfig).await?;
     let client = client_for(
         &kube_config,
         &config.kubeconfig,
         crate::kubeclient::REQUEST_TIMEOUT,
+        identity,
     )?;
     // The lease and node status go through their own client with the kubelet's heartbeat
     // timeout, so a stalled connection cannot outlast the lease.
@@ -437,7 +487,11 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
         &kube_config,
         &config.kubeconfig,
         crate::kubeclient::HEARTBEAT_TIMEOUT,
+        identity,
     )?;
+    if let Some(rotating) = rotating {
+        rotate_client_certificate(&config, client.clone(), rotating, cancel.clone());
+    }
     let Some(runtime_name) = wait_for_runtime(&config.cri, &cancel).await else {
         return Ok(());
     };

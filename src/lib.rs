@@ -8,6 +8,7 @@
 pub mod allocator;
 pub mod app;
 pub mod backoff;
+pub mod certificate;
 pub mod cm;
 pub mod cni;
 pub mod credentialprovider;

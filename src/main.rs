@@ -67,9 +67,17 @@ enum NetworkOwnerArg {
 struct RunArgs {
     #[command(flatten)]
     runtime: RuntimeFlags,
-    /// Kubeconfig with the node's identity (`system:node:<name>`).
+    /// Kubeconfig with the node's identity (`system:node:<name>`); written by the TLS
+    /// bootstrap when missing or expired and --bootstrap-kubeconfig is given.
     #[arg(long)]
     kubeconfig: PathBuf,
+    /// Kubeconfig with a bootstrap token, used to request the node's client certificate
+    /// (signer kubernetes.io/kube-apiserver-client-kubelet) into --cert-dir.
+    #[arg(long)]
+    bootstrap_kubeconfig: Option<PathBuf>,
+    /// Renew the client certificate through the certificates API before it expires.
+    #[arg(long)]
+    rotate_certificates: bool,
     /// The node's name (default: the host name).
     #[arg(long)]
     hostname_override: Option<String>,
@@ -217,8 +225,8 @@ struct ServerFlags {
         require_equals = true
     )]
     rotate_server_certificates: bool,
-    /// Where generated or requested serving certificates are kept (default:
-    /// <root-dir>/pki).
+    /// Where the client certificate and generated or requested serving certificates are
+    /// kept (default: <root-dir>/pki).
     #[arg(long)]
     cert_dir: Option<PathBuf>,
 }
@@ -409,9 +417,15 @@ async fn run_command(
         .await
         .context("--node-ip")?;
     tracing::info!(node = %node_name, %node_ip, "node IP");
+    let client_certificate = rkubelet::certificate::bootstrap::ClientCertificateConfig {
+        bootstrap_kubeconfig: args.bootstrap_kubeconfig,
+        cert_dir: (args.server.cert_dir.clone()).unwrap_or_else(|| args.root_dir.join("pki")),
+        rotate: args.rotate_certificates,
+    };
     let server = args.server.config(&node_name, node_ip, &args.root_dir);
     let config = app::Config {
         kubeconfig: args.kubeconfig,
+        client_certificate,
         node_name,
         node_ip,
         cri: args.runtime.client()?,

@@ -672,7 +672,7 @@ async fn serving_certificates(
         }
         ServingCertificateSource::Rotate { cert_dir } => {
             let manager =
-                CertificateManager::new(client.clone(), node, cert_dir.clone(), store.clone());
+                CertificateManager::new(client.clone(), &node, cert_dir.clone(), store.clone())?;
             tokio::spawn(manager.run(cancel.clone()));
         }
     }
