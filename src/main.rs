@@ -76,7 +76,14 @@ struct RunArgs {
     #[arg(long)]
     bootstrap_kubeconfig: Option<PathBuf>,
     /// Renew the client certificate through the certificates API before it expires.
-    #[arg(long)]
+    #[arg(
+        long,
+        action = clap::ArgAction::Set,
+        num_args = 0..=1,
+        default_value_t = false,
+        default_missing_value = "true",
+        require_equals = true
+    )]
     rotate_certificates: bool,
     /// The node's name (default: the host name).
     #[arg(long)]

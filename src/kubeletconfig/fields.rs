@@ -59,6 +59,7 @@ pub const IMPLEMENTED: &[Field] = &[
     field("healthzPort", "healthz-port", Form::Int),
     field("tlsCertFile", "tls-cert-file", Form::Path),
     field("tlsPrivateKeyFile", "tls-private-key-file", Form::Path),
+    field("rotateCertificates", "rotate-certificates", Form::Bool),
     field("serverTLSBootstrap", "rotate-server-certificates", Form::Bool),
     field("authentication.x509.clientCAFile", "client-ca-file", Form::Path),
     field("clusterDNS", "cluster-dns", Form::List),
@@ -85,7 +86,6 @@ pub const IMPLEMENTED: &[Field] = &[
 pub const OWNED_ELSEWHERE: &[Field] = &[
     field("staticPodPath", "pod-manifest-path", Form::Path),
     field("fileCheckFrequency", "file-check-frequency", Form::Duration),
-    field("rotateCertificates", "rotate-certificates", Form::Bool),
     field("imageGCHighThresholdPercent", "image-gc-high-threshold", Form::Int),
     field("imageGCLowThresholdPercent", "image-gc-low-threshold", Form::Int),
     field("imageMinimumGCAge", "minimum-image-ttl-duration", Form::Duration),
@@ -515,6 +515,7 @@ volumeStatsAggPeriod: 0s
                 ),
                 ("healthz-bind-address", "127.0.0.1"),
                 ("healthz-port", "10248"),
+                ("rotate-certificates", "true"),
             ]
         );
         // Zero durations and `logging: {}` are the kubelet's defaults: not worth a word.
@@ -525,7 +526,6 @@ volumeStatsAggPeriod: 0s
                     "imageGCHighThresholdPercent",
                     "not implemented by rkubelet yet"
                 ),
-                ignored("rotateCertificates", "not implemented by rkubelet yet"),
                 ignored("staticPodPath", "not implemented by rkubelet yet"),
             ]
         );
