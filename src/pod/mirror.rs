@@ -92,11 +92,11 @@ pub enum MirrorError {
 pub trait MirrorClient: Send + Sync + 'static {
     /// The UID of this node's Node object.
     fn node_uid(&self) -> impl Future<Output = Result<String, MirrorError>> + Send;
-    /// Creates the mirror pod; one that already exists is not an error.
-    fn create(&self, mirror: Pod) -> impl Future<Output = Result<(), MirrorError>> + Send;
-    /// Deletes the mirror pod now (grace 0, its UID as precondition); one already gone is
-    /// not an error.
-    fn delete(&self, mirror: &PodId) -> impl Future<Output = Result<(), MirrorError>> + Send;
+    /// Creates the mirror pod; `false` when one of its name already exists.
+    fn create(&self, mirror: Pod) -> impl Future<Output = Result<bool, MirrorError>> + Send;
+    /// Deletes the mirror pod now (grace 0, its UID as precondition); `false` when it was
+    /// gone already.
+    fn delete(&self, mirror: &PodId) -> impl Future<Output = Result<bool, MirrorError>> + Send;
 }
 
 /// The API server as [`MirrorClient`].
@@ -130,24 +130,22 @@ impl MirrorClient for KubeMirrorClient {
             .ok_or_else(|| error("UID unset".to_owned()))
     }
 
-    async fn create(&self, mirror: Pod) -> Result<(), MirrorError> {
+    async fn create(&self, mirror: Pod) -> Result<bool, MirrorError> {
         let namespace = mirror.metadata.namespace.clone().unwrap_or_default();
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &namespace);
         match api.create(&PostParams::default(), &mirror).await {
-            Err(e) if !matches!(&e, kube::Error::Api(s) if s.code == 409) => {
-                Err(MirrorError::Create {
-                    pod: format!("{namespace}/{}", mirror.metadata.name.unwrap_or_default()),
-                    reason: e.to_string(),
-                })
-            }
-            _ => Ok(()),
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+            Err(e) => Err(MirrorError::Create {
+                pod: format!("{namespace}/{}", mirror.metadata.name.unwrap_or_default()),
+                reason: e.to_string(),
+            }),
         }
     }
 
-    async fn delete(&self, mirror: &PodId) -> Result<(), MirrorError> {
+    async fn delete(&self, mirror: &PodId) -> Result<bool, MirrorError> {
         super::delete_now(&self.client, mirror)
             .await
-            .map(drop)
             .map_err(|e| MirrorError::Delete {
                 pod: mirror.clone(),
                 reason: e.to_string(),
@@ -244,7 +242,8 @@ pub async fn reconcile<M: MirrorClient>(
     for action in plan(statics, api) {
         match action {
             Action::Delete(id) => match client.delete(&id).await {
-                Ok(()) => tracing::info!(pod = %id, "deleted mirror pod"),
+                Ok(true) => tracing::info!(pod = %id, "deleted mirror pod"),
+                Ok(false) => tracing::debug!(pod = %id, "mirror pod gone already"),
                 Err(e) => tracing::warn!(error = %e, "could not delete mirror pod"),
             },
             Action::Create(pod) => {
@@ -259,10 +258,10 @@ pub async fn reconcile<M: MirrorClient>(
                     },
                 };
                 let (namespace, name) = key(&pod);
+                let name = format!("{namespace}/{name}");
                 match client.create(mirror_of(&pod, node_name, &uid)).await {
-                    Ok(()) => {
-                        tracing::info!(pod = %format!("{namespace}/{name}"), "created mirror pod")
-                    }
+                    Ok(true) => tracing::info!(pod = name, "created mirror pod"),
+                    Ok(false) => tracing::debug!(pod = name, "mirror pod exists already"),
                     Err(e) => tracing::warn!(error = %e, "could not create mirror pod"),
                 }
             }
@@ -346,6 +345,8 @@ mod tests {
             ),
             ("v1", "Node", "n1", "node-uid", Some(true))
         );
+        assert!(crate::cm::is_critical(&static_pod("web-n1", "h1")));
+        assert!(crate::cm::is_critical(&m));
         assert!(!is_mirror_pod(&pod("api", &[])));
         assert!(!is_static_pod(&pod("api", &[])));
     }
@@ -407,21 +408,21 @@ mod tests {
             }
             Ok("node-uid".into())
         }
-        async fn create(&self, mirror: Pod) -> Result<(), MirrorError> {
+        async fn create(&self, mirror: Pod) -> Result<bool, MirrorError> {
             let owner = &mirror.metadata.owner_references.as_ref().unwrap()[0].uid;
             self.calls.lock().unwrap().push(format!(
                 "create {} {} {owner}",
                 mirror.metadata.name.unwrap(),
                 mirrored_uid_owned(&mirror.metadata.annotations)
             ));
-            Ok(())
+            Ok(true)
         }
-        async fn delete(&self, mirror: &PodId) -> Result<(), MirrorError> {
+        async fn delete(&self, mirror: &PodId) -> Result<bool, MirrorError> {
             self.calls
                 .lock()
                 .unwrap()
                 .push(format!("delete {} {}", mirror.name, mirror.uid));
-            Ok(())
+            Ok(true)
         }
     }
 
