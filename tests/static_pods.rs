@@ -3,8 +3,9 @@
 //! its controller, created through the NodeRestriction admission with the node's own
 //! identity) that shows the pod's status; a mirror pod deleted through the API comes back
 //! without the container being restarted; an edited manifest replaces the pod (new UID,
-//! new container); a removed one removes the pod, its sandbox and its mirror pod. The
-//! pods' sandboxes are recorded and checked for leaks when the test ends.
+//! new container); the agent restarted adopts the pod; a removed manifest removes the pod,
+//! its sandbox and its mirror pod. The pods' sandboxes are recorded and checked for leaks
+//! when the test ends.
 
 mod common;
 
@@ -190,6 +191,13 @@ async fn a_static_pod_runs_with_a_mirror_pod_that_follows_its_manifest() {
         .and_then(|s| s.container_statuses.as_ref());
     assert_eq!(restarts.map(|c| c[0].restart_count), Some(0));
 
+    // After a restart of the agent, the same manifest is the same pod: adopted, not
+    // restarted.
+    case.start_agent(&["--pod-manifest-path", &dir, "--file-check-frequency", "5s"]);
+    let adopted = mirror_running(&name, |p| p.metadata.uid == again.metadata.uid).await;
+    assert_eq!(annotation(&adopted, MIRROR), Some(uid.as_str()));
+    assert_eq!(running_container(&uid).await, container, "adopted");
+
     // An edited manifest is another pod: the old one goes, the new one runs.
     manifests.write(&label, &label, 3601);
     let edited = mirror_running(&name, |p| annotation(p, MIRROR) != Some(uid.as_str())).await;
@@ -226,5 +234,9 @@ async fn a_static_pod_runs_with_a_mirror_pod_that_follows_its_manifest() {
             .join(&new_uid)
             .exists(),
         "the pod directory is removed"
+    );
+    assert!(
+        !case.pods.record().sandboxes.is_empty(),
+        "the pods' sandboxes were recorded for the leak check"
     );
 }

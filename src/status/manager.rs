@@ -606,6 +606,62 @@ mod tests {
         assert!(!differs(&sent, &sent));
     }
 
+    /// A static pod's status goes to its mirror pod once one is seen (at once, also when
+    /// it is created again), nowhere before; the static pod is never deleted from the API.
+    #[tokio::test]
+    async fn a_static_pods_status_goes_to_its_mirror_pod() {
+        let (manager, requests) = sending_one_status(0).await;
+        let id = PodId {
+            namespace: "default".into(),
+            name: "web-n1".into(),
+            uid: "static".into(),
+        };
+        manager.track_static(&id.uid);
+        manager.set_pod_status(&id, ready_status("True"));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(manager.target(&id), None);
+        assert!(
+            manager.lock().pods["static"].sent.is_none(),
+            "nowhere to send"
+        );
+        let before = requests.load(Ordering::SeqCst);
+        let mut mirror = api_pod("1", PodStatus::default());
+        mirror.metadata.uid = Some("m1".into());
+        mirror.metadata.annotations = Some(
+            [(
+                crate::pod::mirror::CONFIG_MIRROR.to_owned(),
+                "static".to_owned(),
+            )]
+            .into(),
+        );
+        manager.mirror(&mirror, true);
+        let target = manager.target(&id).expect("the mirror pod");
+        assert_eq!(
+            (target.uid.as_str(), target.name.as_str()),
+            ("m1", "web-n1")
+        );
+        for _ in 0..100 {
+            if manager.lock().pods["static"].sent.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(requests.load(Ordering::SeqCst), before + 1, "sent to it");
+        // Deleted, then created again: sent again to the new one.
+        manager.mirror(&mirror, false);
+        assert_eq!(manager.target(&id), None);
+        mirror.metadata.uid = Some("m2".into());
+        manager.mirror(&mirror, true);
+        assert_eq!(manager.target(&id).map(|t| t.uid), Some("m2".into()));
+        assert!(manager.lock().dirty.contains("static"));
+        // The final delete leaves the API alone.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let sent = requests.load(Ordering::SeqCst);
+        manager.delete_pod(&id).await.unwrap();
+        assert_eq!(requests.load(Ordering::SeqCst), sent);
+        assert!(manager.get("static").is_none());
+    }
+
     #[test]
     fn pod_ips_are_replaced_not_merged() {
         let id = PodId {
