@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use common::case::{Case, get, phase};
 use common::pods::{exec_in, pods_api, running_containers_of, sandboxes_of};
-use common::{eventually, kube_client, node_name};
+use common::{eventually, kube_client, kubectl, node_name};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 use kube::api::DeleteParams;
@@ -172,8 +172,10 @@ async fn a_static_pod_runs_with_a_mirror_pod_that_follows_its_manifest() {
         mirrored_container_id(&mirror).as_deref(),
         Some(container.as_str())
     );
-    let out = exec_in(&uid, "main", vec!["cat".into(), "/proc/1/cmdline".into()]).await;
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "sleep\u{0}3600\u{0}");
+    // `kubectl exec` on the mirror pod reaches the static pod's container (the agent's
+    // server finds the static pod by the mirror pod's name).
+    let out = kubectl(&["exec", &name, "--", "cat", "/proc/1/cmdline"]).await;
+    assert_eq!(out, "sleep\u{0}3600\u{0}");
 
     // A mirror pod deleted through the API comes back; the container runs on.
     pods_api()

@@ -540,7 +540,7 @@ pub async fn start<S: PodSyncer, A: PodAdmission>(
     }
     async move {
         let mut watcher: Option<Watcher> = None;
-        let mut ticker = tokio::time::interval(config.check_frequency);
+        let mut ticker = tokio::time::interval(config.check_frequency.max(Duration::from_secs(1)));
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         ticker.tick().await;
         loop {
