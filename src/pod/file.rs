@@ -38,7 +38,7 @@ const SETTLE: Duration = Duration::from_millis(100);
 /// (the mirror pods). Cheap to clone.
 #[derive(Clone, Default)]
 pub struct StaticPods {
-    pods: Arc<RwLock<BTreeMap<String, Arc<Pod>>>>,
+    pub(super) pods: Arc<RwLock<BTreeMap<String, Arc<Pod>>>>,
     changed: Arc<Notify>,
 }
 

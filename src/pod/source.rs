@@ -247,6 +247,12 @@ mod tests {
                 pod.metadata.name.clone().unwrap_or_default()
             ));
         }
+        fn mirror(&self, pod: &Pod, present: bool) {
+            self.push(format!(
+                "mirror {} {present}",
+                pod.metadata.name.clone().unwrap_or_default()
+            ));
+        }
     }
 
     struct Idle;
@@ -263,6 +269,53 @@ mod tests {
             Timestamp::from_second(1_700_000_000 + second).unwrap(),
         ));
         p
+    }
+
+    /// Mirror pods are not run: admission hears of them as mirrors, no worker starts; a
+    /// full list keeps the static pods' workers.
+    #[tokio::test]
+    async fn mirror_pods_are_not_run_and_static_pods_survive_a_full_list() {
+        let (store, _writer) = reflector::store();
+        let (synced, _rx) = watch::channel(false);
+        let admission = Arc::new(Recorder::default());
+        let workers = PodWorkers::new(Arc::new(Idle));
+        let mut feeder = Feeder {
+            store,
+            workers: workers.clone(),
+            admission: admission.clone(),
+            synced,
+            listed: Vec::new(),
+            statics: StaticPods::default(),
+        };
+        let mirror = Arc::new(created("web-n1", 1));
+        let mut mirror = crate::pod::mirror::mirror_of(&mirror, "n1", "node-uid");
+        mirror.metadata.uid = Some("mirror-uid".into());
+        feeder.handle(Event::Apply(mirror.clone()));
+        feeder.handle(Event::Delete(mirror.clone()));
+        assert_eq!(
+            admission.take(),
+            ["mirror web-n1 true", "mirror web-n1 false"]
+        );
+        assert!(workers.uids().is_empty(), "no worker for a mirror pod");
+        // A static pod's worker is not the API's to end.
+        workers.update("static-uid", PodWork::Sync(Arc::new(created("web-n1", 1))));
+        feeder
+            .statics
+            .pods
+            .write()
+            .unwrap()
+            .insert("static-uid".into(), Arc::new(created("web-n1", 1)));
+        feeder.handle(Event::Init);
+        feeder.handle(Event::InitApply(mirror));
+        feeder.handle(Event::InitDone);
+        assert_eq!(
+            admission.take(),
+            [
+                r#"retain ["mirror-uid", "static-uid"]"#,
+                "mirror web-n1 true"
+            ]
+        );
+        assert_eq!(workers.uids(), ["static-uid"]);
     }
 
     #[tokio::test]
