@@ -194,10 +194,17 @@ async fn a_static_pod_runs_with_a_mirror_pod_that_follows_its_manifest() {
     assert_eq!(restarts.map(|c| c[0].restart_count), Some(0));
 
     // After a restart of the agent, the same manifest is the same pod: adopted, not
-    // restarted.
+    // restarted. The new agent shows it knows the pod by creating its mirror pod again.
     case.start_agent(&["--pod-manifest-path", &dir, "--file-check-frequency", "5s"]);
-    let adopted = mirror_running(&name, |p| p.metadata.uid == again.metadata.uid).await;
+    pods_api()
+        .await
+        .delete(&name, &DeleteParams::default())
+        .await
+        .expect("delete the mirror pod");
+    let adopted = mirror_running(&name, |p| p.metadata.uid != again.metadata.uid).await;
     assert_eq!(annotation(&adopted, MIRROR), Some(uid.as_str()));
+    // Housekeeping (every 2 s) has seen the pod by now: it is no orphan.
+    tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(running_container(&uid).await, container, "adopted");
 
     // An edited manifest is another pod: the old one goes, the new one runs.
