@@ -694,6 +694,32 @@ spec:
         assert!(list(&dir, "n1").unwrap().is_empty(), "a missing path: none");
     }
 
+    /// inotify reports a manifest written into the directory, not a dot file; watching one
+    /// file, a change of another file in its directory is not reported.
+    #[tokio::test]
+    async fn the_watcher_reports_manifest_changes_but_not_dot_files() {
+        let dir = std::env::temp_dir().join(format!("rk-static-watch-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let watcher = Watcher::new(&dir).unwrap();
+        std::fs::write(dir.join(".tmp.yaml"), YAML).unwrap();
+        assert!(!soon(&watcher).await, "a dot file is not reported");
+        std::fs::rename(dir.join(".tmp.yaml"), dir.join("a.yaml")).unwrap();
+        assert!(soon(&watcher).await, "a renamed-in manifest is reported");
+        let one = Watcher::new(&dir.join("a.yaml")).unwrap();
+        std::fs::write(dir.join("b.yaml"), YAML).unwrap();
+        assert!(!soon(&one).await, "another file is not reported");
+        std::fs::write(dir.join("a.yaml"), YAML).unwrap();
+        assert!(soon(&one).await, "the file itself is");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Whether the watcher reports a change within 300 ms.
+    async fn soon(w: &Watcher) -> bool {
+        tokio::time::timeout(Duration::from_millis(300), w.changed())
+            .await
+            .is_ok()
+    }
+
     /// Records the work each pod's worker got.
     #[derive(Default)]
     struct Seen(std::sync::Mutex<Vec<String>>);
