@@ -89,6 +89,8 @@ pub struct Config {
     pub max_pods: u32,
     /// `--eviction-pressure-transition-period`.
     pub eviction_pressure_transition_period: Duration,
+    /// `--eviction-hard`; `None` for the kubelet's defaults.
+    pub eviction_hard: Option<crate::eviction::ParsedThresholds>,
     /// `--allowed-unsafe-sysctls`: sysctls (or `prefix*` patterns) pods may set besides
     /// the safe ones.
     pub allowed_unsafe_sysctls: Vec<String>,
@@ -490,6 +492,16 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
     node_config.root_dir = config.root_dir.clone();
     node_config.max_pods = config.max_pods;
     node_config.eviction_pressure_transition_period = config.eviction_pressure_transition_period;
+    if let Some(parsed) = &config.eviction_hard {
+        node_config.eviction_hard = parsed.hard;
+        for statement in &parsed.ignored {
+            tracing::warn!(
+                statement,
+                "eviction threshold ignored: rkubelet observes no separate image filesystem or allocatable memory"
+            );
+        }
+    }
+    let eviction_hard = node_config.eviction_hard;
     node_config.labels = config.node_labels.clone();
     if let Some(server) = &config.server {
         node_config.daemon_port = server.port;
@@ -627,6 +639,18 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
             None
         }
     };
+    let eviction = crate::eviction::EvictionManager::new(
+        eviction_hard,
+        crate::eviction::NodeStats::new(
+            config.cri.clone(),
+            Arc::new(LinuxMachine),
+            config.root_dir.clone(),
+            config.pod_logs_dir.clone(),
+        ),
+        crate::eviction::KubeletPods::new(store.clone(), workers.clone(), kubelet.clone()),
+        crate::eviction::NoReclaim,
+    );
+    tokio::spawn(eviction.run(cancel.clone()));
     tokio::spawn(housekeeping(store, workers, pleg, kubelet, cancel.clone()));
     tokio::spawn(crate::allocator::trim_every(TRIM_PERIOD));
     tracing::info!(node = %config.node_name, "rkubelet running");

@@ -16,6 +16,7 @@ pub mod dns;
 pub mod envvars;
 pub mod errno;
 pub mod events;
+pub mod eviction;
 pub mod fault;
 pub mod images;
 pub mod inspect;

@@ -15,7 +15,14 @@ use rkubelet::server::{ServerConfig, ServingCertificateSource};
 
 /// A kubelet-compatible node agent.
 #[derive(Debug, Parser)]
-#[command(name = "rkubelet", about, disable_version_flag = true)]
+// A flag given again overrides its earlier value, as on the kubelet: the systemd drop-in
+// puts the administrator's flags after kubeadm's.
+#[command(
+    name = "rkubelet",
+    about,
+    disable_version_flag = true,
+    args_override_self = true
+)]
 struct Cli {
     /// Print the version as the kubelet prints its own (`Kubernetes v1.20.2+rkubelet-…`).
     #[arg(long)]
@@ -131,6 +138,12 @@ struct RunArgs {
     /// How often the static pods' manifests are read besides on changes, as a Go duration.
     #[arg(long, default_value = "20s", value_parser = rkubelet::node::parse_go_duration)]
     file_check_frequency: Duration,
+    /// Hard eviction thresholds, `<signal><<value>` comma-separated
+    /// (`memory.available<100Mi,nodefs.available<10%`); signals not named get none.
+    /// Default: the kubelet's (`memory.available<100Mi,nodefs.available<10%,
+    /// nodefs.inodesFree<5%`, and `pid.available<10%`).
+    #[arg(long, value_parser = rkubelet::eviction::parse_eviction_hard, overrides_with = "eviction_hard")]
+    eviction_hard: Option<rkubelet::eviction::ParsedThresholds>,
     /// Unsafe sysctls or sysctl patterns (ending in `*`) pods may set besides the safe
     /// ones, comma-separated.
     #[arg(long, value_delimiter = ',')]
@@ -397,6 +410,7 @@ async fn run_command(
         node_labels,
         max_pods: args.max_pods,
         eviction_pressure_transition_period: args.eviction_pressure_transition_period,
+        eviction_hard: args.eviction_hard,
         allowed_unsafe_sysctls: args.allowed_unsafe_sysctls,
         server,
         cgroups_per_qos: args.cgroups_per_qos,

@@ -143,6 +143,13 @@ impl AgentProcess {
             .arg("--runtime-cni-bin-dir")
             .arg(state.join("cni/bin"))
             .args(["--resolv-conf", ""])
+            // The shared build machine's disk is often more than 90% full: with the
+            // kubelet's `nodefs.available<10%` every test's pods would be evicted. A full
+            // disk still is pressure; a test may give its own thresholds (the last wins).
+            .args([
+                "--eviction-hard",
+                "memory.available<100Mi,nodefs.available<1%,nodefs.inodesFree<1%",
+            ])
             .args(server_args)
             .envs(env.iter().copied())
             .stdin(Stdio::null())
