@@ -30,6 +30,8 @@ use crate::node::{
     LinuxMachine, MachineInfo, NodeAgent, NodeConfig, ReadinessCheck, wait_for_pod_cidr,
 };
 use crate::pleg::Pleg;
+use crate::pod::file::{FileConfig, StaticPods};
+use crate::pod::mirror::{self, KubeMirrorClient};
 use crate::pod::workers::PodWorkers;
 use crate::resources::Quantity;
 use crate::server::tls::ServingCertificate;
@@ -117,6 +119,10 @@ pub struct Config {
     pub cgroup_root: String,
     /// `--cgroup-driver` (only `cgroupfs`).
     pub cgroup_driver: String,
+    /// `--pod-manifest-path`: the static pods' manifests (a directory or one file).
+    pub pod_manifest_path: Option<PathBuf>,
+    /// `--file-check-frequency`: how often the manifests are read besides on changes.
+    pub file_check_frequency: Duration,
 }
 
 /// Start-up failures.
@@ -656,13 +662,33 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
     let workers = PodWorkers::new(kubelet.clone());
     let _ = workers_cell.set(workers.clone());
 
+    let statics = StaticPods::default();
+    if let Some(path) = &config.pod_manifest_path {
+        let file = FileConfig {
+            path: path.clone(),
+            check_frequency: config.file_check_frequency,
+            node_name: config.node_name.clone(),
+        };
+        let feed =
+            crate::pod::file::start(file, workers.clone(), kubelet.clone(), statics.clone()).await;
+        tokio::spawn(feed);
+    }
     let (store, feed) = crate::pod::source::start(
         client.clone(),
         &config.node_name,
         workers.clone(),
         kubelet.clone(),
+        statics.clone(),
     );
     tokio::spawn(feed);
+    // Also without static pods: mirror pods left from an earlier configuration go.
+    tokio::spawn(mirror::run(
+        KubeMirrorClient::new(client.clone(), config.node_name.clone()),
+        config.node_name.clone(),
+        statics,
+        store.clone(),
+        cancel.clone(),
+    ));
     if let Some(server) = config.server.clone() {
         crate::server::start(
             server,

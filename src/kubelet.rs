@@ -633,6 +633,10 @@ impl<C: Cri + Clone> PodAdmission for Kubelet<C> {
     /// handler's reason (a Warning event too) and never reaches the runtime.
     fn admit(&self, pod: &Arc<Pod>) {
         let Some(id) = PodId::of(pod) else { return };
+        if crate::pod::mirror::is_static_pod(pod) {
+            // Its status goes to its mirror pod.
+            self.status.track_static(&id.uid);
+        }
         let finished = |p: &Pod| self.finished(p);
         if let Some(rejection) = self.admission.admit(pod, finished) {
             tracing::warn!(pod = %id, reason = %rejection.reason, message = %rejection.message, "pod rejected at admission");
@@ -659,6 +663,10 @@ impl<C: Cri + Clone> PodAdmission for Kubelet<C> {
             self.status.reconcile(pod);
         }
     }
+
+    fn mirror(&self, pod: &Pod, present: bool) {
+        self.status.mirror(pod, present);
+    }
 }
 
 /// Housekeeping, every two seconds once the pod store is synced (the kubelet's
@@ -681,12 +689,7 @@ pub async fn housekeeping<C: Cri + Clone>(
             () = cancel.cancelled() => return,
             _ = ticker.tick() => {}
         }
-        let known: HashSet<String> = store
-            .store
-            .state()
-            .iter()
-            .filter_map(|p| p.metadata.uid.clone())
-            .collect();
+        let known = store.uids();
         let working: HashSet<String> = workers.uids().into_iter().collect();
         for (uid, id) in pleg.pods() {
             if !known.contains(&uid) && !working.contains(&uid) {

@@ -163,6 +163,13 @@ struct RunArgs {
     /// after its threshold stops being met, as a Go duration (`5m0s`, `30s`).
     #[arg(long, default_value = "5m0s", value_parser = rkubelet::node::parse_go_duration)]
     eviction_pressure_transition_period: Duration,
+    /// Static pods: a directory of pod manifests (YAML or JSON; files starting with a dot
+    /// are ignored) or one manifest file.
+    #[arg(long)]
+    pod_manifest_path: Option<PathBuf>,
+    /// How often the static pods' manifests are read besides on changes, as a Go duration.
+    #[arg(long, default_value = "20s", value_parser = rkubelet::node::parse_go_duration)]
+    file_check_frequency: Duration,
     /// Hard eviction thresholds, `<signal><<value>` comma-separated
     /// (`memory.available<100Mi,nodefs.available<10%`); signals not named get none.
     /// Default: the kubelet's (`memory.available<100Mi,nodefs.available<10%,
@@ -466,6 +473,8 @@ async fn run_command(
         cgroups_per_qos: args.cgroups_per_qos,
         cgroup_root: args.cgroup_root,
         cgroup_driver: args.cgroup_driver,
+        pod_manifest_path: args.pod_manifest_path.filter(|p| !p.as_os_str().is_empty()),
+        file_check_frequency: args.file_check_frequency,
     };
     let cancel = tokio_util::sync::CancellationToken::new();
     let stop = cancel.clone();

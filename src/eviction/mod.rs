@@ -49,18 +49,9 @@ pub enum EvictionError {
     Runtime(#[from] crate::cri::CriError),
 }
 
-/// The annotation naming where a pod came from (`api`, `file`, `http`).
-const CONFIG_SOURCE_ANNOTATION: &str = "kubernetes.io/config.source";
-
 /// The kubelet's `IsCriticalPod` as eviction applies it: static pods (from a file or
 /// URL), mirror pods and pods at system-critical priority are never evicted.
 #[must_use]
 pub fn is_critical_or_static(pod: &Pod) -> bool {
-    let static_pod = pod
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(CONFIG_SOURCE_ANNOTATION))
-        .is_some_and(|source| source != "api");
-    static_pod || crate::cm::is_critical(pod)
+    crate::cm::is_critical(pod)
 }
