@@ -134,7 +134,7 @@ fn kinds_flags_and_config_file_start_rkubelet_without_a_subcommand() {
         1,
         "{log}"
     );
-    for field in ["containerLogMaxSize", "staticPodPath"] {
+    for field in ["containerLogMaxSize", "imageGCHighThresholdPercent"] {
         assert_eq!(
             lines_with(
                 &log,

@@ -60,6 +60,8 @@ pub const IMPLEMENTED: &[Field] = &[
     field("tlsCertFile", "tls-cert-file", Form::Path),
     field("tlsPrivateKeyFile", "tls-private-key-file", Form::Path),
     field("rotateCertificates", "rotate-certificates", Form::Bool),
+    field("staticPodPath", "pod-manifest-path", Form::Path),
+    field("fileCheckFrequency", "file-check-frequency", Form::Duration),
     field("serverTLSBootstrap", "rotate-server-certificates", Form::Bool),
     field("authentication.x509.clientCAFile", "client-ca-file", Form::Path),
     field("clusterDNS", "cluster-dns", Form::List),
@@ -84,8 +86,6 @@ pub const IMPLEMENTED: &[Field] = &[
 /// exists.
 #[rustfmt::skip]
 pub const OWNED_ELSEWHERE: &[Field] = &[
-    field("staticPodPath", "pod-manifest-path", Form::Path),
-    field("fileCheckFrequency", "file-check-frequency", Form::Duration),
     field("imageGCHighThresholdPercent", "image-gc-high-threshold", Form::Int),
     field("imageGCLowThresholdPercent", "image-gc-low-threshold", Form::Int),
     field("imageMinimumGCAge", "minimum-image-ttl-duration", Form::Duration),
@@ -516,18 +516,16 @@ volumeStatsAggPeriod: 0s
                 ("healthz-bind-address", "127.0.0.1"),
                 ("healthz-port", "10248"),
                 ("rotate-certificates", "true"),
+                ("pod-manifest-path", "/etc/kubernetes/manifests"),
             ]
         );
         // Zero durations and `logging: {}` are the kubelet's defaults: not worth a word.
         assert_eq!(
             plan.notes,
-            [
-                ignored(
-                    "imageGCHighThresholdPercent",
-                    "not implemented by rkubelet yet"
-                ),
-                ignored("staticPodPath", "not implemented by rkubelet yet"),
-            ]
+            [ignored(
+                "imageGCHighThresholdPercent",
+                "not implemented by rkubelet yet"
+            ),]
         );
     }
 
