@@ -150,6 +150,10 @@ pub fn parse_eviction_hard(text: &str) -> Result<ParsedThresholds, EvictionError
             .ok_or_else(|| invalid("expected <signal><<value>"))?;
         let (signal, value) = (signal.trim(), value.trim());
         let percent = || -> Result<u8, EvictionError> {
+            // The kubelet drops `0%` and `100%` (the latter would always be met).
+            if value == "0%" || value == "100%" {
+                return Ok(0);
+            }
             let number = value
                 .strip_suffix('%')
                 .ok_or_else(|| invalid("rkubelet takes this signal as a percentage"))?;
@@ -167,6 +171,11 @@ pub fn parse_eviction_hard(text: &str) -> Result<ParsedThresholds, EvictionError
                     return Err(invalid("rkubelet takes memory.available as a quantity"));
                 }
                 let q = Quantity::parse(value).map_err(|e| invalid(&e))?;
+                if q.value() == 0 {
+                    return Err(invalid(&format!(
+                        "eviction threshold memory.available must be positive: {value}"
+                    )));
+                }
                 hard.memory_available_bytes = u64::try_from(q.value()).unwrap_or(u64::MAX);
             }
             "nodefs.available" => hard.nodefs_available_percent = percent()?,
@@ -194,6 +203,19 @@ mod tests {
             inodes: 1000,
             inodes_free,
         }
+    }
+
+    #[test]
+    fn zero_and_full_percentages_set_no_threshold_and_memory_must_be_positive() {
+        let parsed =
+            parse_eviction_hard("nodefs.available<100%,nodefs.inodesFree<0%,pid.available<5%")
+                .unwrap();
+        assert_eq!(parsed.hard.nodefs_available_percent, 0);
+        assert_eq!(parsed.hard.nodefs_inodes_free_percent, 0);
+        assert_eq!(parsed.hard.pid_available_percent, 5);
+        let e = parse_eviction_hard("memory.available<0").unwrap_err();
+        assert!(e.to_string().contains("must be positive"), "{e}");
+        assert!(parse_eviction_hard("memory.available<-1Mi").is_err());
     }
 
     #[test]
