@@ -194,8 +194,19 @@ issue() {
 # kubeconfig FILE USER CERTNAME [SERVER]: a kubeconfig with everything embedded.
 kubeconfig() {
   local file=$1 user=$2 cert=$3 server=${4:-$APISERVER}
+  write_kubeconfig "$file" "$user" "$server" \
+    "client-certificate-data: $(b64 "$PKI/$cert.crt")" \
+    "client-key-data: $(b64 "$PKI/$cert.key")"
+}
+
+# write_kubeconfig FILE USER SERVER CREDENTIAL...: a kubeconfig (mode 0600) for the
+# cluster's CA with the user's credential lines (`token: …`, `client-…-data: …`).
+write_kubeconfig() {
+  local file=$1 user=$2 server=$3
+  shift 3
   install -m 600 /dev/null "$file"
-  cat >"$file" <<EOF
+  {
+    cat <<EOF
 apiVersion: v1
 kind: Config
 clusters:
@@ -206,8 +217,9 @@ clusters:
 users:
 - name: $user
   user:
-    client-certificate-data: $(b64 "$PKI/$cert.crt")
-    client-key-data: $(b64 "$PKI/$cert.key")
+EOF
+    printf '    %s\n' "$@"
+    cat <<EOF
 contexts:
 - name: $user@rkubelet
   context:
@@ -215,6 +227,7 @@ contexts:
     user: $user
 current-context: $user@rkubelet
 EOF
+  } >"$file"
 }
 
 # node_credentials NAME [IP]: client identity system:node:NAME (+ kubeconfig) and
@@ -709,26 +722,7 @@ $(bootstrap_binding kubeadm:node-autoapprove-bootstrap \
 $(bootstrap_binding kubeadm:node-autoapprove-certificate-rotation \
     system:certificates.k8s.io:certificatesigningrequests:selfnodeclient system:nodes)
 EOF
-  install -m 600 /dev/null "$file"
-  cat >"$file" <<EOF
-apiVersion: v1
-kind: Config
-clusters:
-- name: rkubelet
-  cluster:
-    server: $APISERVER
-    certificate-authority-data: $(b64 "$PKI/ca.crt")
-users:
-- name: tls-bootstrap-token-user
-  user:
-    token: $token
-contexts:
-- name: tls-bootstrap-token-user@rkubelet
-  context:
-    cluster: rkubelet
-    user: tls-bootstrap-token-user
-current-context: tls-bootstrap-token-user@rkubelet
-EOF
+  write_kubeconfig "$file" tls-bootstrap-token-user "$APISERVER" "token: $token"
   log "bootstrap token $id (group $BOOTSTRAP_GROUP): $file"
 }
 
