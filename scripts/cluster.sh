@@ -200,11 +200,14 @@ kubeconfig() {
 }
 
 # write_kubeconfig FILE USER SERVER CREDENTIAL...: a kubeconfig (mode 0600) for the
-# cluster's CA with the user's credential lines (`token: …`, `client-…-data: …`).
+# cluster's CA with the user's credential lines (`token: …`, `client-…-data: …`). It is
+# written beside FILE and renamed over it, so a reader (an agent starting while another
+# test re-applies the bootstrap token) never sees a half-written file.
 write_kubeconfig() {
-  local file=$1 user=$2 server=$3
+  local file=$1 user=$2 server=$3 tmp
   shift 3
-  install -m 600 /dev/null "$file"
+  tmp=$(mktemp "$file.XXXXXX")
+  chmod 600 "$tmp"
   {
     cat <<EOF
 apiVersion: v1
@@ -227,7 +230,8 @@ contexts:
     user: $user
 current-context: $user@rkubelet
 EOF
-  } >"$file"
+  } >"$tmp"
+  mv -f "$tmp" "$file"
 }
 
 # node_credentials NAME [IP]: client identity system:node:NAME (+ kubeconfig) and
@@ -694,6 +698,10 @@ check_ports_free() {
 BOOTSTRAP_GROUP="system:bootstrappers:kubeadm:default-node-token"
 bootstrap_token() {
   [[ -f $PKI/ca.crt ]] || die "no cluster CA in $PKI: run 'cluster.sh up' first"
+  # Tests apply it concurrently: one at a time.
+  local lock
+  exec {lock}>"$PKI/bootstrap-token.lock"
+  flock "$lock"
   if [[ ! -s $PKI/bootstrap-token ]]; then
     install -m 600 /dev/null "$PKI/bootstrap-token"
     printf '%s.%s\n' "$(tr -dc 'a-z0-9' </dev/urandom | head -c 6)" \
@@ -724,6 +732,7 @@ $(bootstrap_binding kubeadm:node-autoapprove-certificate-rotation \
 EOF
   write_kubeconfig "$file" tls-bootstrap-token-user "$APISERVER" "token: $token"
   log "bootstrap token $id (group $BOOTSTRAP_GROUP): $file"
+  exec {lock}>&-
 }
 
 # bootstrap_binding NAME CLUSTERROLE GROUP: a ClusterRoleBinding document.
