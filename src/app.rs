@@ -18,9 +18,11 @@ use crate::cri::{Cri, CriClient, RuntimeHealth, api};
 use crate::dns::{self, HostDns};
 use crate::envvars::ServiceLister;
 use crate::events::{self, EventRecorder};
+use crate::images::gc::{ImageGc, RuntimeImageFs};
 use crate::kubelet::{Kubelet, SyncSettings, housekeeping};
 use crate::kuberuntime::RuntimeManager;
 use crate::kuberuntime::env::EnvSourceReader;
+use crate::kuberuntime::gc::ContainerGc;
 use crate::kuberuntime::sandbox::SandboxSettings;
 use crate::lifecycle::admission::{PodAdmitter, SysctlWhitelist};
 use crate::node::{
@@ -87,6 +89,10 @@ pub struct Config {
     pub max_pods: u32,
     /// `--eviction-pressure-transition-period`.
     pub eviction_pressure_transition_period: Duration,
+    /// `--minimum-container-ttl-duration`, `--maximum-dead-containers[-per-container]`.
+    pub container_gc: crate::kuberuntime::gc::ContainerGcPolicy,
+    /// `--image-gc-high-threshold`, `--image-gc-low-threshold`, `--minimum-image-ttl-duration`.
+    pub image_gc: crate::images::gc::ImageGcPolicy,
     /// `--allowed-unsafe-sysctls`: sysctls (or `prefix*` patterns) pods may set besides
     /// the safe ones.
     pub allowed_unsafe_sysctls: Vec<String>,
@@ -266,6 +272,24 @@ async fn network_gc_loop(cri: CriClient, cni: Arc<Cni>, cancel: CancellationToke
             () = tokio::time::sleep(NETWORK_GC) => collect_network_garbage(&cri, &cni, NETWORK_GC).await,
         }
     }
+}
+
+/// The image collector the agent runs: the runtime's images on its image filesystem.
+pub type RuntimeImageGc = ImageGc<CriClient, RuntimeImageFs<CriClient>>;
+
+/// Starts the container and image garbage collectors (the kubelet's
+/// `StartGarbageCollection`); answers the image collector, which also reclaims disk on
+/// demand.
+fn start_garbage_collection(config: &Config, cancel: &CancellationToken) -> Arc<RuntimeImageGc> {
+    let cri = Arc::new(config.cri.clone());
+    tokio::spawn(ContainerGc::new(cri.clone(), config.container_gc).run(cancel.clone()));
+    let images = Arc::new(ImageGc::new(
+        cri.clone(),
+        RuntimeImageFs::new(cri),
+        config.image_gc,
+    ));
+    tokio::spawn(images.clone().run(cancel.clone()));
+    images
 }
 
 /// Turns on the forwarding pod networking needs (when the agent owns it or routes between
@@ -602,6 +626,8 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
         }
     };
     tokio::spawn(housekeeping(store, workers, pleg, kubelet, cancel.clone()));
+    // The eviction manager reclaims disk through `image_gc.delete_unused_images()`.
+    let _image_gc = start_garbage_collection(&config, &cancel);
     tokio::spawn(crate::allocator::trim_every(TRIM_PERIOD));
     tracing::info!(node = %config.node_name, "rkubelet running");
     cancel.cancelled().await;
