@@ -1,23 +1,31 @@
-# rkubelet as an image, for nodes that run their agent from an image (e.g. a kind node
-# image that replaces its kubelet). Build: `docker build -t rkubelet .`
-# Run on the node with the host's namespaces and directories:
-#   docker run --privileged --pid=host --network=host \
-#     -v /run/containerd:/run/containerd -v /var/lib/rkubelet:/var/lib/rkubelet \
-#     -v /var/log/pods:/var/log/pods -v /etc/cni/net.d:/etc/cni/net.d -v /opt/cni/bin:/opt/cni/bin \
-#     -v /etc/rkubelet:/etc/rkubelet rkubelet run --kubeconfig /etc/rkubelet/kubeconfig ...
-FROM docker.io/library/rust:1-bookworm AS build
-RUN apt-get update && apt-get install -y --no-install-recommends protobuf-compiler && rm -rf /var/lib/apt/lists/*
-WORKDIR /src
-COPY Cargo.toml Cargo.lock build.rs ./
-COPY proto proto
-COPY src src
-RUN cargo build --locked --release --bin rkubelet
+# rkubelet as an image. Built by `scripts/image.sh build` (buildah, no registry: BASE is
+# a Debian image made locally; see docs/packaging.md). rkubelet itself is built on the
+# host (target/release/rkubelet) and copied in: the base is Debian with glibc, as a
+# kind node is.
+#
+# Two stages, two uses:
+#   node   BASE plus what a node needs to run rkubelet as its kubelet: the binary, the
+#          kubelet.service unit and kubeadm-style drop-in (ExecStart `rkubelet run` with
+#          kubeadm's flags, files and variables), and rkubelet's CNI configuration. Its
+#          entry point stays BASE's, so with BASE a kind node image
+#          (`--build-arg BASE=<kind node image> --target node`) it is that node image
+#          with rkubelet in place of the kubelet.
+#   agent  (the default) `node` with rkubelet as its entry point, for a node that runs its
+#          agent as a privileged container in the host's namespaces:
+#            buildah/podman run --privileged --pid=host --network=host \
+#              -v /run/containerd:/run/containerd -v /var/lib/rkubelet:/var/lib/rkubelet \
+#              -v /var/log/pods:/var/log/pods -v /etc/cni/net.d:/etc/cni/net.d \
+#              -v /opt/cni/bin:/opt/cni/bin -v /etc/kubernetes:/etc/kubernetes \
+#              localhost/rkubelet:0.1.0 run --kubeconfig /etc/kubernetes/kubelet.conf ...
+ARG BASE=localhost/rkubelet-base:bookworm
 
-FROM docker.io/library/debian:bookworm-slim
-# iptables for the portmap plugin; the standard CNI plugins for agent-owned networking.
-RUN apt-get update && apt-get install -y --no-install-recommends iptables containernetworking-plugins ca-certificates \
- && rm -rf /var/lib/apt/lists/*
-COPY --from=build /src/target/release/rkubelet /usr/bin/rkubelet
+FROM ${BASE} AS node
+COPY target/release/rkubelet /usr/bin/rkubelet
+COPY packaging/systemd/kubelet.service /lib/systemd/system/kubelet.service
+COPY packaging/systemd/10-kubeadm.conf /etc/systemd/system/kubelet.service.d/10-kubeadm.conf
 COPY cni-config/10-rkubelet.conflist /etc/rkubelet/cni/net.d/10-rkubelet.conflist
+RUN systemctl enable kubelet.service
+
+FROM node AS agent
 ENTRYPOINT ["/usr/bin/rkubelet"]
 CMD ["--help"]

@@ -14,6 +14,8 @@
 #   cluster.sh down                stop and remove everything `up` made
 #   cluster.sh status              show components; non-zero if any is dead
 #   cluster.sh node-credentials N  mint a node identity (cert + kubeconfig) for N
+#   cluster.sh bootstrap-token     (re)apply kubeadm's bootstrap token and RBAC bindings and
+#                                  write $RKUBELET_STATE/pki/bootstrap-kubelet.kubeconfig
 #   cluster.sh leak-check          after `down`: list what of the cluster survived; non-zero if any
 #   cluster.sh kill|stop|start C   fault drills: SIGKILL / SIGTERM / start again (and wait until it
 #                                  serves) containerd or kube-apiserver, by recorded PID
@@ -670,6 +672,85 @@ check_ports_free() {
   [[ ${#busy[@]} -eq 0 ]] || die "ports already in use: ${busy[*]} (something else is running)"
 }
 
+# bootstrap_token: what `kubeadm init` makes for `kubeadm join` (phases bootstraptoken):
+# a bootstrap token (Secret bootstrap-token-<id> in kube-system, for authentication and
+# signing, in group system:bootstrappers:kubeadm:default-node-token), the RBAC bindings
+# that let its holders create node CSRs and have them auto-approved (and let nodes renew
+# their own client certificates), and a bootstrap kubeconfig holding the token. The token
+# is made once and kept in $PKI/bootstrap-token; applying again changes nothing.
+BOOTSTRAP_GROUP="system:bootstrappers:kubeadm:default-node-token"
+bootstrap_token() {
+  [[ -f $PKI/ca.crt ]] || die "no cluster CA in $PKI: run 'cluster.sh up' first"
+  if [[ ! -s $PKI/bootstrap-token ]]; then
+    install -m 600 /dev/null "$PKI/bootstrap-token"
+    printf '%s.%s\n' "$(tr -dc 'a-z0-9' </dev/urandom | head -c 6)" \
+      "$(tr -dc 'a-z0-9' </dev/urandom | head -c 16)" >"$PKI/bootstrap-token"
+  fi
+  local token id secret file="$PKI/bootstrap-kubelet.kubeconfig"
+  token=$(<"$PKI/bootstrap-token")
+  id=${token%%.*} secret=${token#*.}
+  kubectl --kubeconfig "$KUBECONFIG_ADMIN" apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: Secret
+metadata:
+  name: bootstrap-token-$id
+  namespace: kube-system
+type: bootstrap.kubernetes.io/token
+stringData:
+  description: "The default bootstrap token of the rkubelet cluster (as kubeadm init makes)."
+  token-id: "$id"
+  token-secret: "$secret"
+  usage-bootstrap-authentication: "true"
+  usage-bootstrap-signing: "true"
+  auth-extra-groups: "$BOOTSTRAP_GROUP"
+$(bootstrap_binding kubeadm:kubelet-bootstrap system:node-bootstrapper "$BOOTSTRAP_GROUP")
+$(bootstrap_binding kubeadm:node-autoapprove-bootstrap \
+    system:certificates.k8s.io:certificatesigningrequests:nodeclient "$BOOTSTRAP_GROUP")
+$(bootstrap_binding kubeadm:node-autoapprove-certificate-rotation \
+    system:certificates.k8s.io:certificatesigningrequests:selfnodeclient system:nodes)
+EOF
+  install -m 600 /dev/null "$file"
+  cat >"$file" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: rkubelet
+  cluster:
+    server: $APISERVER
+    certificate-authority-data: $(b64 "$PKI/ca.crt")
+users:
+- name: tls-bootstrap-token-user
+  user:
+    token: $token
+contexts:
+- name: tls-bootstrap-token-user@rkubelet
+  context:
+    cluster: rkubelet
+    user: tls-bootstrap-token-user
+current-context: tls-bootstrap-token-user@rkubelet
+EOF
+  log "bootstrap token $id (group $BOOTSTRAP_GROUP): $file"
+}
+
+# bootstrap_binding NAME CLUSTERROLE GROUP: a ClusterRoleBinding document.
+bootstrap_binding() {
+  cat <<EOF
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata:
+  name: $1
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: ClusterRole
+  name: $2
+subjects:
+- kind: Group
+  apiGroup: rbac.authorization.k8s.io
+  name: $3
+EOF
+}
+
 api_ready() {
   curl -fsS --cacert "$PKI/ca.crt" --cert "$PKI/admin.crt" --key "$PKI/admin.key" "$APISERVER/readyz"
 }
@@ -766,6 +847,7 @@ cmd_up() {
   wait_for "ServiceAccount default/default" 120 kube-controller-manager \
     kubectl --kubeconfig "$KUBECONFIG_ADMIN" -n default get serviceaccount default
   comp_pid kube-scheduler >/dev/null || die "kube-scheduler died (see $LOGS/kube-scheduler.log)"
+  bootstrap_token
 
   # More than one node: each its own netns (the root namespace's node stays unused).
   if ((nodes > 1)); then cmd_add_nodes "$nodes"; fi
@@ -780,6 +862,7 @@ print_summary() {
   cat <<EOF
 admin kubeconfig: $KUBECONFIG_ADMIN
 node kubeconfig:  $PKI/node-$NODE_NAME.kubeconfig
+bootstrap:        $PKI/bootstrap-kubelet.kubeconfig (token, as kubeadm join uses it)
 node:             $NODE_NAME $NODE_IP (on $NODE_LINK)
 containerd:       $CONTAINERD_SOCK   registry: http://$REGISTRY
 private registry: http://$PRIVATE_REGISTRY (user $PRIVATE_REGISTRY_USER)
@@ -1371,6 +1454,7 @@ case "${1:-}" in
   kill) cmd_kill "${2:-}" ;;
   stop) cmd_stop "${2:-}" ;;
   start) cmd_start "${2:-}" ;;
+  bootstrap-token) need_root; bootstrap_token ;;
   node-credentials)
     need_root
     [[ -n ${2:-} ]] || die "usage: $0 node-credentials NAME [IP]"
@@ -1386,7 +1470,7 @@ case "${1:-}" in
     start_proc rkubelet "$@"
     ;;
   *)
-    echo "usage: $0 {up [--nodes N]|down|status|leak-check|node-credentials NAME [IP]|start-agent BINARY [ARGS...]|kill|stop|start COMPONENT|add-nodes N|remove-nodes|start-agents [--pod-network-routes MODE] [--binary PATH]|stop-agent NODE}" >&2
+    echo "usage: $0 {up [--nodes N]|down|status|leak-check|node-credentials NAME [IP]|bootstrap-token|start-agent BINARY [ARGS...]|kill|stop|start COMPONENT|add-nodes N|remove-nodes|start-agents [--pod-network-routes MODE] [--binary PATH]|stop-agent NODE}" >&2
     exit 2
     ;;
 esac

@@ -15,7 +15,7 @@ K8S_TOOLS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-pr
 PACKAGES=(
   containerd runc containernetworking-plugins etcd-server
   golang-go rsync dpkg-dev
-  docker-registry busybox-static skopeo debootstrap
+  docker-registry busybox-static skopeo debootstrap buildah
   protobuf-compiler iptables iproute2 openssl jq curl ca-certificates
   apache2-utils nftables shellcheck conntrack
 )

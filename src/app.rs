@@ -12,6 +12,9 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::certificate::bootstrap;
+use crate::certificate::csr::{CsrTemplate, Rotation};
+use crate::certificate::transport::ClientIdentity;
 use crate::cm::{ContainerManager, NodeCapacity};
 use crate::cni::{self, Cni, ProcessExec};
 use crate::cri::{Cri, CriClient, RuntimeHealth, api};
@@ -29,8 +32,11 @@ use crate::node::{
     LinuxMachine, MachineInfo, NodeAgent, NodeConfig, ReadinessCheck, wait_for_pod_cidr,
 };
 use crate::pleg::Pleg;
+use crate::pod::file::{FileConfig, StaticPods};
+use crate::pod::mirror::{self, KubeMirrorClient};
 use crate::pod::workers::PodWorkers;
 use crate::resources::Quantity;
+use crate::server::tls::ServingCertificate;
 use crate::status::StatusManager;
 use crate::volume::{KubeVolumeApi, LinuxMounter, VolumeManager};
 use crate::watch_manager::SourceCaches;
@@ -50,6 +56,8 @@ pub enum NetworkOwner {
 pub struct Config {
     /// The kubeconfig with the node's identity.
     pub kubeconfig: PathBuf,
+    /// How the client certificate is bootstrapped and rotated.
+    pub client_certificate: bootstrap::ClientCertificateConfig,
     /// The node's name.
     pub node_name: String,
     /// The node's IP.
@@ -87,12 +95,25 @@ pub struct Config {
     pub node_labels: std::collections::BTreeMap<String, String>,
     /// `--max-pods`.
     pub max_pods: u32,
+    /// `--pod-cidr`: the pod CIDR when the registered Node has none (else the agent waits
+    /// for the controller manager's).
+    pub pod_cidr: Option<String>,
+    /// `--provider-id`.
+    pub provider_id: Option<String>,
+    /// `--register-with-taints`.
+    pub register_with_taints: Vec<k8s_openapi::api::core::v1::Taint>,
+    /// `--kube-reserved`.
+    pub kube_reserved: crate::node::Reservation,
+    /// `--system-reserved`.
+    pub system_reserved: crate::node::Reservation,
     /// `--eviction-pressure-transition-period`.
     pub eviction_pressure_transition_period: Duration,
     /// `--minimum-container-ttl-duration`, `--maximum-dead-containers[-per-container]`.
     pub container_gc: crate::kuberuntime::gc::ContainerGcPolicy,
     /// `--image-gc-high-threshold`, `--image-gc-low-threshold`, `--minimum-image-ttl-duration`.
     pub image_gc: crate::images::gc::ImageGcPolicy,
+    /// `--eviction-hard`; `None` for the kubelet's defaults.
+    pub eviction_hard: Option<crate::eviction::ParsedThresholds>,
     /// `--allowed-unsafe-sysctls`: sysctls (or `prefix*` patterns) pods may set besides
     /// the safe ones.
     pub allowed_unsafe_sysctls: Vec<String>,
@@ -104,6 +125,10 @@ pub struct Config {
     pub cgroup_root: String,
     /// `--cgroup-driver` (only `cgroupfs`).
     pub cgroup_driver: String,
+    /// `--pod-manifest-path`: the static pods' manifests (a directory or one file).
+    pub pod_manifest_path: Option<PathBuf>,
+    /// `--file-check-frequency`: how often the manifests are read besides on changes.
+    pub file_check_frequency: Duration,
 }
 
 /// Start-up failures.
@@ -138,6 +163,9 @@ pub enum AppError {
     /// The kubelet API server could not start.
     #[error(transparent)]
     Server(#[from] crate::server::ServerError),
+    /// The client certificate could not be bootstrapped or loaded.
+    #[error(transparent)]
+    Certificate(#[from] crate::certificate::CertificateError),
     /// A file could not be read.
     #[error("{what}: {source}")]
     Io {
@@ -173,8 +201,10 @@ fn client_for(
     config: &kube::Config,
     path: &Path,
     deadline: Duration,
+    identity: Option<&Arc<ClientIdentity>>,
 ) -> Result<kube::Client, AppError> {
-    crate::kubeclient::build(config, deadline).map_err(|e| kubeconfig_error(path, e.to_string()))
+    crate::kubeclient::build_with_identity(config, deadline, identity.cloned())
+        .map_err(|e| kubeconfig_error(path, e.to_string()))
 }
 
 /// A Kubernetes client from a kubeconfig file, with the agent's dialer and request
@@ -184,7 +214,43 @@ fn client_for(
 /// [`AppError::Kubeconfig`] when the file cannot be read or used.
 pub async fn kube_client(path: &Path) -> Result<kube::Client, AppError> {
     let config = kube_config(path).await?;
-    client_for(&config, path, crate::kubeclient::REQUEST_TIMEOUT)
+    client_for(&config, path, crate::kubeclient::REQUEST_TIMEOUT, None)
+}
+
+/// The client certificate as `--bootstrap-kubeconfig` and `--rotate-certificates` ask:
+/// bootstrapped into `--kubeconfig` if that has none valid; with rotation, the identity
+/// the clients present, renewed until `cancel` fires by a task started once the
+/// returned client exists.
+async fn client_certificate(
+    config: &Config,
+) -> Result<Option<(Arc<ClientIdentity>, ServingCertificate)>, AppError> {
+    let certs = &config.client_certificate;
+    if let Some(bootstrap) = &certs.bootstrap_kubeconfig {
+        bootstrap::load_client_cert(&config.kubeconfig, bootstrap, certs, &config.node_name)
+            .await?;
+    }
+    if !certs.rotate {
+        return Ok(None);
+    }
+    let current = bootstrap::current_client_certificate(&config.kubeconfig, certs).await?;
+    Ok(Some((ClientIdentity::new(&current), current)))
+}
+
+/// Renews the client certificate with `client` (authenticated by the current one, so the
+/// CSR is auto-approved as the node's own renewal) and swaps it into `identity`.
+fn rotate_client_certificate(
+    config: &Config,
+    client: kube::Client,
+    (identity, current): (Arc<ClientIdentity>, ServingCertificate),
+    cancel: CancellationToken,
+) {
+    let rotation = Rotation {
+        api: kube::Api::all(client),
+        template: CsrTemplate::node_client(&config.node_name),
+        store: config.client_certificate.store(),
+        wait: bootstrap::ROTATION_WAIT,
+    };
+    tokio::spawn(rotation.run(Some(current), move |cert| identity.set(&cert), cancel));
 }
 
 /// Waits until the runtime answers `Version`; returns its name.
@@ -436,11 +502,14 @@ async fn node_capacity(node: &k8s_openapi::api::core::v1::Node) -> NodeCapacity 
 pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppError> {
     let sysctls = SysctlWhitelist::new(&config.allowed_unsafe_sysctls)?;
     crate::cm::check_driver(&config.cgroup_driver)?;
+    let rotating = client_certificate(&config).await?;
+    let identity = rotating.as_ref().map(|(identity, _)| identity);
     let kube_config = kube_config(&config.kubeconfig).await?;
     let client = client_for(
         &kube_config,
         &config.kubeconfig,
         crate::kubeclient::REQUEST_TIMEOUT,
+        identity,
     )?;
     // The lease and node status go through their own client with the kubelet's heartbeat
     // timeout, so a stalled connection cannot outlast the lease.
@@ -448,7 +517,11 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
         &kube_config,
         &config.kubeconfig,
         crate::kubeclient::HEARTBEAT_TIMEOUT,
+        identity,
     )?;
+    if let Some(rotating) = rotating {
+        rotate_client_certificate(&config, client.clone(), rotating, cancel.clone());
+    }
     let Some(runtime_name) = wait_for_runtime(&config.cri, &cancel).await else {
         return Ok(());
     };
@@ -508,7 +581,21 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
     node_config.root_dir = config.root_dir.clone();
     node_config.max_pods = config.max_pods;
     node_config.eviction_pressure_transition_period = config.eviction_pressure_transition_period;
+    if let Some(parsed) = &config.eviction_hard {
+        node_config.eviction_hard = parsed.hard;
+        for statement in &parsed.ignored {
+            tracing::warn!(
+                statement,
+                "eviction threshold ignored: rkubelet observes no separate image filesystem or allocatable memory"
+            );
+        }
+    }
+    let eviction_hard = node_config.eviction_hard;
     node_config.labels = config.node_labels.clone();
+    node_config.provider_id = config.provider_id.clone();
+    node_config.register_with_taints = config.register_with_taints.clone();
+    node_config.kube_reserved = config.kube_reserved;
+    node_config.system_reserved = config.system_reserved;
     if let Some(server) = &config.server {
         node_config.daemon_port = server.port;
     }
@@ -525,7 +612,10 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
     // registered Node until the watch delivers).
     let (node_store, node_feed) = crate::node::node_lister(client.clone(), &config.node_name);
     tokio::spawn(node_feed);
-    let pod_cidr = wait_for_pod_cidr(&client, &config.node_name, Duration::from_secs(120)).await?;
+    let pod_cidr = match crate::node::pod_cidr_at_start(&registered, config.pod_cidr.as_deref()) {
+        Some(cidr) => cidr,
+        None => wait_for_pod_cidr(&client, &config.node_name, Duration::from_secs(120)).await?,
+    };
     let routes = start_routes(&config, &pod_cidr).await?;
     let pod_mtu = routes.as_ref().and_then(cni::routes::Programmer::pod_mtu);
     setup_network(&config, &pod_cidr, pod_mtu, &cancel).await?;
@@ -596,13 +686,33 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
     let workers = PodWorkers::new(kubelet.clone());
     let _ = workers_cell.set(workers.clone());
 
+    let statics = StaticPods::default();
+    if let Some(path) = &config.pod_manifest_path {
+        let file = FileConfig {
+            path: path.clone(),
+            check_frequency: config.file_check_frequency,
+            node_name: config.node_name.clone(),
+        };
+        let feed =
+            crate::pod::file::start(file, workers.clone(), kubelet.clone(), statics.clone()).await;
+        tokio::spawn(feed);
+    }
     let (store, feed) = crate::pod::source::start(
         client.clone(),
         &config.node_name,
         workers.clone(),
         kubelet.clone(),
+        statics.clone(),
     );
     tokio::spawn(feed);
+    // Also without static pods: mirror pods left from an earlier configuration go.
+    tokio::spawn(mirror::run(
+        KubeMirrorClient::new(client.clone(), config.node_name.clone()),
+        config.node_name.clone(),
+        statics,
+        store.clone(),
+        cancel.clone(),
+    ));
     if let Some(server) = config.server.clone() {
         crate::server::start(
             server,
@@ -625,6 +735,18 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
             None
         }
     };
+    let eviction = crate::eviction::EvictionManager::new(
+        eviction_hard,
+        crate::eviction::NodeStats::new(
+            config.cri.clone(),
+            Arc::new(LinuxMachine),
+            config.root_dir.clone(),
+            config.pod_logs_dir.clone(),
+        ),
+        crate::eviction::KubeletPods::new(store.clone(), workers.clone(), kubelet.clone()),
+        crate::eviction::NoReclaim,
+    );
+    tokio::spawn(eviction.run(cancel.clone()));
     tokio::spawn(housekeeping(store, workers, pleg, kubelet, cancel.clone()));
     // The eviction manager reclaims disk through `image_gc.delete_unused_images()`.
     let _image_gc = start_garbage_collection(&config, &cancel);

@@ -9,6 +9,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -17,6 +18,8 @@ use hyper_util::rt::TokioExecutor;
 use kube::client::ConfigExt;
 use kube::client::retry::RetryPolicy;
 use tower::{BoxError, Layer, Service, ServiceBuilder, ServiceExt};
+
+use crate::certificate::transport::{ClientIdentity, ClosingConnector};
 
 /// The dialer's connect timeout and TCP keepalive period (the kubelet's `net.Dialer`).
 pub const DIAL_TIMEOUT: Duration = Duration::from_secs(30);
@@ -39,6 +42,21 @@ pub struct RequestTimedOut(pub Duration);
 /// The configuration's TLS or authentication settings cannot be used, or it names a
 /// proxy.
 pub fn build(config: &kube::Config, deadline: Duration) -> Result<kube::Client, kube::Error> {
+    build_with_identity(config, deadline, None)
+}
+
+/// As [`build`]; with `identity`, the client presents that rotating client certificate
+/// (instead of the kubeconfig's) and its connections close when it changes, as the
+/// kubelet's transport does on rotation. TLS sessions are not resumed, so each new
+/// connection authenticates with the certificate current then.
+///
+/// # Errors
+/// See [`build`].
+pub fn build_with_identity(
+    config: &kube::Config,
+    deadline: Duration,
+    identity: Option<Arc<ClientIdentity>>,
+) -> Result<kube::Client, kube::Error> {
     if let Some(proxy) = &config.proxy_url {
         return Err(kube::Error::Service(
             format!("the kubeconfig's proxy-url {proxy} is not supported: the agent dials the API server directly").into(),
@@ -50,7 +68,25 @@ pub fn build(config: &kube::Config, deadline: Duration) -> Result<kube::Client, 
     http.set_connect_timeout(Some(config.connect_timeout.unwrap_or(DIAL_TIMEOUT)));
     http.set_keepalive(Some(TCP_KEEPALIVE));
     http.set_keepalive_interval(Some(TCP_KEEPALIVE));
-    let https = config.rustls_https_connector_with_connector(http)?;
+    let https = match identity {
+        None => config.rustls_https_connector_with_connector(ClosingConnector::new(http, None))?,
+        Some(identity) => {
+            let mut without_identity = config.clone();
+            let user = &mut without_identity.auth_info;
+            user.client_certificate = None;
+            user.client_certificate_data = None;
+            user.client_key = None;
+            user.client_key_data = None;
+            let mut tls = without_identity.rustls_client_config()?;
+            tls.client_auth_cert_resolver = identity.clone();
+            tls.resumption = rustls::client::Resumption::disabled();
+            hyper_rustls::HttpsConnectorBuilder::new()
+                .with_tls_config(tls)
+                .https_or_http()
+                .enable_http1()
+                .wrap_connector(ClosingConnector::new(http, Some(identity)))
+        }
+    };
     let hyper = hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build(https);
     let service = ServiceBuilder::new()
         .layer(DeadlineLayer(deadline))

@@ -83,6 +83,9 @@ pub struct Kubelet<C> {
     prober: ProberManager<C>,
     /// The pod cgroups (none with `--cgroups-per-qos=false`).
     cm: Option<Arc<ContainerManager>>,
+    /// The grace period evicted pods are killed within, instead of their own, per pod UID
+    /// (the eviction manager's override).
+    grace_overrides: Mutex<HashMap<String, i64>>,
 }
 
 /// What a pod's volumes show: its labels and annotations (downward API files) and the
@@ -134,6 +137,7 @@ impl<C: Cri + Clone> Kubelet<C> {
             volumes_set_up: SetUps::new(VOLUME_RESYNC),
             env,
             cm,
+            grace_overrides: Mutex::default(),
         }
     }
 
@@ -254,13 +258,60 @@ impl<C: Cri + Clone> Kubelet<C> {
             active_deadline::REASON,
             active_deadline::MESSAGE.to_owned(),
         );
-        self.publish_status(pod, id, Some(runtime));
+        self.fail(
+            pod,
+            id,
+            Some(runtime),
+            active_deadline::REASON,
+            active_deadline::MESSAGE,
+        );
+    }
+
+    /// Ends a pod Failed with `reason` and `message`, on top of its current status.
+    fn fail(
+        &self,
+        pod: &Pod,
+        id: &PodId,
+        runtime: Option<&PodRuntimeStatus>,
+        reason: &str,
+        message: &str,
+    ) {
+        self.publish_status(pod, id, runtime);
         if let Some(mut status) = self.status.get(&id.uid) {
             status.phase = Some("Failed".into());
-            status.reason = Some(active_deadline::REASON.into());
-            status.message = Some(active_deadline::MESSAGE.into());
+            status.reason = Some(reason.into());
+            status.message = Some(message.into());
             self.status.set_pod_status(id, status);
         }
+    }
+
+    /// Evicts a pod (the eviction manager's `killPodFunc`): a Warning `Evicted` event,
+    /// the pod ends Failed with reason `Evicted` and `message`, and its next sync, seeing
+    /// it terminal, kills its containers within `grace` seconds instead of its own grace
+    /// period. The caller wakes the pod's worker.
+    pub async fn evict(&self, pod: &Pod, message: &str, grace: i64) {
+        let Some(id) = PodId::of(pod) else { return };
+        self.runtime
+            .events()
+            .warning(&id, None, crate::eviction::REASON, message.to_owned());
+        lock(&self.grace_overrides).insert(id.uid.clone(), grace);
+        let runtime = get_pod_status(self.runtime.cri(), &id.uid).await.ok();
+        self.fail(pod, &id, runtime.as_ref(), crate::eviction::REASON, message);
+    }
+
+    /// Whether nothing of the pod runs: no running container, no ready sandbox.
+    pub async fn pod_stopped(&self, uid: &str) -> bool {
+        get_pod_status(self.runtime.cri(), uid)
+            .await
+            .is_ok_and(|r| {
+                r.ready_sandbox().is_none()
+                    && !r.containers.iter().any(|c| c.state == RunState::Running)
+            })
+    }
+
+    /// Whether the pod has finished (by the status this agent generated, else the API's).
+    pub fn finished(&self, pod: &Pod) -> bool {
+        PodId::of(pod).is_some_and(|id| self.is_terminal(pod, &id))
     }
 
     /// A failed step of the pod sync: a Warning event, then a retry after the back-off.
@@ -318,7 +369,10 @@ impl<C: Cri + Clone> Kubelet<C> {
             // A finished pod keeps its status; whatever still runs of it is stopped, and
             // its cgroup goes (the kubelet's housekeeping removes those of terminated pods).
             if runtime.ready_sandbox().is_some() {
-                let grace = crate::pod::termination_grace_period(pod);
+                let grace = lock(&self.grace_overrides)
+                    .get(&id.uid)
+                    .copied()
+                    .unwrap_or_else(|| crate::pod::termination_grace_period(pod));
                 if self
                     .runtime
                     .kill_pod((id, Some(pod)), &runtime, grace)
@@ -533,6 +587,7 @@ impl<C: Cri + Clone> Kubelet<C> {
         }
         lock(&self.reasons).remove(&id.uid);
         lock(&self.backoff).remove(&id.uid);
+        lock(&self.grace_overrides).remove(&id.uid);
         self.volumes_set_up.forget(&id.uid);
         self.env.caches().unregister(&id.uid);
         self.prober.remove_pod(id);
@@ -578,7 +633,11 @@ impl<C: Cri + Clone> PodAdmission for Kubelet<C> {
     /// handler's reason (a Warning event too) and never reaches the runtime.
     fn admit(&self, pod: &Arc<Pod>) {
         let Some(id) = PodId::of(pod) else { return };
-        let finished = |p: &Pod| PodId::of(p).is_some_and(|id| self.is_terminal(p, &id));
+        if crate::pod::mirror::is_static_pod(pod) {
+            // Its status goes to its mirror pod.
+            self.status.track_static(&id.uid);
+        }
+        let finished = |p: &Pod| self.finished(p);
         if let Some(rejection) = self.admission.admit(pod, finished) {
             tracing::warn!(pod = %id, reason = %rejection.reason, message = %rejection.message, "pod rejected at admission");
             self.status
@@ -604,6 +663,10 @@ impl<C: Cri + Clone> PodAdmission for Kubelet<C> {
             self.status.reconcile(pod);
         }
     }
+
+    fn mirror(&self, pod: &Pod, present: bool) {
+        self.status.mirror(pod, present);
+    }
 }
 
 /// Housekeeping, every two seconds once the pod store is synced (the kubelet's
@@ -626,12 +689,7 @@ pub async fn housekeeping<C: Cri + Clone>(
             () = cancel.cancelled() => return,
             _ = ticker.tick() => {}
         }
-        let known: HashSet<String> = store
-            .store
-            .state()
-            .iter()
-            .filter_map(|p| p.metadata.uid.clone())
-            .collect();
+        let known = store.uids();
         let working: HashSet<String> = workers.uids().into_iter().collect();
         for (uid, id) in pleg.pods() {
             if !known.contains(&uid) && !working.contains(&uid) {

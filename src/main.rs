@@ -7,15 +7,23 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use rkubelet::app;
 use rkubelet::cri::{self, Cri, CriClient, Endpoint, RuntimeHealth};
+use rkubelet::kubeletconfig::{self, ParseError};
 use rkubelet::observability::{self, LogFormat};
 use rkubelet::server::{ServerConfig, ServingCertificateSource};
 
 /// A kubelet-compatible node agent.
 #[derive(Debug, Parser)]
-#[command(name = "rkubelet", about, disable_version_flag = true)]
+// A flag given again overrides its earlier value, as on the kubelet: the systemd drop-in
+// puts the administrator's flags after kubeadm's.
+#[command(
+    name = "rkubelet",
+    about,
+    disable_version_flag = true,
+    args_override_self = true
+)]
 struct Cli {
     /// Print the version as the kubelet prints its own (`Kubernetes v1.20.2+rkubelet-…`).
     #[arg(long)]
@@ -59,9 +67,24 @@ enum NetworkOwnerArg {
 struct RunArgs {
     #[command(flatten)]
     runtime: RuntimeFlags,
-    /// Kubeconfig with the node's identity (`system:node:<name>`).
+    /// Kubeconfig with the node's identity (`system:node:<name>`); written by the TLS
+    /// bootstrap when missing or expired and --bootstrap-kubeconfig is given.
     #[arg(long)]
     kubeconfig: PathBuf,
+    /// Kubeconfig with a bootstrap token, used to request the node's client certificate
+    /// (signer kubernetes.io/kube-apiserver-client-kubelet) into --cert-dir.
+    #[arg(long)]
+    bootstrap_kubeconfig: Option<PathBuf>,
+    /// Renew the client certificate through the certificates API before it expires.
+    #[arg(
+        long,
+        action = clap::ArgAction::Set,
+        num_args = 0..=1,
+        default_value_t = false,
+        default_missing_value = "true",
+        require_equals = true
+    )]
+    rotate_certificates: bool,
     /// The node's name (default: the host name).
     #[arg(long)]
     hostname_override: Option<String>,
@@ -120,6 +143,22 @@ struct RunArgs {
     /// The most pods this node runs.
     #[arg(long, default_value_t = 110)]
     max_pods: u32,
+    /// The pod CIDR to use when the Node has none at registration (else the agent waits
+    /// for the controller manager's).
+    #[arg(long)]
+    pod_cidr: Option<String>,
+    /// The Node's `spec.providerID` (at registration).
+    #[arg(long)]
+    provider_id: Option<String>,
+    /// Taints the Node is registered with, `key=value:Effect` comma-separated.
+    #[arg(long, value_delimiter = ',', value_parser = kubeletconfig::values::parse_taint)]
+    register_with_taints: Vec<k8s_openapi::api::core::v1::Taint>,
+    /// Resources set aside for Kubernetes daemons: `cpu=100m,memory=1Gi,ephemeral-storage=1Gi`.
+    #[arg(long, value_parser = kubeletconfig::values::parse_reservation)]
+    kube_reserved: Option<rkubelet::node::Reservation>,
+    /// Resources set aside for system daemons, as --kube-reserved.
+    #[arg(long, value_parser = kubeletconfig::values::parse_reservation)]
+    system_reserved: Option<rkubelet::node::Reservation>,
     /// How long a pressure condition (MemoryPressure, DiskPressure, PIDPressure) is held
     /// after its threshold stops being met, as a Go duration (`5m0s`, `30s`).
     #[arg(long, default_value = "5m0s", value_parser = rkubelet::node::parse_go_duration)]
@@ -142,6 +181,19 @@ struct RunArgs {
     /// Image GC: an unused image first seen less than this ago is kept (Go duration).
     #[arg(long, default_value = "2m0s", value_parser = rkubelet::node::parse_go_duration)]
     minimum_image_ttl_duration: Duration,
+    /// Static pods: a directory of pod manifests (YAML or JSON; files starting with a dot
+    /// are ignored) or one manifest file.
+    #[arg(long)]
+    pod_manifest_path: Option<PathBuf>,
+    /// How often the static pods' manifests are read besides on changes, as a Go duration.
+    #[arg(long, default_value = "20s", value_parser = rkubelet::node::parse_go_duration)]
+    file_check_frequency: Duration,
+    /// Hard eviction thresholds, `<signal><<value>` comma-separated
+    /// (`memory.available<100Mi,nodefs.available<10%`); signals not named get none.
+    /// Default: the kubelet's (`memory.available<100Mi,nodefs.available<10%,
+    /// nodefs.inodesFree<5%`, and `pid.available<10%`).
+    #[arg(long, value_parser = rkubelet::eviction::parse_eviction_hard, overrides_with = "eviction_hard")]
+    eviction_hard: Option<rkubelet::eviction::ParsedThresholds>,
     /// Unsafe sysctls or sysctl patterns (ending in `*`) pods may set besides the safe
     /// ones, comma-separated.
     #[arg(long, value_delimiter = ',')]
@@ -195,10 +247,18 @@ struct ServerFlags {
     client_ca_file: Option<PathBuf>,
     /// Request the serving certificate from the certificates API (signer
     /// kubernetes.io/kubelet-serving) and renew it before it expires.
-    #[arg(long, conflicts_with = "tls_cert_file")]
+    #[arg(
+        long,
+        conflicts_with = "tls_cert_file",
+        action = clap::ArgAction::Set,
+        num_args = 0..=1,
+        default_value_t = false,
+        default_missing_value = "true",
+        require_equals = true
+    )]
     rotate_server_certificates: bool,
-    /// Where generated or requested serving certificates are kept (default:
-    /// <root-dir>/pki).
+    /// Where the client certificate and generated or requested serving certificates are
+    /// kept (default: <root-dir>/pki).
     #[arg(long)]
     cert_dir: Option<PathBuf>,
 }
@@ -242,17 +302,16 @@ struct RuntimeFlags {
         global = true
     )]
     container_runtime_endpoint: String,
-    /// Deadline of each CRI call but image pulls, in seconds.
-    #[arg(long, default_value_t = 120, global = true)]
-    runtime_request_timeout: u64,
+    /// Deadline of each CRI call but image pulls: a duration (`2m0s`) or seconds.
+    #[arg(long, default_value = "2m0s", value_parser = kubeletconfig::values::parse_timeout, global = true)]
+    runtime_request_timeout: Duration,
 }
 
 impl RuntimeFlags {
     fn client(&self) -> anyhow::Result<CriClient> {
         let endpoint: Endpoint = self.container_runtime_endpoint.parse()?;
-        let timeout = Duration::from_secs(self.runtime_request_timeout);
         // Image pulls have no deadline, as the kubelet's.
-        Ok(CriClient::new(endpoint, timeout, None))
+        Ok(CriClient::new(endpoint, self.runtime_request_timeout, None))
     }
 }
 
@@ -331,7 +390,13 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
     {
         return Ok(rkubelet::cni::shim::run_plugin());
     }
-    let cli = Cli::parse();
+    let (matches, startup) =
+        match kubeletconfig::parse(Cli::command(), std::env::args_os().collect()) {
+            Ok(parsed) => parsed,
+            Err(ParseError::CommandLine(e)) => e.exit(),
+            Err(e) => return Err(e.into()),
+        };
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     let Some(command) = cli.command else {
         let mut out = std::io::stdout().lock();
         if cli.version {
@@ -342,13 +407,14 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
             )?;
             return Ok(std::process::ExitCode::SUCCESS);
         }
-        <Cli as clap::CommandFactory>::command().write_help(&mut out)?;
+        Cli::command().write_help(&mut out)?;
         return Ok(std::process::ExitCode::from(2));
     };
     let timelines = rkubelet::timeline::Timelines::new();
     let record = matches!(command, Command::Run(_)).then(|| timelines.clone());
     observability::init(cli.log_format, &cli.log_level, cli.log_span_timings, record)
         .map_err(|e| anyhow::anyhow!("setting up logging: {e}"))?;
+    startup.log();
     // The blocking pool serves short file-system calls: a few threads are plenty, and
     // every extra thread is resident memory.
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -373,7 +439,7 @@ async fn run_command(
         None => nix::unistd::gethostname()?.to_string_lossy().to_lowercase(),
     };
     let mut node_labels = std::collections::BTreeMap::new();
-    for label in &args.node_labels {
+    for label in args.node_labels.iter().filter(|l| !l.is_empty()) {
         let (k, v) = label
             .split_once('=')
             .with_context(|| format!("--node-labels: {label:?} is not key=value"))?;
@@ -383,9 +449,15 @@ async fn run_command(
         .await
         .context("--node-ip")?;
     tracing::info!(node = %node_name, %node_ip, "node IP");
+    let client_certificate = rkubelet::certificate::bootstrap::ClientCertificateConfig {
+        bootstrap_kubeconfig: args.bootstrap_kubeconfig,
+        cert_dir: (args.server.cert_dir.clone()).unwrap_or_else(|| args.root_dir.join("pki")),
+        rotate: args.rotate_certificates,
+    };
     let server = args.server.config(&node_name, node_ip, &args.root_dir);
     let config = app::Config {
         kubeconfig: args.kubeconfig,
+        client_certificate,
         node_name,
         node_ip,
         cri: args.runtime.client()?,
@@ -407,6 +479,11 @@ async fn run_command(
         resolv_conf: (!args.resolv_conf.is_empty()).then(|| args.resolv_conf.into()),
         node_labels,
         max_pods: args.max_pods,
+        pod_cidr: args.pod_cidr,
+        provider_id: args.provider_id,
+        register_with_taints: args.register_with_taints,
+        kube_reserved: args.kube_reserved.unwrap_or_default(),
+        system_reserved: args.system_reserved.unwrap_or_default(),
         eviction_pressure_transition_period: args.eviction_pressure_transition_period,
         container_gc: rkubelet::kuberuntime::gc::ContainerGcPolicy::new(
             args.minimum_container_ttl_duration,
@@ -418,11 +495,14 @@ async fn run_command(
             args.image_gc_low_threshold,
             args.minimum_image_ttl_duration,
         )?,
+        eviction_hard: args.eviction_hard,
         allowed_unsafe_sysctls: args.allowed_unsafe_sysctls,
         server,
         cgroups_per_qos: args.cgroups_per_qos,
         cgroup_root: args.cgroup_root,
         cgroup_driver: args.cgroup_driver,
+        pod_manifest_path: args.pod_manifest_path.filter(|p| !p.as_os_str().is_empty()),
+        file_check_frequency: args.file_check_frequency,
     };
     let cancel = tokio_util::sync::CancellationToken::new();
     let stop = cancel.clone();
@@ -565,4 +645,24 @@ async fn node_pod_cidr(kubeconfig: &std::path::Path, node: &str) -> anyhow::Resu
         .await
         .with_context(|| format!("reading node {node}"))?;
     Ok(found.and_then(|n| n.spec).and_then(|s| s.pod_cidr))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_implemented_config_field_has_its_flag() {
+        let cli = Cli::command();
+        let run = cli.find_subcommand("run").expect("run");
+        for field in kubeletconfig::fields::IMPLEMENTED {
+            assert!(
+                run.get_arguments()
+                    .any(|a| a.get_long() == Some(field.flag)),
+                "{} maps to --{}, which `run` does not have",
+                field.path,
+                field.flag
+            );
+        }
+    }
 }

@@ -25,30 +25,39 @@ fn version_is_printed_as_the_kubelet_prints_it() {
 #[test]
 fn a_node_ip_of_another_host_is_refused_and_logs_carry_no_colour() {
     // 203.0.113.0/24 is documentation space (TEST-NET-3): not this host's.
-    let out = rkubelet(&[
-        "run",
-        "--kubeconfig",
-        "/nonexistent",
-        "--node-ip",
-        "203.0.113.77",
-    ]);
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains("node IP: 203.0.113.77 not found in the host's network interfaces"),
-        "{stderr}"
-    );
-    let out = rkubelet(&[
-        "run",
-        "--kubeconfig",
-        "/nonexistent",
-        "--hostname-override",
-        "192.0.2.1",
-    ]);
+    assert_node_ip_refused(&["--node-ip", "203.0.113.77"], "203.0.113.77");
+    let out = run_without_cluster(&["--hostname-override", "192.0.2.1"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("node IP"), "a log line: {stderr}");
     assert!(
         !stderr.contains('\u{1b}'),
         "no escape sequences: {stderr:?}"
     );
+}
+
+#[test]
+fn a_flag_given_twice_takes_the_later_value_as_on_the_kubelet() {
+    // The systemd drop-in appends the administrator's KUBELET_EXTRA_ARGS to kubeadm's
+    // flags: the later one must win, not be refused.
+    assert_node_ip_refused(
+        &["--node-ip", "203.0.113.1", "--node-ip", "203.0.113.78"],
+        "203.0.113.78",
+    );
+}
+
+/// `rkubelet run` with a kubeconfig that does not exist and ARGS: it fails before it
+/// needs a cluster.
+fn run_without_cluster(args: &[&str]) -> std::process::Output {
+    let mut all = vec!["run", "--kubeconfig", "/nonexistent"];
+    all.extend_from_slice(args);
+    rkubelet(&all)
+}
+
+/// Runs `rkubelet run ARGS` and expects the kubelet's refusal of node IP `ip`.
+fn assert_node_ip_refused(args: &[&str], ip: &str) {
+    let out = run_without_cluster(args);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let refusal = format!("node IP: {ip} not found in the host's network interfaces");
+    assert!(stderr.contains(&refusal), "{stderr}");
 }

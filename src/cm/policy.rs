@@ -15,20 +15,15 @@ pub const GUARANTEED_OOM_SCORE_ADJ: i64 = -997;
 pub const BEST_EFFORT_OOM_SCORE_ADJ: i64 = 1000;
 /// Priorities from here on are system-critical (`scheduling.SystemCriticalPriority`).
 const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
-/// The annotation of a mirror pod (the API's copy of a static pod).
-const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
-
-/// A critical pod: a mirror of a static pod, or of system-critical priority
+/// A critical pod: a static pod or its mirror, or of system-critical priority
 /// (`types.IsCriticalPod`).
 #[must_use]
 pub fn is_critical(pod: &Pod) -> bool {
-    let mirror = pod
-        .metadata
-        .annotations
-        .as_ref()
-        .is_some_and(|a| a.contains_key(MIRROR_ANNOTATION));
+    use crate::pod::mirror::{is_mirror_pod, is_static_pod};
     let priority = pod.spec.as_ref().and_then(|s| s.priority);
-    mirror || priority.is_some_and(|p| p >= SYSTEM_CRITICAL_PRIORITY)
+    is_static_pod(pod)
+        || is_mirror_pod(pod)
+        || priority.is_some_and(|p| p >= SYSTEM_CRITICAL_PRIORITY)
 }
 
 /// The container's `oom_score_adj` (`GetContainerOOMScoreAdjust`), with the node's memory

@@ -30,6 +30,19 @@ pub fn version_request() -> api::VersionRequest {
     }
 }
 
+/// The `ListContainers` request of every running container.
+#[must_use]
+pub fn running_containers_request() -> api::ListContainersRequest {
+    api::ListContainersRequest {
+        filter: Some(api::ContainerFilter {
+            state: Some(api::ContainerStateValue {
+                state: api::ContainerState::ContainerRunning.into(),
+            }),
+            ..Default::default()
+        }),
+    }
+}
+
 /// The runtime condition type a runtime reports when it can run containers.
 pub const RUNTIME_READY: &str = "RuntimeReady";
 /// The runtime condition type a runtime reports when pod networking is set up.

@@ -90,6 +90,11 @@ pub struct NodeConfig {
     /// [`NodeConfig::validate`] against what the NodeRestriction admission plugin lets a
     /// node set on itself.
     pub labels: BTreeMap<String, String>,
+    /// `spec.providerID` of the Node it registers (the kubelet's `--provider-id`).
+    pub provider_id: Option<String>,
+    /// `spec.taints` of the Node it registers (the kubelet's `--register-with-taints`); an
+    /// existing Node keeps its own.
+    pub register_with_taints: Vec<k8s_openapi::api::core::v1::Taint>,
     /// `--kube-reserved`.
     pub kube_reserved: Reservation,
     /// `--system-reserved`.
@@ -127,6 +132,8 @@ impl NodeConfig {
             daemon_port: 10250,
             kubelet_version: DEFAULT_KUBELET_VERSION.to_owned(),
             labels: BTreeMap::new(),
+            provider_id: None,
+            register_with_taints: Vec::new(),
             kube_reserved: Reservation::default(),
             system_reserved: Reservation::default(),
             eviction_hard: EvictionHard::default(),

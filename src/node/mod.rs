@@ -48,7 +48,7 @@ pub use error::{MachineError, NodeError};
 pub use lease::{LeaseController, NODE_LEASE_NAMESPACE};
 pub use lister::{node_lister, nodes_lister};
 pub use machine::{FsStats, HugePages, LinuxMachine, MachineInfo, Memory, PidUsage};
-pub use registration::wait_for_pod_cidr;
+pub use registration::{pod_cidr_at_start, wait_for_pod_cidr};
 pub use runtime::{ContainerRuntime, ReadinessCheck, RuntimeVersion};
 
 /// Sleeps for `duration` unless `cancel` fires first; false when cancelled.

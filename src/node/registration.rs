@@ -103,7 +103,12 @@ impl NodeAgent {
                 labels: Some(node_labels(&self.config)),
                 ..ObjectMeta::default()
             },
-            spec: Some(NodeSpec::default()),
+            spec: Some(NodeSpec {
+                provider_id: self.config.provider_id.clone(),
+                taints: Some(self.config.register_with_taints.clone())
+                    .filter(|taints| !taints.is_empty()),
+                ..NodeSpec::default()
+            }),
             status: Some(node_status),
         };
         // A Node may be created with its status, which saves a round trip.
@@ -210,9 +215,48 @@ pub async fn wait_for_pod_cidr(
     }
 }
 
+/// The pod CIDR to start with: the registered Node's, else `--pod-cidr` (the kubelet's
+/// standalone CIDR); `None` means waiting for the controller manager's.
+#[must_use]
+pub fn pod_cidr_at_start(registered: &Node, configured: Option<&str>) -> Option<String> {
+    let from_node = registered
+        .spec
+        .as_ref()
+        .and_then(|s| s.pod_cidr.clone())
+        .filter(|c| !c.is_empty());
+    from_node.or_else(|| {
+        let configured = configured.filter(|c| !c.is_empty())?;
+        tracing::info!(pod_cidr = %configured, "the node has no pod CIDR: using --pod-cidr");
+        Some(configured.to_owned())
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_nodes_pod_cidr_wins_over_the_configured_one() {
+        let with = |cidr: Option<&str>| Node {
+            spec: Some(NodeSpec {
+                pod_cidr: cidr.map(str::to_owned),
+                ..NodeSpec::default()
+            }),
+            ..Node::default()
+        };
+        let node = with(Some("10.244.1.0/24"));
+        assert_eq!(
+            pod_cidr_at_start(&node, Some("10.9.0.0/24")).as_deref(),
+            Some("10.244.1.0/24")
+        );
+        let bare = with(None);
+        assert_eq!(
+            pod_cidr_at_start(&bare, Some("10.9.0.0/24")).as_deref(),
+            Some("10.9.0.0/24")
+        );
+        assert_eq!(pod_cidr_at_start(&bare, None), None);
+        assert_eq!(pod_cidr_at_start(&with(Some("")), Some("")), None);
+    }
 
     #[test]
     fn default_labels_then_extra_labels() {

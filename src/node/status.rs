@@ -22,6 +22,7 @@ use super::config::{EvictionHard, NodeConfig, go_arch};
 use super::machine::{FsStats, HugePages, PidUsage};
 use super::quantity;
 use crate::cri::{self, RuntimeHealth};
+use crate::eviction;
 
 /// The Node condition types this agent owns.
 pub(crate) const MEMORY_PRESSURE: &str = "MemoryPressure";
@@ -81,32 +82,23 @@ pub(crate) struct Pressure {
 }
 
 impl Pressure {
-    /// The hard eviction thresholds met by `obs`, as the kubelet's eviction manager
-    /// measures them: `memory.available` (here `MemAvailable`) below its threshold;
-    /// `nodefs.available` or `nodefs.inodesFree` below their percentages; PIDs available
-    /// below their percentage of `pid_max`. A figure that could not be read meets nothing.
+    /// The hard eviction thresholds met by `obs`, as the eviction manager decides them
+    /// ([`crate::eviction::thresholds_met`]): `memory.available` (here `MemAvailable`)
+    /// below its threshold; `nodefs.available` or `nodefs.inodesFree` below their
+    /// percentages; PIDs available below their percentage of `pid_max`. A figure that
+    /// could not be read meets nothing.
     pub fn observed(obs: &Observation, hard: &EvictionHard) -> Self {
-        let below_percent = |available: u64, total: u64, percent: u8| {
-            total > 0 && u128::from(available) * 100 < u128::from(total) * u128::from(percent)
+        let signals = eviction::Observations {
+            memory_available_bytes: obs.memory_available_bytes,
+            nodefs: obs.nodefs,
+            pids: obs.pids,
         };
+        let met = eviction::thresholds_met(&signals, hard);
+        let holds = |condition: &str| met.iter().any(|s| s.condition() == condition);
         Self {
-            memory: obs
-                .memory_available_bytes
-                .is_some_and(|available| available < hard.memory_available_bytes),
-            disk: obs.nodefs.is_some_and(|fs| {
-                below_percent(
-                    fs.available_bytes,
-                    fs.capacity_bytes,
-                    hard.nodefs_available_percent,
-                ) || below_percent(fs.inodes_free, fs.inodes, hard.nodefs_inodes_free_percent)
-            }),
-            pid: obs.pids.is_some_and(|p| {
-                below_percent(
-                    p.max.saturating_sub(p.running),
-                    p.max,
-                    hard.pid_available_percent,
-                )
-            }),
+            memory: holds(MEMORY_PRESSURE),
+            disk: holds(DISK_PRESSURE),
+            pid: holds(PID_PRESSURE),
         }
     }
 }

@@ -1,6 +1,9 @@
-//! Pods on this node: where they come from (the API watch), the worker that owns each one,
-//! and the small facts about a Pod object that every other module asks for.
+//! Pods on this node: where they come from (the API watch, the static pods' manifest
+//! files), their mirror pods, the worker that owns each one, and the small facts about a
+//! Pod object that every other module asks for.
 
+pub mod file;
+pub mod mirror;
 pub mod source;
 pub mod workers;
 
@@ -37,6 +40,30 @@ impl PodId {
 impl std::fmt::Display for PodId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}/{} ({})", self.namespace, self.name, self.uid)
+    }
+}
+
+/// Deletes a pod from the API now: grace period 0 and its UID as precondition, so a new
+/// pod of the same name is never deleted. `Ok(false)` when it was gone already (or
+/// replaced by another of its name).
+///
+/// # Errors
+/// The API refused or could not be reached.
+pub async fn delete_now(client: &kube::Client, id: &PodId) -> Result<bool, kube::Error> {
+    use kube::api::{Api, DeleteParams, Preconditions};
+    let api: Api<Pod> = Api::namespaced(client.clone(), &id.namespace);
+    let params = DeleteParams {
+        grace_period_seconds: Some(0),
+        preconditions: Some(Preconditions {
+            uid: Some(id.uid.clone()),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(&id.name, &params).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(false),
+        Err(e) => Err(e),
     }
 }
 

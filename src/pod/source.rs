@@ -4,7 +4,8 @@
 //! full list (`InitDone`) it is authoritative, and pods the runtime holds that are not in it
 //! are orphans. Each pod passes [`PodAdmission`] before its worker sees it: new pods one
 //! by one as they come, the pods of a full list together in creation order (the
-//! kubelet's `HandlePodAdditions`).
+//! kubelet's `HandlePodAdditions`). Mirror pods (the API's copies of static pods) are
+//! not run: they go to [`PodAdmission::mirror`] and wake the mirror pods' reconciliation.
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -20,6 +21,8 @@ use kube::runtime::watcher::{self, Event};
 use tokio::sync::watch;
 
 use super::PodId;
+use super::file::StaticPods;
+use super::mirror::is_mirror_pod;
 use super::workers::{PodSyncer, PodWork, PodWorkers};
 
 /// The reflector's store, and whether its first full list has completed.
@@ -29,6 +32,32 @@ pub struct PodStore {
     pub store: Store<Pod>,
     /// True once the first full list is in the store.
     pub synced: watch::Receiver<bool>,
+    /// The static pods (from manifest files).
+    pub statics: StaticPods,
+}
+
+impl PodStore {
+    /// The pod named `name` in `namespace` that runs here: a static pod rather than its
+    /// mirror pod.
+    #[must_use]
+    pub fn get(&self, namespace: &str, name: &str) -> Option<Arc<Pod>> {
+        self.statics
+            .get(namespace, name)
+            .or_else(|| self.store.get(&ObjectRef::new(name).within(namespace)))
+    }
+
+    /// The UIDs of the pods that should exist: the API's and the static ones.
+    #[must_use]
+    pub fn uids(&self) -> HashSet<String> {
+        let mut uids = self.statics.uids();
+        uids.extend(
+            self.store
+                .state()
+                .iter()
+                .filter_map(|p| p.metadata.uid.clone()),
+        );
+        uids
+    }
 }
 
 /// What the source asks before a pod reaches its worker: the kubelet's admission.
@@ -42,6 +71,8 @@ pub trait PodAdmission: Send + Sync + 'static {
     /// Every version of a pod the watch delivers, also one whose only change is its
     /// status (which wakes no worker): the status manager's reconciliation looks at it.
     fn observed(&self, _pod: &Pod) {}
+    /// A mirror pod was seen (`present`) or deleted.
+    fn mirror(&self, _pod: &Pod, _present: bool) {}
 }
 
 /// Starts the watch; returns the store, and the task that feeds the workers until the
@@ -51,6 +82,7 @@ pub fn start<S: PodSyncer, A: PodAdmission>(
     node_name: &str,
     workers: PodWorkers<S>,
     admission: Arc<A>,
+    statics: StaticPods,
 ) -> (PodStore, impl Future<Output = ()> + Send + use<S, A>) {
     let api: Api<Pod> = Api::all(client);
     let config = watcher::Config::default().fields(&format!("spec.nodeName={node_name}"));
@@ -68,6 +100,7 @@ pub fn start<S: PodSyncer, A: PodAdmission>(
         admission,
         synced: synced_tx,
         listed: Vec::new(),
+        statics: statics.clone(),
     };
     let feed = async move {
         let mut stream = std::pin::pin!(stream);
@@ -84,7 +117,14 @@ pub fn start<S: PodSyncer, A: PodAdmission>(
         }
         tracing::error!("pod watch ended");
     };
-    (PodStore { store, synced }, feed)
+    (
+        PodStore {
+            store,
+            synced,
+            statics,
+        },
+        feed,
+    )
 }
 
 /// Hands watch events to admission and the workers.
@@ -95,10 +135,17 @@ struct Feeder<S, A> {
     synced: watch::Sender<bool>,
     /// The pods of a full list under way, dispatched together at its end.
     listed: Vec<Pod>,
+    /// The static pods: their workers are not the API's to end.
+    statics: StaticPods,
 }
 
 impl<S: PodSyncer, A: PodAdmission> Feeder<S, A> {
     fn dispatch(&self, pod: Pod) {
+        if is_mirror_pod(&pod) {
+            self.admission.mirror(&pod, true);
+            self.statics.notify();
+            return;
+        }
         let Some(uid) = pod.metadata.uid.clone() else {
             return;
         };
@@ -117,6 +164,10 @@ impl<S: PodSyncer, A: PodAdmission> Feeder<S, A> {
         match event {
             Event::Apply(pod) => self.dispatch(pod),
             Event::InitApply(pod) => self.listed.push(pod),
+            Event::Delete(pod) if is_mirror_pod(&pod) => {
+                self.admission.mirror(&pod, false);
+                self.statics.notify();
+            }
             Event::Delete(pod) => {
                 if let Some(id) = PodId::of(&pod) {
                     tracing::info!(pod = %id, "pod removed from the API");
@@ -127,10 +178,11 @@ impl<S: PodSyncer, A: PodAdmission> Feeder<S, A> {
             Event::Init => self.listed.clear(),
             Event::InitDone => {
                 let mut listed = std::mem::take(&mut self.listed);
-                let uids: HashSet<String> = listed
+                let mut uids: HashSet<String> = listed
                     .iter()
                     .filter_map(|p| p.metadata.uid.clone())
                     .collect();
+                uids.extend(self.statics.uids());
                 self.admission.retain(&uids);
                 // Pods deleted while the watch was down get no Delete event.
                 self.workers.remove_unlisted(&uids);
@@ -195,6 +247,12 @@ mod tests {
                 pod.metadata.name.clone().unwrap_or_default()
             ));
         }
+        fn mirror(&self, pod: &Pod, present: bool) {
+            self.push(format!(
+                "mirror {} {present}",
+                pod.metadata.name.clone().unwrap_or_default()
+            ));
+        }
     }
 
     struct Idle;
@@ -213,6 +271,53 @@ mod tests {
         p
     }
 
+    /// Mirror pods are not run: admission hears of them as mirrors, no worker starts; a
+    /// full list keeps the static pods' workers.
+    #[tokio::test]
+    async fn mirror_pods_are_not_run_and_static_pods_survive_a_full_list() {
+        let (store, _writer) = reflector::store();
+        let (synced, _rx) = watch::channel(false);
+        let admission = Arc::new(Recorder::default());
+        let workers = PodWorkers::new(Arc::new(Idle));
+        let mut feeder = Feeder {
+            store,
+            workers: workers.clone(),
+            admission: admission.clone(),
+            synced,
+            listed: Vec::new(),
+            statics: StaticPods::default(),
+        };
+        let mirror = Arc::new(created("web-n1", 1));
+        let mut mirror = crate::pod::mirror::mirror_of(&mirror, "n1", "node-uid");
+        mirror.metadata.uid = Some("mirror-uid".into());
+        feeder.handle(Event::Apply(mirror.clone()));
+        feeder.handle(Event::Delete(mirror.clone()));
+        assert_eq!(
+            admission.take(),
+            ["mirror web-n1 true", "mirror web-n1 false"]
+        );
+        assert!(workers.uids().is_empty(), "no worker for a mirror pod");
+        // A static pod's worker is not the API's to end.
+        workers.update("static-uid", PodWork::Sync(Arc::new(created("web-n1", 1))));
+        feeder
+            .statics
+            .pods
+            .write()
+            .unwrap()
+            .insert("static-uid".into(), Arc::new(created("web-n1", 1)));
+        feeder.handle(Event::Init);
+        feeder.handle(Event::InitApply(mirror));
+        feeder.handle(Event::InitDone);
+        assert_eq!(
+            admission.take(),
+            [
+                r#"retain ["mirror-uid", "static-uid"]"#,
+                "mirror web-n1 true"
+            ]
+        );
+        assert_eq!(workers.uids(), ["static-uid"]);
+    }
+
     #[tokio::test]
     async fn a_full_list_is_admitted_in_creation_order_after_it_ends() {
         let (store, _writer) = reflector::store();
@@ -224,6 +329,7 @@ mod tests {
             admission: admission.clone(),
             synced,
             listed: Vec::new(),
+            statics: StaticPods::default(),
         };
         feeder.handle(Event::Init);
         feeder.handle(Event::InitApply(created("newer", 20)));

@@ -44,7 +44,6 @@ use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
-use kube::runtime::reflector::ObjectRef;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
@@ -365,9 +364,9 @@ impl Server {
     }
 
     fn pod(&self, p: &PodPath<'_>) -> Result<Arc<Pod>, Refusal> {
+        // A static pod's name finds the static pod, not its mirror pod.
         self.pods
-            .store
-            .get(&ObjectRef::new(p.name).within(p.namespace))
+            .get(p.namespace, p.name)
             .filter(|pod| p.uid.is_none() || pod.metadata.uid.as_deref() == p.uid)
             .ok_or_else(|| {
                 Refusal::not_found(format!("pod {}/{} does not exist", p.namespace, p.name))
@@ -375,7 +374,15 @@ impl Server {
     }
 
     fn pods_list(&self) -> Response<Body> {
-        let mut pods = self.pods.store.state();
+        // The pods that run here: static pods, not their mirror pods.
+        let mut pods: Vec<Arc<Pod>> = self
+            .pods
+            .store
+            .state()
+            .into_iter()
+            .filter(|p| !crate::pod::mirror::is_mirror_pod(p))
+            .chain(self.pods.statics.pods())
+            .collect();
         pods.sort_by(|a, b| {
             (&a.metadata.namespace, &a.metadata.name)
                 .cmp(&(&b.metadata.namespace, &b.metadata.name))
@@ -672,7 +679,7 @@ async fn serving_certificates(
         }
         ServingCertificateSource::Rotate { cert_dir } => {
             let manager =
-                CertificateManager::new(client.clone(), node, cert_dir.clone(), store.clone());
+                CertificateManager::new(client.clone(), &node, cert_dir.clone(), store.clone())?;
             tokio::spawn(manager.run(cancel.clone()));
         }
     }

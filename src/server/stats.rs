@@ -208,14 +208,7 @@ impl StatsProvider {
             .await?
             .items;
         let containers = cri
-            .list_containers(api::ListContainersRequest {
-                filter: Some(api::ContainerFilter {
-                    state: Some(api::ContainerStateValue {
-                        state: api::ContainerState::ContainerRunning.into(),
-                    }),
-                    ..Default::default()
-                }),
-            })
+            .list_containers(crate::cri::running_containers_request())
             .await?
             .containers;
         let stats: HashMap<String, api::ContainerStats> = cri

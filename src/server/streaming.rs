@@ -6,6 +6,15 @@
 //! is then forwarded to that URL, the runtime's `101 Switching Protocols` relayed back, and
 //! both connections spliced byte for byte until either side closes. The agent never reads
 //! the streams: the protocol is between the client and the runtime.
+//!
+//! So a WebSocket client gets the subprotocols the runtime's streaming server speaks, as
+//! from the kubelet: for exec and attach `v4.channel.k8s.io`, `v4.base64.channel.k8s.io`,
+//! `channel.k8s.io`, `base64.channel.k8s.io` (stdin 0, stdout 1, stderr 2, error 3 — a
+//! `Status` from v4 on —, resize 4), for port-forward the v4 pair of data and error
+//! channels per port. `v5.channel.k8s.io` alone (what kubectl 1.30+ offers) is refused by
+//! a runtime that predates it (containerd 1.6: 403), and the client falls back to SPDY.
+//! Container logs are plain HTTP on the kubelet, also when a WebSocket is asked for
+//! ([`super::logs`]): the kube-apiserver serves them as `binary.k8s.io` messages itself.
 
 use std::time::Duration;
 
@@ -525,6 +534,106 @@ mod tests {
         assert!(parse_response_head(b"garbage\r\n\r\n").is_err());
     }
 
+    /// The agent's side: a hyper server for one connection whose handler proxies to the
+    /// runtime's `url`; its address.
+    async fn agent_proxying_to(url: String) -> std::net::SocketAddr {
+        let agent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let agent_addr = agent.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (s, _) = agent.accept().await.unwrap();
+            let service = hyper::service::service_fn(move |req| {
+                let url = url.clone();
+                async move { Ok::<_, std::convert::Infallible>(proxy(req, &url).await.unwrap()) }
+            });
+            hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(s), service)
+                .with_upgrades()
+                .await
+                .unwrap();
+        });
+        agent_addr
+    }
+
+    /// A WebSocket client (as kubectl's and the apiserver's) through the proxy to a
+    /// WebSocket runtime server (as containerd's): the handshake's key, version and offered
+    /// subprotocols reach the runtime, its accept key and chosen subprotocol reach the
+    /// client (which checks the key), then channel frames flow both ways.
+    #[tokio::test]
+    async fn websocket_sessions_pass_through_to_the_runtime() {
+        use futures::{SinkExt, StreamExt};
+        use tokio_tungstenite::tungstenite::Message;
+        use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+        use tokio_tungstenite::tungstenite::handshake::server::{
+            ErrorResponse, Request as WsRequest, Response as WsResponse,
+        };
+
+        let runtime = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let runtime_addr = runtime.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (s, _) = runtime.accept().await.unwrap();
+            // The callback's signature is tungstenite's.
+            #[allow(clippy::result_large_err)]
+            let choose = |req: &WsRequest, mut resp: WsResponse| {
+                assert_eq!(req.uri().path(), "/exec/token");
+                assert!(req.headers().get("authorization").is_none());
+                let offered = req.headers()["sec-websocket-protocol"].to_str().unwrap();
+                assert_eq!(offered, "v5.channel.k8s.io, v4.channel.k8s.io");
+                resp.headers_mut().insert(
+                    "sec-websocket-protocol",
+                    "v4.channel.k8s.io".parse().unwrap(),
+                );
+                Ok::<_, ErrorResponse>(resp)
+            };
+            let mut ws = tokio_tungstenite::accept_hdr_async(s, choose)
+                .await
+                .unwrap();
+            // Stdin (channel 0) comes back on stdout (1), then a status on error (3).
+            let Some(Ok(Message::Binary(stdin))) = ws.next().await else {
+                panic!("no stdin frame");
+            };
+            assert_eq!(stdin[0], 0);
+            let mut stdout = stdin.to_vec();
+            stdout[0] = 1;
+            ws.send(Message::binary(stdout)).await.unwrap();
+            ws.send(Message::binary(&b"\x03{\"status\":\"Success\"}"[..]))
+                .await
+                .unwrap();
+            ws.close(None).await.unwrap();
+        });
+        let agent_addr = agent_proxying_to(format!("http://{runtime_addr}/exec/token")).await;
+        let mut request = format!("ws://{agent_addr}/exec/ns/p/c?command=cat&input=1&output=1")
+            .into_client_request()
+            .unwrap();
+        let headers = request.headers_mut();
+        headers.insert(
+            "sec-websocket-protocol",
+            "v5.channel.k8s.io, v4.channel.k8s.io".parse().unwrap(),
+        );
+        headers.insert("authorization", "Bearer secret".parse().unwrap());
+        let client = TcpStream::connect(agent_addr).await.unwrap();
+        let (mut ws, response) = tokio_tungstenite::client_async(request, client)
+            .await
+            .unwrap();
+        assert_eq!(
+            response.headers()["sec-websocket-protocol"],
+            "v4.channel.k8s.io"
+        );
+        ws.send(Message::binary(&b"\x00hello\n"[..])).await.unwrap();
+        let mut frames = Vec::new();
+        while let Some(Ok(m)) = ws.next().await {
+            if let Message::Binary(b) = m {
+                frames.push(b.to_vec());
+            }
+        }
+        assert_eq!(
+            frames,
+            [
+                b"\x01hello\n".to_vec(),
+                b"\x03{\"status\":\"Success\"}".to_vec()
+            ]
+        );
+    }
+
     #[tokio::test]
     async fn splices_the_upgraded_connection_with_the_runtime() {
         use tokio::net::TcpListener;
@@ -552,22 +661,7 @@ mod tests {
                 s.write_all(&buf[..n]).await.unwrap();
             }
         });
-        // The agent's side: a hyper server whose handler proxies to the runtime.
-        let agent = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let agent_addr = agent.local_addr().unwrap();
-        let url = format!("http://{runtime_addr}/exec/token");
-        tokio::spawn(async move {
-            let (s, _) = agent.accept().await.unwrap();
-            let service = hyper::service::service_fn(move |req| {
-                let url = url.clone();
-                async move { Ok::<_, std::convert::Infallible>(proxy(req, &url).await.unwrap()) }
-            });
-            hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(s), service)
-                .with_upgrades()
-                .await
-                .unwrap();
-        });
+        let agent_addr = agent_proxying_to(format!("http://{runtime_addr}/exec/token")).await;
         let mut client = TcpStream::connect(agent_addr).await.unwrap();
         client
             .write_all(b"POST /exec/ns/p/c?command=sh HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\n\r\n")

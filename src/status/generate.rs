@@ -318,8 +318,10 @@ pub fn generate_pod_status(pod: &Pod, inputs: &StatusInputs<'_>) -> PodStatus {
     let init_statuses = init_container_statuses(pod, inputs);
     let statuses = container_statuses(pod, inputs);
     let mut phase = phase(crate::pod::restart_policy(pod), &init_statuses, &statuses).to_owned();
-    // A terminal phase never changes again.
-    if matches!(old.phase.as_deref(), Some("Succeeded" | "Failed")) {
+    // A terminal phase never changes again, nor why it was reached (`Evicted`,
+    // `DeadlineExceeded`).
+    let terminal = matches!(old.phase.as_deref(), Some("Succeeded" | "Failed"));
+    if terminal {
         phase = old.phase.clone().unwrap_or_default();
     }
     let unready: Vec<&str> = statuses
@@ -407,6 +409,8 @@ pub fn generate_pod_status(pod: &Pod, inputs: &StatusInputs<'_>) -> PodStatus {
             .map(|s| crate::resources::qos_class(s).as_str().to_owned()),
         container_statuses: Some(statuses),
         init_container_statuses: (!init_statuses.is_empty()).then_some(init_statuses),
+        reason: old.reason.clone().filter(|_| terminal),
+        message: old.message.clone().filter(|_| terminal),
         ..Default::default()
     }
 }
@@ -522,6 +526,36 @@ mod tests {
             Some("containers with unready status: [a]")
         );
         assert_eq!(status.qos_class.as_deref(), Some("BestEffort"));
+    }
+
+    /// An evicted pod whose containers still run until killed stays Failed, and keeps
+    /// why (`Evicted` and the eviction manager's message); a running pod has neither.
+    #[test]
+    fn a_terminal_pod_keeps_its_phase_reason_and_message() {
+        let mut p = pod("web", &[("a", "nginx")]);
+        let rt = running_a(vec![]);
+        let w = HashMap::new();
+        let status = generate_pod_status(&p, &inputs(&rt, &w));
+        assert_eq!((status.reason, status.message), (None, None));
+        p.status = Some(PodStatus {
+            phase: Some("Failed".into()),
+            reason: Some("Evicted".into()),
+            message: Some("The node was low on resource: memory. ".into()),
+            ..Default::default()
+        });
+        let status = generate_pod_status(&p, &inputs(&rt, &w));
+        assert_eq!(
+            (
+                status.phase.as_deref(),
+                status.reason.as_deref(),
+                status.message.as_deref()
+            ),
+            (
+                Some("Failed"),
+                Some("Evicted"),
+                Some("The node was low on resource: memory. ")
+            )
+        );
     }
 
     #[test]

@@ -2,7 +2,9 @@
 //! they computed and go on; one task sends each changed status to the API, coalescing
 //! bursts (only the newest status of a pod is sent), and retries failures. It also makes
 //! the final `DELETE` of a terminated pod, with grace period 0 and a UID precondition, as
-//! the kubelet's status manager does.
+//! the kubelet's status manager does. The status of a static pod is written to its mirror
+//! pod (its UID translated to the mirror pod's), once there is one; a static pod is never
+//! deleted from the API by it.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -10,7 +12,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
-use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use kube::api::{Api, Patch, PatchParams};
 use tracing::Instrument;
 
 use crate::pod::PodId;
@@ -57,6 +59,8 @@ struct Entry {
 struct State {
     pods: HashMap<String, Entry>,
     dirty: HashSet<String>,
+    /// The static pods, by UID, with the UID of their mirror pod once it is seen.
+    statics: HashMap<String, Option<String>>,
 }
 
 /// The status manager. Cheap to clone.
@@ -147,6 +151,63 @@ impl StatusManager {
         self.notify.notify_one();
     }
 
+    /// Marks a pod as static: its status goes to its mirror pod.
+    pub fn track_static(&self, uid: &str) {
+        self.lock().statics.entry(uid.to_owned()).or_default();
+    }
+
+    /// A mirror pod was seen in the API (`present`) or deleted. The status of its static
+    /// pod goes to it: at once when it is new (a mirror pod is created, or created again,
+    /// without a status) or says another status than ours, as [`Self::reconcile`] does.
+    pub fn mirror(&self, mirror: &Pod, present: bool) {
+        let (Some(static_uid), Some(mirror_uid)) = (
+            crate::pod::mirror::mirrored_uid(mirror),
+            mirror.metadata.uid.as_deref(),
+        ) else {
+            return;
+        };
+        let mut state = self.lock();
+        let State {
+            pods,
+            dirty,
+            statics,
+        } = &mut *state;
+        let Some(target) = statics.get_mut(static_uid) else {
+            return;
+        };
+        if !present || mirror.metadata.deletion_timestamp.is_some() {
+            if target.as_deref() == Some(mirror_uid) {
+                *target = None;
+            }
+            return;
+        }
+        let new = target.as_deref() != Some(mirror_uid);
+        *target = Some(mirror_uid.to_owned());
+        let Some(entry) = pods.get_mut(static_uid) else {
+            return;
+        };
+        let api = mirror.status.clone().unwrap_or_default();
+        let stale = entry.sent.as_ref().is_none_or(|sent| differs(sent, &api));
+        if new || (stale && differs(&entry.status, &api)) {
+            entry.sent = None;
+            dirty.insert(static_uid.to_owned());
+            drop(state);
+            self.notify.notify_one();
+        }
+    }
+
+    /// Where a pod's status goes: the pod itself, the mirror pod of a static pod, or
+    /// nowhere yet (a static pod without a mirror pod).
+    fn target(&self, id: &PodId) -> Option<PodId> {
+        match self.lock().statics.get(&id.uid) {
+            None => Some(id.clone()),
+            Some(mirror) => mirror.as_ref().map(|uid| PodId {
+                uid: uid.clone(),
+                ..id.clone()
+            }),
+        }
+    }
+
     /// The newest status recorded for a pod.
     #[must_use]
     pub fn get(&self, uid: &str) -> Option<PodStatus> {
@@ -158,12 +219,18 @@ impl StatusManager {
         let mut state = self.lock();
         state.pods.remove(uid);
         state.dirty.remove(uid);
+        state.statics.remove(uid);
     }
 
-    /// Patches the pod's status.
-    async fn patch(&self, id: &PodId, status: &PodStatus) -> Result<(), StatusError> {
+    /// Patches the pod's status (a static pod's, its mirror pod's); `false` when there is
+    /// nowhere to send it yet.
+    async fn patch(&self, id: &PodId, status: &PodStatus) -> Result<bool, StatusError> {
+        let Some(target) = self.target(id) else {
+            tracing::debug!(pod = %id, "static pod has no mirror pod yet; its status waits");
+            return Ok(false);
+        };
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &id.namespace);
-        let body = patch_body(id, status);
+        let body = patch_body(&target, status);
         // The timeline's end: the first acknowledged patch that says Ready.
         let span = tracing::info_span!(
             crate::timeline::STATUS_PATCH_SPAN,
@@ -177,7 +244,7 @@ impl StatusManager {
             .instrument(span.clone())
             .await;
         span.record("outcome", if patched.is_ok() { "ok" } else { "error" });
-        patched.map(drop).map_err(|source| StatusError::Patch {
+        patched.map(|_| true).map_err(|source| StatusError::Patch {
             pod: id.clone(),
             source,
         })
@@ -196,8 +263,13 @@ impl StatusManager {
         };
         let Some(status) = status else { return Ok(()) };
         match self.patch(id, &status).await {
-            Err(StatusError::Patch { source, .. }) if is_gone(&source) => Ok(()),
-            other => other,
+            Err(StatusError::Patch { source, .. }) if !is_gone(&source) => {
+                Err(StatusError::Patch {
+                    pod: id.clone(),
+                    source,
+                })
+            }
+            _ => Ok(()),
         }
     }
 
@@ -207,30 +279,22 @@ impl StatusManager {
     /// # Errors
     /// The API refused or could not be reached; a pod already gone is not an error.
     pub async fn delete_pod(&self, id: &PodId) -> Result<(), StatusError> {
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), &id.namespace);
-        let params = DeleteParams {
-            grace_period_seconds: Some(0),
-            preconditions: Some(Preconditions {
-                uid: Some(id.uid.clone()),
-                resource_version: None,
-            }),
-            ..DeleteParams::default()
-        };
-        match api.delete(&id.name, &params).await {
-            Ok(_) => {
-                tracing::info!(pod = %id, "pod deleted from the API");
-                self.forget(&id.uid);
-                Ok(())
-            }
-            Err(e) if is_gone(&e) => {
-                self.forget(&id.uid);
-                Ok(())
-            }
-            Err(source) => Err(StatusError::Delete {
+        if self.lock().statics.contains_key(&id.uid) {
+            // A static pod goes with its file; its mirror pod is deleted as an orphan.
+            self.forget(&id.uid);
+            return Ok(());
+        }
+        let deleted = crate::pod::delete_now(&self.client, id)
+            .await
+            .map_err(|source| StatusError::Delete {
                 pod: id.clone(),
                 source,
-            }),
+            })?;
+        if deleted {
+            tracing::info!(pod = %id, "pod deleted from the API");
         }
+        self.forget(&id.uid);
+        Ok(())
     }
 
     /// Sends dirty statuses until the process ends. A pod whose patch failed is retried
@@ -255,7 +319,7 @@ impl StatusManager {
             let now = std::time::Instant::now();
             let batch: Vec<(PodId, PodStatus)> = {
                 let mut state = self.lock();
-                let State { pods, dirty } = &mut *state;
+                let State { pods, dirty, .. } = &mut *state;
                 let due: Vec<String> = dirty
                     .iter()
                     .filter(|uid| {
@@ -283,7 +347,8 @@ impl StatusManager {
             for (id, status, outcome) in results {
                 let mut state = self.lock();
                 match outcome {
-                    Ok(()) => {
+                    Ok(false) => {}
+                    Ok(true) => {
                         if let Some(e) = state.pods.get_mut(&id.uid) {
                             e.sent = Some(status);
                             e.retry = None;
@@ -539,6 +604,62 @@ mod tests {
         assert!(differs(&sent, &ready_status("False")));
         assert!(differs(&sent, &PodStatus::default()));
         assert!(!differs(&sent, &sent));
+    }
+
+    /// A static pod's status goes to its mirror pod once one is seen (at once, also when
+    /// it is created again), nowhere before; the static pod is never deleted from the API.
+    #[tokio::test]
+    async fn a_static_pods_status_goes_to_its_mirror_pod() {
+        let (manager, requests) = sending_one_status(0).await;
+        let id = PodId {
+            namespace: "default".into(),
+            name: "web-n1".into(),
+            uid: "static".into(),
+        };
+        manager.track_static(&id.uid);
+        manager.set_pod_status(&id, ready_status("True"));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(manager.target(&id), None);
+        assert!(
+            manager.lock().pods["static"].sent.is_none(),
+            "nowhere to send"
+        );
+        let before = requests.load(Ordering::SeqCst);
+        let mut mirror = api_pod("1", PodStatus::default());
+        mirror.metadata.uid = Some("m1".into());
+        mirror.metadata.annotations = Some(
+            [(
+                crate::pod::mirror::CONFIG_MIRROR.to_owned(),
+                "static".to_owned(),
+            )]
+            .into(),
+        );
+        manager.mirror(&mirror, true);
+        let target = manager.target(&id).expect("the mirror pod");
+        assert_eq!(
+            (target.uid.as_str(), target.name.as_str()),
+            ("m1", "web-n1")
+        );
+        for _ in 0..100 {
+            if manager.lock().pods["static"].sent.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(requests.load(Ordering::SeqCst), before + 1, "sent to it");
+        // Deleted, then created again: sent again to the new one.
+        manager.mirror(&mirror, false);
+        assert_eq!(manager.target(&id), None);
+        mirror.metadata.uid = Some("m2".into());
+        manager.mirror(&mirror, true);
+        assert_eq!(manager.target(&id).map(|t| t.uid), Some("m2".into()));
+        assert!(manager.lock().dirty.contains("static"));
+        // The final delete leaves the API alone.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let sent = requests.load(Ordering::SeqCst);
+        manager.delete_pod(&id).await.unwrap();
+        assert_eq!(requests.load(Ordering::SeqCst), sent);
+        assert!(manager.get("static").is_none());
     }
 
     #[test]

@@ -74,7 +74,27 @@ impl AgentProcess {
     ) -> Self {
         let mut args = serving_args(node, true);
         args.extend(extra.iter().map(std::ffi::OsString::from));
-        Self::spawn_with_env(owner, node, root_dir, cni_conf_dir, &args, env)
+        let kubeconfig = minted_kubeconfig(node);
+        Self::spawn_with_env(owner, node, root_dir, cni_conf_dir, &kubeconfig, &args, env)
+    }
+
+    /// Starts `rkubelet run` with `--kubeconfig kubeconfig` (which need not exist yet)
+    /// instead of the node's minted one, without the kubelet API (`--port 0`), and `extra`
+    /// flags after the others.
+    pub fn start_with_kubeconfig(
+        node: &str,
+        root_dir: PathBuf,
+        kubeconfig: &std::path::Path,
+        extra: &[&str],
+    ) -> Self {
+        let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let args: Vec<std::ffi::OsString> = ["--port", "0", "--healthz-port", "0"]
+            .iter()
+            .chain(extra)
+            .map(std::ffi::OsString::from)
+            .collect();
+        let cni = repo.join("cni-config");
+        Self::spawn_with_env(Owner::Agent, node, root_dir, &cni, kubeconfig, &args, &[])
     }
 
     /// Starts `rkubelet run` whose kubelet API has the cluster CA for client certificates
@@ -98,7 +118,16 @@ impl AgentProcess {
         cni_conf_dir: &std::path::Path,
         server_args: &[std::ffi::OsString],
     ) -> Self {
-        Self::spawn_with_env(owner, node, root_dir, cni_conf_dir, server_args, &[])
+        let kubeconfig = minted_kubeconfig(node);
+        Self::spawn_with_env(
+            owner,
+            node,
+            root_dir,
+            cni_conf_dir,
+            &kubeconfig,
+            server_args,
+            &[],
+        )
     }
 
     fn spawn_with_env(
@@ -106,6 +135,7 @@ impl AgentProcess {
         node: &str,
         root_dir: PathBuf,
         cni_conf_dir: &std::path::Path,
+        kubeconfig: &std::path::Path,
         server_args: &[std::ffi::OsString],
         env: &[(&str, &str)],
     ) -> Self {
@@ -120,7 +150,7 @@ impl AgentProcess {
         let child = Command::new(env!("CARGO_BIN_EXE_rkubelet"))
             .args(["--log-level", "info,rkubelet=debug", "run"])
             .arg("--kubeconfig")
-            .arg(state.join("pki").join(format!("node-{node}.kubeconfig")))
+            .arg(kubeconfig)
             .args(["--hostname-override", node, "--node-ip", NODE_IP])
             .arg("--root-dir")
             .arg(&root_dir)
@@ -143,6 +173,13 @@ impl AgentProcess {
             .arg("--runtime-cni-bin-dir")
             .arg(state.join("cni/bin"))
             .args(["--resolv-conf", ""])
+            // The shared build machine's disk is often more than 90% full: with the
+            // kubelet's `nodefs.available<10%` every test's pods would be evicted. A full
+            // disk still is pressure; a test may give its own thresholds (the last wins).
+            .args([
+                "--eviction-hard",
+                "memory.available<100Mi,nodefs.available<1%,nodefs.inodesFree<1%",
+            ])
             .args(server_args)
             .envs(env.iter().copied())
             .stdin(Stdio::null())
@@ -215,6 +252,13 @@ impl AgentProcess {
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(40)..].join("\n")
     }
+}
+
+/// The kubeconfig `cluster.sh node-credentials` made for `node`.
+fn minted_kubeconfig(node: &str) -> PathBuf {
+    state_dir()
+        .join("pki")
+        .join(format!("node-{node}.kubeconfig"))
 }
 
 /// The kubelet API's flags: on the node IP, client certificates checked against the

@@ -49,6 +49,20 @@ pub async fn kube_client(kubeconfig: &str) -> kube::Client {
         .unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// Whether the test node reports the condition `kind` (`DiskPressure`, `MemoryPressure`)
+/// true; `None` when the node or the condition cannot be read.
+pub async fn node_condition(kind: &str) -> Option<bool> {
+    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> =
+        kube::Api::all(kube_client("admin.kubeconfig").await);
+    let node = nodes.get(&node_name()).await.ok()?;
+    let condition = node
+        .status?
+        .conditions?
+        .into_iter()
+        .find(|c| c.type_ == kind)?;
+    Some(condition.status == "True")
+}
+
 /// Polls `probe` every 200 ms until it gives a value; panics naming `what` after `timeout`.
 pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> T
 where

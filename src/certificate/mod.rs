@@ -1,0 +1,64 @@
+//! The node's certificates from the certificates API, as the kubelet's
+//! `pkg/kubelet/certificate`: the CSR flow and the rotation deadline shared by the client
+//! and serving certificates ([`csr`]), the certificate files under `--cert-dir`
+//! ([`store`]), the TLS bootstrap of the client certificate with a bootstrap kubeconfig
+//! ([`bootstrap`]), and its rotation with a client TLS identity that follows the current
+//! certificate and closes the connections made with the old one ([`transport`]).
+
+use std::path::{Path, PathBuf};
+
+pub mod bootstrap;
+pub mod csr;
+pub mod store;
+pub mod transport;
+
+/// Certificate failures.
+#[derive(Debug, thiserror::Error)]
+pub enum CertificateError {
+    /// The key or CSR could not be made.
+    #[error("making the key or CSR: {0}")]
+    Generate(#[from] rcgen::Error),
+    /// The certificate could not be obtained through the certificates API.
+    #[error(transparent)]
+    Csr(#[from] csr::CsrError),
+    /// The issued or stored certificate is unusable.
+    #[error(transparent)]
+    Tls(#[from] crate::server::tls::TlsError),
+    /// A kubeconfig cannot be read, used or written.
+    #[error("kubeconfig {path}: {reason}")]
+    Kubeconfig {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A file under the cert dir could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+/// Maps an I/O error on `path` to [`CertificateError::Io`].
+pub(crate) fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> CertificateError + '_ {
+    move |source| CertificateError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// Runs file-system work `f` on the blocking pool.
+pub(crate) async fn blocking<T: Send + 'static>(
+    what: &Path,
+    f: impl FnOnce() -> Result<T, CertificateError> + Send + 'static,
+) -> Result<T, CertificateError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| CertificateError::Io {
+            path: what.to_owned(),
+            source: std::io::Error::other(e),
+        })?
+}

@@ -1,0 +1,144 @@
+//! The certificate files under `--cert-dir`, as the kubelet's file store: each issued
+//! certificate with its key in `<prefix>-<time>.pem` (mode 0600), and the
+//! `<prefix>-current.pem` symlink naming the one in use (replaced atomically).
+
+use std::path::{Path, PathBuf};
+
+use k8s_openapi::jiff::Timestamp;
+
+use super::{CertificateError, blocking, io_err};
+use crate::server::tls::{self, ServingCertificate};
+
+/// The store of one kind of certificate (`kubelet-client`, `kubelet-server`).
+#[derive(Debug, Clone)]
+pub struct PemStore {
+    dir: PathBuf,
+    prefix: &'static str,
+}
+
+impl PemStore {
+    /// The store of `prefix` certificates in `dir`.
+    #[must_use]
+    pub fn new(dir: PathBuf, prefix: &'static str) -> Self {
+        Self { dir, prefix }
+    }
+
+    /// `<dir>/<prefix>-current.pem`.
+    #[must_use]
+    pub fn current_path(&self) -> PathBuf {
+        self.dir.join(format!("{}-current.pem", self.prefix))
+    }
+
+    /// The current certificate, if there is one and it has not expired.
+    pub async fn load_current(&self) -> Option<ServingCertificate> {
+        let path = self.current_path();
+        let pem = tokio::fs::read(&path).await.ok()?;
+        match tls::serving_certificate(&pem, &pem, &path) {
+            Ok(cert) if cert.info.not_after > Timestamp::now() => {
+                tracing::info!(cert = %path.display(), not_after = %cert.info.not_after, "certificate loaded");
+                Some(cert)
+            }
+            Ok(cert) => {
+                tracing::info!(cert = %path.display(), not_after = %cert.info.not_after, "stored certificate expired");
+                None
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "stored certificate unusable");
+                None
+            }
+        }
+    }
+
+    /// Stores `cert_pem` with `key_pem` as the current certificate.
+    ///
+    /// # Errors
+    /// The pair is unusable, or the files cannot be written.
+    pub async fn update(
+        &self,
+        cert_pem: Vec<u8>,
+        key_pem: &str,
+    ) -> Result<ServingCertificate, CertificateError> {
+        let mut pem = cert_pem;
+        if !pem.ends_with(b"\n") {
+            pem.push(b'\n');
+        }
+        pem.extend_from_slice(key_pem.as_bytes());
+        let link = self.current_path();
+        let cert = tls::serving_certificate(&pem, &pem, &link)?;
+        let dir = self.dir.clone();
+        let stamp = Timestamp::now().strftime("%Y-%m-%d-%H-%M-%S").to_string();
+        let file = format!("{}-{stamp}.pem", self.prefix);
+        blocking(&self.dir, move || {
+            std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+            write_private(&dir.join(&file), &pem)?;
+            let tmp = dir.join(format!(".{file}.link"));
+            let _ = std::fs::remove_file(&tmp);
+            std::os::unix::fs::symlink(&file, &tmp).map_err(io_err(&tmp))?;
+            std::fs::rename(&tmp, &link).map_err(io_err(&link))
+        })
+        .await?;
+        Ok(cert)
+    }
+}
+
+/// Writes `data` to `path`, readable by the owner only.
+///
+/// # Errors
+/// The file cannot be written.
+pub fn write_private(path: &Path, data: &[u8]) -> Result<(), CertificateError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(io_err(path))?;
+    f.write_all(data).map_err(io_err(path))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::certificate::csr::CsrTemplate;
+    use crate::certificate::csr::testing::{FakeCsrApi, Verdict};
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn an_update_writes_a_private_pem_and_points_current_at_it() {
+        let dir = std::env::temp_dir().join(format!("rkubelet-pemstore-{}", std::process::id()));
+        let store = PemStore::new(dir.clone(), "kubelet-client");
+        assert!(store.load_current().await.is_none());
+        let (csr, key) = CsrTemplate::node_client("n1").generate().unwrap();
+        let ca = FakeCsrApi::new(Verdict::Ignore);
+        let cert = ca.sign(&csr, Duration::from_secs(3600));
+        let stored = store
+            .update(cert.into_bytes(), &key.serialize_pem())
+            .await
+            .unwrap();
+        assert_eq!(stored.info.common_name.as_deref(), Some("system:node:n1"));
+        let target = std::fs::read_link(dir.join("kubelet-client-current.pem")).unwrap();
+        let name = target.to_str().unwrap();
+        assert!(
+            name.starts_with("kubelet-client-2") && name.ends_with(".pem"),
+            "{name}"
+        );
+        let mode = std::fs::metadata(dir.join(name)).unwrap();
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&mode.permissions()) & 0o777,
+            0o600
+        );
+        let loaded = store.load_current().await.unwrap();
+        assert_eq!(loaded.info, stored.info);
+        // An expired certificate is not current.
+        let (csr, key) = CsrTemplate::node_client("n1").generate().unwrap();
+        let expired = ca.sign(&csr, Duration::ZERO);
+        let _ = store
+            .update(expired.into_bytes(), &key.serialize_pem())
+            .await;
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        assert!(store.load_current().await.is_none());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,405 @@
+//! The eviction manager's control loop (the kubelet's `managerImpl.synchronize`): every
+//! monitoring interval, observe the signals; when a hard threshold is met, first try to
+//! reclaim node-level resources (dead containers and unused images, through a
+//! [`NodeReclaimer`]), then rank the active pods and evict one, with grace period 0;
+//! after an eviction, wait for the pod to be cleaned up before the next pass.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use tokio_util::sync::CancellationToken;
+
+use super::rank::{Candidate, PodUsage, eviction_message, rank};
+use super::signals::{Observations, Signal, thresholds_met};
+use super::{EvictionError, is_critical_or_static};
+use crate::node::EvictionHard;
+
+/// How often the signals are observed (the kubelet's `evictionMonitoringPeriod`).
+pub const MONITORING_INTERVAL: Duration = Duration::from_secs(10);
+/// How long an evicted pod is waited for (`podCleanupTimeout`).
+const CLEANUP_TIMEOUT: Duration = Duration::from_secs(30);
+/// How often an evicted pod is checked while waiting (`podCleanupPollFreq`).
+const CLEANUP_POLL: Duration = Duration::from_secs(1);
+/// Hard thresholds evict at once: the pod's grace period is overridden to 0.
+const HARD_EVICTION_GRACE_SECONDS: i64 = 0;
+
+/// Where the manager's figures come from: the node's signals and the running pods' usage.
+pub trait StatsSource: Send + Sync {
+    /// The node's signals now.
+    fn observe(&self) -> impl Future<Output = Observations> + Send;
+    /// The usage of each running pod, by UID.
+    fn pod_usage(
+        &self,
+    ) -> impl Future<Output = Result<HashMap<String, PodUsage>, EvictionError>> + Send;
+}
+
+/// The pods, and how one is evicted: the kubelet's `ActivePodsFunc`, `KillPodFunc` and
+/// `PodCleanedUpFunc`.
+pub trait PodEvictor: Send + Sync {
+    /// The pods admitted to this node that have not finished; `None` while the pods are
+    /// not yet known (the first list of the API's pods has not come).
+    fn active_pods(&self) -> Option<Vec<Arc<Pod>>>;
+    /// Ends `pod` Failed with reason `Evicted` and `message` (a Warning event with it),
+    /// killing its containers within `grace` seconds.
+    fn evict(&self, pod: &Pod, message: &str, grace: i64) -> impl Future<Output = ()> + Send;
+    /// Whether nothing of the pod runs any more.
+    fn cleaned_up(&self, uid: &str) -> impl Future<Output = bool> + Send;
+}
+
+/// Frees node-level resources before pods are evicted under disk pressure: the kubelet's
+/// container GC `DeleteAllUnusedContainers` and image GC `DeleteUnusedImages`.
+pub trait NodeReclaimer: Send + Sync {
+    /// Reclaims what it can for `signal`; errors are logged by the reclaimer.
+    fn reclaim(&self, signal: Signal) -> impl Future<Output = ()> + Send;
+}
+
+/// No node-level reclaim: pods are evicted at once.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoReclaim;
+
+impl NodeReclaimer for NoReclaim {
+    async fn reclaim(&self, _signal: Signal) {}
+}
+
+/// What one pass did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Pass {
+    /// No hard threshold is met.
+    NoPressure,
+    /// A threshold was met and relieved without evicting (node-level reclaim).
+    Reclaimed(Signal),
+    /// A threshold is met but no pod could be evicted (none active, none evictable, or
+    /// their stats could not be read).
+    NothingEvicted(Signal),
+    /// This pod (by UID) was evicted for this signal.
+    Evicted(Signal, String),
+}
+
+/// The eviction manager.
+#[derive(Debug)]
+pub struct EvictionManager<S, E, R> {
+    hard: EvictionHard,
+    stats: S,
+    evictor: E,
+    reclaimer: R,
+}
+
+impl<S: StatsSource, E: PodEvictor, R: NodeReclaimer> EvictionManager<S, E, R> {
+    /// A manager enforcing `hard`, observing through `stats`, evicting through `evictor`.
+    pub fn new(hard: EvictionHard, stats: S, evictor: E, reclaimer: R) -> Self {
+        Self {
+            hard,
+            stats,
+            evictor,
+            reclaimer,
+        }
+    }
+
+    /// One pass (`synchronize`): at most one pod is evicted.
+    pub async fn synchronize(&self) -> Pass {
+        let observations = self.stats.observe().await;
+        let met = thresholds_met(&observations, &self.hard);
+        let Some(&signal) = met.first() else {
+            tracing::trace!("no resources are starved");
+            return Pass::NoPressure;
+        };
+        let resource = signal.resource();
+        tracing::warn!(
+            signal = signal.name(),
+            resource,
+            ?observations,
+            "attempting to reclaim"
+        );
+        if signal.node_reclaimable() {
+            self.reclaimer.reclaim(signal).await;
+            let after = self.stats.observe().await;
+            if thresholds_met(&after, &self.hard).is_empty() {
+                tracing::info!(resource, "pressure relieved without evicting pods");
+                return Pass::Reclaimed(signal);
+            }
+        }
+        let Some(pods) = self.evictor.active_pods() else {
+            tracing::debug!("pods not yet known; no eviction this pass");
+            return Pass::NothingEvicted(signal);
+        };
+        if pods.is_empty() {
+            tracing::error!("eviction thresholds have been met, but no pods are active to evict");
+            return Pass::NothingEvicted(signal);
+        }
+        let mut usage = match self.stats.pod_usage().await {
+            Ok(usage) => usage,
+            Err(e) => {
+                tracing::error!(error = %e, "failed to get pod stats");
+                return Pass::NothingEvicted(signal);
+            }
+        };
+        let mut candidates: Vec<Candidate> = pods
+            .into_iter()
+            .map(|pod| {
+                let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+                let usage = usage.remove(uid);
+                Candidate { pod, usage }
+            })
+            .collect();
+        rank(signal, &mut candidates);
+        let ranked: Vec<&str> = candidates
+            .iter()
+            .filter_map(|c| c.pod.metadata.name.as_deref())
+            .collect();
+        tracing::info!(?ranked, "pods ranked for eviction");
+        for candidate in &candidates {
+            let pod = &candidate.pod;
+            let name = pod.metadata.name.as_deref().unwrap_or_default();
+            if is_critical_or_static(pod) {
+                tracing::error!(pod = name, "cannot evict a critical pod");
+                continue;
+            }
+            let message = eviction_message(signal, pod, candidate.usage.as_ref());
+            tracing::info!(pod = name, %message, "evicting pod");
+            self.evictor
+                .evict(pod, &message, HARD_EVICTION_GRACE_SECONDS)
+                .await;
+            let uid = pod.metadata.uid.clone().unwrap_or_default();
+            return Pass::Evicted(signal, uid);
+        }
+        tracing::info!("unable to evict any pods from the node");
+        Pass::NothingEvicted(signal)
+    }
+
+    /// Runs passes every [`MONITORING_INTERVAL`] until `cancel` fires; after an eviction,
+    /// the next pass waits until the evicted pod is cleaned up (at most 30 s) instead.
+    pub async fn run(self, cancel: CancellationToken) {
+        tracing::info!(hard = ?self.hard, "eviction manager started");
+        loop {
+            let pass = tokio::select! {
+                () = cancel.cancelled() => return,
+                pass = self.synchronize() => pass,
+            };
+            let wait = async {
+                match &pass {
+                    Pass::Evicted(_, uid) => self.wait_for_cleanup(uid).await,
+                    _ => tokio::time::sleep(MONITORING_INTERVAL).await,
+                }
+            };
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                () = wait => {}
+            }
+        }
+    }
+
+    async fn wait_for_cleanup(&self, uid: &str) {
+        let waited = tokio::time::timeout(CLEANUP_TIMEOUT, async {
+            while !self.evictor.cleaned_up(uid).await {
+                tokio::time::sleep(CLEANUP_POLL).await;
+            }
+        })
+        .await;
+        match waited {
+            Ok(()) => tracing::info!(uid, "evicted pod cleaned up"),
+            Err(_) => tracing::warn!(
+                uid,
+                "timed out waiting for the evicted pod to be cleaned up"
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::eviction::rank::{ContainerUsage, testing};
+    use crate::node::FsStats;
+
+    const MIB: u64 = 1 << 20;
+
+    #[derive(Default)]
+    struct Fake {
+        /// Memory available, then after a reclaim.
+        memory: Mutex<Vec<u64>>,
+        /// Percent of the disk available, then after a reclaim.
+        disk: Mutex<Vec<u64>>,
+        pods: Option<Vec<Arc<Pod>>>,
+        usage: HashMap<String, PodUsage>,
+        evicted: Mutex<Vec<(String, String, i64)>>,
+        reclaimed: Mutex<Vec<Signal>>,
+    }
+
+    impl StatsSource for &Fake {
+        async fn observe(&self) -> Observations {
+            fn next(figures: &Mutex<Vec<u64>>) -> u64 {
+                let mut figures = figures.lock().unwrap();
+                if figures.len() > 1 {
+                    figures.remove(0)
+                } else {
+                    figures[0]
+                }
+            }
+            Observations {
+                memory_available_bytes: Some(next(&self.memory)),
+                nodefs: Some(FsStats {
+                    capacity_bytes: 100,
+                    available_bytes: next(&self.disk),
+                    inodes: 100,
+                    inodes_free: 100,
+                }),
+                pids: None,
+            }
+        }
+        async fn pod_usage(&self) -> Result<HashMap<String, PodUsage>, EvictionError> {
+            Ok(self.usage.clone())
+        }
+    }
+
+    impl PodEvictor for &Fake {
+        fn active_pods(&self) -> Option<Vec<Arc<Pod>>> {
+            self.pods.clone()
+        }
+        async fn evict(&self, pod: &Pod, message: &str, grace: i64) {
+            self.evicted.lock().unwrap().push((
+                pod.metadata.name.clone().unwrap_or_default(),
+                message.to_owned(),
+                grace,
+            ));
+        }
+        async fn cleaned_up(&self, _uid: &str) -> bool {
+            true
+        }
+    }
+
+    impl NodeReclaimer for &Fake {
+        async fn reclaim(&self, signal: Signal) {
+            self.reclaimed.lock().unwrap().push(signal);
+        }
+    }
+
+    /// A pod with `annotations` and, when given, a Guaranteed memory request.
+    fn pod(name: &str, annotations: &[(&str, &str)], memory_request: Option<&str>) -> Arc<Pod> {
+        let requests: Vec<(&str, &str)> =
+            memory_request.map(|r| ("memory", r)).into_iter().collect();
+        let mut p = (*testing::pod(name, &requests, true, 0)).clone();
+        p.metadata.annotations = Some(
+            annotations
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        );
+        Arc::new(p)
+    }
+
+    fn usage(memory: u64) -> PodUsage {
+        PodUsage {
+            containers: vec![ContainerUsage {
+                name: "c".into(),
+                working_set_bytes: Some(memory),
+                ..ContainerUsage::default()
+            }],
+        }
+    }
+
+    fn manager(fake: &Fake) -> EvictionManager<&Fake, &Fake, &Fake> {
+        EvictionManager::new(EvictionHard::default(), fake, fake, fake)
+    }
+
+    #[tokio::test]
+    async fn evicts_one_pod_per_pass_best_effort_first_never_a_static_pod() {
+        let fake = Fake {
+            memory: Mutex::new(vec![10 * MIB]),
+            disk: Mutex::new(vec![50]),
+            pods: Some(vec![
+                pod("guaranteed", &[], Some("64Mi")),
+                pod("static", &[("kubernetes.io/config.source", "file")], None),
+                pod("besteffort", &[], None),
+            ]),
+            usage: [
+                ("uid-guaranteed".into(), usage(MIB)),
+                ("uid-static".into(), usage(500 * MIB)),
+                ("uid-besteffort".into(), usage(2 * MIB)),
+            ]
+            .into(),
+            ..Fake::default()
+        };
+        let pass = manager(&fake).synchronize().await;
+        assert_eq!(
+            pass,
+            Pass::Evicted(Signal::MemoryAvailable, "uid-besteffort".into())
+        );
+        let evicted = fake.evicted.lock().unwrap().clone();
+        assert_eq!(
+            evicted,
+            [(
+                "besteffort".to_owned(),
+                "The node was low on resource: memory. Container c was using 2Mi, which exceeds its request of 0. ".to_owned(),
+                0
+            )]
+        );
+        // Memory pressure is not relieved by garbage collection.
+        assert!(fake.reclaimed.lock().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn disk_pressure_reclaims_node_resources_first() {
+        let fake = Fake {
+            memory: Mutex::new(vec![10_000 * MIB]),
+            disk: Mutex::new(vec![5]),
+            pods: Some(vec![pod("besteffort", &[], None)]),
+            ..Fake::default()
+        };
+        let pass = manager(&fake).synchronize().await;
+        assert_eq!(
+            pass,
+            Pass::Evicted(Signal::NodeFsAvailable, "uid-besteffort".into())
+        );
+        assert_eq!(*fake.reclaimed.lock().unwrap(), [Signal::NodeFsAvailable]);
+        assert!(
+            fake.evicted.lock().unwrap()[0]
+                .1
+                .starts_with("The node was low on resource: ephemeral-storage. ")
+        );
+    }
+
+    #[tokio::test]
+    async fn a_reclaim_that_relieves_disk_pressure_evicts_nothing() {
+        let fake = Fake {
+            memory: Mutex::new(vec![10_000 * MIB]),
+            disk: Mutex::new(vec![5, 50]),
+            pods: Some(vec![pod("besteffort", &[], None)]),
+            ..Fake::default()
+        };
+        let pass = manager(&fake).synchronize().await;
+        assert_eq!(pass, Pass::Reclaimed(Signal::NodeFsAvailable));
+        assert!(fake.evicted.lock().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn no_pressure_no_pods_or_only_critical_pods_evict_nothing() {
+        let mut fake = Fake {
+            memory: Mutex::new(vec![10_000 * MIB]),
+            disk: Mutex::new(vec![50]),
+            pods: Some(vec![pod("besteffort", &[], None)]),
+            ..Fake::default()
+        };
+        assert_eq!(manager(&fake).synchronize().await, Pass::NoPressure);
+        fake.memory = Mutex::new(vec![MIB]);
+        fake.pods = None;
+        assert_eq!(
+            manager(&fake).synchronize().await,
+            Pass::NothingEvicted(Signal::MemoryAvailable)
+        );
+        fake.pods = Some(vec![pod(
+            "mirror",
+            &[("kubernetes.io/config.mirror", "x")],
+            None,
+        )]);
+        assert_eq!(
+            manager(&fake).synchronize().await,
+            Pass::NothingEvicted(Signal::MemoryAvailable)
+        );
+        assert!(fake.evicted.lock().unwrap().is_empty());
+    }
+}

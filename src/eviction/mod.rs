@@ -1,0 +1,57 @@
+//! The eviction manager, the kubelet's `pkg/kubelet/eviction`: watches the hard eviction
+//! thresholds (`--eviction-hard`: `memory.available`, `nodefs.available`,
+//! `nodefs.inodesFree`, `pid.available`) every 10 s and, while one is met, reclaims
+//! node-level resources first (a [`NodeReclaimer`] hook for container and image garbage
+//! collection), then evicts one pod per pass in the kubelet's order: the pod ends `Failed`
+//! with reason `Evicted` and the message `The node was low on resource: <resource>. `
+//! (plus the containers over their requests), a Warning `Evicted` event, and its
+//! containers killed with grace period 0. Critical, mirror and static pods are never
+//! evicted. The pressure conditions themselves are reported by the node agent
+//! ([`crate::node`]) from the same thresholds, and admission rejects pods under them
+//! ([`crate::lifecycle::admission`]).
+//!
+//! - [`signals`]: the signals, `--eviction-hard`, which thresholds an observation meets.
+//! - [`rank`]: the eviction order and message (pure).
+//! - [`manager`]: the control loop, over the [`StatsSource`], [`PodEvictor`] and
+//!   [`NodeReclaimer`] traits.
+//! - [`source`]: the real stats, from the machine and CRI; [`pods`]: the real pods,
+//!   evicted through the kubelet and its pod workers.
+
+pub mod manager;
+pub mod pods;
+pub mod rank;
+pub mod signals;
+pub mod source;
+
+use k8s_openapi::api::core::v1::Pod;
+
+pub use manager::{
+    EvictionManager, MONITORING_INTERVAL, NoReclaim, NodeReclaimer, Pass, PodEvictor, StatsSource,
+};
+pub use pods::KubeletPods;
+pub use rank::{PodUsage, REASON};
+pub use signals::{Observations, ParsedThresholds, Signal, parse_eviction_hard, thresholds_met};
+pub use source::NodeStats;
+
+/// What went wrong in the eviction manager.
+#[derive(Debug, thiserror::Error)]
+pub enum EvictionError {
+    /// A `--eviction-hard` statement rkubelet cannot honour.
+    #[error("invalid eviction threshold {statement:?}: {why}")]
+    InvalidThreshold {
+        /// The statement, e.g. `memory.available<10%`.
+        statement: String,
+        /// Why.
+        why: String,
+    },
+    /// Reading the pods' stats from the runtime failed.
+    #[error("reading pod stats from the runtime: {0}")]
+    Runtime(#[from] crate::cri::CriError),
+}
+
+/// The kubelet's `IsCriticalPod` as eviction applies it: static pods (from a file or
+/// URL), mirror pods and pods at system-critical priority are never evicted.
+#[must_use]
+pub fn is_critical_or_static(pod: &Pod) -> bool {
+    crate::cm::is_critical(pod)
+}

@@ -1,0 +1,319 @@
+//! TLS bootstrap and client certificate rotation against the real cluster, as `kubeadm
+//! join` does it: a node with only the bootstrap kubeconfig (`cluster.sh bootstrap-token`)
+//! gets its client certificate through a CSR that kube-controller-manager approves and
+//! signs, and runs as `system:node:<name>`; a node started with a short-lived certificate
+//! and `--rotate-certificates` renews it before it expires and keeps heartbeating after.
+//! Each test uses a node of its own, and removes it, its Lease and its CSRs.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::agent::AgentProcess;
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::jiff::Timestamp;
+use kube::Api;
+use kube::api::{DeleteParams, ListParams};
+
+const CLIENT_SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
+
+/// A test node's directory, and the clean-up of everything the test made for it.
+struct TestNode {
+    name: String,
+    dir: PathBuf,
+}
+
+impl TestNode {
+    fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("rk-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("test dir");
+        Self {
+            name: name.to_owned(),
+            dir,
+        }
+    }
+
+    fn kubeconfig(&self) -> PathBuf {
+        self.dir.join("kubelet.conf")
+    }
+
+    fn cert_dir(&self) -> PathBuf {
+        self.dir.join("pki")
+    }
+
+    fn start(&self, extra: &[&str]) -> AgentProcess {
+        let cert_dir = self.cert_dir().display().to_string();
+        let mut args = vec!["--cert-dir", &cert_dir];
+        args.extend_from_slice(extra);
+        AgentProcess::start_with_kubeconfig(
+            &self.name,
+            self.dir.join("root"),
+            &self.kubeconfig(),
+            &args,
+        )
+    }
+}
+
+impl Drop for TestNode {
+    fn drop(&mut self) {
+        let name = self.name.clone();
+        common::cleanup_blocking(move || async move {
+            let admin = common::kube_client("admin.kubeconfig").await;
+            let dp = DeleteParams::default();
+            for csr in node_csrs(&admin, &name).await {
+                let _ = Api::<CertificateSigningRequest>::all(admin.clone())
+                    .delete(&csr.metadata.name.unwrap_or_default(), &dp)
+                    .await;
+            }
+            let _ = Api::<Node>::all(admin.clone()).delete(&name, &dp).await;
+            let _ = Api::<Lease>::namespaced(admin, "kube-node-lease")
+                .delete(&name, &dp)
+                .await;
+        });
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The CSRs whose request names `system:node:<node>`.
+async fn node_csrs(admin: &kube::Client, node: &str) -> Vec<CertificateSigningRequest> {
+    let cn = format!("system:node:{node}");
+    let all = Api::<CertificateSigningRequest>::all(admin.clone())
+        .list(&ListParams::default())
+        .await
+        .expect("list CSRs");
+    all.items
+        .into_iter()
+        .filter(|csr| {
+            let pem = String::from_utf8_lossy(&csr.spec.request.0).into_owned();
+            rcgen::CertificateSigningRequestParams::from_pem(&pem)
+                .is_ok_and(|req| format!("{:?}", req.params.distinguished_name).contains(&cn))
+        })
+        .collect()
+}
+
+fn approved_and_issued(csr: &CertificateSigningRequest) -> bool {
+    let status = csr.status.clone().unwrap_or_default();
+    status
+        .conditions
+        .iter()
+        .flatten()
+        .any(|c| c.type_ == "Approved" && c.status == "True")
+        && status.certificate.is_some_and(|c| !c.0.is_empty())
+}
+
+/// Waits for the node to be Ready, and its Lease renewed after `after`.
+async fn ready_and_heartbeating(
+    admin: &kube::Client,
+    node: &str,
+    after: Timestamp,
+    agent: &AgentProcess,
+) {
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let leases: Api<Lease> = Api::namespaced(admin.clone(), "kube-node-lease");
+    let what = format!(
+        "node {node} Ready, its lease renewed after {after}; agent log:\n{}",
+        agent.log_tail()
+    );
+    common::eventually(&what, Duration::from_secs(90), || async {
+        let ready = nodes
+            .get_opt(node)
+            .await
+            .ok()??
+            .status?
+            .conditions?
+            .into_iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True");
+        let renewed = leases.get_opt(node).await.ok()??.spec?.renew_time?.0;
+        (ready && renewed > after).then_some(())
+    })
+    .await;
+}
+
+/// The serial, subject and end of validity of the first certificate in a PEM file.
+fn serial_and_expiry(pem: &Path) -> (Vec<u8>, String, Timestamp) {
+    let text = std::fs::read(pem).expect("certificate file");
+    let (_, block) = x509_parser::pem::parse_x509_pem(&text).expect("PEM");
+    let cert = block.parse_x509().expect("X.509");
+    let not_after = Timestamp::from_second(cert.validity().not_after.timestamp()).expect("time");
+    (
+        cert.raw_serial().to_vec(),
+        cert.subject().to_string(),
+        not_after,
+    )
+}
+
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn a_node_with_only_a_bootstrap_token_gets_its_certificate_through_a_csr() {
+    common::cluster(&["bootstrap-token"]).await;
+    let pki = common::state_dir().join("pki");
+    let token = std::fs::read_to_string(pki.join("bootstrap-token")).unwrap();
+    let token_id = token.trim().split('.').next().unwrap().to_owned();
+    let admin = common::kube_client("admin.kubeconfig").await;
+    let node = TestNode::new("rk-bootstrap");
+    let bootstrap = pki
+        .join("bootstrap-kubelet.kubeconfig")
+        .display()
+        .to_string();
+    let started = Timestamp::now();
+    let agent = node.start(&["--bootstrap-kubeconfig", &bootstrap]);
+    ready_and_heartbeating(&admin, &node.name, started, &agent).await;
+
+    // One CSR, by the bootstrap token's user, for the kubelet client signer, approved by
+    // the controller-manager and signed.
+    let csrs = node_csrs(&admin, &node.name).await;
+    assert_eq!(csrs.len(), 1, "{csrs:?}");
+    let csr = &csrs[0];
+    assert!(
+        csr.metadata
+            .name
+            .as_deref()
+            .unwrap()
+            .starts_with("node-csr-")
+    );
+    assert_eq!(csr.spec.signer_name, CLIENT_SIGNER);
+    assert_eq!(
+        csr.spec.username.as_deref(),
+        Some(format!("system:bootstrap:{token_id}").as_str())
+    );
+    assert!(
+        csr.spec
+            .groups
+            .iter()
+            .flatten()
+            .any(|g| g == "system:bootstrappers:kubeadm:default-node-token")
+    );
+    assert!(approved_and_issued(csr), "{csr:?}");
+    let approval = csr.status.as_ref().unwrap().conditions.as_ref().unwrap();
+    assert_eq!(approval[0].reason.as_deref(), Some("AutoApproved"));
+
+    // The kubeconfig points at the current pem; the pem holds the node's identity.
+    let current = node.cert_dir().join("kubelet-client-current.pem");
+    let target = std::fs::read_link(&current).unwrap();
+    assert!(
+        target.to_str().unwrap().starts_with("kubelet-client-2"),
+        "{target:?}"
+    );
+    let kubeconfig = std::fs::read_to_string(node.kubeconfig()).unwrap();
+    assert!(
+        kubeconfig.contains(current.to_str().unwrap()),
+        "{kubeconfig}"
+    );
+    assert!(
+        !kubeconfig.contains(token.trim()),
+        "the token is not copied"
+    );
+    let (_, subject, _) = serial_and_expiry(&current);
+    assert!(
+        subject.contains(&format!("system:node:{}", node.name)) && subject.contains("system:nodes"),
+        "{subject}"
+    );
+
+    // A restart reuses the certificate: no second CSR.
+    agent.stop();
+    let restarted = Timestamp::now();
+    let agent = node.start(&["--bootstrap-kubeconfig", &bootstrap]);
+    ready_and_heartbeating(&admin, &node.name, restarted, &agent).await;
+    assert_eq!(node_csrs(&admin, &node.name).await.len(), 1);
+    assert!(
+        std::fs::read_to_string(&agent.log)
+            .unwrap()
+            .contains("kubeconfig exists and is valid, skipping bootstrap")
+    );
+    agent.stop();
+}
+
+/// A client certificate for `node` signed by the cluster CA, valid for `lifetime`, and
+/// a kubeconfig naming it (as files). Returns the certificate's path.
+fn short_lived_identity(node: &TestNode, lifetime: Duration) -> PathBuf {
+    let pki = common::state_dir().join("pki");
+    let ca_cert = std::fs::read_to_string(pki.join("ca.crt")).expect("short-lived identity");
+    let ca_key = rcgen::KeyPair::from_pem(
+        &std::fs::read_to_string(pki.join("ca.key")).expect("short-lived identity"),
+    )
+    .expect("short-lived identity");
+    let issuer = rcgen::Issuer::from_ca_cert_pem(&ca_cert, ca_key).expect("short-lived identity");
+    let key =
+        rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("short-lived identity");
+    let mut params = rcgen::CertificateParams::default();
+    params.distinguished_name = rkubelet::certificate::csr::node_subject(&node.name);
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    let now = std::time::SystemTime::now();
+    params.not_before = now.into();
+    params.not_after = (now + lifetime).into();
+    params.serial_number = Some(rcgen::SerialNumber::from(vec![0x42, 0x17]));
+    let cert = params
+        .signed_by(&key, &issuer)
+        .expect("short-lived identity");
+    let pem = node.dir.join("short-lived.pem");
+    std::fs::write(&pem, format!("{}{}", cert.pem(), key.serialize_pem()))
+        .expect("short-lived identity");
+    let kubeconfig = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: rk\n  cluster:\n    server: https://127.0.0.1:6443\n    certificate-authority: {ca}\nusers:\n- name: node\n  user:\n    client-certificate: {pem}\n    client-key: {pem}\ncontexts:\n- name: node@rk\n  context:\n    cluster: rk\n    user: node\ncurrent-context: node@rk\n",
+        ca = pki.join("ca.crt").display(),
+        pem = pem.display(),
+    );
+    std::fs::write(node.kubeconfig(), kubeconfig).expect("short-lived identity");
+    pem
+}
+
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn a_short_lived_client_certificate_is_rotated_before_it_expires() {
+    common::cluster(&["bootstrap-token"]).await;
+    let admin = common::kube_client("admin.kubeconfig").await;
+    let node = TestNode::new("rk-rotate");
+    let initial = short_lived_identity(&node, Duration::from_secs(75));
+    let (initial_serial, _, initial_expiry) = serial_and_expiry(&initial);
+    let started = Timestamp::now();
+    let agent = node.start(&["--rotate-certificates"]);
+    ready_and_heartbeating(&admin, &node.name, started, &agent).await;
+
+    // Between 70 % and 90 % of the lifetime, a CSR by the node itself, auto-approved.
+    let current = node.cert_dir().join("kubelet-client-current.pem");
+    let what = format!(
+        "a rotated certificate before {initial_expiry}; agent log:\n{}",
+        agent.log_tail()
+    );
+    common::eventually(&what, Duration::from_secs(80), || async {
+        current.exists().then_some(())
+    })
+    .await;
+    let rotated_at = Timestamp::now();
+    assert!(
+        rotated_at < initial_expiry,
+        "rotated at {rotated_at}, the old one ends {initial_expiry}"
+    );
+    let (serial, _, expiry) = serial_and_expiry(&current);
+    assert_ne!(serial, initial_serial);
+    assert!(expiry > initial_expiry + Duration::from_secs(3600));
+    let csrs = node_csrs(&admin, &node.name).await;
+    assert_eq!(csrs.len(), 1, "{csrs:?}");
+    assert_eq!(csrs[0].spec.signer_name, CLIENT_SIGNER);
+    assert_eq!(
+        csrs[0].spec.username.as_deref(),
+        Some(format!("system:node:{}", node.name).as_str())
+    );
+    assert!(approved_and_issued(&csrs[0]));
+
+    // Past the old certificate's end, the node still heartbeats: its connections use the
+    // new certificate.
+    let wait = initial_expiry
+        .duration_since(Timestamp::now())
+        .as_secs_f64()
+        .max(0.0)
+        + 2.0;
+    tokio::time::sleep(Duration::from_secs_f64(wait)).await;
+    ready_and_heartbeating(&admin, &node.name, Timestamp::now(), &agent).await;
+    let log = std::fs::read_to_string(&agent.log).unwrap();
+    assert!(
+        log.contains("client certificate rotated"),
+        "{}",
+        agent.log_tail()
+    );
+    agent.stop();
+}

@@ -1,0 +1,166 @@
+//! The eviction manager on the real node: pods run under an agent with the tests'
+//! thresholds (`tests/common/agent.rs`: the kubelet's memory threshold, 1% of the disk);
+//! the agent restarts with `memory.available` 512Mi below the machine's memory (a
+//! threshold always met that leaves 512Mi allocatable, so the running pods are admitted
+//! again), the node reports MemoryPressure, and the pods are evicted one per pass in
+//! the kubelet's order — BestEffort first, then Burstable (within its request, least far
+//! below it), then Guaranteed — each ending Failed with reason `Evicted`, the kubelet's
+//! message and a Warning `Evicted` event, its containers killed; nothing is left behind.
+
+mod common;
+
+use std::time::Duration;
+
+use common::case::{Case, failed, get, running};
+use common::pods::{events_of, running_containers_of, sleeper};
+use common::{eventually, node_condition};
+use k8s_openapi::api::core::v1::{Event, Pod};
+
+/// The pod's status reason and message.
+fn reason_and_message(pod: &Pod) -> (Option<&str>, Option<&str>) {
+    let status = pod.status.as_ref();
+    (
+        status.and_then(|s| s.reason.as_deref()),
+        status.and_then(|s| s.message.as_deref()),
+    )
+}
+
+/// The pod's `Evicted` event, once published.
+async fn evicted_event(name: &str) -> Event {
+    eventually(
+        &format!("the Evicted event of {name}"),
+        Duration::from_secs(20),
+        || async {
+            events_of(name)
+                .await
+                .into_iter()
+                .find(|e| e.reason.as_deref() == Some("Evicted"))
+        },
+    )
+    .await
+}
+
+/// A `/proc/meminfo` figure, in bytes.
+fn meminfo(key: &str) -> u64 {
+    let text = std::fs::read_to_string("/proc/meminfo").expect("/proc/meminfo");
+    let kib: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches(" kB").parse().ok())
+        .unwrap_or_else(|| panic!("{key} in /proc/meminfo"));
+    kib * 1024
+}
+
+fn resources(requests: serde_json::Value, limits: serde_json::Value) -> serde_json::Value {
+    sleeper(serde_json::json!({
+        "containers": [{
+            "name": "main", "image": "busybox", "command": ["sleep", "3600"],
+            "resources": { "requests": requests, "limits": limits },
+        }]
+    }))
+}
+
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn memory_pressure_evicts_best_effort_then_burstable_then_guaranteed() {
+    let mut case = Case::with_agent("evict", &[]).await;
+    let best_effort = case
+        .create("besteffort", sleeper(serde_json::json!({})))
+        .await;
+    let burstable = case
+        .create(
+            "burstable",
+            resources(
+                serde_json::json!({ "memory": "32Mi" }),
+                serde_json::json!({}),
+            ),
+        )
+        .await;
+    let guaranteed = case
+        .create(
+            "guaranteed",
+            resources(
+                serde_json::json!({ "cpu": "10m", "memory": "64Mi" }),
+                serde_json::json!({ "cpu": "10m", "memory": "64Mi" }),
+            ),
+        )
+        .await;
+    let mut uids = Vec::new();
+    for name in [&best_effort, &burstable, &guaranteed] {
+        uids.push(running(name).await.metadata.uid.expect("uid"));
+    }
+
+    // Memory is short from now on: the restarted agent admits its running pods, then
+    // evicts them one per pass.
+    // 128Mi stays allocatable: enough for the pods' 96Mi of requests, so none is refused
+    // at admission; the threshold is met while more than 384Mi is in use (the cluster
+    // alone uses about 1Gi).
+    let threshold = meminfo("MemTotal") - (128 << 20);
+    assert!(
+        meminfo("MemAvailable") + (256 << 20) < threshold,
+        "the machine has too little memory in use for an always-met threshold"
+    );
+    case.start_agent(&["--eviction-hard", &format!("memory.available<{threshold}")]);
+    let first = failed(&best_effort, Duration::from_secs(60)).await;
+    let (reason, message) = reason_and_message(&first);
+    assert_eq!(reason, Some("Evicted"), "{}", case.agent().log_tail());
+    let message = message.expect("a message");
+    assert!(
+        message.starts_with("The node was low on resource: memory. Container main was using ")
+            && message.ends_with(", which exceeds its request of 0. "),
+        "{message}"
+    );
+    // Still running while the BestEffort pod goes: one pod per pass.
+    let others = [get(&burstable).await, get(&guaranteed).await];
+    let still_running = others
+        .iter()
+        .flatten()
+        .filter(|p| common::case::phase(p) == Some("Running"))
+        .count();
+    assert!(still_running >= 1, "two pods evicted in one pass");
+    assert_eq!(node_condition("MemoryPressure").await, Some(true));
+    let event = evicted_event(&best_effort).await;
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    assert_eq!(event.message.as_deref(), Some(message));
+
+    // Then the Burstable pod (within its request), then the Guaranteed one.
+    let second = failed(&burstable, Duration::from_secs(60)).await;
+    assert_eq!(
+        reason_and_message(&second),
+        (
+            Some("Evicted"),
+            Some("The node was low on resource: memory. ")
+        )
+    );
+    let third = failed(&guaranteed, Duration::from_secs(60)).await;
+    assert_eq!(reason_and_message(&third).0, Some("Evicted"));
+    let mut times = Vec::new();
+    for name in [&best_effort, &burstable, &guaranteed] {
+        let event = evicted_event(name).await;
+        let at = event
+            .event_time
+            .map(|t| t.0)
+            .or(event.first_timestamp.map(|t| t.0))
+            .expect("event time");
+        times.push(at);
+    }
+    assert!(
+        times[0] < times[1] && times[1] < times[2],
+        "evicted out of order: {times:?}"
+    );
+    // Killed, not only reported: nothing of them runs.
+    for uid in &uids {
+        eventually(
+            "the evicted pod's containers stopped",
+            Duration::from_secs(30),
+            || async { running_containers_of(uid).await.is_empty().then_some(()) },
+        )
+        .await;
+    }
+    let log = std::fs::read_to_string(&case.agent().log).expect("agent log");
+    assert!(!log.contains("panicked"), "{}", case.agent().log_tail());
+    eprintln!(
+        "evicted at {:?} (BestEffort), {:?} (Burstable), {:?} (Guaranteed)",
+        times[0], times[1], times[2]
+    );
+}
