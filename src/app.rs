@@ -735,6 +735,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
             None
         }
     };
+    let image_gc = start_garbage_collection(&config, &cancel);
     let eviction = crate::eviction::EvictionManager::new(
         eviction_hard,
         crate::eviction::NodeStats::new(
@@ -744,12 +745,10 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
             config.pod_logs_dir.clone(),
         ),
         crate::eviction::KubeletPods::new(store.clone(), workers.clone(), kubelet.clone()),
-        crate::eviction::NoReclaim,
+        image_gc,
     );
     tokio::spawn(eviction.run(cancel.clone()));
     tokio::spawn(housekeeping(store, workers, pleg, kubelet, cancel.clone()));
-    // The eviction manager reclaims disk through `image_gc.delete_unused_images()`.
-    let _image_gc = start_garbage_collection(&config, &cancel);
     tokio::spawn(crate::allocator::trim_every(TRIM_PERIOD));
     tracing::info!(node = %config.node_name, "rkubelet running");
     cancel.cancelled().await;

@@ -228,6 +228,17 @@ impl<C: Cri> ImageFs for RuntimeImageFs<C> {
     }
 }
 
+/// Under disk pressure the eviction manager frees what image GC can before it evicts pods
+/// (the kubelet's `DeleteUnusedImages` as a node-level reclaim function).
+impl<C: Cri, F: ImageFs> crate::eviction::NodeReclaimer for Arc<ImageGc<C, F>> {
+    async fn reclaim(&self, signal: crate::eviction::Signal) {
+        match self.delete_unused_images().await {
+            Ok(freed) => tracing::info!(freed, signal = signal.name(), "image GC freed disk"),
+            Err(e) => tracing::warn!(error = %e, "image GC could not free disk"),
+        }
+    }
+}
+
 /// The collector: its records of images survive between runs.
 pub struct ImageGc<C, F> {
     cri: Arc<C>,
