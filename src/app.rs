@@ -686,7 +686,10 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
     let workers = PodWorkers::new(kubelet.clone());
     let _ = workers_cell.set(workers.clone());
 
-    let statics = StaticPods::default();
+    let statics = match config.pod_manifest_path {
+        Some(_) => StaticPods::unlisted(),
+        None => StaticPods::default(),
+    };
     if let Some(path) = &config.pod_manifest_path {
         let file = FileConfig {
             path: path.clone(),

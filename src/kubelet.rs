@@ -669,9 +669,10 @@ impl<C: Cri + Clone> PodAdmission for Kubelet<C> {
     }
 }
 
-/// Housekeeping, every two seconds once the pod store is synced (the kubelet's
-/// `HandlePodCleanups`): pods the runtime holds that the API does not know get a worker
-/// that removes them, and pod directories with no pod are cleaned up.
+/// Housekeeping, every two seconds once the pod store is synced and the static pod
+/// manifests were read (the kubelet's `HandlePodCleanups`): pods the runtime holds that
+/// the API does not know get a worker that removes them, and pod directories with no pod
+/// are cleaned up.
 pub async fn housekeeping<C: Cri + Clone>(
     store: PodStore,
     workers: PodWorkers<Kubelet<C>>,
@@ -683,6 +684,8 @@ pub async fn housekeeping<C: Cri + Clone>(
     if synced.wait_for(|s| *s).await.is_err() {
         return;
     }
+    // Nor are the runtime's pods of static pods before their manifests were read.
+    store.statics.listed().await;
     let mut ticker = tokio::time::interval(Duration::from_secs(2));
     loop {
         tokio::select! {

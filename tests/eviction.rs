@@ -1,7 +1,7 @@
 //! The eviction manager on the real node: pods run under an agent with the tests'
 //! thresholds (`tests/common/agent.rs`: the kubelet's memory threshold, 1% of the disk);
-//! the agent restarts with `memory.available` 512Mi below the machine's memory (a
-//! threshold always met that leaves 512Mi allocatable, so the running pods are admitted
+//! the agent restarts with `memory.available` 128Mi below the machine's memory (a
+//! threshold always met that leaves 128Mi allocatable, so the running pods are admitted
 //! again), the node reports MemoryPressure, and the pods are evicted one per pass in
 //! the kubelet's order — BestEffort first, then Burstable (within its request, least far
 //! below it), then Guaranteed — each ending Failed with reason `Evicted`, the kubelet's

@@ -22,7 +22,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 use tokio::io::unix::AsyncFd;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 
 use super::mirror::{CONFIG_HASH, CONFIG_SEEN, CONFIG_SOURCE};
 use super::source::PodAdmission;
@@ -34,15 +34,43 @@ const MAX_MANIFEST_BYTES: u64 = 10 << 20;
 /// for this long before the files are read.
 const SETTLE: Duration = Duration::from_millis(100);
 
-/// The static pods now in the manifests, by UID, and a wake-up for whoever follows them
-/// (the mirror pods). Cheap to clone.
-#[derive(Clone, Default)]
+/// The static pods now in the manifests, by UID, a wake-up for whoever follows them
+/// (the mirror pods), and whether the manifests were read once (the kubelet's "source
+/// ready": no mirror pod or runtime pod is removed as an orphan before). Cheap to clone.
+#[derive(Clone)]
 pub struct StaticPods {
     pub(super) pods: Arc<RwLock<BTreeMap<String, Arc<Pod>>>>,
     changed: Arc<Notify>,
+    listed: Arc<watch::Sender<bool>>,
+}
+
+impl Default for StaticPods {
+    /// No manifest path: nothing to read, so listed from the start.
+    fn default() -> Self {
+        Self {
+            pods: Arc::default(),
+            changed: Arc::default(),
+            listed: Arc::new(watch::Sender::new(true)),
+        }
+    }
 }
 
 impl StaticPods {
+    /// Static pods of a manifest path not read yet.
+    #[must_use]
+    pub fn unlisted() -> Self {
+        let statics = Self::default();
+        statics.listed.send_replace(false);
+        statics
+    }
+
+    /// Returns once the manifests were read (at once without a manifest path).
+    pub async fn listed(&self) {
+        let mut listed = self.listed.subscribe();
+        // The sender lives as long as `self`: this cannot fail.
+        let _ = listed.wait_for(|l| *l).await;
+    }
+
     fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, Arc<Pod>>> {
         self.pods
             .read()
@@ -518,6 +546,7 @@ impl<S: PodSyncer, A: PodAdmission> Feeder<S, A> {
         if changed {
             self.statics.notify();
         }
+        self.statics.listed.send_replace(true);
     }
 }
 
@@ -805,5 +834,26 @@ spec:
                 "stop web-n1 Some(3)"
             ]
         );
+    }
+    #[tokio::test]
+    async fn orphans_wait_until_the_manifests_were_read_once() {
+        let listed = |statics: &StaticPods| {
+            let statics = statics.clone();
+            async move {
+                tokio::time::timeout(Duration::from_millis(50), statics.listed())
+                    .await
+                    .is_ok()
+            }
+        };
+        assert!(listed(&StaticPods::default()).await, "no manifest path");
+        let feeder = Feeder {
+            workers: PodWorkers::new(Arc::new(Seen::default())),
+            admission: Arc::new(Admitted::default()),
+            statics: StaticPods::unlisted(),
+        };
+        assert!(!listed(&feeder.statics).await, "a path not read yet");
+        // A read that found no pod is a read: from now on, mirror pods may be orphans.
+        feeder.set(Vec::new());
+        assert!(listed(&feeder.statics).await);
     }
 }

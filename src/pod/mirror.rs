@@ -283,6 +283,8 @@ pub async fn run<M: MirrorClient>(
     if synced.wait_for(|s| *s).await.is_err() {
         return;
     }
+    // A mirror pod whose manifest was not read yet is no orphan.
+    statics.listed().await;
     loop {
         reconcile(&client, &node_name, &statics.pods(), &store.store.state()).await;
         tokio::select! {
