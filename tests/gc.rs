@@ -135,14 +135,14 @@ async fn image_gc_removes_an_unused_image_and_keeps_the_used_ones() {
             pull(image).await;
         }
     }
-    assert!(after.contains(BUSYBOX), "busybox is in use: {after:?}\n{log}");
+    assert!(
+        after.contains(BUSYBOX),
+        "busybox is in use: {after:?}\n{log}"
+    );
     assert!(
         after.iter().any(|t| t.contains("pause")),
         "the sandbox image stays: {after:?}"
     );
-    assert!(
-        !removed.iter().any(|t| t.contains("pause")),
-        "{removed:?}"
-    );
+    assert!(!removed.iter().any(|t| t.contains("pause")), "{removed:?}");
     eprintln!("image GC removed {removed:?}");
 }
