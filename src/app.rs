@@ -21,9 +21,11 @@ use crate::cri::{Cri, CriClient, RuntimeHealth, api};
 use crate::dns::{self, HostDns};
 use crate::envvars::ServiceLister;
 use crate::events::{self, EventRecorder};
+use crate::images::gc::{ImageGc, RuntimeImageFs};
 use crate::kubelet::{Kubelet, SyncSettings, housekeeping};
 use crate::kuberuntime::RuntimeManager;
 use crate::kuberuntime::env::EnvSourceReader;
+use crate::kuberuntime::gc::ContainerGc;
 use crate::kuberuntime::sandbox::SandboxSettings;
 use crate::lifecycle::admission::{PodAdmitter, SysctlWhitelist};
 use crate::node::{
@@ -106,6 +108,10 @@ pub struct Config {
     pub system_reserved: crate::node::Reservation,
     /// `--eviction-pressure-transition-period`.
     pub eviction_pressure_transition_period: Duration,
+    /// `--minimum-container-ttl-duration`, `--maximum-dead-containers[-per-container]`.
+    pub container_gc: crate::kuberuntime::gc::ContainerGcPolicy,
+    /// `--image-gc-high-threshold`, `--image-gc-low-threshold`, `--minimum-image-ttl-duration`.
+    pub image_gc: crate::images::gc::ImageGcPolicy,
     /// `--eviction-hard`; `None` for the kubelet's defaults.
     pub eviction_hard: Option<crate::eviction::ParsedThresholds>,
     /// `--allowed-unsafe-sysctls`: sysctls (or `prefix*` patterns) pods may set besides
@@ -332,6 +338,24 @@ async fn network_gc_loop(cri: CriClient, cni: Arc<Cni>, cancel: CancellationToke
             () = tokio::time::sleep(NETWORK_GC) => collect_network_garbage(&cri, &cni, NETWORK_GC).await,
         }
     }
+}
+
+/// The image collector the agent runs: the runtime's images on its image filesystem.
+pub type RuntimeImageGc = ImageGc<CriClient, RuntimeImageFs<CriClient>>;
+
+/// Starts the container and image garbage collectors (the kubelet's
+/// `StartGarbageCollection`); answers the image collector, which also reclaims disk on
+/// demand.
+fn start_garbage_collection(config: &Config, cancel: &CancellationToken) -> Arc<RuntimeImageGc> {
+    let cri = Arc::new(config.cri.clone());
+    tokio::spawn(ContainerGc::new(cri.clone(), config.container_gc).run(cancel.clone()));
+    let images = Arc::new(ImageGc::new(
+        cri.clone(),
+        RuntimeImageFs::new(cri),
+        config.image_gc,
+    ));
+    tokio::spawn(images.clone().run(cancel.clone()));
+    images
 }
 
 /// Turns on the forwarding pod networking needs (when the agent owns it or routes between
@@ -653,7 +677,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
             config.parallel_pod_starts,
         ),
         volumes,
-        status,
+        status.clone(),
         PodAdmitter::new(node_store, registered, sysctls, client.clone()),
         wake,
         env_sources,
@@ -699,6 +723,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
             config.cri.clone(),
             store.clone(),
             config.timelines.clone(),
+            status,
             cancel.clone(),
         )
         .await?;
@@ -714,6 +739,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
             None
         }
     };
+    let image_gc = start_garbage_collection(&config, &cancel);
     let eviction = crate::eviction::EvictionManager::new(
         eviction_hard,
         crate::eviction::NodeStats::new(
@@ -723,7 +749,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
             config.pod_logs_dir.clone(),
         ),
         crate::eviction::KubeletPods::new(store.clone(), workers.clone(), kubelet.clone()),
-        crate::eviction::NoReclaim,
+        image_gc,
     );
     tokio::spawn(eviction.run(cancel.clone()));
     tokio::spawn(housekeeping(store, workers, pleg, kubelet, cancel.clone()));

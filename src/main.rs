@@ -163,6 +163,24 @@ struct RunArgs {
     /// after its threshold stops being met, as a Go duration (`5m0s`, `30s`).
     #[arg(long, default_value = "5m0s", value_parser = rkubelet::node::parse_go_duration)]
     eviction_pressure_transition_period: Duration,
+    /// Container GC: a dead container younger than this is kept (Go duration).
+    #[arg(long, default_value = "0s", value_parser = rkubelet::node::parse_go_duration)]
+    minimum_container_ttl_duration: Duration,
+    /// Container GC: dead containers kept per container name; negative: no limit.
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
+    maximum_dead_containers_per_container: i32,
+    /// Container GC: dead containers kept on the node; negative: no limit.
+    #[arg(long, default_value_t = -1, allow_negative_numbers = true)]
+    maximum_dead_containers: i32,
+    /// Image GC starts at this percent of the image filesystem used (100: never).
+    #[arg(long, default_value_t = 85, allow_negative_numbers = true)]
+    image_gc_high_threshold: i32,
+    /// Image GC frees down to this percent used.
+    #[arg(long, default_value_t = 80, allow_negative_numbers = true)]
+    image_gc_low_threshold: i32,
+    /// Image GC: an unused image first seen less than this ago is kept (Go duration).
+    #[arg(long, default_value = "2m0s", value_parser = rkubelet::node::parse_go_duration)]
+    minimum_image_ttl_duration: Duration,
     /// Static pods: a directory of pod manifests (YAML or JSON; files starting with a dot
     /// are ignored) or one manifest file.
     #[arg(long)]
@@ -467,6 +485,16 @@ async fn run_command(
         kube_reserved: args.kube_reserved.unwrap_or_default(),
         system_reserved: args.system_reserved.unwrap_or_default(),
         eviction_pressure_transition_period: args.eviction_pressure_transition_period,
+        container_gc: rkubelet::kuberuntime::gc::ContainerGcPolicy::new(
+            args.minimum_container_ttl_duration,
+            args.maximum_dead_containers_per_container,
+            args.maximum_dead_containers,
+        ),
+        image_gc: rkubelet::images::gc::ImageGcPolicy::new(
+            args.image_gc_high_threshold,
+            args.image_gc_low_threshold,
+            args.minimum_image_ttl_duration,
+        )?,
         eviction_hard: args.eviction_hard,
         allowed_unsafe_sysctls: args.allowed_unsafe_sysctls,
         server,

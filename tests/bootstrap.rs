@@ -20,6 +20,11 @@ use kube::api::{DeleteParams, ListParams};
 
 const CLIENT_SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
 
+/// The tests' agents share containerd and its CNI configuration (an agent that stops
+/// removes its shim's conflist, and the other node's runtime network goes not ready):
+/// they run one at a time.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// A test node's directory, and the clean-up of everything the test made for it.
 struct TestNode {
     name: String,
@@ -149,6 +154,7 @@ fn serial_and_expiry(pem: &Path) -> (Vec<u8>, String, Timestamp) {
 #[tokio::test]
 #[ignore = "needs root and the local cluster: run scripts/test.sh"]
 async fn a_node_with_only_a_bootstrap_token_gets_its_certificate_through_a_csr() {
+    let _turn = ONE_AT_A_TIME.lock().await;
     common::cluster(&["bootstrap-token"]).await;
     let pki = common::state_dir().join("pki");
     let token = std::fs::read_to_string(pki.join("bootstrap-token")).unwrap();
@@ -264,6 +270,7 @@ fn short_lived_identity(node: &TestNode, lifetime: Duration) -> PathBuf {
 #[tokio::test]
 #[ignore = "needs root and the local cluster: run scripts/test.sh"]
 async fn a_short_lived_client_certificate_is_rotated_before_it_expires() {
+    let _turn = ONE_AT_A_TIME.lock().await;
     common::cluster(&["bootstrap-token"]).await;
     let admin = common::kube_client("admin.kubeconfig").await;
     let node = TestNode::new("rk-rotate");

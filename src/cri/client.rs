@@ -307,6 +307,8 @@ unary_rpcs! {
     list_images => image."ListImages"(ListImagesRequest) -> ListImagesResponse within timeout;
     /// `RemoveImage`: removes an image from the runtime's store.
     remove_image => image."RemoveImage"(RemoveImageRequest) -> RemoveImageResponse within timeout;
+    /// `ImageFsInfo`: the filesystems holding images, and the bytes images use there.
+    image_fs_info => image."ImageFsInfo"(ImageFsInfoRequest) -> ImageFsInfoResponse within timeout;
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@
 //! repository is tried in turn (the kubelet's `PullImage`), else the pull is anonymous.
 //! A reference that does not parse ([`reference`]) never reaches the runtime.
 
+pub mod gc;
 pub mod reference;
 
 use std::collections::HashMap;

@@ -1,6 +1,6 @@
 //! Carries out a pod's actions against the runtime, in the kubelet's order: sandbox (and
 //! with it the pod's network), then for each container image, create, start. Also stops
-//! pods, and prunes dead sandboxes and old containers.
+//! pods. Dead containers and sandboxes are left to the garbage collector ([`super::gc`]).
 //!
 //! Pods are set up a bounded number at a time (start slots): past a handful of concurrent
 //! sandboxes the runtime only gets slower on a small machine, and a pod that holds a slot
@@ -35,9 +35,6 @@ use crate::volume::PodVolumes;
 
 /// Crashing containers wait 10 s, doubling to 5 min, before they are started again.
 const CRASH_BACKOFF: (Duration, Duration) = (Duration::from_secs(10), Duration::from_secs(300));
-/// Exited containers kept per container name (the current one and the previous one, for
-/// `kubectl logs --previous`).
-const KEEP_EXITED_PER_NAME: usize = 2;
 
 /// The kubelet's minimum time between a container's stop signal and SIGKILL.
 const MIN_GRACE_SECONDS: i64 = 2;
@@ -343,7 +340,6 @@ impl<C: Cri> RuntimeManager<C> {
                 outcome.waiting.insert(container.name.clone(), waiting);
             }
         }
-        self.prune(status).await;
         outcome
     }
 
@@ -889,38 +885,6 @@ impl<C: Cri> RuntimeManager<C> {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .retain(|(pod, _), _| pod != uid);
-    }
-
-    /// Garbage: sandboxes older than the newest that are no longer ready, and exited
-    /// containers beyond the newest two per name.
-    async fn prune(&self, status: &PodRuntimeStatus) {
-        for s in status.sandboxes.iter().skip(1).filter(|s| !s.ready) {
-            if let Err(e) = self
-                .cri
-                .remove_pod_sandbox(api::RemovePodSandboxRequest {
-                    pod_sandbox_id: s.id.clone(),
-                })
-                .await
-            {
-                tracing::debug!(sandbox = %s.id, error = %e, "could not remove old sandbox");
-            }
-        }
-        let mut seen: HashMap<&str, usize> = HashMap::new();
-        for c in &status.containers {
-            let n = seen.entry(c.name.as_str()).or_default();
-            *n += 1;
-            if *n > KEEP_EXITED_PER_NAME
-                && c.state == RunState::Exited
-                && let Err(e) = self
-                    .cri
-                    .remove_container(api::RemoveContainerRequest {
-                        container_id: c.id.clone(),
-                    })
-                    .await
-            {
-                tracing::debug!(container = %c.id, error = %e, "could not remove old container");
-            }
-        }
     }
 }
 

@@ -5,6 +5,7 @@
 pub mod actions;
 pub mod container;
 pub mod env;
+pub mod gc;
 pub mod labels;
 pub mod manager;
 pub mod names;

@@ -23,7 +23,7 @@ use tokio::sync::mpsc;
 
 use super::Query;
 use crate::cri::{Cri, CriError, api};
-use crate::kuberuntime::labels;
+use k8s_openapi::api::core::v1::PodStatus;
 
 /// How often a followed log is checked for new lines.
 const FOLLOW_POLL: Duration = Duration::from_millis(100);
@@ -318,45 +318,86 @@ pub struct LogSource {
     pub path: PathBuf,
 }
 
-/// Finds the current (or previous) instance of a pod's container in the runtime.
+/// The runtime id of the container whose log is asked for, chosen from the pod's status as
+/// the kubelet's `validateContainerLogStatus` chooses: with `previous`, the last
+/// termination; else the running or terminated container, or while a new one waits (a
+/// crash loop's back-off), the last one that ended.
 ///
 /// # Errors
-/// [`LogError::NoContainer`] with the kubelet's message, or a failed CRI call.
-pub async fn find_container<C: Cri>(
-    cri: &C,
-    pod_uid: &str,
+/// [`LogError::NoContainer`] with the kubelet's message when there is no such container.
+pub fn container_for_logs(
+    status: &PodStatus,
     pod_name: &str,
     container: &str,
     previous: bool,
-) -> Result<LogSource, LogError> {
-    let mut found = cri
-        .list_containers(api::ListContainersRequest {
-            filter: Some(api::ContainerFilter {
-                label_selector: labels::container_selector(pod_uid, container),
-                ..Default::default()
-            }),
-        })
-        .await?
-        .containers;
-    found.sort_by_key(|c| {
-        std::cmp::Reverse((c.metadata.as_ref().map_or(0, |m| m.attempt), c.created_at))
-    });
-    let chosen = if previous {
-        found.get(1).ok_or_else(|| {
+) -> Result<String, LogError> {
+    let no = |what: &str| {
+        LogError::NoContainer(format!(
+            "container {container:?} in pod {pod_name:?} {what}"
+        ))
+    };
+    let found = [
+        &status.container_statuses,
+        &status.init_container_statuses,
+        &status.ephemeral_container_statuses,
+    ]
+    .into_iter()
+    .flatten()
+    .flatten()
+    .find(|c| c.name == container)
+    .ok_or_else(|| no("is not available"))?;
+    let last_terminated = found
+        .last_state
+        .as_ref()
+        .and_then(|s| s.terminated.as_ref());
+    let last = last_terminated
+        .and_then(|t| t.container_id.as_deref())
+        .filter(|id| !id.is_empty());
+    let state = found.state.clone().unwrap_or_default();
+    let id = if previous {
+        last.ok_or_else(|| {
             LogError::NoContainer(format!(
                 "previous terminated container {container:?} in pod {pod_name:?} not found"
             ))
         })?
+    } else if state.running.is_some() {
+        found.container_id.as_deref().unwrap_or_default()
+    } else if let Some(terminated) = &state.terminated {
+        terminated
+            .container_id
+            .as_deref()
+            .filter(|id| !id.is_empty())
+            .or(last)
+            .ok_or_else(|| no("is terminated"))?
+    } else if last_terminated.is_some() {
+        last.ok_or_else(|| no("is terminated"))?
+    } else if let Some(waiting) = &state.waiting {
+        let why = match waiting.reason.as_deref().unwrap_or_default() {
+            "ErrImagePull" => "image can't be pulled",
+            "ImagePullBackOff" => "trying and failing to pull image",
+            other => other,
+        };
+        return Err(no(&format!("is waiting to start: {why}")));
     } else {
-        found.first().ok_or_else(|| {
-            LogError::NoContainer(format!(
-                "container {container:?} in pod {pod_name:?} is waiting to start: ContainerCreating"
-            ))
-        })?
+        return Err(no("is waiting to start - no logs yet"));
     };
+    // `containerd://<id>`: the runtime's id is after the scheme.
+    Ok(id.split_once("://").map_or(id, |(_, id)| id).to_owned())
+}
+
+/// The log file of a container of the pod, by its runtime id.
+///
+/// # Errors
+/// [`LogError::NoContainer`] when the runtime has no log file for it, or a failed CRI call.
+pub async fn log_source<C: Cri>(
+    cri: &C,
+    container_id: String,
+    container: &str,
+    pod_name: &str,
+) -> Result<LogSource, LogError> {
     let status = cri
         .container_status(api::ContainerStatusRequest {
-            container_id: chosen.id.clone(),
+            container_id: container_id.clone(),
             verbose: false,
         })
         .await?
@@ -368,7 +409,7 @@ pub async fn find_container<C: Cri>(
         )));
     }
     Ok(LogSource {
-        container_id: chosen.id.clone(),
+        container_id,
         path: status.log_path.into(),
     })
 }
@@ -1007,5 +1048,107 @@ mod tests {
             ..LogOptions::default()
         };
         assert_eq!(read_all(LOG, huge).await, "one\ntwo\nthree\nfour\n");
+    }
+
+    fn container_status(
+        name: &str,
+        state: serde_json::Value,
+        last: serde_json::Value,
+    ) -> serde_json::Value {
+        serde_json::json!({
+            "name": name, "image": "busybox", "imageID": "", "ready": false,
+            "restartCount": 1, "state": state, "lastState": last,
+            "containerID": state.get("running").map(|_| "containerd://current"),
+        })
+    }
+
+    fn pod_status(app: serde_json::Value, init: Option<serde_json::Value>) -> PodStatus {
+        serde_json::from_value(serde_json::json!({
+            "containerStatuses": [app],
+            "initContainerStatuses": init.into_iter().collect::<Vec<_>>(),
+        }))
+        .unwrap()
+    }
+
+    fn choose(status: &PodStatus, container: &str, previous: bool) -> Result<String, String> {
+        container_for_logs(status, "web", container, previous).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn the_container_for_logs_is_chosen_from_the_pod_status_as_the_kubelet_does() {
+        let ended =
+            serde_json::json!({"terminated": {"exitCode": 1, "containerID": "containerd://ended"}});
+        // A crash loop's back-off: both the current and the previous log are the last one.
+        let backoff = pod_status(
+            container_status(
+                "app",
+                serde_json::json!({"waiting": {"reason": "CrashLoopBackOff"}}),
+                ended.clone(),
+            ),
+            None,
+        );
+        assert_eq!(choose(&backoff, "app", false), Ok("ended".to_owned()));
+        assert_eq!(choose(&backoff, "app", true), Ok("ended".to_owned()));
+        // Running again: the current one, and the one before.
+        let running = pod_status(
+            container_status("app", serde_json::json!({"running": {}}), ended.clone()),
+            Some(container_status(
+                "init",
+                ended.clone(),
+                serde_json::json!({}),
+            )),
+        );
+        assert_eq!(choose(&running, "app", false), Ok("current".to_owned()));
+        assert_eq!(choose(&running, "app", true), Ok("ended".to_owned()));
+        assert_eq!(choose(&running, "init", false), Ok("ended".to_owned()));
+        assert_eq!(
+            choose(&running, "init", true),
+            Err("previous terminated container \"init\" in pod \"web\" not found".to_owned())
+        );
+        assert_eq!(
+            choose(&running, "sidecar", false),
+            Err("container \"sidecar\" in pod \"web\" is not available".to_owned())
+        );
+        // Ended without a container id, nothing before it.
+        let failed = pod_status(
+            container_status(
+                "app",
+                serde_json::json!({"terminated": {"exitCode": 128}}),
+                serde_json::json!({}),
+            ),
+            None,
+        );
+        assert_eq!(
+            choose(&failed, "app", false),
+            Err("container \"app\" in pod \"web\" is terminated".to_owned())
+        );
+        for (reason, why) in [
+            ("ImagePullBackOff", "trying and failing to pull image"),
+            ("ErrImagePull", "image can't be pulled"),
+            ("ContainerCreating", "ContainerCreating"),
+        ] {
+            let waiting = pod_status(
+                container_status(
+                    "app",
+                    serde_json::json!({"waiting": {"reason": reason}}),
+                    serde_json::json!({}),
+                ),
+                None,
+            );
+            assert_eq!(
+                choose(&waiting, "app", false),
+                Err(format!(
+                    "container \"app\" in pod \"web\" is waiting to start: {why}"
+                ))
+            );
+        }
+        let unknown = pod_status(
+            container_status("app", serde_json::json!({}), serde_json::json!({})),
+            None,
+        );
+        assert_eq!(
+            choose(&unknown, "app", false),
+            Err("container \"app\" in pod \"web\" is waiting to start - no logs yet".to_owned())
+        );
     }
 }

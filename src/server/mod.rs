@@ -50,6 +50,7 @@ use tokio_util::sync::CancellationToken;
 use crate::cri::{Cri, CriClient, api};
 use crate::node::LinuxMachine;
 use crate::pod::source::PodStore;
+use crate::status::StatusManager;
 use crate::timeline::Timelines;
 use auth::{ApiReviews, Auth, UserInfo};
 use certificate::{CertificateError, CertificateManager, NodeIdentity};
@@ -287,6 +288,7 @@ struct Server {
     auth: Auth<ApiReviews>,
     stats: stats::StatsProvider,
     timelines: Arc<Timelines>,
+    statuses: StatusManager,
 }
 
 impl Server {
@@ -448,15 +450,25 @@ impl Server {
                 format!("container {container:?} not found in pod {name:?}"),
             );
         }
-        let uid = pod.metadata.uid.clone().unwrap_or_default();
-        let source =
-            match logs::find_container(&self.cri, &uid, name, container, opts.previous).await {
-                Ok(s) => s,
-                Err(e @ LogError::NoContainer(_)) => {
-                    return text(StatusCode::BAD_REQUEST, e.to_string());
-                }
-                Err(e) => return text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
-            };
+        // The status being sent, else the API's (an agent that just started), as the kubelet.
+        let status = pod
+            .metadata
+            .uid
+            .as_deref()
+            .and_then(|uid| self.statuses.get(uid))
+            .or_else(|| pod.status.clone())
+            .unwrap_or_default();
+        let found = match logs::container_for_logs(&status, name, container, opts.previous) {
+            Ok(id) => logs::log_source(&self.cri, id, container, name).await,
+            Err(e) => Err(e),
+        };
+        let source = match found {
+            Ok(s) => s,
+            Err(e @ LogError::NoContainer(_)) => {
+                return text(StatusCode::BAD_REQUEST, e.to_string());
+            }
+            Err(e) => return text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+        };
         let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(16);
         let cri = self.cri.clone();
         let log = source.path.clone();
@@ -703,6 +715,7 @@ pub async fn start(
     cri: CriClient,
     pods: PodStore,
     timelines: Arc<Timelines>,
+    statuses: StatusManager,
     cancel: CancellationToken,
 ) -> Result<(), ServerError> {
     let store = serving_certificates(&config, &client, &cancel).await?;
@@ -725,6 +738,7 @@ pub async fn start(
         auth: Auth::new(ApiReviews(client), config.node_name.clone()),
         stats: stats::StatsProvider::default(),
         timelines,
+        statuses,
     });
     tracing::info!(%address, "kubelet API serving");
     tokio::spawn(serve_tls(listener, acceptor, server, cancel.clone()));
