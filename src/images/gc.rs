@@ -15,6 +15,7 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::Mutex;
 
 use crate::cri::{Cri, CriError, api};
+use crate::kuberuntime::gc::run_periodically;
 use crate::node::{FsStats, LinuxMachine, MachineInfo};
 
 /// How often the collector runs (the kubelet's `ImageGCPeriod`).
@@ -391,28 +392,20 @@ impl<C: Cri, F: ImageFs> ImageGc<C, F> {
             tracing::info!("ImageGCHighThresholdPercent is set 100, Disable image GC");
             return;
         }
-        let mut ticker = tokio::time::interval(IMAGE_GC_PERIOD);
-        let mut failed = false;
-        loop {
-            tokio::select! {
-                () = cancel.cancelled() => return,
-                _ = ticker.tick() => {}
-            }
-            match self.garbage_collect().await {
-                Err(e) if failed => {
-                    tracing::error!(error = %e, "Image garbage collection failed multiple times in a row");
+        run_periodically(
+            "Image",
+            IMAGE_GC_PERIOD,
+            &cancel,
+            |repeated| {
+                if repeated {
+                    " multiple times in a row"
+                } else {
+                    " once. Stats initialization may not have completed yet"
                 }
-                Err(e) => {
-                    tracing::error!(error = %e, "Image garbage collection failed once. Stats initialization may not have completed yet");
-                    failed = true;
-                }
-                Ok(()) if failed => {
-                    tracing::info!("Image garbage collection succeeded");
-                    failed = false;
-                }
-                Ok(()) => tracing::debug!("Image garbage collection succeeded"),
-            }
-        }
+            },
+            || self.garbage_collect(),
+        )
+        .await;
     }
 }
 

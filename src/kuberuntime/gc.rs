@@ -228,24 +228,49 @@ impl<C: Cri> ContainerGc<C> {
 
     /// Collects now and every [`CONTAINER_GC_PERIOD`] until `cancel`.
     pub async fn run(self, cancel: tokio_util::sync::CancellationToken) {
-        let mut ticker = tokio::time::interval(CONTAINER_GC_PERIOD);
-        let mut failed = false;
-        loop {
-            tokio::select! {
-                () = cancel.cancelled() => return,
-                _ = ticker.tick() => {}
+        run_periodically(
+            "Container",
+            CONTAINER_GC_PERIOD,
+            &cancel,
+            |_| "",
+            || self.garbage_collect(),
+        )
+        .await;
+    }
+}
+
+/// Runs `collect` now and every `period` until `cancel`, logging as the kubelet's
+/// garbage collection loops do: an error for each failure (`"<what> garbage collection
+/// failed"` and `failure(repeated)`), the first success after a failure at info level,
+/// the others at debug level.
+pub async fn run_periodically<F, Fut, E>(
+    what: &str,
+    period: Duration,
+    cancel: &tokio_util::sync::CancellationToken,
+    failure: fn(bool) -> &'static str,
+    mut collect: F,
+) where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<(), E>>,
+    E: std::fmt::Display,
+{
+    let mut ticker = tokio::time::interval(period);
+    let mut failed = false;
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            _ = ticker.tick() => {}
+        }
+        match collect().await {
+            Err(e) => {
+                tracing::error!(error = %e, "{what} garbage collection failed{}", failure(failed));
+                failed = true;
             }
-            match self.garbage_collect().await {
-                Err(e) => {
-                    tracing::error!(error = %e, "Container garbage collection failed");
-                    failed = true;
-                }
-                Ok(()) if failed => {
-                    tracing::info!("Container garbage collection succeeded");
-                    failed = false;
-                }
-                Ok(()) => tracing::debug!("Container garbage collection succeeded"),
+            Ok(()) if failed => {
+                tracing::info!("{what} garbage collection succeeded");
+                failed = false;
             }
+            Ok(()) => tracing::debug!("{what} garbage collection succeeded"),
         }
     }
 }
