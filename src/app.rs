@@ -10,11 +10,12 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::certificate::bootstrap;
 use crate::certificate::csr::{CsrTemplate, Rotation};
 use crate::certificate::transport::ClientIdentity;
+use crate::certificate::{CertificateError, bootstrap};
 use crate::cm::{ContainerManager, NodeCapacity};
 use crate::cni::{self, Cni, ProcessExec};
 use crate::cri::{Cri, CriClient, RuntimeHealth, api};
@@ -165,7 +166,7 @@ pub enum AppError {
     Server(#[from] crate::server::ServerError),
     /// The client certificate could not be bootstrapped or loaded.
     #[error(transparent)]
-    Certificate(#[from] crate::certificate::CertificateError),
+    Certificate(#[from] CertificateError),
     /// A file could not be read.
     #[error("{what}: {source}")]
     Io {
@@ -237,20 +238,52 @@ async fn client_certificate(
 }
 
 /// Renews the client certificate with `client` (authenticated by the current one, so the
-/// CSR is auto-approved as the node's own renewal) and swaps it into `identity`.
+/// CSR is auto-approved as the node's own renewal) and swaps it into `identity`. The task
+/// ends with an error once the certificate has expired and the server refuses it.
 fn rotate_client_certificate(
     config: &Config,
     client: kube::Client,
     (identity, current): (Arc<ClientIdentity>, ServingCertificate),
     cancel: CancellationToken,
-) {
+) -> JoinHandle<Result<(), CertificateError>> {
     let rotation = Rotation {
         api: kube::Api::all(client),
         template: CsrTemplate::node_client(&config.node_name),
         store: config.client_certificate.store(),
         wait: bootstrap::ROTATION_WAIT,
+        end_when_expired: true,
     };
-    tokio::spawn(rotation.run(Some(current), move |cert| identity.set(&cert), cancel));
+    tokio::spawn(rotation.run(Some(current), move |cert| identity.set(&cert), cancel))
+}
+
+/// Waits for `cancel`, or for the client certificate's rotation to give up (the kubelet's
+/// exit on an expired certificate): then cancels everything and returns why.
+async fn run_until_stopped(
+    rotation: Option<JoinHandle<Result<(), CertificateError>>>,
+    cancel: &CancellationToken,
+) -> Option<CertificateError> {
+    let Some(rotation) = rotation else {
+        cancel.cancelled().await;
+        return None;
+    };
+    tokio::select! {
+        () = cancel.cancelled() => None,
+        ended = rotation => {
+            let fatal = match ended {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(e),
+                Err(e) => {
+                    tracing::error!(error = %e, "client certificate rotation task failed");
+                    None
+                }
+            };
+            if let Some(e) = &fatal {
+                tracing::error!(error = %e, "stopping");
+            }
+            cancel.cancel();
+            fatal
+        }
+    }
 }
 
 /// Waits until the runtime answers `Version`; returns its name.
@@ -519,9 +552,9 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
         crate::kubeclient::HEARTBEAT_TIMEOUT,
         identity,
     )?;
-    if let Some(rotating) = rotating {
-        rotate_client_certificate(&config, client.clone(), rotating, cancel.clone());
-    }
+    let rotation = rotating.map(|rotating| {
+        rotate_client_certificate(&config, client.clone(), rotating, cancel.clone())
+    });
     let Some(runtime_name) = wait_for_runtime(&config.cri, &cancel).await else {
         return Ok(());
     };
@@ -586,7 +619,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
         for statement in &parsed.ignored {
             tracing::warn!(
                 statement,
-                "eviction threshold ignored: rkubelet observes no separate image filesystem or allocatable memory"
+                "eviction threshold ignored: rkubelet enforces allocatable memory through the pods' cgroup, not by eviction"
             );
         }
     }
@@ -755,7 +788,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
     tokio::spawn(housekeeping(store, workers, pleg, kubelet, cancel.clone()));
     tokio::spawn(crate::allocator::trim_every(TRIM_PERIOD));
     tracing::info!(node = %config.node_name, "rkubelet running");
-    cancel.cancelled().await;
+    let fatal = run_until_stopped(rotation, &cancel).await;
     heartbeats.join().await;
     if config.network_owner == NetworkOwner::Agent {
         // Without the agent, containerd must not be sent to a socket nobody serves.
@@ -769,5 +802,5 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
         debug.abort();
     }
     tracing::info!("rkubelet stopped; pods keep running");
-    Ok(())
+    fatal.map_or(Ok(()), |e| Err(e.into()))
 }

@@ -191,7 +191,7 @@ struct RunArgs {
     /// Hard eviction thresholds, `<signal><<value>` comma-separated
     /// (`memory.available<100Mi,nodefs.available<10%`); signals not named get none.
     /// Default: the kubelet's (`memory.available<100Mi,nodefs.available<10%,
-    /// nodefs.inodesFree<5%`, and `pid.available<10%`).
+    /// nodefs.inodesFree<5%,imagefs.available<15%`, and `pid.available<10%`).
     #[arg(long, value_parser = rkubelet::eviction::parse_eviction_hard, overrides_with = "eviction_hard")]
     eviction_hard: Option<rkubelet::eviction::ParsedThresholds>,
     /// Unsafe sysctls or sysctl patterns (ending in `*`) pods may set besides the safe
@@ -235,7 +235,8 @@ struct ServerFlags {
     #[arg(long, default_value_t = 10248)]
     healthz_port: u16,
     /// The serving certificate (chain, PEM). Without it, the certificate is requested from
-    /// the cluster (--rotate-server-certificates) or self-signed in --cert-dir.
+    /// the cluster (--rotate-server-certificates, which wins over these files as on the
+    /// kubelet) or self-signed in --cert-dir.
     #[arg(long, requires = "tls_private_key_file")]
     tls_cert_file: Option<PathBuf>,
     /// The serving certificate's private key (PEM).
@@ -246,10 +247,10 @@ struct ServerFlags {
     #[arg(long)]
     client_ca_file: Option<PathBuf>,
     /// Request the serving certificate from the certificates API (signer
-    /// kubernetes.io/kubelet-serving) and renew it before it expires.
+    /// kubernetes.io/kubelet-serving) and renew it before it expires; given with
+    /// --tls-cert-file, it wins (the kubelet's serverTLSBootstrap).
     #[arg(
         long,
-        conflicts_with = "tls_cert_file",
         action = clap::ArgAction::Set,
         num_args = 0..=1,
         default_value_t = false,
@@ -275,8 +276,8 @@ impl ServerFlags {
         }
         let cert_dir = self.cert_dir.unwrap_or_else(|| root_dir.join("pki"));
         let serving_certificate = match (self.tls_cert_file, self.tls_private_key_file) {
-            (Some(cert), Some(key)) => ServingCertificateSource::Files { cert, key },
             _ if self.rotate_server_certificates => ServingCertificateSource::Rotate { cert_dir },
+            (Some(cert), Some(key)) => ServingCertificateSource::Files { cert, key },
             _ => ServingCertificateSource::SelfSigned { cert_dir },
         };
         Some(ServerConfig {

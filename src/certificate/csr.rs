@@ -259,6 +259,22 @@ pub struct Rotation<A> {
     pub store: PemStore,
     /// How long one CSR is waited for before a new one is made.
     pub wait: Duration,
+    /// End [`Self::run`] with [`CertificateError::Expired`] once the current certificate
+    /// has expired, a renewal failed and the API server answered (the kubelet exits then
+    /// for its client certificate, so that it restarts and bootstraps again); otherwise
+    /// retry for ever (its serving certificate).
+    pub end_when_expired: bool,
+}
+
+/// Whether a failed renewal heard from the API server, as client-go's certificate manager
+/// judges its health: an error status of 401, 403 or 404 is the server answering (an
+/// expired client certificate gets 401); no answer, or any other status, is not.
+fn server_answered(error: &CertificateError) -> bool {
+    matches!(
+        error,
+        CertificateError::Csr(CsrError::Api(kube::Error::Api(status)))
+            if matches!(status.code, 401 | 403 | 404)
+    )
 }
 
 impl<A: CsrApi> Rotation<A> {
@@ -291,12 +307,15 @@ impl<A: CsrApi> Rotation<A> {
     /// Keeps the certificate fresh until `cancel` fires: renews `current` (or requests a
     /// first one) at its rotation deadline, hands each new one to `issued`, retries
     /// failures.
+    ///
+    /// # Errors
+    /// [`CertificateError::Expired`], only with [`Self::end_when_expired`].
     pub async fn run(
         self,
         mut current: Option<ServingCertificate>,
         issued: impl Fn(ServingCertificate) + Send,
         cancel: CancellationToken,
-    ) {
+    ) -> Result<(), CertificateError> {
         loop {
             let wait = current.as_ref().map_or(Duration::ZERO, |c| {
                 let deadline =
@@ -307,12 +326,12 @@ impl<A: CsrApi> Rotation<A> {
                 wait
             });
             tokio::select! {
-                () = cancel.cancelled() => return,
+                () = cancel.cancelled() => return Ok(()),
                 () = tokio::time::sleep(wait) => {}
             }
             tracing::info!(signer = self.template.signer, "rotating certificates");
             let renewed = tokio::select! {
-                () = cancel.cancelled() => return,
+                () = cancel.cancelled() => return Ok(()),
                 r = self.renew() => r,
             };
             match renewed {
@@ -323,8 +342,18 @@ impl<A: CsrApi> Rotation<A> {
                 }
                 Err(e) => {
                     tracing::error!(signer = self.template.signer, error = %e, "could not rotate the certificate; retrying");
+                    let expired = current
+                        .as_ref()
+                        .map(|c| c.info.not_after)
+                        .filter(|not_after| *not_after <= Timestamp::now());
+                    if let (true, Some(not_after)) = (self.end_when_expired, expired) {
+                        if server_answered(&e) {
+                            return Err(CertificateError::Expired { not_after });
+                        }
+                        tracing::error!(signer = self.template.signer, %not_after, "The currently active client certificate has expired, but the server is not responsive. A restart may be necessary to retrieve new initial credentials.");
+                    }
                     tokio::select! {
-                        () = cancel.cancelled() => return,
+                        () = cancel.cancelled() => return Ok(()),
                         () = tokio::time::sleep(RETRY) => {}
                     }
                 }
@@ -354,6 +383,8 @@ pub(crate) mod testing {
         Deny,
         /// Never answer.
         Ignore,
+        /// Refuse the creation with this HTTP status (401 to an expired certificate).
+        Refuse(u16),
     }
 
     /// The fake API: every created CSR, and a CA.
@@ -390,6 +421,13 @@ pub(crate) mod testing {
             &self,
             csr: &CertificateSigningRequest,
         ) -> Result<CertificateSigningRequest, kube::Error> {
+            if let Verdict::Refuse(code) = self.verdict {
+                return Err(kube::Error::Api(
+                    kube::core::Status::failure("Unauthorized", "Unauthorized")
+                        .with_code(code)
+                        .boxed(),
+                ));
+            }
             let mut created = self.created.lock().unwrap();
             let mut csr = csr.clone();
             if csr.metadata.name.is_none() {
@@ -427,7 +465,7 @@ pub(crate) mod testing {
                     conditions: Some(vec![condition("Denied")]),
                     certificate: None,
                 },
-                Verdict::Ignore => CertificateSigningRequestStatus::default(),
+                Verdict::Ignore | Verdict::Refuse(_) => CertificateSigningRequestStatus::default(),
             });
             Ok(csr)
         }
@@ -518,6 +556,7 @@ mod tests {
             template,
             store: store.clone(),
             wait: Duration::from_secs(5),
+            end_when_expired: true,
         };
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let cancel = CancellationToken::new();
@@ -544,7 +583,62 @@ mod tests {
             "no second renewal for an hour-long certificate"
         );
         cancel.cancel();
-        task.await.unwrap();
+        task.await.unwrap().unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The kubelet's exit on an expired client certificate: once the certificate has
+    /// expired and the server refuses the renewal (401), the loop ends with `Expired`;
+    /// without `end_when_expired` (the serving certificate) it keeps retrying.
+    #[tokio::test]
+    async fn an_expired_certificate_ends_the_rotation_once_the_server_refuses_it() {
+        let dir = std::env::temp_dir().join(format!("rkubelet-expired-{}", std::process::id()));
+        let api = FakeCsrApi::new(Verdict::Refuse(401));
+        let template = CsrTemplate::node_client("n1");
+        let (csr, key) = template.generate().unwrap();
+        let store = PemStore::new(dir.clone(), "kubelet-client");
+        let current = store
+            .update(
+                api.sign(&csr, Duration::from_millis(1500)).into_bytes(),
+                &key.serialize_pem(),
+            )
+            .await
+            .unwrap();
+        let not_after = current.info.not_after;
+        let rotation = |end_when_expired| Rotation {
+            api: FakeCsrApi::new(Verdict::Refuse(401)),
+            template: template.clone(),
+            store: store.clone(),
+            wait: Duration::from_secs(5),
+            end_when_expired,
+        };
+        tokio::time::sleep(Duration::from_millis(1600)).await;
+        let ended = tokio::time::timeout(
+            Duration::from_secs(5),
+            rotation(true).run(Some(current.clone()), |_| {}, CancellationToken::new()),
+        )
+        .await
+        .expect("ends at the first refused renewal");
+        match ended {
+            Err(CertificateError::Expired { not_after: at }) => assert_eq!(at, not_after),
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            !server_answered(&CertificateError::Csr(CsrError::NotIssued {
+                name: "csr-0".into(),
+                waited: Duration::ZERO,
+            })),
+            "no answer is not a responsive server"
+        );
+        let cancel = CancellationToken::new();
+        let serving = tokio::spawn(rotation(false).run(Some(current), |_| {}, cancel.clone()));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            !serving.is_finished(),
+            "the serving certificate keeps retrying"
+        );
+        cancel.cancel();
+        serving.await.unwrap().unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

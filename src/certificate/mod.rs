@@ -32,6 +32,15 @@ pub enum CertificateError {
         /// What is wrong.
         reason: String,
     },
+    /// The client certificate expired and the API server refuses it: the agent ends, as
+    /// the kubelet does, so that a restart bootstraps a new one.
+    #[error(
+        "The currently active client certificate has expired and the server is responsive, exiting. (expired at {not_after})"
+    )]
+    Expired {
+        /// When it expired.
+        not_after: k8s_openapi::jiff::Timestamp,
+    },
     /// A file under the cert dir could not be read or written.
     #[error("{path}: {source}")]
     Io {

@@ -81,21 +81,34 @@ impl PemStore {
     }
 }
 
-/// Writes `data` to `path`, readable by the owner only.
+/// Writes `data` to `path`, readable by the owner only, atomically: a temporary file
+/// beside it is written, synced and renamed over `path`, so a crash or a reader never
+/// sees a half-written key or kubeconfig (the kubelet's `WriteKey`/atomic writer).
 ///
 /// # Errors
-/// The file cannot be written.
+/// The file cannot be written; the temporary file is removed then.
 pub fn write_private(path: &Path, data: &[u8]) -> Result<(), CertificateError> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new()
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(format!(".tmp-{}", std::process::id()));
+    let tmp = PathBuf::from(tmp);
+    let written = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(true)
         .mode(0o600)
-        .open(path)
-        .map_err(io_err(path))?;
-    f.write_all(data).map_err(io_err(path))
+        .open(&tmp)
+        .and_then(|mut f| {
+            f.write_all(data)?;
+            f.sync_all()
+        })
+        .map_err(io_err(&tmp))
+        .and_then(|()| std::fs::rename(&tmp, path).map_err(io_err(path)));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
 }
 
 #[cfg(test)]
@@ -129,6 +142,12 @@ mod tests {
             std::os::unix::fs::PermissionsExt::mode(&mode.permissions()) & 0o777,
             0o600
         );
+        let leftovers: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().contains(".tmp-"))
+            .collect();
+        assert!(leftovers.is_empty(), "written through a renamed temporary");
         let loaded = store.load_current().await.unwrap();
         assert_eq!(loaded.info, stored.info);
         // An expired certificate is not current.

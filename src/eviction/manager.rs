@@ -248,6 +248,7 @@ mod tests {
                     inodes: 100,
                     inodes_free: 100,
                 }),
+                imagefs: None,
                 pids: None,
             }
         }

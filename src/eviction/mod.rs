@@ -1,6 +1,7 @@
 //! The eviction manager, the kubelet's `pkg/kubelet/eviction`: watches the hard eviction
 //! thresholds (`--eviction-hard`: `memory.available`, `nodefs.available`,
-//! `nodefs.inodesFree`, `pid.available`) every 10 s and, while one is met, reclaims
+//! `nodefs.inodesFree`, `imagefs.available`, `imagefs.inodesFree`, `pid.available`) every
+//! 10 s and, while one is met, reclaims
 //! node-level resources first (a [`NodeReclaimer`] hook for container and image garbage
 //! collection), then evicts one pod per pass in the kubelet's order: the pod ends `Failed`
 //! with reason `Evicted` and the message `The node was low on resource: <resource>. `

@@ -137,9 +137,13 @@ fn with_stats(
 fn usage_and_request(signal: Signal, pod: &Pod, usage: &PodUsage) -> Option<(u64, u64)> {
     match signal {
         Signal::MemoryAvailable => Some((usage.memory(), pod_request(pod, "memory"))),
-        Signal::NodeFsAvailable => Some((usage.disk(), pod_request(pod, "ephemeral-storage"))),
+        // The image filesystem is not dedicated on the nodes rkubelet knows (containerd's
+        // root shares the node's filesystem), so it ranks like nodefs: all of a pod's disk.
+        Signal::NodeFsAvailable | Signal::ImageFsAvailable => {
+            Some((usage.disk(), pod_request(pod, "ephemeral-storage")))
+        }
         // No per-pod inode or process counts: priority alone decides.
-        Signal::NodeFsInodesFree | Signal::PidAvailable => None,
+        Signal::NodeFsInodesFree | Signal::ImageFsInodesFree | Signal::PidAvailable => None,
     }
 }
 

@@ -16,6 +16,11 @@ pub enum Signal {
     NodeFsAvailable,
     /// `nodefs.inodesFree`.
     NodeFsInodesFree,
+    /// `imagefs.available`: bytes available on the filesystem holding the runtime's images
+    /// (CRI `ImageFsInfo`).
+    ImageFsAvailable,
+    /// `imagefs.inodesFree`.
+    ImageFsInodesFree,
     /// `pid.available`: `kernel.pid_max` minus the tasks running.
     PidAvailable,
 }
@@ -28,6 +33,8 @@ impl Signal {
             Self::MemoryAvailable => "memory.available",
             Self::NodeFsAvailable => "nodefs.available",
             Self::NodeFsInodesFree => "nodefs.inodesFree",
+            Self::ImageFsAvailable => "imagefs.available",
+            Self::ImageFsInodesFree => "imagefs.inodesFree",
             Self::PidAvailable => "pid.available",
         }
     }
@@ -38,8 +45,8 @@ impl Signal {
     pub fn resource(self) -> &'static str {
         match self {
             Self::MemoryAvailable => "memory",
-            Self::NodeFsAvailable => "ephemeral-storage",
-            Self::NodeFsInodesFree => "inodes",
+            Self::NodeFsAvailable | Self::ImageFsAvailable => "ephemeral-storage",
+            Self::NodeFsInodesFree | Self::ImageFsInodesFree => "inodes",
             Self::PidAvailable => "pids",
         }
     }
@@ -49,16 +56,20 @@ impl Signal {
     pub fn condition(self) -> &'static str {
         match self {
             Self::MemoryAvailable => "MemoryPressure",
-            Self::NodeFsAvailable | Self::NodeFsInodesFree => "DiskPressure",
+            Self::NodeFsAvailable
+            | Self::NodeFsInodesFree
+            | Self::ImageFsAvailable
+            | Self::ImageFsInodesFree => "DiskPressure",
             Self::PidAvailable => "PIDPressure",
         }
     }
 
     /// Whether freeing node-level resources (dead containers, unused images) may relieve
-    /// this signal before pods are evicted (`buildSignalToNodeReclaimFuncs`).
+    /// this signal before pods are evicted (`buildSignalToNodeReclaimFuncs`): every disk
+    /// signal.
     #[must_use]
     pub fn node_reclaimable(self) -> bool {
-        matches!(self, Self::NodeFsAvailable | Self::NodeFsInodesFree)
+        self.condition() == "DiskPressure"
     }
 }
 
@@ -70,6 +81,8 @@ pub struct Observations {
     pub memory_available_bytes: Option<u64>,
     /// The filesystem of `--root-dir`.
     pub nodefs: Option<FsStats>,
+    /// The filesystem holding the runtime's images.
+    pub imagefs: Option<FsStats>,
     /// PIDs in use and `pid_max`.
     pub pids: Option<PidUsage>,
 }
@@ -90,16 +103,25 @@ pub fn thresholds_met(obs: &Observations, hard: &EvictionHard) -> Vec<Signal> {
     {
         met.push(Signal::MemoryAvailable);
     }
-    if let Some(fs) = obs.nodefs {
-        if below_percent(
-            fs.available_bytes,
-            fs.capacity_bytes,
-            hard.nodefs_available_percent,
-        ) {
-            met.push(Signal::NodeFsAvailable);
+    let filesystems = [
+        (
+            obs.nodefs,
+            (Signal::NodeFsAvailable, hard.nodefs_available_percent),
+            (Signal::NodeFsInodesFree, hard.nodefs_inodes_free_percent),
+        ),
+        (
+            obs.imagefs,
+            (Signal::ImageFsAvailable, hard.imagefs_available_percent),
+            (Signal::ImageFsInodesFree, hard.imagefs_inodes_free_percent),
+        ),
+    ];
+    for (fs, (bytes, bytes_percent), (inodes, inodes_percent)) in filesystems {
+        let Some(fs) = fs else { continue };
+        if below_percent(fs.available_bytes, fs.capacity_bytes, bytes_percent) {
+            met.push(bytes);
         }
-        if below_percent(fs.inodes_free, fs.inodes, hard.nodefs_inodes_free_percent) {
-            met.push(Signal::NodeFsInodesFree);
+        if below_percent(fs.inodes_free, fs.inodes, inodes_percent) {
+            met.push(inodes);
         }
     }
     if obs.pids.is_some_and(|p| {
@@ -115,13 +137,14 @@ pub fn thresholds_met(obs: &Observations, hard: &EvictionHard) -> Vec<Signal> {
 }
 
 /// What `--eviction-hard` set: the thresholds, and the statements rkubelet accepts but
-/// does not act on (imagefs signals: rkubelet observes no image filesystem of its own).
+/// does not act on (`allocatableMemory.available`: rkubelet enforces node allocatable
+/// through the pods' cgroup, not by eviction).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ParsedThresholds {
     /// The thresholds; a signal not named has none (as the kubelet, which does not merge
     /// a given `--eviction-hard` with its defaults).
     pub hard: EvictionHard,
-    /// `imagefs.available<15%` and the like, to be logged as ignored.
+    /// `allocatableMemory.available<...`, to be logged as ignored.
     pub ignored: Vec<String>,
 }
 
@@ -137,6 +160,8 @@ pub fn parse_eviction_hard(text: &str) -> Result<ParsedThresholds, EvictionError
         memory_available_bytes: 0,
         nodefs_available_percent: 0,
         nodefs_inodes_free_percent: 0,
+        imagefs_available_percent: 0,
+        imagefs_inodes_free_percent: 0,
         pid_available_percent: 0,
     };
     let mut ignored = Vec::new();
@@ -180,8 +205,10 @@ pub fn parse_eviction_hard(text: &str) -> Result<ParsedThresholds, EvictionError
             }
             "nodefs.available" => hard.nodefs_available_percent = percent()?,
             "nodefs.inodesFree" => hard.nodefs_inodes_free_percent = percent()?,
+            "imagefs.available" => hard.imagefs_available_percent = percent()?,
+            "imagefs.inodesFree" => hard.imagefs_inodes_free_percent = percent()?,
             "pid.available" => hard.pid_available_percent = percent()?,
-            "imagefs.available" | "imagefs.inodesFree" | "allocatableMemory.available" => {
+            "allocatableMemory.available" => {
                 ignored.push(statement.to_owned());
             }
             _ => return Err(invalid("unknown eviction signal")),
@@ -231,10 +258,14 @@ mod tests {
                 ..EvictionHard::default()
             }
         );
-        assert_eq!(parsed.ignored, ["imagefs.available<15%"]);
-        let kind = parse_eviction_hard("nodefs.available<0%").unwrap().hard;
-        assert_eq!(kind.memory_available_bytes, 0);
-        assert_eq!(kind.nodefs_available_percent, 0);
+        assert!(parsed.ignored.is_empty());
+        let kind = parse_eviction_hard("nodefs.available<0%,imagefs.inodesFree<3%").unwrap();
+        assert_eq!(kind.hard.memory_available_bytes, 0);
+        assert_eq!(kind.hard.nodefs_available_percent, 0);
+        assert_eq!(kind.hard.imagefs_available_percent, 0);
+        assert_eq!(kind.hard.imagefs_inodes_free_percent, 3);
+        let allocatable = parse_eviction_hard("allocatableMemory.available<1Gi").unwrap();
+        assert_eq!(allocatable.ignored, ["allocatableMemory.available<1Gi"]);
     }
 
     #[test]
@@ -258,6 +289,7 @@ mod tests {
         let obs = Observations {
             memory_available_bytes: Some(50 << 20),
             nodefs: Some(fs(5 * GIB, 10)),
+            imagefs: Some(fs(14 * GIB, 0)),
             pids: Some(PidUsage {
                 running: 100,
                 max: 1000,
@@ -268,12 +300,14 @@ mod tests {
             [
                 Signal::MemoryAvailable,
                 Signal::NodeFsAvailable,
-                Signal::NodeFsInodesFree
+                Signal::NodeFsInodesFree,
+                Signal::ImageFsAvailable
             ]
         );
         let at_threshold = Observations {
             memory_available_bytes: Some(100 << 20),
             nodefs: Some(fs(10 * GIB, 50)),
+            imagefs: Some(fs(15 * GIB, 0)),
             pids: None,
         };
         assert!(thresholds_met(&at_threshold, &hard).is_empty());
@@ -286,6 +320,9 @@ mod tests {
         assert_eq!(Signal::NodeFsInodesFree.condition(), "DiskPressure");
         assert_eq!(Signal::NodeFsAvailable.resource(), "ephemeral-storage");
         assert!(Signal::NodeFsAvailable.node_reclaimable());
+        assert!(Signal::ImageFsInodesFree.node_reclaimable());
+        assert_eq!(Signal::ImageFsAvailable.condition(), "DiskPressure");
+        assert_eq!(Signal::ImageFsAvailable.resource(), "ephemeral-storage");
         assert!(!Signal::MemoryAvailable.node_reclaimable());
     }
 }

@@ -1,7 +1,8 @@
 //! Where the eviction manager's figures come from on a real node: the machine (the
-//! node agent's [`MachineInfo`]: `MemAvailable`, the filesystem of `--root-dir`, PIDs)
-//! and the runtime (CRI `ListContainerStats` of the running containers: working set and
-//! writable layer), plus each container's log files.
+//! node agent's [`MachineInfo`]: `MemAvailable`, the filesystems of `--root-dir` and of
+//! the runtime's images, PIDs) and the runtime (CRI `ImageFsInfo` for where its images
+//! are; `ListContainerStats` of the running containers: working set and writable layer),
+//! plus each container's log files.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -14,7 +15,7 @@ use super::signals::Observations;
 use crate::cri::{Cri, api};
 use crate::kuberuntime::labels;
 use crate::kuberuntime::sandbox::pod_log_dir;
-use crate::node::MachineInfo;
+use crate::node::{MachineInfo, image_fs_mountpoint};
 
 /// Stats from the machine and the runtime.
 pub struct NodeStats<C, M: ?Sized> {
@@ -65,6 +66,7 @@ fn dir_bytes(dir: &Path) -> u64 {
 
 impl<C: Cri, M: MachineInfo + ?Sized + 'static> StatsSource for NodeStats<C, M> {
     async fn observe(&self) -> Observations {
+        let imagefs = image_fs_mountpoint(&self.cri).await;
         let machine = Arc::clone(&self.machine);
         let root_dir = self.root_dir.clone();
         let read = tokio::task::spawn_blocking(move || {
@@ -81,6 +83,12 @@ impl<C: Cri, M: MachineInfo + ?Sized + 'static> StatsSource for NodeStats<C, M> 
                     .fs_stats(&root_dir)
                     .map_err(|e| ok("nodefs.available", e))
                     .ok(),
+                imagefs: imagefs.and_then(|path| {
+                    machine
+                        .fs_stats(&path)
+                        .map_err(|e| ok("imagefs.available", e))
+                        .ok()
+                }),
                 pids: machine.pid_usage().map_err(|e| ok("pid.available", e)).ok(),
             }
         })

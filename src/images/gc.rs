@@ -8,7 +8,6 @@
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -16,7 +15,7 @@ use tokio::sync::Mutex;
 
 use crate::cri::{Cri, CriError, api};
 use crate::kuberuntime::gc::run_periodically;
-use crate::node::{FsStats, LinuxMachine, MachineInfo};
+use crate::node::{ContainerRuntime, FsStats, LinuxMachine, MachineInfo};
 
 /// How often the collector runs (the kubelet's `ImageGCPeriod`).
 pub const IMAGE_GC_PERIOD: Duration = Duration::from_secs(300);
@@ -218,13 +217,9 @@ impl<C> RuntimeImageFs<C> {
 
 impl<C: Cri> ImageFs for RuntimeImageFs<C> {
     async fn usage(&self) -> Result<FsStats, ImageGcError> {
-        let info = self.cri.image_fs_info(api::ImageFsInfoRequest {}).await?;
-        let mountpoint: PathBuf = info
-            .image_filesystems
-            .into_iter()
-            .find_map(|f| f.fs_id.map(|id| id.mountpoint))
-            .ok_or(ImageGcError::NoImageFs)?
-            .into();
+        let mountpoint = ContainerRuntime::image_fs_mountpoint(&*self.cri)
+            .await?
+            .ok_or(ImageGcError::NoImageFs)?;
         Ok(tokio::task::spawn_blocking(move || LinuxMachine.fs_stats(&mountpoint)).await??)
     }
 }

@@ -63,9 +63,6 @@ pub const NO_EFFECT: &[NoEffect] = &[
 /// The id of `--config`.
 const CONFIG: &str = "config";
 
-/// The subcommands; a command line without one runs the agent, as the kubelet does.
-const SUBCOMMANDS: &[&str] = &["run", "cri", "inspect", "help"];
-
 /// What to log once logging is set up.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Startup {
@@ -132,24 +129,32 @@ fn augment(run: Command) -> Command {
     run.arg(config).args(accepted)
 }
 
-/// `argv` with `run` inserted when it names no subcommand but has flags other than
-/// `--version` and `--help` (the kubelet's `kubelet --config … --kubeconfig …`).
-#[must_use]
-pub fn implicit_run(mut argv: Vec<OsString>) -> Vec<OsString> {
-    let args = argv.get(1..).unwrap_or_default();
-    let first_is_flag = args
-        .first()
+/// Parses `argv`, as `rkubelet run …` when it starts with a flag and names no subcommand
+/// (the kubelet's `kubelet --config … --kubeconfig …`; the kubelet has no subcommands).
+/// The command line is parsed as given first, so a flag's value that reads like a
+/// subcommand (`--cluster-domain cri`) is still a value, and `--help`/`--version` are
+/// still the program's. Returns the matches and the argv they came from.
+fn matches_with_implicit_run(
+    cmd: &mut Command,
+    mut argv: Vec<OsString>,
+) -> Result<(ArgMatches, Vec<OsString>), clap::Error> {
+    let direct = cmd.try_get_matches_from_mut(&argv);
+    let first_is_flag = argv
+        .get(1)
         .is_some_and(|a| a.to_string_lossy().starts_with('-'));
-    let asks_for_help_or_version = args
-        .iter()
-        .any(|a| matches!(a.to_str(), Some("--version" | "--help" | "-h")));
-    let names_subcommand = args
-        .iter()
-        .any(|a| a.to_str().is_some_and(|a| SUBCOMMANDS.contains(&a)));
-    if first_is_flag && !asks_for_help_or_version && !names_subcommand {
-        argv.insert(1, "run".into());
+    let settled = match &direct {
+        Ok(m) => m.subcommand().is_some(),
+        Err(e) => matches!(
+            e.kind(),
+            clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion
+        ),
+    };
+    if settled || !first_is_flag {
+        return direct.map(|m| (m, argv));
     }
-    argv
+    argv.insert(1, "run".into());
+    let matches = cmd.try_get_matches_from_mut(&argv)?;
+    Ok((matches, argv))
 }
 
 /// The id of the `run` argument whose long name is `flag`.
@@ -171,9 +176,8 @@ fn given(run: &ArgMatches, id: &str) -> bool {
 /// A bad command line, or a file that cannot be used (a value a flag refuses is named
 /// by its field).
 pub fn parse(cmd: Command, argv: Vec<OsString>) -> Result<(ArgMatches, Startup), ParseError> {
-    let mut argv = implicit_run(argv);
     let mut cmd = cmd.mut_subcommand("run", augment);
-    let matches = cmd.try_get_matches_from_mut(&argv)?;
+    let (matches, mut argv) = matches_with_implicit_run(&mut cmd, argv)?;
     let Some(("run", run)) = matches.subcommand() else {
         return Ok((matches, Startup::default()));
     };
@@ -274,12 +278,6 @@ mod tests {
             .collect()
     }
 
-    fn strings(argv: &[OsString]) -> Vec<String> {
-        argv.iter()
-            .map(|a| a.to_string_lossy().into_owned())
-            .collect()
-    }
-
     /// A command shaped like rkubelet's: a `run` subcommand with flags of each kind.
     fn command() -> Command {
         let run = Command::new("run")
@@ -309,6 +307,7 @@ mod tests {
             )
             .arg(Arg::new("client_ca_file").long("client-ca-file"));
         Command::new("rkubelet")
+            .version("1.20.2")
             .arg(Arg::new("log_level").long("log-level").global(true))
             .subcommand(run)
             .subcommand(Command::new("cri"))
@@ -335,30 +334,38 @@ mod tests {
 
     #[test]
     fn bare_flags_mean_run_as_on_the_kubelet() {
+        let run_of = |args: &[&str]| {
+            let (matches, _) = parse(command(), argv(args)).unwrap();
+            let Some(("run", run)) = matches.subcommand() else {
+                panic!("{args:?} is not run");
+            };
+            run.clone()
+        };
+        let run = run_of(&["--max-pods", "3", "--cluster-domain", "cri"]);
+        assert_eq!(run.get_one::<u32>("max_pods"), Some(&3));
         assert_eq!(
-            strings(&implicit_run(argv(&[
-                "--config",
-                "/c.yaml",
-                "--kubeconfig",
-                "/k"
-            ]))),
-            [
-                "rkubelet",
-                "run",
-                "--config",
-                "/c.yaml",
-                "--kubeconfig",
-                "/k"
-            ]
+            run.get_one::<String>("cluster_domain").map(String::as_str),
+            Some("cri"),
+            "a value that reads like a subcommand is a value"
         );
-        for unchanged in [
-            &["--log-level", "info", "run", "--max-pods", "3"][..],
-            &["cri", "version"],
-            &["--version"],
-            &["--help"],
-            &[],
+        let run = run_of(&["--log-level", "debug", "run", "--max-pods", "4"]);
+        assert_eq!(run.get_one::<u32>("max_pods"), Some(&4));
+        let (matches, _) = parse(command(), argv(&["cri"])).unwrap();
+        assert_eq!(matches.subcommand_name(), Some("cri"));
+        let (matches, _) = parse(command(), argv(&[])).unwrap();
+        assert_eq!(matches.subcommand_name(), None);
+        for (args, kind) in [
+            (&["--version"][..], clap::error::ErrorKind::DisplayVersion),
+            (&["--help"], clap::error::ErrorKind::DisplayHelp),
+            (
+                &["--max-pods", "3", "--help"],
+                clap::error::ErrorKind::DisplayHelp,
+            ),
         ] {
-            assert_eq!(strings(&implicit_run(argv(unchanged)))[1..], *unchanged);
+            match parse(command(), argv(args)) {
+                Err(ParseError::CommandLine(e)) => assert_eq!(e.kind(), kind, "{args:?}"),
+                other => panic!("{args:?}: {:?}", other.map(|(m, _)| m)),
+            }
         }
     }
 

@@ -247,9 +247,16 @@ impl NodeAgent {
     pub(super) async fn observe(&self, state: &mut StatusState) -> (Observation, Pressure) {
         let machine = Arc::clone(&self.machine);
         let root_dir = self.config.root_dir.clone();
-        // All at once: a hung runtime costs one deadline, not three.
+        let runtime = Arc::clone(&self.runtime);
+        // All at once: a hung runtime costs one deadline, not four.
         let (readings, health, version, images) = tokio::join!(
-            tokio::task::spawn_blocking(move || read_machine(&*machine, &root_dir)),
+            async move {
+                let imagefs = super::image_fs_mountpoint(&*runtime).await;
+                tokio::task::spawn_blocking(move || {
+                    read_machine(&*machine, &root_dir, imagefs.as_deref())
+                })
+                .await
+            },
             tokio::time::timeout(RUNTIME_CALL_TIMEOUT, self.runtime.runtime_health()),
             tokio::time::timeout(RUNTIME_CALL_TIMEOUT, self.runtime.runtime_version()),
             tokio::time::timeout(RUNTIME_CALL_TIMEOUT, self.runtime.image_list()),
@@ -303,6 +310,7 @@ impl NodeAgent {
             capacity: readings.capacity,
             memory_available_bytes: readings.memory_available_bytes,
             nodefs: readings.nodefs,
+            imagefs: readings.imagefs,
             pids: readings.pids,
             system: SystemFacts {
                 runtime_version: state.runtime_version.clone(),
@@ -331,12 +339,17 @@ struct MachineReadings {
     capacity: Option<Capacity>,
     memory_available_bytes: Option<u64>,
     nodefs: Option<super::FsStats>,
+    imagefs: Option<super::FsStats>,
     pids: Option<super::PidUsage>,
     system: SystemFacts,
 }
 
 /// Reads every machine figure, logging (not failing on) the ones that cannot be read.
-fn read_machine(machine: &dyn MachineInfo, root_dir: &Path) -> MachineReadings {
+fn read_machine(
+    machine: &dyn MachineInfo,
+    root_dir: &Path,
+    imagefs: Option<&Path>,
+) -> MachineReadings {
     fn ok<T>(result: Result<T, super::MachineError>) -> Option<T> {
         result
             .inspect_err(|e| tracing::warn!(error = %e, "machine figure unavailable"))
@@ -357,6 +370,7 @@ fn read_machine(machine: &dyn MachineInfo, root_dir: &Path) -> MachineReadings {
         capacity,
         memory_available_bytes: memory.map(|m| m.available_bytes),
         nodefs,
+        imagefs: imagefs.and_then(|path| ok(machine.fs_stats(path))),
         pids: ok(machine.pid_usage()),
         system: SystemFacts {
             machine_id: ok(machine.machine_id()),

@@ -43,6 +43,11 @@ pub struct EvictionHard {
     pub nodefs_available_percent: u8,
     /// `nodefs.inodesFree` below this percentage is disk pressure too (kubelet default 5%).
     pub nodefs_inodes_free_percent: u8,
+    /// `imagefs.available` below this percentage of the runtime's image filesystem is disk
+    /// pressure too (kubelet default 15%).
+    pub imagefs_available_percent: u8,
+    /// `imagefs.inodesFree` below this percentage (the kubelet sets none by default).
+    pub imagefs_inodes_free_percent: u8,
     /// `pid.available` below this percentage of `kernel.pid_max` is PID pressure. The kubelet
     /// has no default PID threshold; rkubelet uses 10% so that the condition means something.
     pub pid_available_percent: u8,
@@ -54,6 +59,8 @@ impl Default for EvictionHard {
             memory_available_bytes: 100 * 1024 * 1024,
             nodefs_available_percent: 10,
             nodefs_inodes_free_percent: 5,
+            imagefs_available_percent: 15,
+            imagefs_inodes_free_percent: 0,
             pid_available_percent: 10,
         }
     }

@@ -49,7 +49,7 @@ pub use lease::{LeaseController, NODE_LEASE_NAMESPACE};
 pub use lister::{node_lister, nodes_lister};
 pub use machine::{FsStats, HugePages, LinuxMachine, MachineInfo, Memory, PidUsage};
 pub use registration::{pod_cidr_at_start, wait_for_pod_cidr};
-pub use runtime::{ContainerRuntime, ReadinessCheck, RuntimeVersion};
+pub use runtime::{ContainerRuntime, ReadinessCheck, RuntimeVersion, image_fs_mountpoint};
 
 /// Sleeps for `duration` unless `cancel` fires first; false when cancelled.
 async fn sleep_or_cancel(cancel: &CancellationToken, duration: Duration) -> bool {

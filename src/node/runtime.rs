@@ -2,6 +2,7 @@
 //! images) and from the rest of the agent (readiness checks such as the PLEG's).
 
 use std::fmt;
+use std::path::PathBuf;
 
 use futures::future::BoxFuture;
 
@@ -32,6 +33,9 @@ pub trait ContainerRuntime: Send + Sync {
     fn runtime_health(&self) -> BoxFuture<'_, Result<RuntimeHealth, CriError>>;
     /// CRI `ListImages`: every image in the runtime's store.
     fn image_list(&self) -> BoxFuture<'_, Result<Vec<api::Image>, CriError>>;
+    /// CRI `ImageFsInfo`: the mount point of the filesystem holding the runtime's images
+    /// (the imagefs of the eviction signals and image GC); `None` when it names none.
+    fn image_fs_mountpoint(&self) -> BoxFuture<'_, Result<Option<PathBuf>, CriError>>;
 }
 
 impl<C: Cri> ContainerRuntime for C {
@@ -58,7 +62,36 @@ impl<C: Cri> ContainerRuntime for C {
             Ok(resp.images)
         })
     }
+
+    fn image_fs_mountpoint(&self) -> BoxFuture<'_, Result<Option<PathBuf>, CriError>> {
+        Box::pin(async move {
+            let info = Cri::image_fs_info(self, api::ImageFsInfoRequest {}).await?;
+            Ok(info
+                .image_filesystems
+                .into_iter()
+                .find_map(|f| f.fs_id.map(|id| PathBuf::from(id.mountpoint))))
+        })
+    }
 }
+
+/// Where the runtime keeps its images, asked with a deadline (a hung runtime leaves the
+/// imagefs signals unobserved, as an unreadable figure does).
+pub async fn image_fs_mountpoint(runtime: &dyn ContainerRuntime) -> Option<PathBuf> {
+    match tokio::time::timeout(IMAGE_FS_TIMEOUT, runtime.image_fs_mountpoint()).await {
+        Ok(Ok(mountpoint)) => mountpoint,
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "image filesystem unavailable");
+            None
+        }
+        Err(_) => {
+            tracing::warn!(timeout = ?IMAGE_FS_TIMEOUT, "image filesystem query timed out");
+            None
+        }
+    }
+}
+
+/// The deadline of [`image_fs_mountpoint`].
+const IMAGE_FS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// A health check that the Ready condition depends on, like the kubelet's
 /// `runtimeState.addHealthCheck("PLEG", ...)`. A failing check makes the node NotReady with

@@ -63,6 +63,8 @@ pub(crate) struct Observation {
     pub capacity: Option<Capacity>,
     pub memory_available_bytes: Option<u64>,
     pub nodefs: Option<FsStats>,
+    /// The filesystem holding the runtime's images (CRI `ImageFsInfo`).
+    pub imagefs: Option<FsStats>,
     pub pids: Option<PidUsage>,
     pub system: SystemFacts,
     /// `None` when the runtime did not answer `Status` (it is down).
@@ -84,13 +86,13 @@ pub(crate) struct Pressure {
 impl Pressure {
     /// The hard eviction thresholds met by `obs`, as the eviction manager decides them
     /// ([`crate::eviction::thresholds_met`]): `memory.available` (here `MemAvailable`)
-    /// below its threshold; `nodefs.available` or `nodefs.inodesFree` below their
-    /// percentages; PIDs available below their percentage of `pid_max`. A figure that
+    /// below its threshold; `nodefs.*` or `imagefs.*` below their percentages; PIDs available below their percentage of `pid_max`. A figure that
     /// could not be read meets nothing.
     pub fn observed(obs: &Observation, hard: &EvictionHard) -> Self {
         let signals = eviction::Observations {
             memory_available_bytes: obs.memory_available_bytes,
             nodefs: obs.nodefs,
+            imagefs: obs.imagefs,
             pids: obs.pids,
         };
         let met = eviction::thresholds_met(&signals, hard);
@@ -558,6 +560,12 @@ mod tests {
                 inodes: 1000,
                 inodes_free: 900,
             }),
+            imagefs: Some(FsStats {
+                capacity_bytes: 100 * GIB,
+                available_bytes: 60 * GIB,
+                inodes: 1000,
+                inodes_free: 900,
+            }),
             pids: Some(PidUsage {
                 running: 150,
                 max: 32768,
@@ -819,6 +827,14 @@ mod tests {
             inodes_free: 0,
         });
         assert!(!Pressure::observed(&obs, &EvictionHard::default()).disk);
+        // The image filesystem below imagefs.available (15%) is disk pressure too.
+        obs.imagefs = Some(FsStats {
+            capacity_bytes: 100 * GIB,
+            available_bytes: 14 * GIB,
+            inodes: 1000,
+            inodes_free: 900,
+        });
+        assert!(Pressure::observed(&obs, &EvictionHard::default()).disk);
     }
 
     #[test]
@@ -843,6 +859,7 @@ mod tests {
         let mut obs = observation();
         obs.memory_available_bytes = None;
         obs.nodefs = None;
+        obs.imagefs = None;
         obs.pids = None;
         assert_eq!(
             Pressure::observed(&obs, &EvictionHard::default()),

@@ -119,6 +119,7 @@ impl CertificateManager {
                 template: node.template()?,
                 store: PemStore::new(cert_dir, PREFIX),
                 wait: WAIT_FOR_APPROVAL,
+                end_when_expired: false,
             },
             store,
         })
@@ -132,9 +133,13 @@ impl CertificateManager {
             self.store.set(cert.clone());
         }
         let store = self.store;
-        self.rotation
+        if let Err(e) = self
+            .rotation
             .run(current, move |cert| store.set(cert), cancel)
-            .await;
+            .await
+        {
+            tracing::error!(error = %e, "serving certificate rotation ended");
+        }
     }
 }
 
