@@ -6,6 +6,9 @@
 //! the kubelet's order — BestEffort first, then Burstable (within its request, least far
 //! below it), then Guaranteed — each ending Failed with reason `Evicted`, the kubelet's
 //! message and a Warning `Evicted` event, its containers killed; nothing is left behind.
+//! Then the image filesystem (containerd's, as CRI `ImageFsInfo` names it): with
+//! `imagefs.available` above what it has free, the node reports DiskPressure, image GC
+//! reclaims first, and the pod is evicted as low on ephemeral-storage.
 
 mod common;
 
@@ -163,4 +166,56 @@ async fn memory_pressure_evicts_best_effort_then_burstable_then_guaranteed() {
         "evicted at {:?} (BestEffort), {:?} (Burstable), {:?} (Guaranteed)",
         times[0], times[1], times[2]
     );
+}
+
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn image_filesystem_pressure_reclaims_images_then_evicts() {
+    let mut case = Case::with_agent("imagefs", &[]).await;
+    let pod = case
+        .create("besteffort", sleeper(serde_json::json!({})))
+        .await;
+    running(&pod).await;
+    let fs = nix::sys::statvfs::statvfs(&common::state_dir()).expect("statvfs");
+    assert!(
+        fs.blocks_available() * 100 < fs.blocks() * 99,
+        "the disk is more than 99% free: no always-met imagefs threshold"
+    );
+
+    // Only the image filesystem is short: a threshold above what it has free. The agent's
+    // log (one per node, appended) is read from here on.
+    let from = std::fs::metadata(&case.agent().log).map_or(0, |m| m.len());
+    case.start_agent(&["--eviction-hard", "imagefs.available<99%"]);
+    let evicted = failed(&pod, Duration::from_secs(60)).await;
+    let (reason, message) = reason_and_message(&evicted);
+    assert_eq!(reason, Some("Evicted"), "{}", case.agent().log_tail());
+    assert!(
+        message.is_some_and(|m| m.starts_with("The node was low on resource: ephemeral-storage. ")),
+        "{message:?}"
+    );
+    assert_eq!(node_condition("DiskPressure").await, Some(true));
+    assert_eq!(node_condition("MemoryPressure").await, Some(false));
+    let event = evicted_event(&pod).await;
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    // Node-level reclaim came first: image GC ran for the imagefs signal (it frees
+    // nothing here: every image is younger than the 2m minimum age in a fresh agent).
+    let log = std::fs::read(&case.agent().log).expect("agent log");
+    let log = String::from_utf8_lossy(
+        log.get(usize::try_from(from).expect("size")..)
+            .unwrap_or_default(),
+    );
+    let reclaimed = log
+        .lines()
+        .position(|l| l.contains("image GC") && l.contains("imagefs.available"));
+    let evicting = log
+        .lines()
+        .position(|l| l.contains("evicting pod") && l.contains(pod.as_str()));
+    assert!(
+        reclaimed.is_some() && reclaimed < evicting,
+        "no image GC before the eviction: {:?}",
+        log.lines()
+            .filter(|l| l.contains("image GC") || l.contains("evicting pod"))
+            .collect::<Vec<_>>()
+    );
+    assert!(!log.contains("panicked"), "{}", case.agent().log_tail());
 }

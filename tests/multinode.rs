@@ -12,6 +12,7 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
+use common::agent::TEST_EVICTION_HARD;
 use common::{cleanup_blocking, cluster, eventually, kubectl, kubectl_command, unique};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams};
@@ -268,7 +269,15 @@ async fn vxlan_tx_packets(netns: &str) -> u64 {
 /// One round: agents with `mode`, the Deployment, a client per node, HTTP from each node
 /// to the pods of each other node and to the Service. Leaves it all running.
 async fn round(mode: &str) -> (BTreeMap<String, String>, Vec<Pod>) {
-    cluster(&["start-agents", "--pod-network-routes", mode]).await;
+    cluster(&[
+        "start-agents",
+        "--pod-network-routes",
+        mode,
+        "--",
+        "--eviction-hard",
+        TEST_EVICTION_HARD,
+    ])
+    .await;
     let api = nodes_api().await;
     eventually("the nodes Ready", Duration::from_secs(90), || async {
         let nodes = api
@@ -501,7 +510,15 @@ async fn three_nodes_route_pods_to_each_other_and_serve_a_cluster_ip_in_host_gw_
         assert_eq!(restarts, 0, "{name} restarted");
     }
     eprintln!("vxlan: {stopped}'s agent stopped: {checked} cross-node requests still answered");
-    cluster(&["start-agents", "--pod-network-routes", "vxlan"]).await;
+    cluster(&[
+        "start-agents",
+        "--pod-network-routes",
+        "vxlan",
+        "--",
+        "--eviction-hard",
+        TEST_EVICTION_HARD,
+    ])
+    .await;
 
     // Deleting a Node (its agent stopped first, so that it does not register again)
     // removes its routes on the other nodes.

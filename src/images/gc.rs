@@ -230,7 +230,9 @@ impl<C: Cri, F: ImageFs> crate::eviction::NodeReclaimer for Arc<ImageGc<C, F>> {
     async fn reclaim(&self, signal: crate::eviction::Signal) {
         match self.delete_unused_images().await {
             Ok(freed) => tracing::info!(freed, signal = signal.name(), "image GC freed disk"),
-            Err(e) => tracing::warn!(error = %e, "image GC could not free disk"),
+            Err(e) => {
+                tracing::warn!(error = %e, signal = signal.name(), "image GC could not free disk");
+            }
         }
     }
 }

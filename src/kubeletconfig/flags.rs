@@ -132,8 +132,9 @@ fn augment(run: Command) -> Command {
 /// Parses `argv`, as `rkubelet run …` when it starts with a flag and names no subcommand
 /// (the kubelet's `kubelet --config … --kubeconfig …`; the kubelet has no subcommands).
 /// The command line is parsed as given first, so a flag's value that reads like a
-/// subcommand (`--cluster-domain cri`) is still a value, and `--help`/`--version` are
-/// still the program's. Returns the matches and the argv they came from.
+/// subcommand (`--cluster-domain cri`) is still a value, and `--help`, `--version` (any
+/// flag of the program's own) are still the program's. Returns the matches and the argv
+/// they came from.
 fn matches_with_implicit_run(
     cmd: &mut Command,
     mut argv: Vec<OsString>,
@@ -142,8 +143,14 @@ fn matches_with_implicit_run(
     let first_is_flag = argv
         .get(1)
         .is_some_and(|a| a.to_string_lossy().starts_with('-'));
+    // A flag of the program itself (not global, so not `run`'s: `--version`) settles it.
+    let own_flag_given = |m: &ArgMatches| {
+        cmd.get_arguments()
+            .filter(|a| !a.is_global_set())
+            .any(|a| given(m, a.get_id().as_str()))
+    };
     let settled = match &direct {
-        Ok(m) => m.subcommand().is_some(),
+        Ok(m) => m.subcommand().is_some() || own_flag_given(m),
         Err(e) => matches!(
             e.kind(),
             clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion
@@ -308,6 +315,11 @@ mod tests {
             .arg(Arg::new("client_ca_file").long("client-ca-file"));
         Command::new("rkubelet")
             .version("1.20.2")
+            .arg(
+                Arg::new("print_version")
+                    .long("print-version")
+                    .action(clap::ArgAction::SetTrue),
+            )
             .arg(Arg::new("log_level").long("log-level").global(true))
             .subcommand(run)
             .subcommand(Command::new("cri"))
@@ -352,8 +364,14 @@ mod tests {
         assert_eq!(run.get_one::<u32>("max_pods"), Some(&4));
         let (matches, _) = parse(command(), argv(&["cri"])).unwrap();
         assert_eq!(matches.subcommand_name(), Some("cri"));
-        let (matches, _) = parse(command(), argv(&[])).unwrap();
-        assert_eq!(matches.subcommand_name(), None);
+        for own in [
+            &[][..],
+            &["--print-version"],
+            &["--log-level", "info", "--print-version"],
+        ] {
+            let (matches, _) = parse(command(), argv(own)).unwrap();
+            assert_eq!(matches.subcommand_name(), None, "{own:?}");
+        }
         for (args, kind) in [
             (&["--version"][..], clap::error::ErrorKind::DisplayVersion),
             (&["--help"], clap::error::ErrorKind::DisplayHelp),

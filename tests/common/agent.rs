@@ -32,6 +32,13 @@ pub struct AgentProcess {
 /// The node IP the cluster put on the host (scripts/common.sh `NODE_IP`).
 pub const NODE_IP: &str = "198.18.0.1";
 
+/// The eviction thresholds test agents run with. The shared build machine's disk is often
+/// more than 85% full: with the kubelet's `nodefs.available<10%` and
+/// `imagefs.available<15%` every test's pods would be evicted. A full disk still is
+/// pressure; a test may give its own thresholds (the last `--eviction-hard` wins).
+pub const TEST_EVICTION_HARD: &str =
+    "memory.available<100Mi,nodefs.available<1%,nodefs.inodesFree<1%,imagefs.available<1%";
+
 impl AgentProcess {
     /// Starts `rkubelet run` as node `node` with the cluster's dirs and the repository's
     /// CNI config.
@@ -173,13 +180,7 @@ impl AgentProcess {
             .arg("--runtime-cni-bin-dir")
             .arg(state.join("cni/bin"))
             .args(["--resolv-conf", ""])
-            // The shared build machine's disk is often more than 90% full: with the
-            // kubelet's `nodefs.available<10%` every test's pods would be evicted. A full
-            // disk still is pressure; a test may give its own thresholds (the last wins).
-            .args([
-                "--eviction-hard",
-                "memory.available<100Mi,nodefs.available<1%,nodefs.inodesFree<1%",
-            ])
+            .args(["--eviction-hard", TEST_EVICTION_HARD])
             .args(server_args)
             .envs(env.iter().copied())
             .stdin(Stdio::null())
