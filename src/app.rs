@@ -13,7 +13,7 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::certificate::csr::{CsrTemplate, Rotation};
+use crate::certificate::csr::{CsrTemplate, EXIT_AFTER_EXPIRY, Rotation};
 use crate::certificate::transport::ClientIdentity;
 use crate::certificate::{CertificateError, bootstrap};
 use crate::cm::{ContainerManager, NodeCapacity};
@@ -238,8 +238,9 @@ async fn client_certificate(
 }
 
 /// Renews the client certificate with `client` (authenticated by the current one, so the
-/// CSR is auto-approved as the node's own renewal) and swaps it into `identity`. The task
-/// ends with an error once the certificate has expired and the server refuses it.
+/// CSR is auto-approved as the node's own renewal) and swaps it into `identity`. Should the
+/// rotation give up (the kubelet's exit once the certificate has expired, or a panic), the
+/// task cancels `cancel`, so the agent stops wherever it is, and ends with why.
 fn rotate_client_certificate(
     config: &Config,
     client: kube::Client,
@@ -251,38 +252,34 @@ fn rotate_client_certificate(
         template: CsrTemplate::node_client(&config.node_name),
         store: config.client_certificate.store(),
         wait: bootstrap::ROTATION_WAIT,
-        end_when_expired: true,
+        end_when_expired: Some(EXIT_AFTER_EXPIRY),
     };
-    tokio::spawn(rotation.run(Some(current), move |cert| identity.set(&cert), cancel))
+    let task = tokio::spawn(rotation.run(
+        Some(current),
+        move |cert| identity.set(&cert),
+        cancel.clone(),
+    ));
+    tokio::spawn(async move {
+        let ended = task.await.unwrap_or_else(|e| Err(e.into()));
+        if let Err(e) = &ended {
+            tracing::error!(error = %e, "client certificate rotation ended; stopping");
+            cancel.cancel();
+        }
+        ended
+    })
 }
 
-/// Waits for `cancel`, or for the client certificate's rotation to give up (the kubelet's
-/// exit on an expired certificate): then cancels everything and returns why.
-async fn run_until_stopped(
+/// Why the client certificate's rotation stopped the agent, if it did (once `cancel` has
+/// fired, the rotation task has ended or is about to).
+async fn rotation_failure(
     rotation: Option<JoinHandle<Result<(), CertificateError>>>,
-    cancel: &CancellationToken,
-) -> Option<CertificateError> {
-    let Some(rotation) = rotation else {
-        cancel.cancelled().await;
-        return None;
-    };
-    tokio::select! {
-        () = cancel.cancelled() => None,
-        ended = rotation => {
-            let fatal = match ended {
-                Ok(Ok(())) => None,
-                Ok(Err(e)) => Some(e),
-                Err(e) => {
-                    tracing::error!(error = %e, "client certificate rotation task failed");
-                    None
-                }
-            };
-            if let Some(e) = &fatal {
-                tracing::error!(error = %e, "stopping");
-            }
-            cancel.cancel();
-            fatal
-        }
+) -> Result<(), AppError> {
+    match rotation {
+        Some(task) => match task.await {
+            Ok(ended) => Ok(ended?),
+            Err(e) => Err(CertificateError::from(e).into()),
+        },
+        None => Ok(()),
     }
 }
 
@@ -377,18 +374,22 @@ async fn network_gc_loop(cri: CriClient, cni: Arc<Cni>, cancel: CancellationToke
 pub type RuntimeImageGc = ImageGc<CriClient, RuntimeImageFs<CriClient>>;
 
 /// Starts the container and image garbage collectors (the kubelet's
-/// `StartGarbageCollection`); answers the image collector, which also reclaims disk on
-/// demand.
-fn start_garbage_collection(config: &Config, cancel: &CancellationToken) -> Arc<RuntimeImageGc> {
+/// `StartGarbageCollection`); answers both, which also reclaim disk on demand (in this
+/// order, as the eviction manager's node reclaim functions).
+fn start_garbage_collection(
+    config: &Config,
+    cancel: &CancellationToken,
+) -> (Arc<ContainerGc<CriClient>>, Arc<RuntimeImageGc>) {
     let cri = Arc::new(config.cri.clone());
-    tokio::spawn(ContainerGc::new(cri.clone(), config.container_gc).run(cancel.clone()));
+    let containers = Arc::new(ContainerGc::new(cri.clone(), config.container_gc));
+    tokio::spawn(containers.clone().run(cancel.clone()));
     let images = Arc::new(ImageGc::new(
         cri.clone(),
         RuntimeImageFs::new(cri),
         config.image_gc,
     ));
     tokio::spawn(images.clone().run(cancel.clone()));
-    images
+    (containers, images)
 }
 
 /// Turns on the forwarding pod networking needs (when the agent owns it or routes between
@@ -556,7 +557,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
         rotate_client_certificate(&config, client.clone(), rotating, cancel.clone())
     });
     let Some(runtime_name) = wait_for_runtime(&config.cri, &cancel).await else {
-        return Ok(());
+        return rotation_failure(rotation).await;
     };
     let cri = Arc::new(config.cri.clone());
     let pleg = Arc::new(Pleg::default());
@@ -772,7 +773,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
             None
         }
     };
-    let image_gc = start_garbage_collection(&config, &cancel);
+    let node_gc = start_garbage_collection(&config, &cancel);
     let eviction = crate::eviction::EvictionManager::new(
         eviction_hard,
         crate::eviction::NodeStats::new(
@@ -782,13 +783,13 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
             config.pod_logs_dir.clone(),
         ),
         crate::eviction::KubeletPods::new(store.clone(), workers.clone(), kubelet.clone()),
-        image_gc,
+        node_gc,
     );
     tokio::spawn(eviction.run(cancel.clone()));
     tokio::spawn(housekeeping(store, workers, pleg, kubelet, cancel.clone()));
     tokio::spawn(crate::allocator::trim_every(TRIM_PERIOD));
     tracing::info!(node = %config.node_name, "rkubelet running");
-    let fatal = run_until_stopped(rotation, &cancel).await;
+    cancel.cancelled().await;
     heartbeats.join().await;
     if config.network_owner == NetworkOwner::Agent {
         // Without the agent, containerd must not be sent to a socket nobody serves.
@@ -802,5 +803,5 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
         debug.abort();
     }
     tracing::info!("rkubelet stopped; pods keep running");
-    fatal.map_or(Ok(()), |e| Err(e.into()))
+    rotation_failure(rotation).await
 }

@@ -235,8 +235,9 @@ struct ServerFlags {
     #[arg(long, default_value_t = 10248)]
     healthz_port: u16,
     /// The serving certificate (chain, PEM). Without it, the certificate is requested from
-    /// the cluster (--rotate-server-certificates, which wins over these files as on the
-    /// kubelet) or self-signed in --cert-dir.
+    /// the cluster (--rotate-server-certificates; given with it, as on the kubelet, these
+    /// files serve clients that connect by IP, the rotated one clients that name a host)
+    /// or self-signed in --cert-dir.
     #[arg(long, requires = "tls_private_key_file")]
     tls_cert_file: Option<PathBuf>,
     /// The serving certificate's private key (PEM).
@@ -247,8 +248,8 @@ struct ServerFlags {
     #[arg(long)]
     client_ca_file: Option<PathBuf>,
     /// Request the serving certificate from the certificates API (signer
-    /// kubernetes.io/kubelet-serving) and renew it before it expires; given with
-    /// --tls-cert-file, it wins (the kubelet's serverTLSBootstrap).
+    /// kubernetes.io/kubelet-serving) and renew it before it expires (the kubelet's
+    /// serverTLSBootstrap; see --tls-cert-file for both).
     #[arg(
         long,
         action = clap::ArgAction::Set,
@@ -275,10 +276,13 @@ impl ServerFlags {
             return None;
         }
         let cert_dir = self.cert_dir.unwrap_or_else(|| root_dir.join("pki"));
-        let serving_certificate = match (self.tls_cert_file, self.tls_private_key_file) {
-            _ if self.rotate_server_certificates => ServingCertificateSource::Rotate { cert_dir },
-            (Some(cert), Some(key)) => ServingCertificateSource::Files { cert, key },
-            _ => ServingCertificateSource::SelfSigned { cert_dir },
+        let files = self.tls_cert_file.zip(self.tls_private_key_file);
+        let serving_certificate = match files {
+            files if self.rotate_server_certificates => {
+                ServingCertificateSource::Rotate { cert_dir, files }
+            }
+            Some((cert, key)) => ServingCertificateSource::Files { cert, key },
+            None => ServingCertificateSource::SelfSigned { cert_dir },
         };
         Some(ServerConfig {
             address: self.address,

@@ -184,7 +184,7 @@ pub async fn load_client_cert(
             template: CsrTemplate::node_client(node_name),
             store: store.clone(),
             wait: BOOTSTRAP_WAIT,
-            end_when_expired: false,
+            end_when_expired: None,
         };
         tracing::info!("waiting for the client certificate to be issued");
         rotation.renew_digested().await?;
@@ -314,7 +314,7 @@ current-context: boot
             template: CsrTemplate::node_client("n1"),
             store: PemStore::new(dir.clone(), CLIENT_PREFIX),
             wait: Duration::from_secs(5),
-            end_when_expired: false,
+            end_when_expired: None,
         };
         let cert = rotation.renew_digested().await.unwrap();
         assert_eq!(cert.info.common_name.as_deref(), Some("system:node:n1"));

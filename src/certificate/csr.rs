@@ -27,7 +27,11 @@ const RETRY: Duration = Duration::from_secs(10);
 /// Why no certificate came from a CSR.
 #[derive(Debug, thiserror::Error)]
 pub enum CsrError {
-    /// A certificates API call failed.
+    /// Creating the CSR failed: what client-go's certificate manager judges the API
+    /// server's health by.
+    #[error("certificates API: creating the CSR: {0}")]
+    Create(kube::Error),
+    /// Reading the CSR back failed.
     #[error("certificates API: {0}")]
     Api(#[from] kube::Error),
     /// The CSR was denied.
@@ -195,7 +199,7 @@ pub async fn request_certificate<A: CsrApi>(
     request: &CertificateSigningRequest,
     timeout: Duration,
 ) -> Result<Vec<u8>, CsrError> {
-    let created = api.create(request).await?;
+    let created = api.create(request).await.map_err(CsrError::Create)?;
     let name = created.metadata.name.unwrap_or_default();
     tracing::info!(csr = %name, signer = %request.spec.signer_name, "certificate signing request created; waiting for it to be approved and signed");
     let deadline = tokio::time::Instant::now() + timeout;
@@ -259,22 +263,30 @@ pub struct Rotation<A> {
     pub store: PemStore,
     /// How long one CSR is waited for before a new one is made.
     pub wait: Duration,
-    /// End [`Self::run`] with [`CertificateError::Expired`] once the current certificate
-    /// has expired, a renewal failed and the API server answered (the kubelet exits then
-    /// for its client certificate, so that it restarts and bootstraps again); otherwise
-    /// retry for ever (its serving certificate).
-    pub end_when_expired: bool,
+    /// With `Some(after)`, [`Self::run`] ends with [`CertificateError::Expired`] once no
+    /// valid certificate has been held for `after` and the API server answered the last
+    /// CSR creation (the kubelet's exit for its client certificate, after
+    /// [`EXIT_AFTER_EXPIRY`], so that a restart bootstraps again); `None` retries for ever
+    /// (its serving certificate).
+    pub end_when_expired: Option<Duration>,
 }
 
-/// Whether a failed renewal heard from the API server, as client-go's certificate manager
-/// judges its health: an error status of 401, 403 or 404 is the server answering (an
-/// expired client certificate gets 401); no answer, or any other status, is not.
-fn server_answered(error: &CertificateError) -> bool {
-    matches!(
-        error,
-        CertificateError::Csr(CsrError::Api(kube::Error::Api(status)))
-            if matches!(status.code, 401 | 403 | 404)
-    )
+/// How long the kubelet goes on without a valid client certificate before it exits
+/// (`UpdateTransport`'s `exitAfter` in `cmd/kubelet/app/server.go`).
+pub const EXIT_AFTER_EXPIRY: Duration = Duration::from_secs(300);
+
+/// What a failed renewal says of the API server's health, as client-go's certificate
+/// manager judges it (`updateServerError`), from the CSR creation only: a 401 (what an
+/// expired client certificate gets), 403 or 404 is the server answering; a 5xx, another
+/// status or no answer is not. `None`: the creation did not fail, the judgement stands.
+fn server_health(error: &CertificateError) -> Option<bool> {
+    match error {
+        CertificateError::Csr(CsrError::Create(e)) => Some(matches!(
+            e,
+            kube::Error::Api(status) if matches!(status.code, 401 | 403 | 404)
+        )),
+        _ => None,
+    }
 }
 
 impl<A: CsrApi> Rotation<A> {
@@ -306,7 +318,7 @@ impl<A: CsrApi> Rotation<A> {
 
     /// Keeps the certificate fresh until `cancel` fires: renews `current` (or requests a
     /// first one) at its rotation deadline, hands each new one to `issued`, retries
-    /// failures.
+    /// failures every 10 s.
     ///
     /// # Errors
     /// [`CertificateError::Expired`], only with [`Self::end_when_expired`].
@@ -316,6 +328,8 @@ impl<A: CsrApi> Rotation<A> {
         issued: impl Fn(ServingCertificate) + Send,
         cancel: CancellationToken,
     ) -> Result<(), CertificateError> {
+        // client-go starts out not knowing the server healthy.
+        let mut server_healthy = false;
         loop {
             let wait = current.as_ref().map_or(Duration::ZERO, |c| {
                 let deadline =
@@ -339,19 +353,12 @@ impl<A: CsrApi> Rotation<A> {
                     tracing::info!(signer = self.template.signer, not_after = %cert.info.not_after, "certificate issued and in use");
                     issued(cert.clone());
                     current = Some(cert);
+                    server_healthy = true;
                 }
                 Err(e) => {
                     tracing::error!(signer = self.template.signer, error = %e, "could not rotate the certificate; retrying");
-                    let expired = current
-                        .as_ref()
-                        .map(|c| c.info.not_after)
-                        .filter(|not_after| *not_after <= Timestamp::now());
-                    if let (true, Some(not_after)) = (self.end_when_expired, expired) {
-                        if server_answered(&e) {
-                            return Err(CertificateError::Expired { not_after });
-                        }
-                        tracing::error!(signer = self.template.signer, %not_after, "The currently active client certificate has expired, but the server is not responsive. A restart may be necessary to retrieve new initial credentials.");
-                    }
+                    server_healthy = server_health(&e).unwrap_or(server_healthy);
+                    self.expiry_check(current.as_ref(), server_healthy)?;
                     tokio::select! {
                         () = cancel.cancelled() => return Ok(()),
                         () = tokio::time::sleep(RETRY) => {}
@@ -359,6 +366,31 @@ impl<A: CsrApi> Rotation<A> {
                 }
             }
         }
+    }
+
+    /// The kubelet's check on its client certificate (`addCertRotation`): once no valid
+    /// certificate has been held for [`Self::end_when_expired`], end if the server is
+    /// healthy, else say that a restart may be needed.
+    fn expiry_check(
+        &self,
+        current: Option<&ServingCertificate>,
+        server_healthy: bool,
+    ) -> Result<(), CertificateError> {
+        let (Some(after), Some(not_after)) =
+            (self.end_when_expired, current.map(|c| c.info.not_after))
+        else {
+            return Ok(());
+        };
+        let expired_for =
+            Duration::try_from(Timestamp::now().duration_since(not_after)).unwrap_or_default();
+        if not_after > Timestamp::now() || expired_for < after {
+            return Ok(());
+        }
+        if server_healthy {
+            return Err(CertificateError::Expired { after, not_after });
+        }
+        tracing::error!(signer = self.template.signer, %not_after, "It has been {after:?} since a valid client cert was found, but the server is not responsive. A restart may be necessary to retrieve new initial credentials.");
+        Ok(())
     }
 }
 
@@ -556,7 +588,7 @@ mod tests {
             template,
             store: store.clone(),
             wait: Duration::from_secs(5),
-            end_when_expired: true,
+            end_when_expired: Some(EXIT_AFTER_EXPIRY),
         };
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let cancel = CancellationToken::new();
@@ -587,24 +619,50 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
-    /// The kubelet's exit on an expired client certificate: once the certificate has
-    /// expired and the server refuses the renewal (401), the loop ends with `Expired`;
-    /// without `end_when_expired` (the serving certificate) it keeps retrying.
+    fn refused(code: u16) -> CertificateError {
+        CertificateError::Csr(CsrError::Create(kube::Error::Api(
+            kube::core::Status::failure("refused", "Refused")
+                .with_code(code)
+                .boxed(),
+        )))
+    }
+
+    /// client-go's judgement of the server, from the CSR creation only.
+    #[test]
+    fn the_server_is_healthy_when_it_refuses_the_csr_creation_with_401_403_or_404() {
+        for (code, healthy) in [
+            (401, true),
+            (403, true),
+            (404, true),
+            (500, false),
+            (503, false),
+        ] {
+            assert_eq!(server_health(&refused(code)), Some(healthy), "{code}");
+        }
+        let not_issued = CertificateError::Csr(CsrError::NotIssued {
+            name: "csr-0".into(),
+            waited: Duration::ZERO,
+        });
+        assert_eq!(server_health(&not_issued), None, "the judgement stands");
+    }
+
+    /// The kubelet's exit on its client certificate: only once none has been valid for
+    /// the grace period, only with a healthy server, never for the serving certificate.
     #[tokio::test]
-    async fn an_expired_certificate_ends_the_rotation_once_the_server_refuses_it() {
+    async fn an_expired_certificate_ends_the_rotation_after_the_grace_with_a_healthy_server() {
         let dir = std::env::temp_dir().join(format!("rkubelet-expired-{}", std::process::id()));
         let api = FakeCsrApi::new(Verdict::Refuse(401));
         let template = CsrTemplate::node_client("n1");
-        let (csr, key) = template.generate().unwrap();
         let store = PemStore::new(dir.clone(), "kubelet-client");
-        let current = store
-            .update(
-                api.sign(&csr, Duration::from_millis(1500)).into_bytes(),
-                &key.serialize_pem(),
-            )
-            .await
-            .unwrap();
-        let not_after = current.info.not_after;
+        let issue = |lifetime| {
+            let (csr, key) = template.generate().unwrap();
+            (api.sign(&csr, lifetime), key.serialize_pem())
+        };
+        let (pem, key) = issue(Duration::from_secs(3600));
+        let valid = store.update(pem.into_bytes(), &key).await.unwrap();
+        let (pem, key) = issue(Duration::from_millis(500));
+        let expired = store.update(pem.into_bytes(), &key).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(1100)).await;
         let rotation = |end_when_expired| Rotation {
             api: FakeCsrApi::new(Verdict::Refuse(401)),
             template: template.clone(),
@@ -612,33 +670,54 @@ mod tests {
             wait: Duration::from_secs(5),
             end_when_expired,
         };
-        tokio::time::sleep(Duration::from_millis(1600)).await;
+        let client = rotation(Some(Duration::ZERO));
+        assert!(
+            client.expiry_check(Some(&valid), true).is_ok(),
+            "still valid"
+        );
+        assert!(
+            client.expiry_check(Some(&expired), false).is_ok(),
+            "no exit while the server does not answer"
+        );
+        assert!(matches!(
+            client.expiry_check(Some(&expired), true),
+            Err(CertificateError::Expired { .. })
+        ));
+        assert!(
+            rotation(Some(EXIT_AFTER_EXPIRY))
+                .expiry_check(Some(&expired), true)
+                .is_ok(),
+            "within the kubelet's five minutes"
+        );
+        assert!(rotation(None).expiry_check(Some(&expired), true).is_ok());
+
+        // The loop: the refused renewal (401) of the expired certificate ends it.
         let ended = tokio::time::timeout(
             Duration::from_secs(5),
-            rotation(true).run(Some(current.clone()), |_| {}, CancellationToken::new()),
+            client.run(Some(expired.clone()), |_| {}, CancellationToken::new()),
         )
         .await
         .expect("ends at the first refused renewal");
         match ended {
-            Err(CertificateError::Expired { not_after: at }) => assert_eq!(at, not_after),
+            Err(CertificateError::Expired { not_after, .. }) => {
+                assert_eq!(not_after, expired.info.not_after);
+            }
             other => panic!("{other:?}"),
         }
-        assert!(
-            !server_answered(&CertificateError::Csr(CsrError::NotIssued {
-                name: "csr-0".into(),
-                waited: Duration::ZERO,
-            })),
-            "no answer is not a responsive server"
-        );
+        // A 503 is no healthy server: the loop goes on retrying.
+        let unanswered = Rotation {
+            api: FakeCsrApi::new(Verdict::Refuse(503)),
+            ..rotation(Some(Duration::ZERO))
+        };
         let cancel = CancellationToken::new();
-        let serving = tokio::spawn(rotation(false).run(Some(current), |_| {}, cancel.clone()));
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        let task = tokio::spawn(unanswered.run(Some(expired), |_| {}, cancel.clone()));
+        tokio::time::sleep(Duration::from_millis(500)).await;
         assert!(
-            !serving.is_finished(),
-            "the serving certificate keeps retrying"
+            !task.is_finished(),
+            "retrying while the server does not answer"
         );
         cancel.cancel();
-        serving.await.unwrap().unwrap();
+        task.await.unwrap().unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

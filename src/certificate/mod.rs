@@ -35,12 +35,17 @@ pub enum CertificateError {
     /// The client certificate expired and the API server refuses it: the agent ends, as
     /// the kubelet does, so that a restart bootstraps a new one.
     #[error(
-        "The currently active client certificate has expired and the server is responsive, exiting. (expired at {not_after})"
+        "It has been {after:?} since a valid client cert was found and the server is responsive, exiting. (it expired at {not_after})"
     )]
     Expired {
+        /// How long the agent went on without one.
+        after: std::time::Duration,
         /// When it expired.
         not_after: k8s_openapi::jiff::Timestamp,
     },
+    /// The rotation task ended abnormally (it panicked).
+    #[error("the certificate rotation task failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
     /// A file under the cert dir could not be read or written.
     #[error("{path}: {source}")]
     Io {

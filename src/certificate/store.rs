@@ -81,9 +81,10 @@ impl PemStore {
     }
 }
 
-/// Writes `data` to `path`, readable by the owner only, atomically: a temporary file
-/// beside it is written, synced and renamed over `path`, so a crash or a reader never
-/// sees a half-written key or kubeconfig (the kubelet's `WriteKey`/atomic writer).
+/// Writes `data` to `path`, readable by the owner only, atomically: a new temporary file
+/// beside it is written, synced and renamed over `path`, then the directory is synced, so
+/// a crash or a reader never sees half a key or kubeconfig. (The kubelet writes these
+/// files in place; rkubelet is stricter.)
 ///
 /// # Errors
 /// The file cannot be written; the temporary file is removed then.
@@ -93,10 +94,16 @@ pub fn write_private(path: &Path, data: &[u8]) -> Result<(), CertificateError> {
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(format!(".tmp-{}", std::process::id()));
     let tmp = PathBuf::from(tmp);
+    // A temporary file left by an earlier process of the same PID (PID 1 in a container)
+    // is not reused: `create_new` never follows or opens what is there.
+    if let Err(e) = std::fs::remove_file(&tmp)
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        return Err(io_err(&tmp)(e));
+    }
     let written = std::fs::OpenOptions::new()
         .write(true)
-        .create(true)
-        .truncate(true)
+        .create_new(true)
         .mode(0o600)
         .open(&tmp)
         .and_then(|mut f| {
@@ -107,8 +114,14 @@ pub fn write_private(path: &Path, data: &[u8]) -> Result<(), CertificateError> {
         .and_then(|()| std::fs::rename(&tmp, path).map_err(io_err(path)));
     if written.is_err() {
         let _ = std::fs::remove_file(&tmp);
+        return written;
     }
-    written
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+    dir.map_or(Ok(()), |dir| {
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io_err(dir))
+    })
 }
 
 #[cfg(test)]

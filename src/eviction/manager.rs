@@ -64,6 +64,15 @@ impl NodeReclaimer for NoReclaim {
     async fn reclaim(&self, _signal: Signal) {}
 }
 
+/// Two reclaimers, one after the other (the kubelet's list of node reclaim functions:
+/// dead containers first, so that the images they held can go).
+impl<A: NodeReclaimer, B: NodeReclaimer> NodeReclaimer for (A, B) {
+    async fn reclaim(&self, signal: Signal) {
+        self.0.reclaim(signal).await;
+        self.1.reclaim(signal).await;
+    }
+}
+
 /// What one pass did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Pass {

@@ -227,7 +227,7 @@ impl<C: Cri> ContainerGc<C> {
     }
 
     /// Collects now and every [`CONTAINER_GC_PERIOD`] until `cancel`.
-    pub async fn run(self, cancel: tokio_util::sync::CancellationToken) {
+    pub async fn run(self: Arc<Self>, cancel: tokio_util::sync::CancellationToken) {
         run_periodically(
             "Container",
             CONTAINER_GC_PERIOD,
@@ -236,6 +236,20 @@ impl<C: Cri> ContainerGc<C> {
             || self.garbage_collect(),
         )
         .await;
+    }
+}
+
+/// Under disk pressure the eviction manager removes dead containers before images and pods
+/// (the kubelet's `DeleteAllUnusedContainers` as a node-level reclaim function: one
+/// collection under the same policy).
+impl<C: Cri> crate::eviction::NodeReclaimer for Arc<ContainerGc<C>> {
+    async fn reclaim(&self, signal: crate::eviction::Signal) {
+        match self.garbage_collect().await {
+            Ok(()) => tracing::info!(signal = signal.name(), "container GC ran to free disk"),
+            Err(e) => {
+                tracing::warn!(error = %e, signal = signal.name(), "container GC could not free disk");
+            }
+        }
     }
 }
 

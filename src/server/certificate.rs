@@ -119,7 +119,7 @@ impl CertificateManager {
                 template: node.template()?,
                 store: PemStore::new(cert_dir, PREFIX),
                 wait: WAIT_FOR_APPROVAL,
-                end_when_expired: false,
+                end_when_expired: None,
             },
             store,
         })

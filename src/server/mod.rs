@@ -98,6 +98,10 @@ pub enum ServingCertificateSource {
     Rotate {
         /// `--cert-dir`.
         cert_dir: PathBuf,
+        /// `--tls-cert-file` and `--tls-private-key-file` given as well: as on the kubelet
+        /// (Go's TLS with both `Certificates` and `GetCertificate`), clients that name a
+        /// server (SNI) get the rotated certificate, clients that connect by IP get these.
+        files: Option<(PathBuf, PathBuf)>,
     },
     /// Neither: self-signed, kept in `cert_dir`.
     SelfSigned {
@@ -689,7 +693,10 @@ async fn serving_certificates(
         ServingCertificateSource::SelfSigned { cert_dir } => {
             store.set(certificate::self_signed(cert_dir, &node)?);
         }
-        ServingCertificateSource::Rotate { cert_dir } => {
+        ServingCertificateSource::Rotate { cert_dir, files } => {
+            if let Some((cert, key)) = files {
+                store.set_without_sni(tls::load_files(cert, key)?);
+            }
             let manager =
                 CertificateManager::new(client.clone(), &node, cert_dir.clone(), store.clone())?;
             tokio::spawn(manager.run(cancel.clone()));

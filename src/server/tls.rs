@@ -108,6 +108,7 @@ pub fn load_files(cert: &Path, key: &Path) -> Result<ServingCertificate, TlsErro
 #[derive(Debug, Default)]
 pub struct CertStore {
     current: RwLock<Option<ServingCertificate>>,
+    without_sni: RwLock<Option<ServingCertificate>>,
 }
 
 impl CertStore {
@@ -117,6 +118,23 @@ impl CertStore {
             .current
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(cert);
+    }
+
+    /// Serves `cert` to clients that send no server name (connect by IP), as Go's TLS
+    /// serves its static certificate beside a `GetCertificate` callback.
+    pub fn set_without_sni(&self, cert: ServingCertificate) {
+        *self
+            .without_sni
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(cert);
+    }
+
+    /// The certificate for a client that sent no server name, if one is set apart.
+    fn for_no_sni(&self) -> Option<ServingCertificate> {
+        self.without_sni
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// The certificate served now.
@@ -130,8 +148,14 @@ impl CertStore {
 }
 
 impl ResolvesServerCert for CertStore {
-    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        let current = self.current().map(|c| c.key);
+    fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        let current = hello
+            .server_name()
+            .is_none()
+            .then(|| self.for_no_sni())
+            .flatten()
+            .or_else(|| self.current())
+            .map(|c| c.key);
         if current.is_none() {
             tracing::debug!("TLS handshake refused: no serving certificate yet");
         }
@@ -234,6 +258,61 @@ mod tests {
         let empty = server_config(Arc::new(CertStore::default()), Some(&ca_path));
         assert!(matches!(empty, Err(TlsError::ClientCa { .. })));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// `--rotate-server-certificates` with `--tls-cert-file`, as Go's TLS serves the
+    /// kubelet: a client that names the server (SNI) gets the rotated certificate, one that
+    /// connects by IP (no SNI) the file's.
+    #[test]
+    fn clients_by_ip_get_the_files_certificate_and_clients_by_name_the_rotated_one() {
+        let (file_ca, file_cert, file_key) = testing::ca_and_leaf("from-file", &[]);
+        let (rotated_ca, rotated_cert, rotated_key) = testing::ca_and_leaf("rotated", &[]);
+        let parse = |cert: &str, key: &str| {
+            serving_certificate(cert.as_bytes(), key.as_bytes(), Path::new("x")).unwrap()
+        };
+        let store = Arc::new(CertStore::default());
+        store.set_without_sni(parse(&file_cert, &file_key));
+        store.set(parse(&rotated_cert, &rotated_key));
+        let server = Arc::new(server_config(store, None).unwrap());
+        let mut roots = rustls::RootCertStore::empty();
+        for ca in [&file_ca, &rotated_ca] {
+            roots
+                .add(CertificateDer::from_pem_slice(ca.as_bytes()).unwrap())
+                .unwrap();
+        }
+        let client = Arc::new(
+            rustls::ClientConfig::builder_with_provider(provider())
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_root_certificates(roots)
+                .with_no_client_auth(),
+        );
+        let served = |name: &str| {
+            let name = rustls_pki_types::ServerName::try_from(name.to_owned()).unwrap();
+            let mut c = rustls::ClientConnection::new(client.clone(), name).unwrap();
+            let mut s = rustls::ServerConnection::new(server.clone()).unwrap();
+            for _ in 0..10 {
+                if !c.is_handshaking() && !s.is_handshaking() {
+                    break;
+                }
+                let mut bytes = Vec::new();
+                c.write_tls(&mut bytes).unwrap();
+                s.read_tls(&mut bytes.as_slice()).unwrap();
+                s.process_new_packets().unwrap();
+                bytes.clear();
+                s.write_tls(&mut bytes).unwrap();
+                c.read_tls(&mut bytes.as_slice()).unwrap();
+                c.process_new_packets().unwrap();
+            }
+            c.peer_certificates().unwrap()[0].clone()
+        };
+        let der = |pem: &str| CertificateDer::from_pem_slice(pem.as_bytes()).unwrap();
+        assert_eq!(served("127.0.0.1"), der(&file_cert), "by IP: the file's");
+        assert_eq!(
+            served("localhost"),
+            der(&rotated_cert),
+            "by name: the rotated one"
+        );
     }
 
     #[test]
