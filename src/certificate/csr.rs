@@ -381,9 +381,9 @@ impl<A: CsrApi> Rotation<A> {
         else {
             return Ok(());
         };
-        let expired_for =
-            Duration::try_from(Timestamp::now().duration_since(not_after)).unwrap_or_default();
-        if not_after > Timestamp::now() || expired_for < after {
+        let now = Timestamp::now();
+        let expired_for = Duration::try_from(now.duration_since(not_after));
+        if not_after > now || expired_for.is_ok_and(|d| d < after) {
             return Ok(());
         }
         if server_healthy {

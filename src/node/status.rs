@@ -536,6 +536,16 @@ mod tests {
         }
     }
 
+    /// A 100 GiB filesystem with `available_gib` free and `inodes_free` of `inodes`.
+    fn disk(available_gib: u64, inodes: u64, inodes_free: u64) -> Option<FsStats> {
+        Some(FsStats {
+            capacity_bytes: 100 * GIB,
+            available_bytes: available_gib * GIB,
+            inodes,
+            inodes_free,
+        })
+    }
+
     fn observation() -> Observation {
         Observation {
             capacity: Some(Capacity {
@@ -554,18 +564,8 @@ mod tests {
                 ephemeral_storage_bytes: Some(100 * GIB),
             }),
             memory_available_bytes: Some(20 * GIB),
-            nodefs: Some(FsStats {
-                capacity_bytes: 100 * GIB,
-                available_bytes: 60 * GIB,
-                inodes: 1000,
-                inodes_free: 900,
-            }),
-            imagefs: Some(FsStats {
-                capacity_bytes: 100 * GIB,
-                available_bytes: 60 * GIB,
-                inodes: 1000,
-                inodes_free: 900,
-            }),
+            nodefs: disk(60, 1000, 900),
+            imagefs: disk(60, 1000, 900),
             pids: Some(PidUsage {
                 running: 150,
                 max: 32768,
@@ -802,38 +802,18 @@ mod tests {
     #[test]
     fn disk_pressure_below_10_percent_space_or_5_percent_inodes() {
         let mut obs = observation();
-        obs.nodefs = Some(FsStats {
-            capacity_bytes: 100 * GIB,
-            available_bytes: 9 * GIB,
-            inodes: 1000,
-            inodes_free: 900,
-        });
+        obs.nodefs = disk(9, 1000, 900);
         let s = computed(&NodeStatus::default(), &config(), &obs, 0);
         let c = condition(&s, DISK_PRESSURE);
         assert_eq!(c.status, "True");
         assert_eq!(c.reason.as_deref(), Some("KubeletHasDiskPressure"));
-        obs.nodefs = Some(FsStats {
-            capacity_bytes: 100 * GIB,
-            available_bytes: 50 * GIB,
-            inodes: 1000,
-            inodes_free: 49,
-        });
+        obs.nodefs = disk(50, 1000, 49);
         assert!(Pressure::observed(&obs, &EvictionHard::default()).disk);
         // A filesystem without an inode table (inodes = 0) has no inode pressure.
-        obs.nodefs = Some(FsStats {
-            capacity_bytes: 100 * GIB,
-            available_bytes: 50 * GIB,
-            inodes: 0,
-            inodes_free: 0,
-        });
+        obs.nodefs = disk(50, 0, 0);
         assert!(!Pressure::observed(&obs, &EvictionHard::default()).disk);
         // The image filesystem below imagefs.available (15%) is disk pressure too.
-        obs.imagefs = Some(FsStats {
-            capacity_bytes: 100 * GIB,
-            available_bytes: 14 * GIB,
-            inodes: 1000,
-            inodes_free: 900,
-        });
+        obs.imagefs = disk(14, 1000, 900);
         assert!(Pressure::observed(&obs, &EvictionHard::default()).disk);
     }
 
