@@ -17,6 +17,8 @@
 #   cluster.sh bootstrap-token     (re)apply kubeadm's bootstrap token and RBAC bindings and
 #                                  write $RKUBELET_STATE/pki/bootstrap-kubelet.kubeconfig
 #   cluster.sh leak-check          after `down`: list what of the cluster survived; non-zero if any
+#   cluster.sh check-ranges        what `up` checks first: no route, address or iptables rule
+#                                  of someone else captures the pod, Service or node ranges
 #   cluster.sh kill|stop|start C   fault drills: SIGKILL / SIGTERM / start again (and wait until it
 #                                  serves) containerd or kube-apiserver, by recorded PID
 #
@@ -681,6 +683,59 @@ launch_containerd() {
   start_proc containerd /usr/bin/containerd --config "$CTRD/config.toml"
 }
 
+# ip_int A.B.C.D: the address as a number.
+ip_int() {
+  local a b c d
+  IFS=. read -r a b c d <<<"$1"
+  echo $(((a << 24) | (b << 16) | (c << 8) | d))
+}
+
+# captures CIDR OURS: whether CIDR (a route's, an address's or a rule's) would take traffic
+# meant for the range OURS: the two overlap and CIDR is as specific as OURS or more (a
+# broader route, such as a default one, loses to the cluster's own routes).
+captures() {
+  local net=${1%/*} len=${1#*/} ours=${2%/*} olen=${2#*/}
+  [[ $1 == */* ]] || len=32
+  ((len >= olen)) || return 1
+  local mask=$(((0xffffffff << (32 - olen)) & 0xffffffff))
+  ((($(ip_int "$net") & mask) == ($(ip_int "$ours") & mask)))
+}
+
+# check_ranges_free: the cluster's pod range, Service range and node addresses must be free
+# on this machine: no route, interface address or iptables rule of someone else (another
+# cluster's bridge on 10.244.0.0/16, flannel's routes, a VPN) may capture them, or the
+# tests fail much later with "No route to host". Run after a stale state of ours is gone.
+check_ranges_free() {
+  local found=() range what line word cidr
+  for range in "$CLUSTER_CIDR pod range" "$SERVICE_CIDR Service range" "$BENCH_NET node addresses"; do
+    what=${range#* }
+    range=${range%% *}
+    while IFS= read -r line; do
+      cidr=${line%% *}
+      # An address's own local and broadcast routes: the address is reported below.
+      [[ $cidr == local || $cidr == broadcast ]] && continue
+      [[ $cidr == blackhole || $cidr == unreachable || $cidr == prohibit ]] && cidr=${line#* } && cidr=${cidr%% *}
+      [[ $cidr =~ ^[0-9.]+(/[0-9]+)?$ ]] || continue
+      if captures "$cidr" "$range"; then found+=("$what $range: route '${line% }' (remove it: ip route del ${line% })"); fi
+    done < <(ip -4 route show table all 2>/dev/null | grep -v '^default')
+    while IFS= read -r line; do
+      read -r _ dev _ cidr _ <<<"$line"
+      if captures "$cidr" "$range"; then found+=("$what $range: interface $dev holds $cidr (ip addr del $cidr dev $dev, or ip link delete $dev)"); fi
+    done < <(ip -4 -o addr show 2>/dev/null)
+    while IFS= read -r line; do
+      for word in $line; do
+        [[ $word =~ ^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+(/[0-9]+)?$ ]] || continue
+        if captures "$word" "$range"; then found+=("$what $range: iptables rule '$line'"); break; fi
+      done
+    done < <(iptables-save 2>/dev/null | grep -E '^-A ')
+  done
+  if ((${#found[@]} > 0)); then
+    log "error: this machine already routes addresses the local cluster needs:"
+    printf '  %s\n' "${found[@]}" >&2
+    die "another cluster (kind, flannel, a CNI bridge) or network uses them: stop it or remove what is listed, then run 'cluster.sh up' again"
+  fi
+}
+
 check_ports_free() {
   local port busy=()
   for port in 2379 2380 6443 5000 5001 10251 10252 10257 10259; do
@@ -816,6 +871,7 @@ cmd_up() {
     [[ -x $K8S_BIN/$c ]] || die "missing $K8S_BIN/$c: run scripts/setup.sh"
   done
   check_ports_free
+  check_ranges_free
 
   local t0=$SECONDS
   mkdir -p "$RKUBELET_STATE" "$PIDS" "$LOGS" "$REC"
@@ -1454,6 +1510,7 @@ case "${1:-}" in
   down) cmd_down ;;
   status) cmd_status ;;
   leak-check) cmd_leak_check ;;
+  check-ranges) need_root; check_ranges_free; log "pod, Service and node ranges are free" ;;
   kill) cmd_kill "${2:-}" ;;
   stop) cmd_stop "${2:-}" ;;
   start) cmd_start "${2:-}" ;;

@@ -20,12 +20,19 @@ cargo build --locked --all-targets
 cargo test --locked --no-run
 
 # A cluster left over from an interrupted run is removed first; ours is removed on exit,
-# and the run fails if anything of it survives that.
+# and the run fails if anything of it survives that. The last line is the totals.
+TEST_LOG=$(mktemp /tmp/rkubelet-tests.XXXXXX)
+TESTS_RAN=0
 bash scripts/cluster.sh down
 down_and_check() {
   local rc=$?
-  bash scripts/cluster.sh down || rc=1
-  bash scripts/cluster.sh leak-check || rc=1
+  local extra=()
+  bash scripts/cluster.sh down || { rc=1; extra+=("cluster.sh down"); }
+  bash scripts/cluster.sh leak-check || { rc=1; extra+=("cluster.sh leak-check"); }
+  if [[ $TESTS_RAN -eq 1 ]]; then
+    bash scripts/test-summary.sh "$TEST_LOG" "${extra[@]}" || rc=1
+  fi
+  rm -f "$TEST_LOG"
   exit "$rc"
 }
 trap down_and_check EXIT
@@ -33,7 +40,13 @@ bash scripts/cluster.sh up
 # A second node identity on this host, for runtime-owned networking beside agent-owned.
 bash scripts/cluster.sh node-credentials rk-node2 "$NODE_IP"
 
+# Every test binary runs even when an earlier one fails (--no-fail-fast); the summary on
+# exit adds them up and names every failed test.
 log "unit and integration tests"
-cargo test --locked -- --include-ignored --test-threads=2
-
-log "all tests passed in $((SECONDS - started)) s"
+TESTS_RAN=1
+set +e
+cargo test --locked --no-fail-fast -- --include-ignored --test-threads=2 2>&1 | tee "$TEST_LOG"
+test_rc=${PIPESTATUS[0]}
+set -e
+log "tests done in $((SECONDS - started)) s (cargo test exit $test_rc)"
+exit "$test_rc"

@@ -465,7 +465,9 @@ async fn setup_network(
             ));
             cni.verify_plugins().await?;
             // Before the socket serves, no ADD of ours is under way: every attachment whose
-            // sandbox is gone leaked (an agent crash in the middle of an ADD).
+            // sandbox is gone leaked (an agent crash in the middle of an ADD), and so did
+            // every temporary of the result cache.
+            cni.sweep_cache().await?;
             collect_network_garbage(&config.cri, &cni, Duration::ZERO).await;
             tokio::spawn(network_gc_loop(
                 config.cri.clone(),

@@ -12,6 +12,9 @@ pub const AFTER_RUN_POD_SANDBOX: &str = "after-run-pod-sandbox";
 /// During a CNI `ADD`: the whole chain answered (veth, IP, port rules made) but its result
 /// is not cached yet.
 pub const CNI_ADD: &str = "cni-add";
+/// While a CNI result is cached: written and synced to its temporary file, not yet renamed
+/// into place.
+pub const CNI_CACHE_WRITE: &str = "cni-cache-write";
 /// After `CreateContainer` returned a container, before `StartContainer`.
 pub const AFTER_CREATE_CONTAINER: &str = "after-create-container";
 /// During a CNI `DEL` (as `StopPodSandbox` runs it): after each plugin's `DEL`, the first
@@ -21,9 +24,10 @@ pub const CNI_DEL: &str = "cni-del";
 pub const BEFORE_POD_DELETE: &str = "before-pod-delete";
 
 /// Every point, as `RKUBELET_FAULT` names them.
-pub const POINTS: [&str; 5] = [
+pub const POINTS: [&str; 6] = [
     AFTER_RUN_POD_SANDBOX,
     CNI_ADD,
+    CNI_CACHE_WRITE,
     AFTER_CREATE_CONTAINER,
     CNI_DEL,
     BEFORE_POD_DELETE,

@@ -7,6 +7,7 @@
 
 pub mod allocator;
 pub mod app;
+pub mod atomic_file;
 pub mod backoff;
 pub mod certificate;
 pub mod cm;

@@ -3,8 +3,9 @@
 //! - the agent SIGKILLed at each step of a pod's start-up and teardown, through the fault
 //!   points of its debug build (`src/fault.rs`, `RKUBELET_FAULT`), then restarted without
 //!   the fault: the pod converges (Running with one ready sandbox and the restart count the
-//!   kubelet gives, or gone), and no IP reservation, netns or veth is left over — not even
-//!   of a sandbox whose creation the crash cut short, which the runtime never lists;
+//!   kubelet gives, or gone), and no IP reservation, netns, veth or temporary file of the
+//!   CNI result cache is left over — not even of a sandbox whose creation the crash cut
+//!   short, which the runtime never lists;
 //! - a CNI plugin that hangs: the `ADD` times out, the pod gets `FailedCreatePodSandBox`
 //!   and is retried, another pod starts meanwhile, and the hung plugin leaves no process.
 //!
@@ -16,7 +17,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use common::case::{Case, get, phase, running};
+use common::case::{Case, get, phase, root_dir, running};
 use common::leaks::NodeNetwork;
 use common::pods::{events_of, pods_api, sandboxes_of, sleeper};
 use common::{eventually, state_dir};
@@ -125,6 +126,15 @@ async fn crash_during_start_up(point: &str, restarts: i32) {
     .await
     .unwrap_or_else(|left| panic!("not one reservation, netns and veth, the pod's: {left:?}"));
     let leak_free = restarted.elapsed();
+    let temporaries: Vec<_> = std::fs::read_dir(root_dir().join("cni/results"))
+        .expect("the agent's CNI result cache")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .filter(|n| rkubelet::atomic_file::is_temp_name(n))
+        .collect();
+    assert!(
+        temporaries.is_empty(),
+        "temporaries of the crash left in the CNI result cache: {temporaries:?}"
+    );
     let reservation = network.reservations.first().cloned().unwrap_or_default();
     assert!(
         reservation.ends_with(&format!("/{ip} held by {sandbox}")),
@@ -189,6 +199,14 @@ async fn a_crash_after_run_pod_sandbox_reuses_the_sandbox() {
 #[ignore = "needs root and the local cluster: run scripts/test.sh"]
 async fn a_crash_during_cni_add_leaks_no_ip_and_makes_one_sandbox() {
     crash_during_start_up(fault::CNI_ADD, 0).await;
+}
+
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn a_crash_while_caching_the_cni_result_leaves_no_temporary_and_no_ip() {
+    // Killed between the cache entry's temporary file and its rename: the restarted agent
+    // removes the temporary before it serves.
+    crash_during_start_up(fault::CNI_CACHE_WRITE, 0).await;
 }
 
 #[tokio::test]

@@ -90,6 +90,11 @@ fn cni_cache_file_names_give_the_sandbox_id_also_with_dashes_in_the_network() {
         cache_entry_sandbox(&format!("cni-loopback-{id}-lo")),
         Some(id)
     );
+    // A temporary the agent's crash left while it cached a result names the sandbox too.
+    assert_eq!(
+        cache_entry_sandbox(&format!(".rkubelet-{id}-eth0.rkubelet-tmp")),
+        Some(id)
+    );
     assert_eq!(cache_entry_sandbox("lock"), None);
     assert_eq!(cache_entry_sandbox("net--eth0"), None);
 }

@@ -21,6 +21,9 @@ pub enum CertificateError {
     /// The certificate could not be obtained through the certificates API.
     #[error(transparent)]
     Csr(#[from] csr::CsrError),
+    /// A key, certificate or kubeconfig file cannot be written.
+    #[error(transparent)]
+    File(#[from] crate::atomic_file::FileError),
     /// The issued or stored certificate is unusable.
     #[error(transparent)]
     Tls(#[from] crate::server::tls::TlsError),

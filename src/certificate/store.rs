@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use k8s_openapi::jiff::Timestamp;
 
 use super::{CertificateError, blocking, io_err};
+use crate::atomic_file;
 use crate::server::tls::{self, ServingCertificate};
 
 /// The store of one kind of certificate (`kubelet-client`, `kubelet-server`).
@@ -29,8 +30,13 @@ impl PemStore {
         self.dir.join(format!("{}-current.pem", self.prefix))
     }
 
-    /// The current certificate, if there is one and it has not expired.
+    /// The current certificate, if there is one and it has not expired. The store's
+    /// temporaries that a crash left are removed first.
     pub async fn load_current(&self) -> Option<ServingCertificate> {
+        let (dir, prefix) = (self.dir.clone(), self.prefix);
+        if let Err(e) = blocking(&self.dir, move || sweep(&dir, prefix)).await {
+            tracing::warn!(error = %e, "could not remove the certificate store's temporaries");
+        }
         let path = self.current_path();
         let pem = tokio::fs::read(&path).await.ok()?;
         match tls::serving_certificate(&pem, &pem, &path) {
@@ -65,63 +71,36 @@ impl PemStore {
         pem.extend_from_slice(key_pem.as_bytes());
         let link = self.current_path();
         let cert = tls::serving_certificate(&pem, &pem, &link)?;
-        let dir = self.dir.clone();
+        let (dir, prefix) = (self.dir.clone(), self.prefix);
         let stamp = Timestamp::now().strftime("%Y-%m-%d-%H-%M-%S").to_string();
         let file = format!("{}-{stamp}.pem", self.prefix);
         blocking(&self.dir, move || {
             std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+            sweep(&dir, prefix)?;
             write_private(&dir.join(&file), &pem)?;
-            let tmp = dir.join(format!(".{file}.link"));
-            let _ = std::fs::remove_file(&tmp);
-            std::os::unix::fs::symlink(&file, &tmp).map_err(io_err(&tmp))?;
-            std::fs::rename(&tmp, &link).map_err(io_err(&link))
+            Ok(atomic_file::symlink(Path::new(&file), &link)?)
         })
         .await?;
         Ok(cert)
     }
 }
 
-/// Writes `data` to `path`, readable by the owner only, atomically: a new temporary file
-/// beside it is written, synced and renamed over `path`, then the directory is synced, so
-/// a crash or a reader never sees half a key or kubeconfig. (The kubelet writes these
-/// files in place; rkubelet is stricter.)
+/// Writes `data` to `path`, readable by the owner only, atomically (through a temporary
+/// file beside it, synced and renamed over `path`, then the directory synced), so a crash
+/// or a reader never sees half a key or kubeconfig; the next write of `path` removes a
+/// temporary a crash left. (The kubelet writes these files in place; rkubelet is
+/// stricter.)
 ///
 /// # Errors
 /// The file cannot be written; the temporary file is removed then.
 pub fn write_private(path: &Path, data: &[u8]) -> Result<(), CertificateError> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(format!(".tmp-{}", std::process::id()));
-    let tmp = PathBuf::from(tmp);
-    // A temporary file left by an earlier process of the same PID (PID 1 in a container)
-    // is not reused: `create_new` never follows or opens what is there.
-    if let Err(e) = std::fs::remove_file(&tmp)
-        && e.kind() != std::io::ErrorKind::NotFound
-    {
-        return Err(io_err(&tmp)(e));
-    }
-    let written = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&tmp)
-        .and_then(|mut f| {
-            f.write_all(data)?;
-            f.sync_all()
-        })
-        .map_err(io_err(&tmp))
-        .and_then(|()| std::fs::rename(&tmp, path).map_err(io_err(path)));
-    if written.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-        return written;
-    }
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
-    dir.map_or(Ok(()), |dir| {
-        std::fs::File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(io_err(dir))
-    })
+    Ok(atomic_file::write(path, data, 0o600)?)
+}
+
+/// Removes the temporaries of `prefix` files in `dir` that a crash left.
+fn sweep(dir: &Path, prefix: &str) -> Result<(), CertificateError> {
+    atomic_file::sweep(dir, prefix)?;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -158,7 +137,7 @@ mod tests {
         let leftovers: Vec<_> = std::fs::read_dir(&dir)
             .unwrap()
             .flatten()
-            .filter(|e| e.file_name().to_string_lossy().contains(".tmp-"))
+            .filter(|e| atomic_file::is_temp_name(&e.file_name().to_string_lossy()))
             .collect();
         assert!(leftovers.is_empty(), "written through a renamed temporary");
         let loaded = store.load_current().await.unwrap();

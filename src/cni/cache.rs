@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::{CniError, CniResult, NetworkConfigList, PortMapping};
+use crate::atomic_file;
 
 /// The `kind` of entries this version writes.
 const KIND: &str = "rkubeletCniCacheV1";
@@ -102,7 +103,8 @@ impl ResultCache {
         Ok(Some(entry))
     }
 
-    /// The files in the results dir (none if it does not exist).
+    /// The entries in the results dir (none if it does not exist); temporaries are not
+    /// entries.
     pub async fn files(&self) -> Result<Vec<PathBuf>, CniError> {
         let io = |source| CniError::Io {
             op: "listing CNI result cache",
@@ -116,43 +118,47 @@ impl ResultCache {
         };
         let mut files = Vec::new();
         while let Some(entry) = entries.next_entry().await.map_err(io)? {
-            files.push(entry.path());
+            if !atomic_file::is_temp_name(&entry.file_name().to_string_lossy()) {
+                files.push(entry.path());
+            }
         }
         files.sort();
         Ok(files)
     }
 
-    /// Writes the entry atomically (temp file, fsync, rename).
+    /// Writes the entry atomically (temporary file, fsync, rename).
     pub async fn store(&self, entry: &CacheEntry) -> Result<(), CniError> {
         let path = self.path(&entry.network_name, &entry.container_id, &entry.if_name);
-        let io = |op, path: &Path| {
-            let path = path.to_owned();
-            move |source| CniError::Io { op, path, source }
-        };
         tokio::fs::create_dir_all(&self.results)
             .await
-            .map_err(io("creating CNI result cache dir", &self.results))?;
+            .map_err(|source| CniError::Io {
+                op: "creating CNI result cache dir",
+                path: self.results.clone(),
+                source,
+            })?;
         let bytes = serde_json::to_vec(entry).map_err(|e| CniError::InvalidCache {
             path: path.clone(),
             reason: e.to_string(),
         })?;
-        let tmp = self.results.join(format!(
-            ".{}.tmp",
-            path.file_name()
-                .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
-        ));
-        let write = async {
-            let mut file = tokio::fs::File::create(&tmp).await?;
-            tokio::io::AsyncWriteExt::write_all(&mut file, &bytes).await?;
-            file.sync_all().await
-        };
-        if let Err(source) = write.await {
-            let _ = tokio::fs::remove_file(&tmp).await;
-            return Err(io("writing CNI result cache", &tmp)(source));
+        let write = tokio::task::spawn_blocking(move || {
+            let staged = atomic_file::stage(&path, &bytes, 0o600)?;
+            crate::fault::point(crate::fault::CNI_CACHE_WRITE);
+            staged.commit()
+        });
+        match write.await {
+            Ok(written) => Ok(written?),
+            Err(e) => Err(CniError::Io {
+                op: "writing CNI result cache",
+                path: self.results.clone(),
+                source: std::io::Error::other(e),
+            }),
         }
-        tokio::fs::rename(&tmp, &path)
-            .await
-            .map_err(io("writing CNI result cache", &path))
+    }
+
+    /// Removes the temporaries a crash left in the results dir: at start-up, before any
+    /// `ADD` of this agent runs. Returns how many there were.
+    pub async fn sweep(&self) -> Result<usize, CniError> {
+        Ok(atomic_file::sweep_async(&self.results, "").await?.len())
     }
 
     /// Removes the entry in `path`; an absent one is fine.

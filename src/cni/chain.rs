@@ -262,6 +262,16 @@ impl<E: PluginExec> Cni<E> {
         }
     }
 
+    /// Removes the result cache's temporaries that a crash of the agent left (it was
+    /// killed while caching a result): for start-up, before any `ADD` runs. Returns how
+    /// many there were.
+    ///
+    /// # Errors
+    /// [`CniError::Io`]: the cache dir cannot be listed or a temporary removed.
+    pub async fn sweep_cache(&self) -> Result<usize, CniError> {
+        self.cache.sweep().await
+    }
+
     /// The network sandboxes are attached to.
     #[must_use]
     pub fn network(&self) -> &NetworkConfigList {

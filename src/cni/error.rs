@@ -233,6 +233,16 @@ impl From<&CniError> for ErrorResult {
     }
 }
 
+impl From<crate::atomic_file::FileError> for CniError {
+    fn from(e: crate::atomic_file::FileError) -> Self {
+        Self::Io {
+            op: e.op,
+            path: e.path,
+            source: e.source,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

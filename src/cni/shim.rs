@@ -33,6 +33,7 @@ use super::error::{
     CODE_DECODE, CODE_INVALID_CONFIG, CODE_INVALID_ENV, CODE_RKUBELET, ErrorResult,
 };
 use super::{Attachment, Cni, CniError, Command, PluginExec, PodNetworkRef, PortMapping};
+use crate::atomic_file;
 use crate::unix_socket::{self, OwnerSocket};
 
 /// The plugin type and executable name of the thin plugin.
@@ -408,30 +409,14 @@ pub async fn install(
             .map_err(io("creating the runtime's CNI dir", dir))?;
     }
     let conflist = runtime_conf_dir.join(CONFLIST_NAME);
-    let tmp = runtime_conf_dir.join(format!(".{CONFLIST_NAME}.tmp"));
     let mut text = serde_json::to_string_pretty(&shim_conflist(socket)).unwrap_or_default();
     text.push('\n');
-    tokio::fs::write(&tmp, text)
-        .await
-        .map_err(io("writing the shim conflist", &tmp))?;
-    tokio::fs::rename(&tmp, &conflist)
-        .await
-        .map_err(io("writing the shim conflist", &conflist))?;
-
+    atomic_file::write_async(&conflist, text.into_bytes(), 0o644).await?;
     let link = runtime_bin_dir.join(PLUGIN_NAME);
-    let tmp = runtime_bin_dir.join(format!(".{PLUGIN_NAME}.tmp"));
-    match tokio::fs::remove_file(&tmp).await {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            return Err(io("removing a leftover temp link", &tmp)(e));
-        }
-        _ => {}
-    }
-    tokio::fs::symlink(self_exe, &tmp)
+    let (target, at) = (self_exe.to_owned(), link.clone());
+    tokio::task::spawn_blocking(move || atomic_file::symlink(&target, &at))
         .await
-        .map_err(io("linking the shim plugin", &tmp))?;
-    tokio::fs::rename(&tmp, &link)
-        .await
-        .map_err(io("linking the shim plugin", &link))?;
+        .map_err(|e| io("linking the shim plugin", &link)(std::io::Error::other(e)))??;
     tracing::info!(conflist = %conflist.display(), plugin = %link.display(), "installed the rkubelet-cni shim");
     Ok(())
 }
@@ -452,8 +437,13 @@ pub async fn uninstall(runtime_conf_dir: &Path, runtime_bin_dir: &Path) -> Resul
             _ => Ok(()),
         }
     };
-    remove(runtime_conf_dir.join(CONFLIST_NAME)).await?;
+    let conflist = runtime_conf_dir.join(CONFLIST_NAME);
     let link = runtime_bin_dir.join(PLUGIN_NAME);
+    // What a crash in the middle of an install left, too.
+    for temp in [&conflist, &link].map(|p| atomic_file::temp_path(p)) {
+        remove(temp).await?;
+    }
+    remove(conflist).await?;
     if tokio::fs::symlink_metadata(&link)
         .await
         .is_ok_and(|m| m.file_type().is_symlink())

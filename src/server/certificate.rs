@@ -91,7 +91,7 @@ pub fn self_signed(
     params.not_after = rcgen::date_time_ymd(2100, 1, 1);
     let cert = params.self_signed(&key)?;
     write_private(&key_path, key.serialize_pem().as_bytes())?;
-    std::fs::write(&cert_path, cert.pem()).map_err(io_err(&cert_path))?;
+    crate::atomic_file::write(&cert_path, cert.pem().as_bytes(), 0o644)?;
     tracing::info!(cert = %cert_path.display(), "made a self-signed serving certificate");
     Ok(tls::load_files(&cert_path, &key_path)?)
 }

@@ -41,8 +41,11 @@ pub(super) fn write(target: &Path, payload: &Payload) -> Result<bool, FsError> {
         },
         None => None,
     };
-    if old_files.as_ref() == Some(payload) {
+    if let (Some(files), Some(current)) = (&old_files, &old_dir)
+        && files == payload
+    {
         ensure_visible_links(target, payload)?;
+        remove_unused_data_dirs(target, current)?;
         return Ok(false);
     }
 
@@ -65,18 +68,34 @@ pub(super) fn write(target: &Path, payload: &Payload) -> Result<bool, FsError> {
     fs::rename(&tmp_link, &data_link).map_err(FsError::at("renaming over", &data_link))?;
     ensure_visible_links(target, payload)?;
 
-    if let (Some(old_files), Some(old_dir)) = (old_files, old_dir) {
+    if let Some(old_files) = old_files {
         // User-visible names of the old payload that the new one lacks.
         let new_top = top_level_names(payload.keys());
         for stale in top_level_names(old_files.keys()).difference(&new_top) {
             let path = target.join(stale);
             fs::remove_file(&path).map_err(FsError::at("removing the stale symlink", &path))?;
         }
-        let old_dir = target.join(old_dir);
-        fs::remove_dir_all(&old_dir)
-            .map_err(FsError::at("removing the old data directory", &old_dir))?;
     }
+    remove_unused_data_dirs(target, &new_name)?;
     Ok(true)
+}
+
+/// Removes every timestamped data directory in `target` but `current`: the one the
+/// switch replaced, and any a crash left before its switch.
+fn remove_unused_data_dirs(target: &Path, current: &Path) -> Result<(), FsError> {
+    for entry in fs::read_dir(target).map_err(FsError::at("reading", target))? {
+        let entry = entry.map_err(FsError::at("reading", target))?;
+        let name = entry.file_name();
+        let unused = name.to_str().is_some_and(|n| {
+            n.starts_with("..") && n != DATA_DIR && n != NEW_DATA_DIR && Path::new(n) != current
+        });
+        if unused && entry.file_type().is_ok_and(|t| t.is_dir()) {
+            let dir = entry.path();
+            fs::remove_dir_all(&dir)
+                .map_err(FsError::at("removing the old data directory", &dir))?;
+        }
+    }
+    Ok(())
 }
 
 /// Creates `target/..YYYY_MM_DD_HH_MM_SS.<nanos>` (UTC), like the kubelet's `ioutil.TempDir`.
@@ -275,6 +294,26 @@ mod tests {
         let mut expected = BTreeSet::from(["..data".into(), "a".into(), "c".into()]);
         expected.insert(new_data.to_string_lossy().into_owned());
         assert_eq!(entries(target), expected);
+    }
+
+    #[test]
+    fn a_data_dir_a_crash_left_before_its_switch_is_removed_by_the_next_write() {
+        let tmp = TempDir::new("atomic");
+        let target = tmp.path();
+        let p = payload(&[("a", "1", 0o644)]);
+        assert!(write(target, &p).expect("write"));
+        let data = fs::read_link(target.join(DATA_DIR)).expect("link");
+        let orphan = target.join("..2020_01_01_00_00_00.000000001");
+        fs::create_dir(&orphan).expect("orphan");
+        fs::write(orphan.join("a"), "half").expect("half");
+        assert!(!write(target, &p).expect("rewrite"));
+        assert!(!orphan.exists(), "the crash's data dir removed");
+        assert_eq!(fs::read_link(target.join(DATA_DIR)).expect("link"), data);
+        fs::create_dir(&orphan).expect("orphan");
+        let changed = payload(&[("a", "2", 0o644)]);
+        assert!(write(target, &changed).expect("write"));
+        assert!(!orphan.exists(), "the crash's data dir removed");
+        assert_eq!(entries(target).len(), 3, "{:?}", entries(target));
     }
 
     #[test]

@@ -390,8 +390,13 @@ pub fn reservation_holder(text: &str) -> Option<&str> {
 }
 
 /// The sandbox id in a CNI cache file name, `<network>-<sandbox id>-<ifname>` (the network
-/// name may hold dashes, the id and the interface name do not).
+/// name may hold dashes, the id and the interface name do not), or in the name of its
+/// temporary, `.<entry>.rkubelet-tmp` (`rkubelet::atomic_file`).
 pub fn cache_entry_sandbox(name: &str) -> Option<&str> {
+    let name = name
+        .strip_prefix('.')
+        .and_then(|n| n.strip_suffix(rkubelet::atomic_file::TEMP_SUFFIX))
+        .unwrap_or(name);
     let (rest, _ifname) = name.rsplit_once('-')?;
     let (_network, id) = rest.rsplit_once('-')?;
     (!id.is_empty()).then_some(id)

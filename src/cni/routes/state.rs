@@ -92,18 +92,14 @@ impl RoutesState {
     /// # Errors
     /// [`RoutesError::File`].
     pub async fn write(&self, path: &Path) -> Result<(), RoutesError> {
-        let tmp = path.with_extension("json.tmp");
         let text = serde_json::to_vec_pretty(self).unwrap_or_default();
-        let file = |op, path: &Path| {
-            let path = path.to_owned();
-            move |source| RoutesError::File { op, path, source }
-        };
-        tokio::fs::write(&tmp, text)
+        crate::atomic_file::write_async(path, text, 0o644)
             .await
-            .map_err(file("writing", &tmp))?;
-        tokio::fs::rename(&tmp, path)
-            .await
-            .map_err(file("renaming to", path))
+            .map_err(|e| RoutesError::File {
+                op: e.op,
+                path: e.path,
+                source: e.source,
+            })
     }
 
     /// The state written at `path`; `None` when there is none.
