@@ -124,8 +124,8 @@ pub struct Config {
     pub cgroups_per_qos: bool,
     /// `--cgroup-root`: where the QoS hierarchy goes.
     pub cgroup_root: String,
-    /// `--cgroup-driver` (only `cgroupfs`).
-    pub cgroup_driver: String,
+    /// `--cgroup-driver`: `cgroupfs` or `systemd`, as the container runtime's.
+    pub cgroup_driver: crate::cm::CgroupDriver,
     /// `--pod-manifest-path`: the static pods' manifests (a directory or one file).
     pub pod_manifest_path: Option<PathBuf>,
     /// `--file-check-frequency`: how often the manifests are read besides on changes.
@@ -537,7 +537,8 @@ async fn node_capacity(node: &k8s_openapi::api::core::v1::Node) -> NodeCapacity 
 /// Start-up failures; once running, failures are logged and retried.
 pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppError> {
     let sysctls = SysctlWhitelist::new(&config.allowed_unsafe_sysctls)?;
-    crate::cm::check_driver(&config.cgroup_driver)?;
+    // The systemd driver connects now: a host without systemd stops here.
+    let cgroup_driver = crate::cm::HostDriver::connect(config.cgroup_driver).await?;
     let rotating = client_certificate(&config).await?;
     let identity = rotating.as_ref().map(|(identity, _)| identity);
     let kube_config = kube_config(&config.kubeconfig).await?;
@@ -561,6 +562,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
     let Some(runtime_name) = wait_for_runtime(&config.cri, &cancel).await else {
         return rotation_failure(rotation).await;
     };
+    crate::cm::check_runtime_driver(config.cgroup_driver, &config.cri).await?;
     let cri = Arc::new(config.cri.clone());
     let pleg = Arc::new(Pleg::default());
 
@@ -594,7 +596,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
         pod_logs_dir: config.pod_logs_dir.clone(),
         qos_containers: config
             .cgroups_per_qos
-            .then(|| crate::cm::QosContainers::under(&config.cgroup_root)),
+            .then(|| crate::cm::QosContainers::new(&config.cgroup_root, config.cgroup_driver)),
     };
     // The PLEG runs before the node registers, so the first status it reports is Ready.
     // Its wake-ups reach the pod workers once they exist.
@@ -688,10 +690,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
     let capacity = node_capacity(&registered).await;
     let memory_capacity = u64::try_from(capacity.memory_bytes).unwrap_or(0);
     let cm = if config.cgroups_per_qos {
-        let root = config.cgroup_root.clone();
-        let cm = tokio::task::spawn_blocking(move || ContainerManager::linux(&root, capacity))
-            .await
-            .map_err(|e| crate::cm::CmError::Task(e.to_string()))??;
+        let cm = ContainerManager::for_host(&config.cgroup_root, capacity, &cgroup_driver).await?;
         cm.start().await?;
         Some(Arc::new(cm))
     } else {

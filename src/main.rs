@@ -212,9 +212,10 @@ struct RunArgs {
     /// The cgroup the QoS hierarchy goes under.
     #[arg(long, default_value = "/")]
     cgroup_root: String,
-    /// How cgroups are managed: only `cgroupfs` (the runtime must not use systemd).
+    /// How cgroups are made: `cgroupfs` (directly in the cgroup file system) or `systemd`
+    /// (slice units through systemd); the container runtime must use the same.
     #[arg(long, default_value = "cgroupfs")]
-    cgroup_driver: String,
+    cgroup_driver: rkubelet::cm::CgroupDriver,
     #[command(flatten)]
     server: ServerFlags,
 }

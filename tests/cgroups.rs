@@ -504,8 +504,8 @@ async fn without_cgroups_per_qos_pods_get_no_pod_cgroup_and_are_moved_in_once_on
     drop(case);
 }
 
-#[test]
-fn the_systemd_driver_is_refused() {
+/// rkubelet run with these flags on no cluster: its exit status and what it printed.
+fn run_without_cluster(flags: &[&str]) -> (bool, String) {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_rkubelet"))
         .args([
             "run",
@@ -515,13 +515,32 @@ fn the_systemd_driver_is_refused() {
             "--hostname-override",
             "192.0.2.1",
         ])
-        .args(["--cgroup-driver", "systemd"])
+        .args(flags)
         .output()
         .expect("rkubelet");
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn the_systemd_driver_needs_systemd_and_other_drivers_are_refused() {
+    let (ok, stderr) = run_without_cluster(&["--cgroup-driver", "systemd"]);
+    assert!(!ok);
+    if Path::new("/run/systemd/system").is_dir() {
+        // systemd answers: the start goes on to the (missing) kubeconfig.
+        assert!(stderr.contains("/nonexistent"), "{stderr}");
+    } else {
+        assert!(
+            stderr.contains("--cgroup-driver=systemd but systemd is not running"),
+            "{stderr}"
+        );
+    }
+    let (ok, stderr) = run_without_cluster(&["--cgroup-driver", "openrc"]);
+    assert!(!ok);
     assert!(
-        stderr.contains("--cgroup-driver=systemd is not supported"),
+        stderr.contains("--cgroup-driver=openrc is not supported"),
         "{stderr}"
     );
 }

@@ -1,15 +1,23 @@
-//! The container manager ("cm", the kubelet's `pkg/kubelet/cm`) with the cgroupfs
-//! driver: the node's QoS cgroup hierarchy (`kubepods` sized to the node,
-//! `kubepods/burstable`, `kubepods/besteffort`), one cgroup per pod (`pod<uid>`, directly
-//! under `kubepods` for Guaranteed pods) made before the pod's sandbox and given to it as
-//! its cgroup parent, removed once the pod's containers are gone (processes left inside
-//! killed first), also for pods found orphaned after an agent restart; and the OOM score
-//! policy of containers. With `--cgroups-per-qos=false` none of this happens and sandboxes
-//! get no cgroup parent.
+//! The container manager ("cm", the kubelet's `pkg/kubelet/cm`): the node's QoS cgroup
+//! hierarchy (`kubepods` sized to the node, `kubepods/burstable`, `kubepods/besteffort`),
+//! one cgroup per pod (`pod<uid>`, directly under `kubepods` for Guaranteed pods) made
+//! before the pod's sandbox and given to it as its cgroup parent, removed once the pod's
+//! containers are gone (processes left inside killed first), also for pods found orphaned
+//! after an agent restart; and the OOM score policy of containers. With
+//! `--cgroups-per-qos=false` none of this happens and sandboxes get no cgroup parent.
+//!
+//! Cgroups are made by one of two drivers behind [`CgroupManager`] (`--cgroup-driver`):
+//! cgroupfs ([`cgroupfs`], directories written directly) or systemd ([`systemd`], slice
+//! units through systemd's D-Bus API); the rest of the agent sees only internal cgroup
+//! names and the driver's form of a sandbox's cgroup parent. The driver must be the
+//! container runtime's ([`check_runtime_driver`]).
 
 mod cgroup_manager;
+pub mod cgroupfs;
 mod policy;
 mod resource_config;
+mod runtime_driver;
+pub mod systemd;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
@@ -17,8 +25,10 @@ use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::Pod;
 
-pub use cgroup_manager::{
-    CgroupFs, CgroupLayout, CgroupManager, CgroupName, Hierarchy, LinuxCgroupFs, cpu_weight,
+pub use cgroup_manager::{CgroupDriver, CgroupManager, CgroupName};
+pub use cgroupfs::{
+    CgroupFs, CgroupLayout, CgroupPath, CgroupfsManager, FsCgroups, Hierarchy, LinuxCgroupFs,
+    cpu_weight,
 };
 pub use policy::{
     BEST_EFFORT_OOM_SCORE_ADJ, GUARANTEED_OOM_SCORE_ADJ, container_oom_score_adj, is_critical,
@@ -27,6 +37,8 @@ pub use resource_config::{
     MIN_SHARES, QUOTA_PERIOD, ResourceConfig, hugepage_limits, hugepage_unit, milli_cpu_to_quota,
     milli_cpu_to_shares, pod_requests_and_limits, resource_config_for_pod,
 };
+pub use runtime_driver::{RuntimeDriver, check_runtime_driver, runtime_cgroup_driver};
+pub use systemd::{SystemdBus, SystemdError, SystemdManager, ZbusSystemd};
 
 use crate::resources::{QosClass, qos_class};
 
@@ -46,17 +58,61 @@ pub enum CmError {
     /// No cgroup file system is mounted.
     #[error("no cgroup hierarchy is mounted (/proc/self/mountinfo)")]
     NoCgroups,
-    /// A cgroup driver other than cgroupfs.
-    #[error(
-        "--cgroup-driver={0} is not supported: rkubelet manages cgroups with the cgroupfs driver only (set the runtime's SystemdCgroup = false)"
-    )]
-    UnsupportedDriver(String),
+    /// A `--cgroup-driver` that is neither cgroupfs nor systemd.
+    #[error("--cgroup-driver={0} is not supported: use cgroupfs or systemd")]
+    UnknownDriver(String),
+    /// The container runtime makes cgroups with the other driver.
+    #[error("--cgroup-driver={ours} but the container runtime uses {runtime} ({setting})")]
+    DriverMismatch {
+        /// `--cgroup-driver`.
+        ours: CgroupDriver,
+        /// The runtime's.
+        runtime: CgroupDriver,
+        /// The runtime's setting that says so.
+        setting: String,
+    },
+    /// systemd could not be reached, refused a call, or its job failed.
+    #[error(transparent)]
+    Systemd(#[from] SystemdError),
     /// The blocking task doing the cgroup work failed.
     #[error("cgroup work did not finish: {0}")]
     Task(String),
 }
 
-/// The QoS cgroups (`QOSContainersInfo`): where each class's pod cgroups go.
+/// The cgroup driver of `--cgroup-driver`, ready on this host: the systemd driver's
+/// connection is made at start, so a host without systemd stops the start.
+#[derive(Debug, Clone)]
+pub enum HostDriver {
+    /// The cgroupfs driver.
+    Cgroupfs,
+    /// The systemd driver, connected.
+    Systemd(Arc<ZbusSystemd>),
+}
+
+impl HostDriver {
+    /// Connects the driver: nothing to do for cgroupfs; systemd must run and answer.
+    ///
+    /// # Errors
+    /// [`SystemdError::NotRunning`] on a host not booted with systemd, or no connection.
+    pub async fn connect(driver: CgroupDriver) -> Result<Self, CmError> {
+        match driver {
+            CgroupDriver::Cgroupfs => Ok(Self::Cgroupfs),
+            CgroupDriver::Systemd => Ok(Self::Systemd(Arc::new(ZbusSystemd::connect().await?))),
+        }
+    }
+
+    /// Which driver.
+    #[must_use]
+    pub fn driver(&self) -> CgroupDriver {
+        match self {
+            Self::Cgroupfs => CgroupDriver::Cgroupfs,
+            Self::Systemd(_) => CgroupDriver::Systemd,
+        }
+    }
+}
+
+/// The QoS cgroups (`QOSContainersInfo`): where each class's pod cgroups go, and the
+/// driver that names them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QosContainers {
     /// `kubepods`: node allocatable, and the parent of Guaranteed pods.
@@ -65,21 +121,31 @@ pub struct QosContainers {
     pub burstable: CgroupName,
     /// `kubepods/besteffort`.
     pub best_effort: CgroupName,
+    /// The driver whose form a cgroup parent takes.
+    pub driver: CgroupDriver,
 }
 
 /// The prefix of a pod cgroup's name.
 const POD_PREFIX: &str = "pod";
 
 impl QosContainers {
-    /// The hierarchy under `--cgroup-root` (`/` by default).
+    /// The hierarchy under `--cgroup-root` (`/` by default, a cgroupfs path whatever the
+    /// driver, as the kubelet reads it), named by `driver`.
     #[must_use]
-    pub fn under(cgroup_root: &str) -> Self {
+    pub fn new(cgroup_root: &str, driver: CgroupDriver) -> Self {
         let kubepods = CgroupName::from_cgroupfs(cgroup_root).child("kubepods");
         Self {
             burstable: kubepods.child("burstable"),
             best_effort: kubepods.child("besteffort"),
             guaranteed: kubepods,
+            driver,
         }
+    }
+
+    /// The hierarchy under `--cgroup-root` with the cgroupfs driver.
+    #[must_use]
+    pub fn under(cgroup_root: &str) -> Self {
+        Self::new(cgroup_root, CgroupDriver::Cgroupfs)
     }
 
     fn parent(&self, class: QosClass) -> &CgroupName {
@@ -99,11 +165,14 @@ impl QosContainers {
     }
 }
 
-/// The sandbox's `CgroupParent` (`GetPodCgroupParent`): the pod cgroup in cgroupfs form,
-/// empty without the QoS hierarchy.
+/// The sandbox's `CgroupParent` (`GetPodCgroupParent`): the pod cgroup in the driver's
+/// form (`CgroupManager.Name`): `/kubepods/burstable/pod<uid>`, or with systemd
+/// `/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid_with_underscores>.slice`
+/// (containerd with `SystemdCgroup = true` takes the last slice); empty without the QoS
+/// hierarchy.
 #[must_use]
 pub fn cgroup_parent(qos: Option<&QosContainers>, pod: &Pod) -> String {
-    qos.map(|q| q.pod_cgroup(pod).to_cgroupfs())
+    qos.map(|q| q.driver.name(&q.pod_cgroup(pod)))
         .unwrap_or_default()
 }
 
@@ -124,18 +193,18 @@ pub struct NodeCapacity {
 /// No limit on huge pages (the QoS cgroups').
 const HUGEPAGES_UNBOUNDED: i64 = 1 << 62;
 
-/// The container manager over a cgroup file system.
-pub struct ContainerManager<F = LinuxCgroupFs> {
+/// The container manager, over either cgroup driver.
+pub struct ContainerManager {
     qos: QosContainers,
     capacity: NodeCapacity,
-    cgroups: Arc<CgroupManager<F>>,
+    cgroups: Arc<dyn CgroupManager>,
     /// The pods this agent made or found a cgroup for, by UID, with their CPU request
     /// when Burstable (0 otherwise): the kubelet's active pods, for the `burstable`
     /// cgroup's shares. Never orphans.
     pods: Mutex<HashMap<String, i64>>,
 }
 
-impl<F> std::fmt::Debug for ContainerManager<F> {
+impl std::fmt::Debug for ContainerManager {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ContainerManager")
             .field("qos", &self.qos)
@@ -147,48 +216,41 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// Checks `--cgroup-driver`: only `cgroupfs` is supported.
-///
-/// # Errors
-/// [`CmError::UnsupportedDriver`] for any other (`systemd`).
-pub fn check_driver(driver: &str) -> Result<(), CmError> {
-    if driver == "cgroupfs" {
-        Ok(())
-    } else {
-        Err(CmError::UnsupportedDriver(driver.to_owned()))
-    }
-}
-
-impl ContainerManager<LinuxCgroupFs> {
+impl ContainerManager {
     /// The manager of the host's cgroups (as `/proc/self/mountinfo` shows them) with the
-    /// QoS hierarchy under `--cgroup-root`. Reads a file: call it off the async runtime.
+    /// QoS hierarchy under `--cgroup-root`, made by `driver`.
     ///
     /// # Errors
     /// No cgroup file system mounted.
-    pub fn linux(cgroup_root: &str, capacity: NodeCapacity) -> Result<Self, CmError> {
+    pub async fn for_host(
+        cgroup_root: &str,
+        capacity: NodeCapacity,
+        driver: &HostDriver,
+    ) -> Result<Self, CmError> {
         let path = PathBuf::from("/proc/self/mountinfo");
-        let mountinfo = std::fs::read_to_string(&path).map_err(|source| CmError::Io {
-            what: "reading",
-            path,
-            source,
-        })?;
+        let mountinfo = tokio::fs::read_to_string(&path)
+            .await
+            .map_err(|source| CmError::Io {
+                what: "reading",
+                path,
+                source,
+            })?;
         let layout = CgroupLayout::from_mountinfo(&mountinfo).ok_or(CmError::NoCgroups)?;
-        Ok(Self::new(
-            CgroupManager::new(LinuxCgroupFs, layout),
-            cgroup_root,
-            capacity,
-        ))
-    }
-}
-
-impl<F: CgroupFs> ContainerManager<F> {
-    /// The manager over `cgroups`, with the QoS hierarchy under `cgroup_root`.
-    pub fn new(cgroups: CgroupManager<F>, cgroup_root: &str, capacity: NodeCapacity) -> Self {
         let sizes = capacity.hugepages.keys().copied().collect();
+        let files = FsCgroups::new(LinuxCgroupFs, layout).with_hugepage_sizes(sizes);
+        let cgroups: Arc<dyn CgroupManager> = match driver {
+            HostDriver::Cgroupfs => Arc::new(CgroupfsManager::new(files)),
+            HostDriver::Systemd(bus) => Arc::new(SystemdManager::new(files, bus.clone())),
+        };
+        Ok(Self::new(cgroups, cgroup_root, capacity))
+    }
+
+    /// The manager over `cgroups`, with the QoS hierarchy under `cgroup_root`.
+    pub fn new(cgroups: Arc<dyn CgroupManager>, cgroup_root: &str, capacity: NodeCapacity) -> Self {
         Self {
-            qos: QosContainers::under(cgroup_root),
+            qos: QosContainers::new(cgroup_root, cgroups.driver()),
             capacity,
-            cgroups: Arc::new(cgroups.with_hugepage_sizes(sizes)),
+            cgroups,
             pods: Mutex::default(),
         }
     }
@@ -198,14 +260,9 @@ impl<F: CgroupFs> ContainerManager<F> {
         &self.qos
     }
 
-    async fn blocking<T: Send + 'static>(
-        &self,
-        work: impl FnOnce(&CgroupManager<F>) -> Result<T, CmError> + Send + 'static,
-    ) -> Result<T, CmError> {
-        let cgroups = self.cgroups.clone();
-        tokio::task::spawn_blocking(move || work(&cgroups))
-            .await
-            .map_err(|e| CmError::Task(e.to_string()))?
+    /// A cgroup in the driver's form, for logs.
+    fn literal(&self, name: &CgroupName) -> String {
+        self.cgroups.driver().name(name)
     }
 
     /// Makes the QoS hierarchy at agent start (`createNodeAllocatableCgroups` and the QoS
@@ -223,25 +280,22 @@ impl<F: CgroupFs> ContainerManager<F> {
             ..Default::default()
         };
         let classes = [
-            (self.qos.guaranteed.clone(), node),
-            (self.qos.burstable.clone(), self.qos_config(None)),
-            (
-                self.qos.best_effort.clone(),
-                self.qos_config(Some(MIN_SHARES)),
-            ),
+            (&self.qos.guaranteed, node),
+            (&self.qos.burstable, self.qos_config(None)),
+            (&self.qos.best_effort, self.qos_config(Some(MIN_SHARES))),
         ];
-        self.blocking(move |cg| {
-            for (name, config) in &classes {
-                if cg.exists(name) {
-                    cg.update(name, config)?;
-                } else {
-                    cg.create(name, config)?;
-                }
+        for (name, config) in &classes {
+            if self.cgroups.exists(name).await? {
+                self.cgroups.update(name, config).await?;
+            } else {
+                self.cgroups.create(name, config).await?;
             }
-            Ok(())
-        })
-        .await?;
-        tracing::info!(root = %self.qos.guaranteed.to_cgroupfs(), "QoS cgroups ready");
+        }
+        tracing::info!(
+            root = %self.literal(&self.qos.guaranteed),
+            driver = %self.cgroups.driver(),
+            "QoS cgroups ready"
+        );
         self.update_qos().await
     }
 
@@ -266,23 +320,12 @@ impl<F: CgroupFs> ContainerManager<F> {
     /// A cgroup that cannot be set.
     pub async fn update_qos(&self) -> Result<(), CmError> {
         let requests: i64 = lock(&self.pods).values().sum();
-        let updates = [
-            (
-                self.qos.burstable.clone(),
-                self.qos_config(Some(milli_cpu_to_shares(requests))),
-            ),
-            (
-                self.qos.best_effort.clone(),
-                self.qos_config(Some(MIN_SHARES)),
-            ),
-        ];
-        self.blocking(move |cg| {
-            for (name, config) in &updates {
-                cg.update(name, config)?;
-            }
-            Ok(())
-        })
-        .await
+        let burstable = self.qos_config(Some(milli_cpu_to_shares(requests)));
+        self.cgroups.update(&self.qos.burstable, &burstable).await?;
+        let best_effort = self.qos_config(Some(MIN_SHARES));
+        self.cgroups
+            .update(&self.qos.best_effort, &best_effort)
+            .await
     }
 
     /// Whether the pod's cgroup exists.
@@ -290,8 +333,7 @@ impl<F: CgroupFs> ContainerManager<F> {
     /// # Errors
     /// The check could not run.
     pub async fn pod_exists(&self, pod: &Pod) -> Result<bool, CmError> {
-        let name = self.qos.pod_cgroup(pod);
-        self.blocking(move |cg| Ok(cg.exists(&name))).await
+        self.cgroups.exists(&self.qos.pod_cgroup(pod)).await
     }
 
     /// Makes the pod's cgroup with `ResourceConfigForPod` unless it exists
@@ -323,8 +365,8 @@ impl<F: CgroupFs> ContainerManager<F> {
         }
         let name = self.qos.pod_cgroup(pod);
         let config = resource_config_for_pod(spec);
-        tracing::info!(cgroup = %name.to_cgroupfs(), ?config, "creating the pod cgroup");
-        self.blocking(move |cg| cg.create(&name, &config)).await
+        tracing::info!(cgroup = %self.literal(&name), ?config, "creating the pod cgroup");
+        self.cgroups.create(&name, &config).await
     }
 
     /// The pod cgroups found under the QoS cgroups, by pod UID
@@ -333,23 +375,19 @@ impl<F: CgroupFs> ContainerManager<F> {
     /// # Errors
     /// A QoS cgroup that cannot be listed.
     async fn pod_cgroups(&self) -> Result<HashMap<String, CgroupName>, CmError> {
-        let parents = [
-            self.qos.guaranteed.clone(),
-            self.qos.burstable.clone(),
-            self.qos.best_effort.clone(),
-        ];
-        self.blocking(move |cg| {
-            let mut found = HashMap::new();
-            for parent in &parents {
-                for child in cg.children(parent)? {
-                    if let Some(uid) = child.strip_prefix(POD_PREFIX) {
-                        found.insert(uid.to_owned(), parent.child(&child));
-                    }
+        let mut found = HashMap::new();
+        for parent in [
+            &self.qos.guaranteed,
+            &self.qos.burstable,
+            &self.qos.best_effort,
+        ] {
+            for child in self.cgroups.children(parent).await? {
+                if let Some(uid) = child.0.last().and_then(|c| c.strip_prefix(POD_PREFIX)) {
+                    found.insert(uid.to_owned(), child.clone());
                 }
             }
-            Ok(found)
-        })
-        .await
+        }
+        Ok(found)
     }
 
     /// Removes the pod's cgroup, whatever its QoS class, killing processes left inside
@@ -359,9 +397,9 @@ impl<F: CgroupFs> ContainerManager<F> {
     /// The cgroup cannot be emptied or removed.
     pub async fn destroy_pod(&self, uid: &str) -> Result<(), CmError> {
         let found = self.pod_cgroups().await?;
-        if let Some(name) = found.get(uid).cloned() {
-            tracing::info!(cgroup = %name.to_cgroupfs(), "removing the pod cgroup");
-            self.blocking(move |cg| cg.destroy(&name)).await?;
+        if let Some(name) = found.get(uid) {
+            tracing::info!(cgroup = %self.literal(name), "removing the pod cgroup");
+            self.cgroups.destroy(name).await?;
         }
         if lock(&self.pods).remove(uid).is_some()
             && let Err(e) = self.update_qos().await
@@ -398,8 +436,9 @@ impl<F: CgroupFs> ContainerManager<F> {
 
 #[cfg(test)]
 mod tests {
-    use super::cgroup_manager::testing::FakeCgroupFs;
+    use super::cgroupfs::testing::FakeCgroupFs;
     use super::resource_config::tests::container;
+    use super::systemd::testing::{Call, FakeSystemd};
     use super::*;
     use k8s_openapi::api::core::v1::PodSpec;
     use std::path::Path;
@@ -416,7 +455,7 @@ mod tests {
         p
     }
 
-    fn manager() -> (FakeCgroupFs, ContainerManager<FakeCgroupFs>) {
+    fn files() -> (FakeCgroupFs, FsCgroups<FakeCgroupFs>) {
         let fs = FakeCgroupFs::default();
         for h in ["cpu", "memory", "pids", "hugetlb"] {
             fs.create_dir_all(&Path::new("/cg").join(h)).unwrap();
@@ -430,16 +469,34 @@ mod tests {
                 })
                 .collect(),
         );
-        let capacity = NodeCapacity {
+        let files = FsCgroups::new(fs.clone(), layout).with_hugepage_sizes(vec![2 << 20]);
+        (fs, files)
+    }
+
+    fn capacity() -> NodeCapacity {
+        NodeCapacity {
             cpu_millis: 2000,
             memory_bytes: 4 << 30,
             pids: 32768,
             hugepages: [(2 << 20, 0)].into(),
-        };
-        (
-            fs.clone(),
-            ContainerManager::new(CgroupManager::new(fs, layout), "/", capacity),
-        )
+        }
+    }
+
+    fn manager() -> (FakeCgroupFs, ContainerManager) {
+        let (fs, files) = files();
+        let driver = Arc::new(CgroupfsManager::new(files));
+        (fs, ContainerManager::new(driver, "/", capacity()))
+    }
+
+    fn systemd_manager(root: &str) -> (FakeCgroupFs, Arc<FakeSystemd>, ContainerManager) {
+        let (fs, files) = files();
+        let bus = Arc::new(FakeSystemd {
+            version: Some(252),
+            fs: Some(fs.clone()),
+            ..Default::default()
+        });
+        let driver = Arc::new(SystemdManager::new(files, bus.clone()));
+        (fs, bus, ContainerManager::new(driver, root, capacity()))
     }
 
     #[test]
@@ -548,12 +605,156 @@ mod tests {
     }
 
     #[test]
-    fn only_the_cgroupfs_driver_is_accepted() {
-        check_driver("cgroupfs").unwrap();
-        let err = check_driver("systemd").unwrap_err();
-        assert!(
-            err.to_string()
-                .contains("--cgroup-driver=systemd is not supported")
+    fn systemd_cgroup_parents_are_the_kubelets_slices() {
+        let uid = "8f3c1a2b-4d5e-4f60-8a7b-9c0d1e2f3a4b";
+        let escaped = uid.replace('-', "_");
+        let q = QosContainers::new("/", CgroupDriver::Systemd);
+        assert_eq!(
+            cgroup_parent(Some(&q), &pod(uid, &[("cpu", "100m")], &[])),
+            format!(
+                "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{escaped}.slice"
+            )
         );
+        assert_eq!(
+            cgroup_parent(Some(&q), &pod(uid, &[], &[("cpu", "1"), ("memory", "1Gi")])),
+            format!("/kubepods.slice/kubepods-pod{escaped}.slice")
+        );
+        // kind: --cgroup-root=/kubelet.
+        let kind = QosContainers::new("/kubelet", CgroupDriver::Systemd);
+        assert_eq!(
+            cgroup_parent(Some(&kind), &pod(uid, &[], &[])),
+            format!(
+                "/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort.slice/kubelet-kubepods-besteffort-pod{escaped}.slice"
+            )
+        );
+        assert_eq!(cgroup_parent(None, &pod(uid, &[], &[])), "");
+    }
+
+    fn start_of<'a>(calls: &'a [Call], unit: &str) -> &'a [systemd::Property] {
+        calls
+            .iter()
+            .find_map(|c| match c {
+                Call::Start(u, props) if u == unit => Some(props.as_slice()),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("no start of {unit} in {calls:?}"))
+    }
+
+    fn value<'a>(props: &'a [systemd::Property], name: &str) -> Option<&'a systemd::PropertyValue> {
+        props.iter().find(|p| p.name == name).map(|p| &p.value)
+    }
+
+    #[tokio::test]
+    async fn the_systemd_driver_makes_the_qos_slices_and_pod_slices() {
+        use systemd::PropertyValue::{Strs, U64};
+        let (fs, bus, m) = systemd_manager("/kubelet");
+        m.start().await.unwrap();
+        let calls = bus.take_calls();
+        let kubepods = start_of(&calls, "kubelet-kubepods.slice");
+        assert_eq!(
+            value(kubepods, "Wants"),
+            Some(&Strs(vec!["kubelet.slice".into()]))
+        );
+        assert_eq!(value(kubepods, "CPUShares"), Some(&U64(2048)));
+        assert_eq!(value(kubepods, "MemoryLimit"), Some(&U64(4 << 30)));
+        assert_eq!(value(kubepods, "TasksMax"), Some(&U64(32768)));
+        let burstable = start_of(&calls, "kubelet-kubepods-burstable.slice");
+        assert_eq!(
+            value(burstable, "Wants"),
+            Some(&Strs(vec!["kubelet-kubepods.slice".into()]))
+        );
+        assert_eq!(value(burstable, "CPUShares"), None);
+        let best_effort = start_of(&calls, "kubelet-kubepods-besteffort.slice");
+        assert_eq!(value(best_effort, "CPUShares"), Some(&U64(2)));
+        let qos = "/cg/cpu/kubelet.slice/kubelet-kubepods.slice";
+        assert_eq!(
+            fs.file(&format!("{qos}/cpu.shares")).as_deref(),
+            Some("2048")
+        );
+        assert_eq!(
+            fs.file(&format!(
+                "{qos}/kubelet-kubepods-besteffort.slice/cpu.shares"
+            ))
+            .as_deref(),
+            Some("2")
+        );
+        // Huge pages stay files: unbounded on the QoS slices.
+        assert_eq!(
+            fs.file("/cg/hugetlb/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-burstable.slice/hugetlb.2MB.limit_in_bytes")
+                .as_deref(),
+            Some("4611686018427387904")
+        );
+        // The burstable slice's shares follow its pods, through systemd and the files.
+        let a = pod("a-1", &[("cpu", "250m")], &[]);
+        let b = pod("b-2", &[("cpu", "500m")], &[("cpu", "1")]);
+        m.ensure_pod(&a).await.unwrap();
+        m.ensure_pod(&b).await.unwrap();
+        let calls = bus.take_calls();
+        let last_set = calls
+            .iter()
+            .rev()
+            .find_map(|c| match c {
+                Call::Set(u, props) if u == "kubelet-kubepods-burstable.slice" => Some(props),
+                _ => None,
+            })
+            .unwrap();
+        assert_eq!(value(last_set, "CPUShares"), Some(&U64(768)));
+        assert_eq!(
+            fs.file(&format!(
+                "{qos}/kubelet-kubepods-burstable.slice/cpu.shares"
+            ))
+            .as_deref(),
+            Some("768")
+        );
+        let pod_b = start_of(&calls, "kubelet-kubepods-burstable-podb_2.slice");
+        assert_eq!(value(pod_b, "CPUShares"), Some(&U64(512)));
+        assert_eq!(value(pod_b, "CPUQuotaPerSecUSec"), Some(&U64(1_000_000)));
+        assert_eq!(value(pod_b, "CPUQuotaPeriodUSec"), Some(&U64(100_000)));
+        assert!(m.pod_exists(&b).await.unwrap());
+
+        m.destroy_pod("a-1").await.unwrap();
+        let calls = bus.take_calls();
+        assert!(
+            calls.contains(&Call::Stop(
+                "kubelet-kubepods-burstable-poda_1.slice".into(),
+                0
+            )),
+            "{calls:?}"
+        );
+        assert!(!fs.exists(Path::new(
+            "/cg/cpu/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-burstable.slice/kubelet-kubepods-burstable-poda_1.slice"
+        )));
+        assert_eq!(
+            fs.file(&format!(
+                "{qos}/kubelet-kubepods-burstable.slice/cpu.shares"
+            ))
+            .as_deref(),
+            Some("512")
+        );
+    }
+
+    #[tokio::test]
+    async fn the_systemd_driver_finds_orphans_by_their_slices() {
+        let (fs, bus, m) = systemd_manager("/");
+        m.start().await.unwrap();
+        // A BestEffort pod slice left by an earlier agent, a process in it.
+        let dir =
+            "/cg/cpu/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod77_aa.slice";
+        fs.create_dir_all(Path::new(dir)).unwrap();
+        fs.put(&format!("{dir}/cgroup.procs"), "77\n");
+        bus.units
+            .lock()
+            .unwrap()
+            .insert("kubepods-besteffort-pod77_aa.slice".into());
+        bus.take_calls();
+        m.cleanup_orphans(&HashSet::new()).await;
+        assert!(!fs.exists(Path::new(dir)));
+        assert_eq!(fs.state().killed, [77]);
+        assert!(
+            bus.calls()
+                .contains(&Call::Stop("kubepods-besteffort-pod77_aa.slice".into(), 1))
+        );
+        // The QoS slices are not pods.
+        assert!(fs.exists(Path::new("/cg/cpu/kubepods.slice/kubepods-burstable.slice")));
     }
 }

@@ -525,6 +525,21 @@ volumeStatsAggPeriod: 0s
     }
 
     #[test]
+    fn kinds_systemd_cgroups_become_flags() {
+        // kind with the systemd driver: kubepods under kubelet.slice.
+        let plan = plan_of(
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
+             cgroupDriver: systemd\ncgroupRoot: /kubelet\n",
+        )
+        .unwrap();
+        assert_eq!(
+            settings(&plan),
+            [("cgroup-driver", "systemd"), ("cgroup-root", "/kubelet")]
+        );
+        assert!(plan.notes.is_empty(), "{:?}", plan.notes);
+    }
+
+    #[test]
     fn forms_become_flag_values() {
         let plan = plan_of(
             "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
