@@ -13,13 +13,14 @@
 #   agent  (the default) `node` with rkubelet as its entry point, for a node that runs its
 #          agent as a privileged container in the host's namespaces:
 #            podman run --privileged --pid=host --network=host --cgroupns=host \
-#              -v /run/containerd:/run/containerd \
+#              -v /sys/fs/cgroup:/sys/fs/cgroup -v /run/containerd:/run/containerd \
 #              -v /var/lib/rkubelet:/var/lib/rkubelet:rshared \
 #              -v /var/log/pods:/var/log/pods -v /etc/cni/net.d:/etc/cni/net.d \
 #              -v /opt/cni/bin:/opt/cni/bin -v /etc/kubernetes:/etc/kubernetes \
 #              localhost/rkubelet:0.1.0 run --kubeconfig /etc/kubernetes/kubelet.conf \
 #              --network-owner=runtime ...
-#          Every path at its own path, as the host's containerd reads them; the root dir a
+#          The host's cgroup hierarchies whole (podman mounts only the container's own);
+#          every path at its own path, as the host's containerd reads them; the root dir a
 #          shared mount on the host (`mount --bind D D && mount --make-shared D`), so the
 #          pods' tmpfs volumes the agent mounts reach containerd; pod networking by the
 #          runtime (the agent's thin CNI plugin would be a path in the image).

@@ -429,12 +429,14 @@ fn assert_node_left_nothing(container_id: &str, octet: &str, netns_before: &[Str
 }
 
 /// The agent image run as its Dockerfile's comment says: a privileged container in the
-/// host's network, PID and cgroup namespaces, with the node's files mounted at their own
+/// host's network, PID and cgroup namespaces (the host's cgroup hierarchies mounted whole:
+/// podman mounts only the container's own), with the node's files mounted at their own
 /// paths, against the host's containerd (pod networking by the runtime: the agent's thin
 /// CNI plugin would be a path inside the image, which the host's containerd cannot run).
 /// Removed (with its image and its pods, and the mount made to share its root) on drop.
 struct AgentContainer {
     name: String,
+    node: String,
     image: String,
     root: PathBuf,
 }
@@ -473,6 +475,7 @@ impl AgentContainer {
         }
         let this = Self {
             name: format!("rk-agent-image-{}", std::process::id()),
+            node: node.to_owned(),
             image,
             root,
         };
@@ -489,10 +492,14 @@ impl AgentContainer {
             "--pid=host",
             "--network=host",
             "--cgroupns=host",
+            "--cgroup-parent",
+            &this.cgroup_parent(),
             "--ulimit",
             "nofile=20000:20000",
             "--ulimit",
             "nproc=4096:4096",
+            "-v",
+            "/sys/fs/cgroup:/sys/fs/cgroup",
             "-v",
             "/run/containerd:/run/containerd",
             "-v",
@@ -537,6 +544,11 @@ impl AgentContainer {
         this
     }
 
+    /// The container's cgroup parent (conmon's and its own cgroups below it), removed with it.
+    fn cgroup_parent(&self) -> String {
+        format!("/{}", self.name)
+    }
+
     fn logs(&self) -> String {
         let out = podman_output(&["logs", &self.name]);
         format!(
@@ -558,6 +570,21 @@ impl Drop for AgentContainer {
             eprintln!("---- the agent container's log\n{}", self.logs());
         }
         let _ = podman_output(&["rm", "--force", "--time", "5", &self.name]);
+        let node = self.node.clone();
+        cleanup_blocking(move || async move {
+            let nodes: Api<Node> = Api::all(kube_client("admin.kubeconfig").await);
+            let _ = nodes.delete(&node, &DeleteParams::default()).await;
+        });
+        for hierarchy in std::fs::read_dir("/sys/fs/cgroup")
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let parent = hierarchy.path().join(&self.name);
+            for dir in [parent.join("conmon"), parent] {
+                let _ = std::fs::remove_dir(dir);
+            }
+        }
         let _ = Command::new("buildah").args(["rmi", &self.image]).output();
         let _ = Command::new("umount").arg("-R").arg(&self.root).status();
         let _ = std::fs::remove_dir_all(&self.root);
@@ -578,7 +605,11 @@ async fn the_agent_image_runs_privileged_in_the_hosts_namespaces() {
     })
     .await;
     let pod = pods
-        .create(node, sleeper(serde_json::json!({})))
+        .create(node, {
+            let mut pod = sleeper(serde_json::json!({}));
+            pod["metadata"]["name"] = common::unique("agent-image").into();
+            pod
+        })
         .await
         .metadata
         .name
@@ -616,6 +647,5 @@ async fn the_agent_image_runs_privileged_in_the_hosts_namespaces() {
         "{}",
         agent.logs()
     );
-    let _ = nodes.delete(node, &DeleteParams::default()).await;
     drop(agent);
 }
