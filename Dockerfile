@@ -12,11 +12,19 @@
 #          with rkubelet in place of the kubelet.
 #   agent  (the default) `node` with rkubelet as its entry point, for a node that runs its
 #          agent as a privileged container in the host's namespaces:
-#            buildah/podman run --privileged --pid=host --network=host \
-#              -v /run/containerd:/run/containerd -v /var/lib/rkubelet:/var/lib/rkubelet \
+#            podman run --privileged --pid=host --network=host --cgroupns=host \
+#              -v /sys/fs/cgroup:/sys/fs/cgroup -v /run/containerd:/run/containerd \
+#              -v /var/lib/rkubelet:/var/lib/rkubelet:rshared \
 #              -v /var/log/pods:/var/log/pods -v /etc/cni/net.d:/etc/cni/net.d \
 #              -v /opt/cni/bin:/opt/cni/bin -v /etc/kubernetes:/etc/kubernetes \
-#              localhost/rkubelet:0.1.0 run --kubeconfig /etc/kubernetes/kubelet.conf ...
+#              localhost/rkubelet:0.1.0 run --kubeconfig /etc/kubernetes/kubelet.conf \
+#              --network-owner=runtime ...
+#          The host's cgroup hierarchies whole (podman mounts only the container's own);
+#          every path at its own path, as the host's containerd reads them; the root dir a
+#          shared mount on the host (`mount --bind D D && mount --make-shared D`), so the
+#          pods' tmpfs volumes the agent mounts reach containerd; pod networking by the
+#          runtime (the agent's thin CNI plugin would be a path in the image).
+#          (tests/kind_node.rs runs it so on the local cluster.)
 ARG BASE=localhost/rkubelet-base:bookworm
 
 FROM ${BASE} AS node

@@ -45,3 +45,20 @@ stop_agent() {
   wait "$AGENT_PID" 2>/dev/null || true
   AGENT_PID=""
 }
+
+# Debian's podman drops its default network, 87-podman-bridge.conflist, into
+# /etc/cni/net.d when it is installed. cni_dirs: what of /etc/cni and /etc/cni/net.d is
+# there now; restore_cni_dir BEFORE: removes podman's conflist (a deleted conffile stays
+# deleted on upgrades; the scripts run podman with a network config dir of their own) and
+# the two dirs if they were not there BEFORE and are empty.
+cni_dirs() { find /etc/cni /etc/cni/net.d -maxdepth 0 2>/dev/null || true; }
+restore_cni_dir() {
+  local before=$1 d
+  if [[ -f /etc/cni/net.d/87-podman-bridge.conflist ]]; then
+    log "removing podman's /etc/cni/net.d/87-podman-bridge.conflist"
+    rm -f /etc/cni/net.d/87-podman-bridge.conflist
+  fi
+  for d in /etc/cni/net.d /etc/cni; do
+    if ! grep -qxF "$d" <<<"$before" && [[ -d $d && -z $(ls -A "$d") ]]; then rmdir "$d"; fi
+  done
+}

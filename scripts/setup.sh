@@ -17,9 +17,11 @@ PACKAGES=(
   golang-go rsync dpkg-dev
   docker-registry busybox-static skopeo debootstrap buildah systemd
   protobuf-compiler iptables iproute2 openssl jq curl ca-certificates
-  apache2-utils nftables shellcheck conntrack
+  apache2-utils nftables shellcheck conntrack podman
 )
 
+# shellcheck source=scripts/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 log() { printf '[setup %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
 
 [[ $(id -u) -eq 0 ]] || { echo "setup.sh must run as root" >&2; exit 1; }
@@ -48,7 +50,10 @@ apt_update_once() {
 }
 
 install_packages() {
-  local missing=()
+  local missing=() cni_dirs_before
+  # Installing podman drops its default network into /etc/cni/net.d: what that dir (and
+  # /etc/cni) held before is what it holds after (common.sh).
+  cni_dirs_before=$(cni_dirs)
   for p in "${PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
   done
@@ -56,6 +61,7 @@ install_packages() {
     apt_update_once
     log "installing: ${missing[*]}"
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    if [[ " ${missing[*]} " == *" podman "* ]]; then restore_cni_dir "$cni_dirs_before"; fi
   fi
   # The Debian packages start services we do not want: the project runs its own
   # containerd and registry with their own configs and state. Stop and disable them.

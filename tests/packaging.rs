@@ -36,6 +36,14 @@ fn buildah(args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
+/// The CNI configuration directory `scripts/image.sh` gives buildah: `buildah from` and
+/// `buildah run` set up their network library even with no network and would otherwise
+/// make `/etc/cni/net.d` on a machine that has none.
+fn buildah_cni_dir() -> String {
+    let cache = std::env::var("RKUBELET_CACHE").unwrap_or_else(|_| "/var/cache/rkubelet".into());
+    format!("{cache}/images/buildah-cni")
+}
+
 /// The image of the binary under test, built by the project's script under a name of its
 /// own, and a working container of it; both removed on drop.
 struct Image {
@@ -61,14 +69,27 @@ impl Image {
                 .env("RKUBELET_BINARY", env!("CARGO_BIN_EXE_rkubelet"))
                 .env("RKUBELET_IMAGE", &name),
         );
-        let container = buildah(&["from", "--pull=never", &name]);
+        let container = buildah(&[
+            "from",
+            "--cni-config-dir",
+            &buildah_cni_dir(),
+            "--pull=never",
+            &name,
+        ]);
         Self { name, container }
     }
 
     /// Runs ARGS in the working container and returns what it did.
     fn run(&self, args: &[String]) -> Output {
         Command::new("buildah")
-            .args(["run", &self.container, "--"])
+            .args([
+                "run",
+                "--cni-config-dir",
+                &buildah_cni_dir(),
+                "--network",
+                "none",
+            ])
+            .args([&self.container, "--"])
             .args(args)
             .env("BUILDAH_ISOLATION", "chroot")
             .output()
