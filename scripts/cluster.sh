@@ -1475,7 +1475,7 @@ kind_node_booted() {
 # add-kind-node NAME [--cgroup-driver cgroupfs|systemd] [--binary PATH] [--image NAME]
 cmd_add_kind_node() {
   need_root
-  local name=${1:-} driver=${RKUBELET_KIND_CGROUP_DRIVER:-cgroupfs} bin=${RKUBELET_BINARY:-}
+  local name=${1:-} driver=${RKUBELET_KIND_CGROUP_DRIVER:-systemd} bin=${RKUBELET_BINARY:-}
   local image=${RKUBELET_KIND_IMAGE:-} usage
   usage="usage: $0 add-kind-node NAME [--cgroup-driver cgroupfs|systemd] [--binary PATH] [--image IMAGE]"
   [[ -n $name ]] || die "$usage"

@@ -2,11 +2,16 @@
 //! builds the kind node image around the binary under test (Debian with systemd as PID 1,
 //! containerd + runc, the CNI plugins, rkubelet as `kubelet.service`), boots it as a
 //! podman container in a network namespace of its own on the cluster's underlay, writes
-//! what `kubeadm join` writes on a kind worker and restarts the kubelet: the node joins
-//! with the bootstrap token only. A 3-replica Deployment pinned to it runs; a `systemctl
+//! what `kubeadm join` writes on a kind worker (`cgroupDriver: systemd`, containerd with
+//! `SystemdCgroup = true`) and restarts the kubelet: the node joins with the bootstrap
+//! token only. A 3-replica Deployment pinned to it runs, with a Guaranteed and a
+//! BestEffort pod beside it: each pod's cgroup is a slice systemd made in its QoS class's
+//! slice, with the kubelet's CPU and memory values, removed with the pod; a `systemctl
 //! restart kubelet` in the node keeps its pods and containers as they are; the node's
 //! journal holds rkubelet's log; `kubectl logs` and `kubectl exec` reach a pod through the
-//! API server; removing the node leaves nothing of it on the host.
+//! API server; rkubelet with the other cgroup driver than containerd's stops at its start
+//! with one message naming both, each way round; removing the node leaves nothing of it
+//! on the host.
 //!
 //! And the `agent` image run once as its Dockerfile says: privileged, in the host's
 //! namespaces, against the host's containerd; its Node registers and a pod runs.
@@ -269,7 +274,11 @@ async fn a_kind_style_node_joins_by_bootstrap_token_and_runs_a_deployment() {
                     "containers": [{
                         "name": "main",
                         "image": "busybox",
-                        "command": ["sh", "-c", "echo hello from $(hostname); exec sleep 3600"]
+                        "command": ["sh", "-c", "echo hello from $(hostname); exec sleep 3600"],
+                        "resources": {
+                            "requests": { "cpu": "100m", "memory": "16Mi" },
+                            "limits": { "cpu": "250m", "memory": "64Mi" }
+                        }
                     }]
                 }
             }
@@ -287,6 +296,29 @@ async fn a_kind_style_node_joins_by_bootstrap_token_and_runs_a_deployment() {
         "{REPLICAS} replicas Running and Ready in {:?}",
         start.elapsed()
     );
+    // Each pod's cgroup is a slice systemd made, in its QoS class's slice, with the
+    // kubelet's values; a Guaranteed and a BestEffort pod beside the Burstable replicas.
+    let qos_pods = QosPods::create(&pods).await;
+    for p in pods
+        .list(&ListParams::default().labels(TEST_LABEL))
+        .await
+        .expect("pods")
+        .items
+    {
+        check_pod_slice(&p);
+    }
+    for unit in [
+        "kubepods.slice",
+        "kubepods-burstable.slice",
+        "kubepods-besteffort.slice",
+    ] {
+        assert_eq!(
+            in_node(&["systemctl", "is-active", unit]).trim(),
+            "active",
+            "{unit}"
+        );
+    }
+    qos_pods.delete(&pods).await;
     let containers_before = node_containers();
     // A sandbox and a container per pod.
     assert_eq!(
@@ -346,6 +378,42 @@ async fn a_kind_style_node_joins_by_bootstrap_token_and_runs_a_deployment() {
     let hostname = kubectl(&["exec", &pod, "--", "cat", "/etc/hostname"]).await;
     assert_eq!(hostname.trim(), pod);
 
+    // Deleted, the pods' slices go: stopped in systemd, their directories removed.
+    let slices: Vec<String> = after
+        .values()
+        .map(|(uid, _)| pod_slice(uid, "burstable"))
+        .collect();
+    deployments
+        .delete("kind-node-app", &DeleteParams::default())
+        .await
+        .expect("delete the Deployment");
+    eventually(
+        "the Deployment's pods gone and their slices removed",
+        Duration::from_secs(90),
+        || async {
+            let left = pods
+                .list(&ListParams::default().labels(TEST_LABEL))
+                .await
+                .ok()?
+                .items;
+            (left.is_empty() && slices.iter().all(|s| !slice_exists(s))).then_some(())
+        },
+    )
+    .await;
+    for slice in &slices {
+        let unit = slice.rsplit('/').next().expect("a unit name");
+        let state = podman_output(&["exec", NODE, "systemctl", "is-active", unit]);
+        assert_ne!(
+            String::from_utf8_lossy(&state.stdout).trim(),
+            "active",
+            "{unit} stopped"
+        );
+    }
+
+    // A cgroup driver other than the runtime's stops rkubelet at its start, with one
+    // message naming both: each way round, by hand beside the node's own rkubelet.
+    assert_driver_mismatch_refused();
+
     // Gone, and nothing of it on the host.
     let container_id = podman(&["inspect", "--format", "{{.Id}}", NODE])
         .trim()
@@ -353,6 +421,242 @@ async fn a_kind_style_node_joins_by_bootstrap_token_and_runs_a_deployment() {
     let octet = internal_ip.rsplit('.').next().unwrap().to_owned();
     drop(node);
     assert_node_left_nothing(&container_id, &octet, &netns_before);
+}
+
+/// The escaped pod UID in a slice name (dashes are systemd's separators).
+fn slice_uid(uid: &str) -> String {
+    uid.replace('-', "_")
+}
+
+/// The pod's slice, as a path under a hierarchy: `kubepods.slice/kubepods-<qos>.slice/
+/// kubepods-<qos>-pod<uid>.slice`, or `kubepods.slice/kubepods-pod<uid>.slice` for
+/// Guaranteed pods (`qos` empty).
+fn pod_slice(uid: &str, qos: &str) -> String {
+    let uid = slice_uid(uid);
+    if qos.is_empty() {
+        format!("kubepods.slice/kubepods-pod{uid}.slice")
+    } else {
+        format!("kubepods.slice/kubepods-{qos}.slice/kubepods-{qos}-pod{uid}.slice")
+    }
+}
+
+/// Whether the slice's directory exists in the node's cpu hierarchy.
+fn slice_exists(slice: &str) -> bool {
+    podman_output(&[
+        "exec",
+        NODE,
+        "test",
+        "-d",
+        &format!("/sys/fs/cgroup/cpu/{slice}"),
+    ])
+    .status
+    .success()
+}
+
+/// A cgroup file of `slice` in the node's `hierarchy`, as a number.
+fn cgroup_value(hierarchy: &str, slice: &str, file: &str) -> u64 {
+    let text = in_node(&["cat", &format!("/sys/fs/cgroup/{hierarchy}/{slice}/{file}")]);
+    text.trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("{hierarchy}/{slice}/{file}: {text:?}: {e}"))
+}
+
+/// The pod's QoS class as its status says, and the values the kubelet gives its cgroup
+/// (`ResourceConfigForPod`): CPU shares, CFS quota (none: -1), memory limit (none: `None`).
+fn expected_pod_cgroup(p: &Pod) -> (&'static str, u64, i64, Option<u64>) {
+    match p.status.as_ref().and_then(|s| s.qos_class.as_deref()) {
+        // requests 100m/16Mi, limits 250m/64Mi.
+        Some("Burstable") => ("burstable", 102, 25_000, Some(64 << 20)),
+        // 100m/32Mi.
+        Some("Guaranteed") => ("", 102, 10_000, Some(32 << 20)),
+        Some("BestEffort") => ("besteffort", 2, -1, None),
+        other => panic!("QoS class {other:?}"),
+    }
+}
+
+/// The pod's cgroup is the slice systemd made for its QoS class, active as a unit, holding
+/// its containers' scopes, with the kubelet's CPU and memory values.
+fn check_pod_slice(p: &Pod) {
+    let uid = p.metadata.uid.as_deref().expect("uid");
+    let (qos, shares, quota, memory) = expected_pod_cgroup(p);
+    let slice = pod_slice(uid, qos);
+    let unit = slice.rsplit('/').next().expect("a unit name").to_owned();
+    assert_eq!(
+        in_node(&["systemctl", "is-active", &unit]).trim(),
+        "active",
+        "{unit}"
+    );
+    assert_eq!(cgroup_value("cpu", &slice, "cpu.shares"), shares, "{slice}");
+    let got_quota = in_node(&[
+        "cat",
+        &format!("/sys/fs/cgroup/cpu/{slice}/cpu.cfs_quota_us"),
+    ]);
+    assert_eq!(
+        got_quota.trim(),
+        quota.to_string(),
+        "{slice} cpu.cfs_quota_us"
+    );
+    if quota > 0 {
+        assert_eq!(cgroup_value("cpu", &slice, "cpu.cfs_period_us"), 100_000);
+    }
+    let limit = cgroup_value("memory", &slice, "memory.limit_in_bytes");
+    match memory {
+        Some(bytes) => assert_eq!(limit, bytes, "{slice} memory.limit_in_bytes"),
+        None => assert!(limit > 1 << 60, "{slice}: no memory limit, got {limit}"),
+    }
+    // runc, told by containerd (SystemdCgroup), puts each container in a scope of the slice.
+    for status in p
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .expect("container statuses")
+    {
+        let id = status
+            .container_id
+            .as_deref()
+            .and_then(|c| c.strip_prefix("containerd://"))
+            .expect("a containerd container id");
+        let scope = format!("/sys/fs/cgroup/cpu/{slice}/cri-containerd-{id}.scope");
+        in_node(&["test", "-d", &scope]);
+    }
+}
+
+/// A Guaranteed and a BestEffort pod on the node, beside the Burstable replicas.
+struct QosPods;
+
+impl QosPods {
+    const NAMES: [&'static str; 2] = ["kind-node-guaranteed", "kind-node-besteffort"];
+
+    async fn create(pods: &Api<Pod>) -> Self {
+        let resources = [
+            serde_json::json!({
+                "requests": { "cpu": "100m", "memory": "32Mi" },
+                "limits": { "cpu": "100m", "memory": "32Mi" }
+            }),
+            serde_json::json!({}),
+        ];
+        for (name, resources) in Self::NAMES.into_iter().zip(resources) {
+            let pod: Pod = serde_json::from_value(serde_json::json!({
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": { "name": name, "labels": { "rk-test": "kind-node" } },
+                "spec": {
+                    "nodeName": NODE,
+                    "terminationGracePeriodSeconds": 1,
+                    "containers": [{
+                        "name": "main",
+                        "image": "busybox",
+                        "command": ["sleep", "3600"],
+                        "resources": resources
+                    }]
+                }
+            }))
+            .expect("a Pod");
+            pods.create(&PostParams::default(), &pod)
+                .await
+                .expect("create a QoS pod");
+        }
+        for name in Self::NAMES {
+            eventually(
+                &format!("{name} Running and Ready"),
+                Duration::from_secs(90),
+                || async {
+                    pods.get(name)
+                        .await
+                        .ok()
+                        .filter(running_and_ready)
+                        .map(|_| ())
+                },
+            )
+            .await;
+        }
+        Self
+    }
+
+    /// Deletes both and waits until they are gone with their slices.
+    async fn delete(self, pods: &Api<Pod>) {
+        let mut slices = Vec::new();
+        for name in Self::NAMES {
+            let p = pods.get(name).await.expect("the QoS pod");
+            let (qos, ..) = expected_pod_cgroup(&p);
+            slices.push(pod_slice(p.metadata.uid.as_deref().expect("uid"), qos));
+            pods.delete(name, &DeleteParams::default())
+                .await
+                .expect("delete a QoS pod");
+        }
+        eventually(
+            "the QoS pods gone and their slices removed",
+            Duration::from_secs(90),
+            || async {
+                for name in Self::NAMES {
+                    if pods.get_opt(name).await.ok()?.is_some() {
+                        return None;
+                    }
+                }
+                slices.iter().all(|s| !slice_exists(s)).then_some(())
+            },
+        )
+        .await;
+    }
+}
+
+/// rkubelet run by hand in the node with the other cgroup driver than containerd's: it
+/// stops at once with the message naming both. First the node's containerd as it is
+/// (systemd) and rkubelet with cgroupfs; then, with the node's own rkubelet stopped,
+/// containerd switched to cgroupfs and rkubelet with the node's config (systemd).
+fn assert_driver_mismatch_refused() {
+    let run_by_hand = |driver: &str| {
+        let out = podman_output(&[
+            "exec",
+            NODE,
+            "timeout",
+            "60",
+            "/usr/bin/rkubelet",
+            "--config",
+            "/var/lib/kubelet/config.yaml",
+            "--kubeconfig",
+            "/etc/kubernetes/kubelet.conf",
+            "--container-runtime-endpoint",
+            "unix:///run/containerd/containerd.sock",
+            "--root-dir",
+            "/tmp/rkubelet-mismatch",
+            "--cgroup-driver",
+            driver,
+        ]);
+        let code = out.status.code();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        (code, stderr)
+    };
+    let (code, stderr) = run_by_hand("cgroupfs");
+    assert!(
+        code.is_some_and(|c| c != 0 && c != 124),
+        "exit {code:?}:\n{stderr}"
+    );
+    assert!(
+        stderr.contains(
+            "--cgroup-driver=cgroupfs but the container runtime uses systemd (SystemdCgroup = true)"
+        ),
+        "{stderr}"
+    );
+    in_node(&["systemctl", "stop", "kubelet"]);
+    in_node(&[
+        "sed",
+        "-i",
+        "s/^\\([[:space:]]*SystemdCgroup = \\).*/\\1false/",
+        "/etc/containerd/config.toml",
+    ]);
+    in_node(&["systemctl", "restart", "containerd"]);
+    let (code, stderr) = run_by_hand("systemd");
+    assert!(
+        code.is_some_and(|c| c != 0 && c != 124),
+        "exit {code:?}:\n{stderr}"
+    );
+    assert!(
+        stderr.contains(
+            "--cgroup-driver=systemd but the container runtime uses cgroupfs (SystemdCgroup = false)"
+        ),
+        "{stderr}"
+    );
 }
 
 /// The network namespaces now.
