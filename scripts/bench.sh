@@ -38,6 +38,15 @@
 # burst of one pod per node first (the image pulls), e.g.
 #   BENCH_NODES=3 bash scripts/bench.sh out/3nodes
 #
+# With BENCH_KIND=1, the layout is this machine's node beside a kind-style node
+# (`cluster.sh add-kind-node`: systemd as PID 1, its own containerd, kubeadm's files) and
+# there is one scenario: BENCH_BURSTS pods (default 30) bound to the node, BENCH_REPEAT
+# times, for rkubelet on the host node (cgroupfs driver, runtime-owned networking), then on
+# a kind node with the cgroupfs driver, then on a fresh kind node with the systemd driver
+# (kubeadm's and kind's default): what the systemd driver costs, on the same kind of node,
+# e.g.
+#   BENCH_KIND=1 bash scripts/bench.sh out/kind
+#
 # For a shorter run: BENCH_AGENTS (default "rkubelet rkubelet-agent-cni kubelet-qps5
 # kubelet-qps50"), BENCH_BURSTS (default "1 10 30 100"), BENCH_REPEAT (default 3),
 # BENCH_FLOOR=0 (skip the floor), BENCH_FOOTPRINT_SECONDS (default 60), BENCH_SCENARIOS
@@ -53,7 +62,13 @@ mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 NODES="${BENCH_NODES:-1}"
 [[ $NODES =~ ^[1-9][0-9]?$ ]] || die "BENCH_NODES must be a node count (1..99), not '$NODES'"
-if ((NODES > 1)); then
+KIND="${BENCH_KIND:-0}"
+[[ $KIND == 0 || ($KIND == 1 && $NODES == 1) ]] || die "BENCH_KIND=1 runs on one host node (BENCH_NODES=1)"
+KIND_NODE=rk-kind1
+if [[ $KIND == 1 ]]; then
+  read -ra BURSTS <<<"${BENCH_BURSTS:-30}"
+  AGENTS=()
+elif ((NODES > 1)); then
   read -ra BURSTS <<<"${BENCH_BURSTS:-30}"
   read -ra AGENTS <<<"${BENCH_AGENTS:-rkubelet kubelet-qps50}"
 else
@@ -74,7 +89,7 @@ SECOND_NODE=rk-node2
 
 # The floor uses containerd's own network, whose config containerd renders from the pod
 # CIDR an agent with runtime-owned networking sends it (UpdateRuntimeConfig).
-if ((NODES == 1)) && [[ ${BENCH_FLOOR:-1} == 1 && " ${AGENTS[*]} " != *" rkubelet "* && " ${AGENTS[*]} " != *" kubelet-qps"* ]]; then
+if ((NODES == 1)) && [[ $KIND == 0 && ${BENCH_FLOOR:-1} == 1 && " ${AGENTS[*]} " != *" rkubelet "* && " ${AGENTS[*]} " != *" kubelet-qps"* ]]; then
   die "the CRI floor needs containerd's CNI config, rendered once rkubelet or the kubelet ran: add one to BENCH_AGENTS, or set BENCH_FLOOR=0"
 fi
 
@@ -123,6 +138,7 @@ stop_node_agents() {
 cleanup() {
   stop_agent
   stop_node_agents
+  [[ $KIND == 0 ]] || bash scripts/cluster.sh remove-kind-node "$KIND_NODE" || true
   bash scripts/cluster.sh down || true
   for s in "${SYSCTLS[@]}"; do sysctl -qw "$s=${SYSCTL_BEFORE[$s]}" || true; done
   for d in /var/log/pods /var/log/containers /var/lib/kubelet; do
@@ -297,6 +313,42 @@ if ((NODES > 1)); then
   done
 fi
 
+# ---- a kind-style node beside the host node (BENCH_KIND=1)
+
+# bursts NAME NODE: one unmeasured pod (the image pull), then the bursts, each BENCH_REPEAT
+# times, into burst.json.
+bursts() {
+  local name=$1 node=$2 n run
+  "$BENCH" burst --kubeconfig "$KUBECONFIG_ADMIN" --node "$node" --count 1 --agent "$name" >>"$OUT/warm-up.log"
+  for n in "${BURSTS[@]}"; do
+    for ((run = 1; run <= REPEAT; run++)); do
+      settle
+      log "$name: burst of $n (run $run of $REPEAT)"
+      "$BENCH" burst --kubeconfig "$KUBECONFIG_ADMIN" --node "$node" --count "$n" --agent "$name" >>"$OUT/burst.json"
+    done
+  done
+}
+
+# kind_node_bursts DRIVER: a fresh kind node whose rkubelet has cgroup driver DRIVER (and
+# its containerd the same), the bursts, then the node goes.
+kind_node_bursts() {
+  local driver=$1 name="rkubelet, kind node, $1 driver"
+  bash scripts/cluster.sh add-kind-node "$KIND_NODE" --cgroup-driver "$driver" --binary "$RK"
+  bursts "$name" "$KIND_NODE"
+  bash scripts/cluster.sh remove-kind-node "$KIND_NODE"
+  # The next node registers afresh (a stale Ready would pass its wait).
+  k delete node "$KIND_NODE" --ignore-not-found >/dev/null
+}
+
+if [[ $KIND == 1 ]]; then
+  # shellcheck disable=SC2046  # the command is a word list on purpose
+  start_agent "rkubelet, host node" "$NODE_NAME" $(rkubelet_cmd "$NODE_NAME" runtime)
+  bursts "rkubelet, host node, cgroupfs driver" "$NODE_NAME"
+  stop_agent
+  kind_node_bursts cgroupfs
+  kind_node_bursts systemd
+fi
+
 # ---- one node
 
 # shellcheck disable=SC2046  # the commands are word lists on purpose
@@ -313,7 +365,7 @@ done
 
 # The floor, with containerd's own network (rendered from rk-node1's pod CIDR by now).
 FLOOR_COUNTS=(1 30 100)
-[[ ${BENCH_FLOOR:-1} == 1 && $NODES == 1 ]] || FLOOR_COUNTS=()
+[[ ${BENCH_FLOOR:-1} == 1 && $NODES == 1 && $KIND == 0 ]] || FLOOR_COUNTS=()
 # The concurrency that gives the shortest wall time is found with one run of each, then
 # measured BENCH_REPEAT times in all.
 for n in "${FLOOR_COUNTS[@]}"; do
@@ -338,6 +390,7 @@ rm -f "$OUT"/*.tmp
 
 machine="$(date -u +%Y-%m-%d), $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB, $(uname -r), containerd $(containerd --version | awk '{print $3}')"
 ((NODES == 1)) || machine+=", $NODES nodes as hosts (a netns, containerd and kube-proxy each) on this machine"
+[[ $KIND == 0 ]] || machine+=", a kind-style node (podman, systemd as PID 1, its own containerd) beside the host node"
 "$BENCH" report "$OUT" --machine "($machine)" >/dev/null
 gnuplot <<EOF
 set terminal pngcairo size 1000,600
