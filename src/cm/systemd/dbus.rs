@@ -1,8 +1,13 @@
-//! [`SystemdBus`] over D-Bus with zbus: the connection to systemd (its private socket
-//! `/run/systemd/private` as root, which needs no bus daemon and is what runc prefers,
-//! else the system bus), its version, and the manager calls with their jobs followed to
-//! the end as go-systemd does: the `JobRemoved` signals are listened to before the call,
-//! and the one of the job the call returned gives the result.
+//! [`SystemdBus`] over D-Bus with zbus: the connection to systemd over the system bus, its
+//! version, and the manager calls with their jobs followed to the end as go-systemd does:
+//! the `JobRemoved` signals are listened to before the call, and the one of the job the
+//! call returned gives the result.
+//!
+//! Not systemd's private socket `/run/systemd/private`, which runc tries first as root:
+//! on that direct connection systemd sends its messages with the well-known name
+//! `org.freedesktop.systemd1` as their sender, which zbus refuses ("Invalid unique name")
+//! and then drops the connection (seen on a kind-style node, systemd 252). The system bus
+//! (dbus-daemon or dbus-broker) is on every systemd node kubeadm and kind set up.
 
 use std::time::Duration;
 
@@ -20,8 +25,6 @@ const DESTINATION: &str = "org.freedesktop.systemd1";
 const PATH: &str = "/org/freedesktop/systemd1";
 /// The manager interface.
 const MANAGER: &str = "org.freedesktop.systemd1.Manager";
-/// systemd's private socket, for root.
-pub const PRIVATE_SOCKET: &str = "/run/systemd/private";
 /// What exists when the host was booted with systemd (`sd_booted`).
 pub const BOOTED: &str = "/run/systemd/system";
 /// How long a call may take.
@@ -80,11 +83,11 @@ fn encode(properties: &[Property]) -> Vec<(&'static str, Variant<'static>)> {
 }
 
 impl ZbusSystemd {
-    /// Connects to systemd: its private socket, else the system bus; reads its version.
+    /// Connects to systemd over the system bus; reads its version.
     ///
     /// # Errors
     /// [`SystemdError::NotRunning`] on a host not booted with systemd; a connection that
-    /// cannot be made.
+    /// cannot be made (no system bus).
     pub async fn connect() -> Result<Self, SystemdError> {
         let booted = tokio::fs::symlink_metadata(BOOTED)
             .await
@@ -92,30 +95,15 @@ impl ZbusSystemd {
         if !booted {
             return Err(SystemdError::NotRunning);
         }
-        let private = Builder::address(format!("unix:path={PRIVATE_SOCKET}").as_str())
-            .p2p()
+        let conn = Builder::system()
             .method_timeout(CALL_TIMEOUT)
             .build()
-            .await;
-        let conn = match private {
-            Ok(conn) => {
-                tracing::info!(socket = PRIVATE_SOCKET, "connected to systemd");
-                conn
-            }
-            Err(private) => {
-                tracing::debug!(error = %private, "systemd's private socket unavailable; using the system bus");
-                let conn = Builder::system()
-                    .method_timeout(CALL_TIMEOUT)
-                    .build()
-                    .await
-                    .map_err(|system| SystemdError::Connect {
-                        tried: format!("{PRIVATE_SOCKET}: {private}; the system bus"),
-                        message: system.to_string(),
-                    })?;
-                tracing::info!("connected to systemd over the system bus");
-                conn
-            }
-        };
+            .await
+            .map_err(|e| SystemdError::Connect {
+                tried: "the D-Bus system bus".into(),
+                message: e.to_string(),
+            })?;
+        tracing::info!("connected to systemd over the system bus");
         Ok(Self::over(conn).await)
     }
 
