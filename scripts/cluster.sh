@@ -15,6 +15,8 @@
 #                                  a kind-style node: a podman container booting systemd,
 #                                  containerd and rkubelet (the kind node image), in its own
 #                                  netns on the underlay, joined by bootstrap token (Ready)
+#   cluster.sh kind-exec NAME CMD...  a command inside a kind-style node (podman exec, as the
+#                                  scripts run podman)
 #   cluster.sh remove-kind-node NAME   remove it, its container, cgroups, netns and link
 #   cluster.sh down                stop and remove everything `up` made
 #   cluster.sh status              show components; non-zero if any is dead
@@ -1838,6 +1840,12 @@ case "${1:-}" in
   remove-nodes) need_root; remove_hosts ;;
   add-kind-node) shift; cmd_add_kind_node "$@" ;;
   remove-kind-node) cmd_remove_kind_node "${2:-}" ;;
+  kind-exec)
+    need_root
+    [[ -n ${2:-} && -n ${3:-} ]] || die "usage: $0 kind-exec NAME COMMAND [ARG...]"
+    shift
+    podman_ exec "$@"
+    ;;
   start-agents) shift; cmd_start_agents "$@" ;;
   stop-agent) cmd_stop_agent "${2:-}" ;;
   down) cmd_down ;;

@@ -3,27 +3,33 @@
 # node agent (with only its node identity), and follow the seed's story:
 # `kubectl create deployment nginx --image=nginx --replicas=3`, until the pods serve HTTP.
 #
-#   bash scripts/run.sh [--nodes N] [--pod-network-routes none|host-gw|vxlan]
+#   bash scripts/run.sh [--nodes N] [--pod-network-routes none|host-gw|vxlan] [--kind-node]
 #
 # One node (the default): rkubelet runs node rk-node1 here, and the story of one pod is
 # told with `rkubelet inspect` (scripts/story.sh). N > 1 nodes: each node rk-host1..N is its
 # own network namespace with its own containerd, kube-proxy and rkubelet (which keeps the
 # routes to the other nodes' pod CIDRs in the given mode); the Deployment gets 2 replicas
-# per node and a ClusterIP Service, and each node prints an answer of it.
+# per node and a ClusterIP Service, and each node prints an answer of it. --kind-node: the
+# Deployment runs on a kind-style node instead (`cluster.sh add-kind-node rk-kind1`: a
+# podman container booting systemd, containerd and rkubelet as its kubelet.service, joined
+# by bootstrap token with kubeadm's files and the systemd cgroup driver); the answer comes
+# from the node's network namespace and `rkubelet inspect` runs inside the node.
 # Leaves everything running; stop it all with `scripts/cluster.sh down`.
 set -euo pipefail
 # shellcheck source=scripts/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 cd "$RKUBELET_REPO"
 
-nodes=1 routes=none
+nodes=1 routes=none kind=0
 while [[ $# -gt 0 ]]; do
   case $1 in
     --nodes) nodes=${2:-}; shift 2 ;;
     --pod-network-routes) routes=${2:-}; shift 2 ;;
-    *) die "usage: $0 [--nodes N] [--pod-network-routes none|host-gw|vxlan]" ;;
+    --kind-node) kind=1; shift ;;
+    *) die "usage: $0 [--nodes N] [--pod-network-routes none|host-gw|vxlan] [--kind-node]" ;;
   esac
 done
+((kind == 0 || nodes == 1)) || die "--kind-node runs on one kind-style node: no --nodes"
 if ! [[ $nodes =~ ^[0-9]+$ ]] || ((nodes < 1)); then die "--nodes wants a number ≥ 1"; fi
 [[ $routes =~ ^(none|host-gw|vxlan)$ ]] || die "--pod-network-routes: none, host-gw or vxlan"
 
@@ -36,7 +42,29 @@ rk="$RKUBELET_REPO/target/release/rkubelet"
 export KUBECONFIG="$KUBECONFIG_ADMIN"
 k() { kubectl "$@" 2> >(grep -v 'version difference' >&2); }
 
-if ((nodes > 1)); then
+if ((kind == 1)); then
+  kind_node="rk-kind1"
+  bash scripts/cluster.sh add-kind-node "$kind_node" --binary "$rk"
+  in_node() { bash scripts/cluster.sh kind-exec "$kind_node" "$@"; }
+  in_node systemctl --no-pager status kubelet | head -n 4
+  k get node "$kind_node" -o wide
+  k create deployment nginx --image=nginx --replicas=3
+  k patch deployment nginx --type=merge \
+    -p "{\"spec\":{\"template\":{\"spec\":{\"nodeSelector\":{\"kubernetes.io/hostname\":\"$kind_node\"}}}}}"
+  k rollout status deployment/nginx --timeout=120s
+  k get pods -o wide
+  pod=$(k get pods -l app=nginx -o jsonpath='{.items[0].metadata.name}')
+  ip=$(k get pod "$pod" -o jsonpath='{.status.podIP}')
+  log "HTTP answer of pod $ip, from the node's network namespace:"
+  ip netns exec "rk-kind-$kind_node" curl -sS -i "http://$ip/" | head -n 12
+  log "rkubelet inspect pod default/$pod, inside the node:"
+  in_node rkubelet inspect pod "default/$pod"
+  log "rkubelet inspect node, inside the node:"
+  in_node rkubelet inspect node
+  log "the pod's cgroup, a slice systemd made (inside the node):"
+  in_node systemctl --no-pager list-units --type=slice 'kubepods*'
+  log "the node's journal: bash scripts/cluster.sh kind-exec $kind_node journalctl -u kubelet"
+elif ((nodes > 1)); then
   bash scripts/cluster.sh start-agents --binary "$rk" --pod-network-routes "$routes"
   log "waiting for $nodes nodes to be Ready"
   for ((i = 1; i <= nodes; i++)); do
