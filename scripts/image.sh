@@ -60,6 +60,11 @@ export BUILDAH_ISOLATION=chroot
 # step uses a network, and would make /etc/cni/net.d (a lock file in it) on a machine
 # without one: it gets a directory of its own.
 BUILDAH_CNI=(--cni-config-dir "$IMAGES_CACHE/buildah-cni")
+# `buildah inspect` does too and takes no such flag: buildah's containers.conf (ours, for
+# every buildah command of the project) names the same directory.
+mkdir -p "$IMAGES_CACHE"
+printf '[network]\nnetwork_config_dir = "%s"\n' "$IMAGES_CACHE/buildah-cni" >"$IMAGES_CACHE/containers.conf"
+export CONTAINERS_CONF="$IMAGES_CACHE/containers.conf"
 
 # Set while a step holds something that must not outlive the script.
 OLD_BASE=""

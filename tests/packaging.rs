@@ -31,7 +31,8 @@ fn buildah(args: &[&str]) -> String {
     let out = output(
         Command::new("buildah")
             .args(args)
-            .env("BUILDAH_ISOLATION", "chroot"),
+            .env("BUILDAH_ISOLATION", "chroot")
+            .env("CONTAINERS_CONF", containers_conf()),
     );
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
@@ -42,6 +43,13 @@ fn buildah(args: &[&str]) -> String {
 fn buildah_cni_dir() -> String {
     let cache = std::env::var("RKUBELET_CACHE").unwrap_or_else(|_| "/var/cache/rkubelet".into());
     format!("{cache}/images/buildah-cni")
+}
+
+/// The containers.conf `scripts/image.sh` writes for buildah: `buildah inspect` takes no
+/// `--cni-config-dir` and would make `/etc/cni/net.d` too.
+fn containers_conf() -> String {
+    let cache = std::env::var("RKUBELET_CACHE").unwrap_or_else(|_| "/var/cache/rkubelet".into());
+    format!("{cache}/images/containers.conf")
 }
 
 /// The image of the binary under test, built by the project's script under a name of its
