@@ -4,7 +4,7 @@
 //! `kubepods-burstable.slice` in `kubepods.slice`), started with the properties runc gives
 //! a slice (description, parent, no default dependencies, accounting on, the resources as
 //! systemd settings: `CPUShares`/`CPUWeight`, `CPUQuotaPerSecUSec`,
-//! `MemoryLimit`/`MemoryMax`, `TasksMax`), set again with `SetUnitProperties` on update,
+//! `MemoryLimit`/`MemoryMax`, `TasksMax`), set again with `SetUnitProperties` on an update that changes them,
 //! stopped on destroy once the processes left inside are killed. The same settings are
 //! then written to the cgroup files at the slice's directory, as the kubelet's `Update`
 //! writes them, so the kernel holds exactly what the cgroupfs driver would write (systemd
@@ -276,6 +276,10 @@ pub fn resource_properties(
 pub struct SystemdManager<F, B: ?Sized> {
     files: Arc<FsCgroups<F>>,
     bus: Arc<B>,
+    /// The resource settings systemd last took for each unit of ours: an update that
+    /// would send the same again writes the files only (the QoS slices are updated for
+    /// every new pod, mostly with what they have; each call waits on PID 1).
+    settings: std::sync::Mutex<std::collections::HashMap<String, Vec<Property>>>,
 }
 
 impl<F, B: ?Sized> std::fmt::Debug for SystemdManager<F, B> {
@@ -290,11 +294,33 @@ impl<F: CgroupFs, B: SystemdBus + ?Sized> SystemdManager<F, B> {
         Self {
             files: Arc::new(files),
             bus,
+            settings: std::sync::Mutex::default(),
         }
     }
 
     fn resources(&self, config: &ResourceConfig) -> Vec<Property> {
         resource_properties(config, self.files.is_unified(), self.bus.version())
+    }
+
+    /// What systemd last took for `unit`: `Some(settings)` records them, `None` forgets.
+    fn remember(&self, unit: &str, settings: Option<Vec<Property>>) {
+        let mut known = self
+            .settings
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match settings {
+            Some(settings) => known.insert(unit.to_owned(), settings),
+            None => known.remove(unit),
+        };
+    }
+
+    /// Whether systemd last took exactly `settings` for `unit`.
+    fn holds(&self, unit: &str, settings: &[Property]) -> bool {
+        self.settings
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(unit)
+            .is_some_and(|known| known == settings)
     }
 
     /// Starts the cgroup's slice (runc's `Apply(-1)`): waits for its job; a job that
@@ -307,10 +333,14 @@ impl<F: CgroupFs, B: SystemdBus + ?Sized> SystemdManager<F, B> {
         config: &ResourceConfig,
     ) -> Result<(), CmError> {
         let mut props = unit_properties(unit, &name.systemd_parent(), self.files.is_unified());
-        props.extend(self.resources(config));
+        let resources = self.resources(config);
+        props.extend(resources.iter().cloned());
         tracing::debug!(unit, ?props, "starting the slice");
         match self.bus.start_transient_unit(unit, &props).await {
-            Ok(JobResult::Done) => Ok(()),
+            Ok(JobResult::Done) => {
+                self.remember(unit, Some(resources));
+                Ok(())
+            }
             Ok(JobResult::TimedOut) => {
                 tracing::warn!(
                     unit,
@@ -331,10 +361,9 @@ impl<F: CgroupFs, B: SystemdBus + ?Sized> SystemdManager<F, B> {
             }
             Err(e) if e.is(UNIT_EXISTS) => {
                 tracing::debug!(unit, "the slice exists already; setting it");
-                Ok(self
-                    .bus
-                    .set_unit_properties(unit, &self.resources(config))
-                    .await?)
+                self.bus.set_unit_properties(unit, &resources).await?;
+                self.remember(unit, Some(resources));
+                Ok(())
             }
             Err(e) => Err(e.into()),
         }
@@ -379,13 +408,15 @@ impl<F: CgroupFs, B: SystemdBus + ?Sized> CgroupManager for SystemdManager<F, B>
                 return Ok(());
             };
             let props = self.resources(config);
-            tracing::debug!(unit, ?props, "setting the slice");
-            match self.bus.set_unit_properties(&unit, &props).await {
-                Ok(()) => {}
-                // The directory is there but systemd has no unit for it (made by an agent
-                // that crashed before its slice was started): start it now.
-                Err(e) if e.is(NO_SUCH_UNIT) => self.start(name, &unit, config).await?,
-                Err(e) => return Err(e.into()),
+            if !self.holds(&unit, &props) {
+                tracing::debug!(unit, ?props, "setting the slice");
+                match self.bus.set_unit_properties(&unit, &props).await {
+                    Ok(()) => self.remember(&unit, Some(props)),
+                    // The directory is there but systemd has no unit for it (made by an
+                    // agent that crashed before its slice was started): start it now.
+                    Err(e) if e.is(NO_SUCH_UNIT) => self.start(name, &unit, config).await?,
+                    Err(e) => return Err(e.into()),
+                }
             }
             let (path, config) = (name.systemd_path(), config.clone());
             blocking(&self.files, move |files| files.update(&path, &config)).await
@@ -402,6 +433,7 @@ impl<F: CgroupFs, B: SystemdBus + ?Sized> CgroupManager for SystemdManager<F, B>
             // would wait out their stop timeouts.
             let kill = path.clone();
             blocking(&self.files, move |files| Ok(files.kill_processes(&kill))).await?;
+            self.remember(&unit, None);
             match self.bus.stop_unit(&unit).await {
                 Ok(JobResult::Done) => {}
                 Ok(JobResult::TimedOut) => {
@@ -980,6 +1012,27 @@ mod tests {
                 ]
             )]
         );
+        assert_eq!(
+            fs.file("/cg/cpu/kubepods.slice/kubepods-burstable.slice/cpu.shares")
+                .as_deref(),
+            Some("768")
+        );
+        // The same settings again: systemd holds them, only the files are written.
+        fs.put(
+            "/cg/cpu/kubepods.slice/kubepods-burstable.slice/cpu.shares",
+            "2",
+        );
+        bus.take_calls();
+        m.update(
+            &burstable,
+            &ResourceConfig {
+                cpu_shares: Some(768),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+        assert!(bus.calls().is_empty(), "{:?}", bus.calls());
         assert_eq!(
             fs.file("/cg/cpu/kubepods.slice/kubepods-burstable.slice/cpu.shares")
                 .as_deref(),
