@@ -4,8 +4,9 @@
 //! `kubepods-burstable.slice` in `kubepods.slice`), started with the properties runc gives
 //! a slice (description, parent, no default dependencies, accounting on, the resources as
 //! systemd settings: `CPUShares`/`CPUWeight`, `CPUQuotaPerSecUSec`,
-//! `MemoryLimit`/`MemoryMax`, `TasksMax`), set again with `SetUnitProperties` on an update that changes them,
-//! stopped on destroy once the processes left inside are killed. The same settings are
+//! `MemoryLimit`/`MemoryMax`, `TasksMax`), set again with `SetUnitProperties` on an
+//! update that changes them, stopped on destroy once the processes left inside are
+//! killed. The same settings are
 //! then written to the cgroup files at the slice's directory, as the kubelet's `Update`
 //! writes them, so the kernel holds exactly what the cgroupfs driver would write (systemd
 //! keeps CPU quotas at 1 % steps); existence, listing and the processes inside are read
