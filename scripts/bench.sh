@@ -315,16 +315,18 @@ fi
 
 # ---- a kind-style node beside the host node (BENCH_KIND=1)
 
-# bursts NAME NODE: one unmeasured pod (the image pull), then the bursts, each BENCH_REPEAT
-# times, into burst.json.
+# bursts NAME NODE [ROOT_DIR]: one unmeasured pod (the image pull), then the bursts, each
+# BENCH_REPEAT times, into burst.json; with the agent's root dir, its start-up breakdown.
 bursts() {
-  local name=$1 node=$2 n run
+  local name=$1 node=$2 n run timelines=()
+  [[ -z ${3:-} ]] || timelines=(--agent-root-dir "$3")
   "$BENCH" burst --kubeconfig "$KUBECONFIG_ADMIN" --node "$node" --count 1 --agent "$name" >>"$OUT/warm-up.log"
   for n in "${BURSTS[@]}"; do
     for ((run = 1; run <= REPEAT; run++)); do
       settle
       log "$name: burst of $n (run $run of $REPEAT)"
-      "$BENCH" burst --kubeconfig "$KUBECONFIG_ADMIN" --node "$node" --count "$n" --agent "$name" >>"$OUT/burst.json"
+      "$BENCH" burst --kubeconfig "$KUBECONFIG_ADMIN" --node "$node" --count "$n" --agent "$name" \
+        "${timelines[@]}" >>"$OUT/burst.json"
     done
   done
 }
@@ -334,7 +336,8 @@ bursts() {
 kind_node_bursts() {
   local driver=$1 name="rkubelet, kind node, $1 driver"
   bash scripts/cluster.sh add-kind-node "$KIND_NODE" --cgroup-driver "$driver" --binary "$RK"
-  bursts "$name" "$KIND_NODE"
+  # The node's rkubelet root dir (its debug socket), through its PID 1's root.
+  bursts "$name" "$KIND_NODE" "/proc/$(bash scripts/cluster.sh kind-pid "$KIND_NODE")/root/var/lib/rkubelet"
   bash scripts/cluster.sh remove-kind-node "$KIND_NODE"
   # The next node registers afresh (a stale Ready would pass its wait).
   k delete node "$KIND_NODE" --ignore-not-found >/dev/null
@@ -343,7 +346,7 @@ kind_node_bursts() {
 if [[ $KIND == 1 ]]; then
   # shellcheck disable=SC2046  # the command is a word list on purpose
   start_agent "rkubelet, host node" "$NODE_NAME" $(rkubelet_cmd "$NODE_NAME" runtime)
-  bursts "rkubelet, host node, cgroupfs driver" "$NODE_NAME"
+  bursts "rkubelet, host node, cgroupfs driver" "$NODE_NAME" "$RKUBELET_STATE/bench/rkubelet-$NODE_NAME"
   stop_agent
   kind_node_bursts cgroupfs
   kind_node_bursts systemd

@@ -16,7 +16,7 @@
 #                                  containerd and rkubelet (the kind node image), in its own
 #                                  netns on the underlay, joined by bootstrap token (Ready)
 #   cluster.sh kind-exec NAME CMD...  a command inside a kind-style node (podman exec, as the
-#                                  scripts run podman)
+#                                  scripts run podman); kind-pid NAME: its PID 1 on the host
 #   cluster.sh remove-kind-node NAME   remove it, its container, cgroups, netns and link
 #   cluster.sh down                stop and remove everything `up` made
 #   cluster.sh status              show components; non-zero if any is dead
@@ -1840,6 +1840,11 @@ case "${1:-}" in
   remove-nodes) need_root; remove_hosts ;;
   add-kind-node) shift; cmd_add_kind_node "$@" ;;
   remove-kind-node) cmd_remove_kind_node "${2:-}" ;;
+  kind-pid)
+    need_root
+    [[ -n ${2:-} ]] || die "usage: $0 kind-pid NAME"
+    podman_ inspect --format '{{.State.Pid}}' "$2"
+    ;;
   kind-exec)
     need_root
     [[ -n ${2:-} && -n ${3:-} ]] || die "usage: $0 kind-exec NAME COMMAND [ARG...]"
