@@ -648,6 +648,25 @@ pub(crate) mod testing {
 
     use super::{CgroupFs, Path, PathBuf, io};
 
+    /// A cgroup v1 layout under `/cg` with one hierarchy per controller, each made, over
+    /// a fresh fake file system (2 MiB huge pages known).
+    pub fn v1_files(controllers: &[&str]) -> (FakeCgroupFs, super::FsCgroups<FakeCgroupFs>) {
+        let fs = FakeCgroupFs::default();
+        let hierarchies = controllers
+            .iter()
+            .map(|c| super::Hierarchy {
+                mount: Path::new("/cg").join(c),
+                controllers: vec![(*c).to_owned()],
+            })
+            .collect::<Vec<_>>();
+        for h in &hierarchies {
+            fs.create_dir_all(&h.mount).unwrap();
+        }
+        let files = super::FsCgroups::new(fs.clone(), super::CgroupLayout::V1(hierarchies))
+            .with_hugepage_sizes(vec![2 << 20]);
+        (fs, files)
+    }
+
     /// Directories, files and killed PIDs; removing a cgroup with processes fails.
     #[derive(Debug, Default, Clone)]
     pub struct FakeCgroupFs(pub Arc<Mutex<State>>);

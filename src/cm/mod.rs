@@ -456,21 +456,7 @@ mod tests {
     }
 
     fn files() -> (FakeCgroupFs, FsCgroups<FakeCgroupFs>) {
-        let fs = FakeCgroupFs::default();
-        for h in ["cpu", "memory", "pids", "hugetlb"] {
-            fs.create_dir_all(&Path::new("/cg").join(h)).unwrap();
-        }
-        let layout = CgroupLayout::V1(
-            ["cpu", "memory", "pids", "hugetlb"]
-                .iter()
-                .map(|c| Hierarchy {
-                    mount: Path::new("/cg").join(c),
-                    controllers: vec![(*c).to_owned()],
-                })
-                .collect(),
-        );
-        let files = FsCgroups::new(fs.clone(), layout).with_hugepage_sizes(vec![2 << 20]);
-        (fs, files)
+        cgroupfs::testing::v1_files(&["cpu", "memory", "pids", "hugetlb"])
     }
 
     fn capacity() -> NodeCapacity {

@@ -612,28 +612,15 @@ mod tests {
     use super::testing::{Call, FakeSystemd};
     use super::*;
     use crate::cm::cgroupfs::testing::FakeCgroupFs;
-    use crate::cm::cgroupfs::{CgroupLayout, CgroupfsManager, Hierarchy};
+    use crate::cm::cgroupfs::{CgroupLayout, CgroupfsManager};
     use PropertyValue::{Bool, Pairs, Str, Strs, U64};
 
     const CONTROLLERS: [&str; 5] = ["cpu", "cpuset", "memory", "pids", "hugetlb"];
 
     fn v1_files() -> (FakeCgroupFs, FsCgroups<FakeCgroupFs>) {
-        let fs = FakeCgroupFs::default();
-        for h in CONTROLLERS {
-            fs.create_dir_all(&Path::new("/cg").join(h)).unwrap();
-        }
+        let (fs, files) = crate::cm::cgroupfs::testing::v1_files(&CONTROLLERS);
         fs.put("/cg/cpuset/cpuset.cpus", "0-1\n");
         fs.put("/cg/cpuset/cpuset.mems", "0\n");
-        let layout = CgroupLayout::V1(
-            CONTROLLERS
-                .iter()
-                .map(|c| Hierarchy {
-                    mount: Path::new("/cg").join(c),
-                    controllers: vec![(*c).to_owned()],
-                })
-                .collect(),
-        );
-        let files = FsCgroups::new(fs.clone(), layout).with_hugepage_sizes(vec![2 << 20]);
         (fs, files)
     }
 
