@@ -713,7 +713,10 @@ captures() {
 # cluster's bridge on 10.244.0.0/16, flannel's routes, a VPN) may capture them, or the
 # tests fail much later with "No route to host". Run after a stale state of ours is gone.
 check_ranges_free() {
-  local found=() range what line word cidr
+  local found=() range what line word cidr routes addrs rules
+  routes=$(ip -4 route show table all 2>/dev/null | grep -v '^default' || true)
+  addrs=$(ip -4 -o addr show 2>/dev/null || true)
+  rules=$(iptables-save 2>/dev/null | grep -E '^-A ' || true)
   for range in "$CLUSTER_CIDR pod range" "$SERVICE_CIDR Service range" "$BENCH_NET node addresses"; do
     what=${range#* }
     range=${range%% *}
@@ -724,17 +727,17 @@ check_ranges_free() {
       [[ $cidr == blackhole || $cidr == unreachable || $cidr == prohibit ]] && cidr=${line#* } && cidr=${cidr%% *}
       [[ $cidr =~ ^[0-9.]+(/[0-9]+)?$ ]] || continue
       if captures "$cidr" "$range"; then found+=("$what $range: route '${line% }' (remove it: ip route del ${line% })"); fi
-    done < <(ip -4 route show table all 2>/dev/null | grep -v '^default')
+    done <<<"$routes"
     while IFS= read -r line; do
       read -r _ dev _ cidr _ <<<"$line"
       if captures "$cidr" "$range"; then found+=("$what $range: interface $dev holds $cidr (ip addr del $cidr dev $dev, or ip link delete $dev)"); fi
-    done < <(ip -4 -o addr show 2>/dev/null)
+    done <<<"$addrs"
     while IFS= read -r line; do
       for word in $line; do
         [[ $word =~ ^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+(/[0-9]+)?$ ]] || continue
         if captures "$word" "$range"; then found+=("$what $range: iptables rule '$line'"); break; fi
       done
-    done < <(iptables-save 2>/dev/null | grep -E '^-A ')
+    done <<<"$rules"
   done
   if ((${#found[@]} > 0)); then
     log "error: this machine already routes addresses the local cluster needs:"

@@ -97,7 +97,7 @@ pub fn stage(path: &Path, data: &[u8], mode: u32) -> Result<Staged, FileError> {
 ///
 /// # Errors
 /// The symlink cannot be made.
-pub fn stage_symlink(target: &Path, link: &Path) -> Result<Staged, FileError> {
+fn stage_symlink(target: &Path, link: &Path) -> Result<Staged, FileError> {
     let temp = temp_path(link);
     remove_if_present(&temp)?;
     std::os::unix::fs::symlink(target, &temp).map_err(at("linking", &temp))?;
@@ -169,14 +169,6 @@ pub async fn write_async(path: &Path, data: Vec<u8>, mode: u32) -> Result<(), Fi
 /// As [`stage_symlink`] and [`Staged::commit`].
 pub fn symlink(target: &Path, link: &Path) -> Result<(), FileError> {
     stage_symlink(target, link)?.commit()
-}
-
-/// Removes the temporary of `path` if a crash left one.
-///
-/// # Errors
-/// It is there and cannot be removed.
-pub fn remove_temp(path: &Path) -> Result<(), FileError> {
-    remove_if_present(&temp_path(path))
 }
 
 /// Removes every temporary in `dir` (not below it) whose target's name starts with
