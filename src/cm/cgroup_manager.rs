@@ -11,8 +11,32 @@ use std::str::FromStr;
 use futures::future::BoxFuture;
 
 use super::CmError;
-use super::cgroupfs::CgroupPath;
 use super::resource_config::ResourceConfig;
+
+/// A cgroup's directory below the root of every hierarchy, by its components: the
+/// cgroupfs driver's `kubepods/burstable/pod<uid>`, the systemd driver's
+/// `kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid>.slice`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub struct CgroupPath(pub Vec<String>);
+
+impl CgroupPath {
+    /// The directory below a hierarchy's mount point.
+    pub(super) fn relative(&self) -> std::path::PathBuf {
+        self.0.iter().collect()
+    }
+
+    /// Whether this is the hierarchy's root.
+    #[must_use]
+    pub fn is_root(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl fmt::Display for CgroupPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "/{}", self.0.join("/"))
+    }
+}
 
 /// The suffix of systemd slice units.
 const SLICE: &str = ".slice";

@@ -15,32 +15,8 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 
 use super::CmError;
-use super::cgroup_manager::{CgroupDriver, CgroupManager, CgroupName};
+use super::cgroup_manager::{CgroupDriver, CgroupManager, CgroupName, CgroupPath};
 use super::resource_config::{ResourceConfig, hugepage_unit};
-
-/// A cgroup's directory below the root of every hierarchy, by its components: the
-/// cgroupfs driver's `kubepods/burstable/pod<uid>`, the systemd driver's
-/// `kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid>.slice`.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
-pub struct CgroupPath(pub Vec<String>);
-
-impl CgroupPath {
-    fn relative(&self) -> PathBuf {
-        self.0.iter().collect()
-    }
-
-    /// Whether this is the hierarchy's root.
-    #[must_use]
-    pub fn is_root(&self) -> bool {
-        self.0.is_empty()
-    }
-}
-
-impl std::fmt::Display for CgroupPath {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "/{}", self.0.join("/"))
-    }
-}
 
 /// The cgroup file system: directories and their control files.
 pub trait CgroupFs: Send + Sync + 'static {

@@ -25,10 +25,9 @@ use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::Pod;
 
-pub use cgroup_manager::{CgroupDriver, CgroupManager, CgroupName};
+pub use cgroup_manager::{CgroupDriver, CgroupManager, CgroupName, CgroupPath};
 pub use cgroupfs::{
-    CgroupFs, CgroupLayout, CgroupPath, CgroupfsManager, FsCgroups, Hierarchy, LinuxCgroupFs,
-    cpu_weight,
+    CgroupFs, CgroupLayout, CgroupfsManager, FsCgroups, Hierarchy, LinuxCgroupFs, cpu_weight,
 };
 pub use policy::{
     BEST_EFFORT_OOM_SCORE_ADJ, GUARANTEED_OOM_SCORE_ADJ, container_oom_score_adj, is_critical,
