@@ -14,9 +14,11 @@
 //! pieces (the kubelet never joins: it writes each partial record as it reads it).
 
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use hyper::body::Bytes;
+use hyper::body::{Bytes, Frame};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::sync::mpsc;
@@ -566,6 +568,53 @@ fn joined(joiner: &mut Joiner, raw: &[u8], path: &Path) -> Option<LogLine> {
     }
 }
 
+/// The response body of a log: the chunks [`stream`] sends, each flushed to the client
+/// before the next frame (or the end of the body) is asked for, as the kubelet's
+/// `flushwriter` flushes every write of a log. Without that, a short log and the chunked
+/// body's terminating `0\r\n\r\n` leave in one write, Go's chunked reader returns the log
+/// together with `io.EOF`, and the kube-apiserver v1.20's copy of a log into WebSocket
+/// messages (`wsstream` `messageCopy`) drops data returned with `io.EOF`: `kubectl logs`
+/// over WebSocket would get nothing.
+pub struct LogBody {
+    chunks: mpsc::Receiver<Bytes>,
+    /// A chunk was handed to the connection and not yet flushed.
+    unflushed: bool,
+}
+
+impl LogBody {
+    /// The body of the chunks `chunks` receives, ended when its sender is dropped.
+    #[must_use]
+    pub fn new(chunks: mpsc::Receiver<Bytes>) -> Self {
+        Self {
+            chunks,
+            unflushed: false,
+        }
+    }
+}
+
+impl hyper::body::Body for LogBody {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+        if std::mem::take(&mut self.unflushed) {
+            // One turn of "not yet": hyper's connection flushes what it has buffered
+            // whenever the body is pending, and polls again at once.
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        self.chunks.poll_recv(cx).map(|chunk| {
+            chunk.map(|c| {
+                self.unflushed = true;
+                Ok(Frame::data(c))
+            })
+        })
+    }
+}
+
 /// Streams the log of `source` to `tx` with `opts`. Returns when the log is read (to its
 /// end, or to the byte limit), or — when following — once the container is no longer
 /// running and its log is read to the end, or the client has gone (`tx` closed).
@@ -697,6 +746,94 @@ pub async fn stream<C: Cri>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A connection's client side: it has sent `request`, then waits; what the server
+    /// wrote, one entry per flush.
+    struct Recorded {
+        request: &'static [u8],
+        pending: Vec<u8>,
+        flushes: std::sync::Arc<std::sync::Mutex<Vec<Vec<u8>>>>,
+    }
+
+    impl tokio::io::AsyncRead for Recorded {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &mut tokio::io::ReadBuf<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            if self.request.is_empty() {
+                return Poll::Pending;
+            }
+            let n = self.request.len().min(buf.remaining());
+            buf.put_slice(&self.request[..n]);
+            self.request = &self.request[n..];
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    impl tokio::io::AsyncWrite for Recorded {
+        fn poll_write(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<std::io::Result<usize>> {
+            self.pending.extend_from_slice(buf);
+            Poll::Ready(Ok(buf.len()))
+        }
+
+        fn poll_flush(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            let written = std::mem::take(&mut self.pending);
+            if !written.is_empty() {
+                self.flushes.lock().unwrap().push(written);
+            }
+            Poll::Ready(Ok(()))
+        }
+
+        fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            self.poll_flush(cx)
+        }
+    }
+
+    /// A short log whose chunks and end are all ready at once (a finished container's)
+    /// leaves in two flushes: the head with the log, then the end of the chunked body.
+    #[tokio::test]
+    async fn a_logs_last_chunk_is_flushed_before_the_end_of_the_body() {
+        let flushes = std::sync::Arc::default();
+        let io = Recorded {
+            request: b"GET /containerLogs/ns/p/c HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+            pending: Vec::new(),
+            flushes: std::sync::Arc::clone(&flushes),
+        };
+        let service = hyper::service::service_fn(|_| async {
+            let (tx, rx) = mpsc::channel(4);
+            tx.send(Bytes::from_static(b"container is alive\n"))
+                .await
+                .unwrap();
+            drop(tx);
+            Ok::<_, std::convert::Infallible>(hyper::Response::new(LogBody::new(rx)))
+        });
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(io), service),
+        )
+        .await
+        .expect("the connection ends")
+        .expect("served");
+        let flushes: Vec<String> = flushes
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|f| String::from_utf8_lossy(f).into_owned())
+            .collect();
+        assert_eq!(flushes.len(), 2, "{flushes:?}");
+        assert!(
+            flushes[0].starts_with("HTTP/1.1 200 OK\r\n")
+                && flushes[0].ends_with("\r\n13\r\ncontainer is alive\n\r\n"),
+            "{flushes:?}"
+        );
+        assert_eq!(flushes[1], "0\r\n\r\n");
+    }
 
     fn query(pairs: &[(&str, &str)]) -> Query {
         Query::from_pairs(

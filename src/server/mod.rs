@@ -37,9 +37,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
-use http_body_util::{BodyExt, Full, StreamBody, combinators::BoxBody};
-use hyper::body::{Bytes, Frame, Incoming};
+use http_body_util::{BodyExt, Full, combinators::BoxBody};
+use hyper::body::{Bytes, Incoming};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use k8s_openapi::api::core::v1::Pod;
@@ -481,12 +480,9 @@ impl Server {
                 tracing::warn!(log = %log.display(), error = %e, "log stream failed");
             }
         });
-        let body = StreamBody::new(
-            tokio_stream_from(rx).map(|chunk| Ok::<_, std::io::Error>(Frame::data(chunk))),
-        );
         Response::builder()
             .header("content-type", "text/plain")
-            .body(BodyExt::boxed(body))
+            .body(BodyExt::boxed(logs::LogBody::new(rx)))
             .unwrap_or_else(|_| Response::new(empty()))
     }
 
