@@ -1,6 +1,8 @@
 //! The kubelet API under load and attack, against the real agent on the node IP: a
 //! thousand concurrent clients (authorized, unauthenticated, with invented tokens) leave
-//! the agent's memory and file descriptors at their baseline while a pod still syncs;
+//! the agent's memory and file descriptors at their baseline while a pod still syncs; a
+//! pod holding 300 idle connections and 300 stalled TLS handshakes to it locks no one out
+//! of `kubectl logs` and `kubectl exec`;
 //! oversized headers and bodies are refused and slow clients cut; log requests with path
 //! tricks read nothing but the named container's log; and the node-local sockets (the
 //! CNI shim's, the debug socket) refuse peers that are not root.
@@ -15,6 +17,8 @@ use std::time::{Duration, Instant};
 use common::agent::NODE_IP;
 use common::case::{Case, running};
 use common::{eventually, state_dir};
+use rkubelet::cri::{Cri, api};
+use rkubelet::server::connections;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
@@ -59,7 +63,22 @@ fn client_config(authorized: bool) -> Arc<rustls::ClientConfig> {
 type Tls = tokio_rustls::client::TlsStream<TcpStream>;
 
 async fn connect(config: &Arc<rustls::ClientConfig>) -> std::io::Result<Tls> {
-    let tcp = TcpStream::connect(api_address()).await?;
+    connect_from(config, None).await
+}
+
+/// A TLS connection from the local address `source` (else the one the route picks).
+async fn connect_from(
+    config: &Arc<rustls::ClientConfig>,
+    source: Option<IpAddr>,
+) -> std::io::Result<Tls> {
+    let tcp = match source {
+        None => TcpStream::connect(api_address()).await?,
+        Some(ip) => {
+            let socket = tokio::net::TcpSocket::new_v4()?;
+            socket.bind(SocketAddr::new(ip, 0))?;
+            socket.connect(api_address()).await?
+        }
+    };
     let ip: IpAddr = NODE_IP.parse().expect("node IP");
     tokio_rustls::TlsConnector::from(config.clone())
         .connect(ServerName::IpAddress(ip.into()), tcp)
@@ -137,8 +156,19 @@ async fn request(
     path: &str,
     extra: &str,
 ) -> Outcome {
+    request_from(config, None, method, path, extra).await
+}
+
+/// [`request`] from the local address `source`.
+async fn request_from(
+    config: &Arc<rustls::ClientConfig>,
+    source: Option<IpAddr>,
+    method: &str,
+    path: &str,
+    extra: &str,
+) -> Outcome {
     let exchange = async {
-        let mut tls = match connect(config).await {
+        let mut tls = match connect_from(config, source).await {
             Ok(t) => t,
             Err(e) => return Outcome::Closed(format!("connect: {e}")),
         };
@@ -278,7 +308,11 @@ async fn a_thousand_concurrent_requests_leave_memory_and_fds_at_baseline() {
     let pod = case.create("sync", sleeper()).await;
     let started = Instant::now();
     let mut clients = tokio::task::JoinSet::new();
-    for i in 0..1000 {
+    // From 250 addresses (127.0.0.2 to 127.0.0.251), four clients each, as from a cluster's
+    // many pods and monitors: one address alone holds only a few of the connections not
+    // yet authenticated (`a_pod_filling_the_kubelet_api_locks_no_one_out`).
+    for i in 0..1000u16 {
+        let source = IpAddr::from([127, 0, 0, 2 + u8::try_from(i % 250).expect("a byte")]);
         let (config, extra, kind) = match i % 3 {
             0 => (admin.clone(), String::new(), "authorized"),
             1 => (anonymous.clone(), String::new(), "anonymous"),
@@ -290,7 +324,10 @@ async fn a_thousand_concurrent_requests_leave_memory_and_fds_at_baseline() {
         };
         clients.spawn(async move {
             let path = if i % 2 == 0 { "/pods" } else { "/healthz" };
-            (kind, request(&config, "GET", path, &extra).await)
+            (
+                kind,
+                request_from(&config, Some(source), "GET", path, &extra).await,
+            )
         });
     }
     let mut answered = std::collections::BTreeMap::<(&str, u16), usize>::new();
@@ -329,10 +366,10 @@ async fn a_thousand_concurrent_requests_leave_memory_and_fds_at_baseline() {
         closed.len() <= 10,
         "at most a few connections closed unanswered: {closed:?}"
     );
-    // Bounded while it lasts: the connection cap (256) holds the clients' fds and
-    // buffers, the review limit (8) the connections to the API server.
+    // Bounded while it lasts: the connection budgets (pending and authenticated) hold the
+    // clients' fds and buffers, the review limit (8) the connections to the API server.
     assert!(
-        peak.1 <= before.1 + 256 + POOLED + 12,
+        peak.1 <= before.1 + connections::PENDING + connections::AUTHENTICATED + POOLED + 12,
         "fds peak {} from {}",
         peak.1,
         before.1
@@ -777,5 +814,196 @@ async fn the_cni_and_debug_sockets_refuse_peers_that_are_not_root() {
         log.contains("refusing a shim request from an unprivileged peer"),
         "{}",
         case.agent().log_tail()
+    );
+}
+
+/// The network namespace of the pod with this UID, through its running container's PID.
+async fn netns_of(uid: &str) -> std::fs::File {
+    let container = common::pods::running_containers_of(uid)
+        .await
+        .into_iter()
+        .next()
+        .expect("a running container");
+    let status = common::cri()
+        .container_status(api::ContainerStatusRequest {
+            container_id: container.id,
+            verbose: true,
+        })
+        .await
+        .expect("ContainerStatus");
+    let info: serde_json::Value =
+        serde_json::from_str(status.info.get("info").expect("verbose info")).expect("JSON");
+    let pid = info["pid"].as_u64().expect("the container's PID");
+    std::fs::File::open(format!("/proc/{pid}/ns/net")).expect("its netns")
+}
+
+type Dialed = tokio::sync::oneshot::Sender<std::io::Result<std::net::TcpStream>>;
+
+/// Opens TCP connections to the kubelet API from inside a network namespace: a thread of
+/// its own enters it, and the sockets it makes stay there.
+#[derive(Clone)]
+struct PodDialer(std::sync::mpsc::Sender<Dialed>);
+
+impl PodDialer {
+    fn new(netns: std::fs::File) -> Self {
+        let (tx, rx) = std::sync::mpsc::channel::<Dialed>();
+        std::thread::spawn(move || {
+            nix::sched::setns(&netns, nix::sched::CloneFlags::CLONE_NEWNET)
+                .expect("entering the pod's netns");
+            for reply in rx {
+                let dialed =
+                    std::net::TcpStream::connect_timeout(&api_address(), Duration::from_secs(5))
+                        .and_then(|s| s.set_nonblocking(true).map(|()| s));
+                let _ = reply.send(dialed);
+            }
+        });
+        Self(tx)
+    }
+
+    async fn dial(&self) -> std::io::Result<TcpStream> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.0.send(tx).expect("the dialer thread");
+        TcpStream::from_std(rx.await.expect("the dialer thread")?)
+    }
+}
+
+/// The start of a TLS record announcing a 512-byte ClientHello, of which only its first
+/// bytes come: a handshake that stalls.
+const STALLED_HELLO: [u8; 11] = [
+    0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03,
+];
+
+/// What the attacking clients saw.
+#[derive(Debug, Default)]
+struct Attack {
+    /// Connections made.
+    dialed: std::sync::atomic::AtomicUsize,
+    /// Connections open now (not closed by the server).
+    open: std::sync::atomic::AtomicUsize,
+    /// Connections the server closed within a second.
+    closed_at_once: std::sync::atomic::AtomicUsize,
+}
+
+/// One attacking client: connects, sends nothing (`stalled_tls`: the start of a
+/// ClientHello), holds the connection until the server closes it, and connects again a
+/// second later, until `stop`.
+async fn attacker(
+    dialer: PodDialer,
+    stalled_tls: bool,
+    attack: Arc<Attack>,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    use std::sync::atomic::Ordering::SeqCst;
+    while !stop.is_cancelled() {
+        let Ok(mut stream) = dialer.dial().await else {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            continue;
+        };
+        attack.dialed.fetch_add(1, SeqCst);
+        attack.open.fetch_add(1, SeqCst);
+        let opened = Instant::now();
+        let held = async {
+            if stalled_tls && stream.write_all(&STALLED_HELLO).await.is_err() {
+                return;
+            }
+            let mut buf = [0u8; 1024];
+            while matches!(stream.read(&mut buf).await, Ok(n) if n > 0) {}
+        };
+        tokio::select! {
+            () = held => {}
+            () = stop.cancelled() => {}
+        }
+        attack.open.fetch_sub(1, SeqCst);
+        if opened.elapsed() < Duration::from_secs(1) {
+            attack.closed_at_once.fetch_add(1, SeqCst);
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// `kubectl ARGS` as the admin: its standard output (else what went wrong) and how long it
+/// took (10 s at most).
+async fn timed_kubectl(args: &[&str]) -> (String, Duration) {
+    let started = Instant::now();
+    let output = tokio::time::timeout(
+        Duration::from_secs(10),
+        common::kubectl_command(args).kill_on_drop(true).output(),
+    )
+    .await;
+    let took = started.elapsed();
+    match output {
+        Ok(Ok(o)) if o.status.success() => (String::from_utf8_lossy(&o.stdout).into_owned(), took),
+        Ok(Ok(o)) => (
+            format!("{}: {}", o.status, String::from_utf8_lossy(&o.stderr)),
+            took,
+        ),
+        Ok(Err(e)) => (format!("kubectl: {e}"), took),
+        Err(_) => ("no answer within 10 s".into(), took),
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn a_pod_filling_the_kubelet_api_locks_no_one_out() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let case = Case::with_agent("lockout", &[]).await;
+    let admin = client_config(true);
+    api_up(&admin).await;
+    let victim = case.create("victim", sleeper()).await;
+    let attacker_pod = case.create("attacker", sleeper()).await;
+    running(&victim).await;
+    let uid = running(&attacker_pod).await.metadata.uid.expect("a UID");
+    let dialer = PodDialer::new(netns_of(&uid).await);
+    // Before: exec as a user runs it, through the API server (logs are first asked under
+    // attack, so that the API server has no connection to the node to reuse).
+    let (said, before) = timed_kubectl(&["exec", &victim, "--", "echo", "before"]).await;
+    assert_eq!(said.trim(), "before", "exec before the attack");
+
+    // 300 idle connections and 300 stalled TLS handshakes from the pod, held as long as
+    // the server lets them, and made again when it closes them.
+    let attack = Arc::new(Attack::default());
+    let stop = tokio_util::sync::CancellationToken::new();
+    let mut attackers = tokio::task::JoinSet::new();
+    for i in 0..600 {
+        attackers.spawn(attacker(
+            dialer.clone(),
+            i % 2 == 1,
+            attack.clone(),
+            stop.clone(),
+        ));
+    }
+    eventually(
+        "600 attacking connections made",
+        Duration::from_secs(30),
+        || async { (attack.dialed.load(SeqCst) >= 600).then_some(()) },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let held = attack.open.load(SeqCst);
+
+    let (logs, logs_took) = timed_kubectl(&["logs", &victim]).await;
+    let (said, exec_took) = timed_kubectl(&["exec", &victim, "--", "echo", "during"]).await;
+    let held_after = attack.open.load(SeqCst);
+    stop.cancel();
+    while attackers.join_next().await.is_some() {}
+    eprintln!(
+        "under attack ({} connections made, {held}..{held_after} open, {} closed within 1 s): \
+         kubectl logs in {logs_took:?}, kubectl exec in {exec_took:?} (exec before: {before:?})",
+        attack.dialed.load(SeqCst),
+        attack.closed_at_once.load(SeqCst),
+    );
+    // The attack was on: the server held some of the pod's connections.
+    assert!(
+        held >= connections::PENDING_PER_PEER,
+        "only {held} attacking connections open"
+    );
+    assert!(
+        logs.starts_with("ready\n"),
+        "kubectl logs under attack: {logs:?}"
+    );
+    assert_eq!(said.trim(), "during", "kubectl exec under attack");
+    assert!(
+        logs_took < Duration::from_secs(2) && exec_took < Duration::from_secs(2),
+        "under attack: logs in {logs_took:?}, exec in {exec_took:?}"
     );
 }

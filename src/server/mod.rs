@@ -16,12 +16,15 @@
 //! | `/logs/{path}` | the node's `/var/log` ([`syslogs`]) | `nodes/log` |
 //!
 //! Every request on 10250 is authenticated (client certificate, else bearer token, else
-//! 401) and authorized with a `SubjectAccessReview` ([`auth`]). The serving certificate
+//! 401) and authorized with a `SubjectAccessReview` ([`auth`]); until a request on it has
+//! authenticated, a connection holds only a small budget of its peer address
+//! ([`connections`]). The serving certificate
 //! comes from files, from the certificates API with rotation ([`certificate`]), or is
 //! self-signed ([`tls`]).
 
 pub mod auth;
 pub mod certificate;
+pub mod connections;
 pub mod debug;
 pub mod logs;
 pub mod metrics;
@@ -53,6 +56,7 @@ use crate::status::StatusManager;
 use crate::timeline::Timelines;
 use auth::{ApiReviews, Auth, UserInfo};
 use certificate::{CertificateError, CertificateManager, NodeIdentity};
+use connections::{Budget, Connection, Limits};
 use logs::{LogError, LogOptions};
 use streaming::{StreamOptions, StreamingError};
 use tls::{CertStore, TlsError};
@@ -77,9 +81,6 @@ pub fn empty() -> Body {
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a request head may take to arrive (and a kept-alive connection may idle).
 pub(crate) const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(60);
-/// How many connections the kubelet API serves at once; more wait in the listen backlog
-/// (memory and file descriptors stay bounded under a flood of clients).
-const MAX_CONNECTIONS: usize = 256;
 /// How many connections the healthz endpoint serves at once.
 const MAX_HEALTHZ_CONNECTIONS: usize = 16;
 
@@ -206,7 +207,7 @@ fn json(value: &impl serde::Serialize) -> Response<Body> {
 }
 
 /// A refusal closes its connection: a client that is not let in holds none of the
-/// [`MAX_CONNECTIONS`] slots beyond its one answer.
+/// [`connections`] budget beyond its one answer.
 fn refused(mut response: Response<Body>) -> Response<Body> {
     response.headers_mut().insert(
         hyper::header::CONNECTION,
@@ -318,6 +319,17 @@ impl Server {
                 return refused(text(StatusCode::UNAUTHORIZED, "Unauthorized"));
             }
         };
+        if let Some(connection) = req.extensions().get::<Arc<Connection>>()
+            && let Err(busy) = connection.authenticated()
+        {
+            tracing::debug!(%path, user = %user.name, "authenticated connections at their limit");
+            let mut response = refused(text(StatusCode::TOO_MANY_REQUESTS, busy.to_string()));
+            response.headers_mut().insert(
+                hyper::header::RETRY_AFTER,
+                hyper::header::HeaderValue::from_static("1"),
+            );
+            return response;
+        }
         if let Err(e) = self.auth.authorize(&user, &method, &path).await {
             tracing::debug!(%path, user = %user.name, error = %e, "request not authorized");
             let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::FORBIDDEN);
@@ -752,18 +764,18 @@ pub async fn start(
     Ok(())
 }
 
-/// Accepts connections on `listener` while fewer than `limit` are being served, each
-/// served by `serve`; further clients wait in the listen backlog until one ends.
+/// Accepts a connection on `listener` whenever one of `permits` is free, and serves it
+/// with `serve`, which holds the permit as long as it wants; further clients wait in the
+/// listen backlog until one is given back.
 async fn accept_bounded<F, Fut>(
     listener: TcpListener,
-    limit: usize,
+    permits: Arc<tokio::sync::Semaphore>,
     cancel: CancellationToken,
     serve: F,
 ) where
-    F: Fn(TcpStream, SocketAddr) -> Fut,
+    F: Fn(TcpStream, SocketAddr, tokio::sync::OwnedSemaphorePermit) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
-    let permits = Arc::new(tokio::sync::Semaphore::new(limit));
     loop {
         let permit = tokio::select! {
             () = cancel.cancelled() => return,
@@ -783,11 +795,7 @@ async fn accept_bounded<F, Fut>(
                 }
             },
         };
-        let served = serve(stream, peer);
-        tokio::spawn(async move {
-            served.await;
-            drop(permit);
-        });
+        tokio::spawn(serve(stream, peer, permit));
     }
 }
 
@@ -797,10 +805,17 @@ async fn serve_tls(
     server: Arc<Server>,
     cancel: CancellationToken,
 ) {
-    accept_bounded(listener, MAX_CONNECTIONS, cancel, move |stream, peer| {
+    let budget = Budget::new(Limits::default());
+    accept_bounded(listener, budget.pending_slots(), cancel, move |stream, peer, slot| {
         let acceptor = acceptor.clone();
         let server = server.clone();
+        let budget = budget.clone();
         async move {
+            let Some(connection) = budget.admit(peer.ip(), slot, HANDSHAKE_TIMEOUT).await else {
+                tracing::debug!(%peer, "too many unauthenticated connections from this address");
+                return;
+            };
+            let connection = Arc::new(connection);
             let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
                 Ok(Ok(tls)) => tls,
                 Ok(Err(e)) => {
@@ -819,9 +834,12 @@ async fn serve_tls(
                 .and_then(|chain| chain.first())
                 .and_then(|leaf| x509::parse(leaf).ok())
                 .and_then(|info| UserInfo::from_certificate(&info));
-            let service = hyper::service::service_fn(move |req| {
+            let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
                 let server = server.clone();
                 let user = user.clone();
+                // The request's handler moves the connection between budgets, and an
+                // upgraded stream keeps its hold until it ends.
+                req.extensions_mut().insert(connection.clone());
                 async move { Ok::<_, Infallible>(server.handle(req, user).await) }
             });
             if let Err(e) = hyper::server::conn::http1::Builder::new()
@@ -841,9 +859,9 @@ async fn serve_tls(
 async fn serve_healthz(listener: TcpListener, cancel: CancellationToken) {
     accept_bounded(
         listener,
-        MAX_HEALTHZ_CONNECTIONS,
+        Arc::new(tokio::sync::Semaphore::new(MAX_HEALTHZ_CONNECTIONS)),
         cancel,
-        |stream, _| async move {
+        |stream, _, permit| async move {
             let service = hyper::service::service_fn(|req: Request<Incoming>| async move {
                 Ok::<_, Infallible>(if req.uri().path() == "/healthz" {
                     text(StatusCode::OK, "ok")
@@ -856,6 +874,7 @@ async fn serve_healthz(listener: TcpListener, cancel: CancellationToken) {
                 .header_read_timeout(HEADER_READ_TIMEOUT)
                 .serve_connection(TokioIo::new(stream), service)
                 .await;
+            drop(permit);
         },
     )
     .await;
@@ -875,11 +894,12 @@ mod tests {
         let cancel = CancellationToken::new();
         tokio::spawn(accept_bounded(
             listener,
-            2,
+            Arc::new(tokio::sync::Semaphore::new(2)),
             cancel.clone(),
-            move |stream, _| {
+            move |stream, _, permit| {
                 let served_tx = served_tx.clone();
                 async move {
+                    let _permit = permit;
                     use tokio::io::AsyncReadExt;
                     let _ = served_tx.send(());
                     // Served until the client closes.

@@ -16,6 +16,7 @@
 //! Container logs are plain HTTP on the kubelet, also when a WebSocket is asked for
 //! ([`super::logs`]): the kube-apiserver serves them as `binary.k8s.io` messages itself.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use hyper::body::Incoming;
@@ -25,6 +26,7 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use super::connections::Connection;
 use super::logs::parse_bool;
 use super::{Body, Query};
 use crate::cri::{Cri, CriError, api};
@@ -347,6 +349,8 @@ pub async fn proxy(
         reason,
     };
     let on_upgrade = hyper::upgrade::on(&mut req);
+    // The connection's hold on the authenticated budget goes with the stream.
+    let hold = req.extensions_mut().remove::<Arc<Connection>>();
     let head = request_head(req.method(), &backend, req.headers());
     let (mut upstream, answer) = tokio::time::timeout(BACKEND_TIMEOUT, async {
         let mut upstream = TcpStream::connect(&backend.address)
@@ -405,6 +409,7 @@ pub async fn proxy(
 
     let early = answer.rest;
     tokio::spawn(async move {
+        let _hold = hold;
         let started = std::time::Instant::now();
         let upgraded = match on_upgrade.await {
             Ok(u) => u,
