@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use common::case::{Case, failed, get, running};
 use common::pods::{events_of, running_containers_of, sleeper};
-use common::{eventually, node_condition};
+use common::{eventually, meminfo, node_condition};
 use k8s_openapi::api::core::v1::{Event, Pod};
 
 /// The pod's status reason and message.
@@ -41,17 +41,6 @@ async fn evicted_event(name: &str) -> Event {
         },
     )
     .await
-}
-
-/// A `/proc/meminfo` figure, in bytes.
-fn meminfo(key: &str) -> u64 {
-    let text = std::fs::read_to_string("/proc/meminfo").expect("/proc/meminfo");
-    let kib: u64 = text
-        .lines()
-        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
-        .and_then(|v| v.trim().trim_end_matches(" kB").parse().ok())
-        .unwrap_or_else(|| panic!("{key} in /proc/meminfo"));
-    kib * 1024
 }
 
 /// A Guaranteed pod of 64Mi.

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::agent::{AgentProcess, NODE_IP, Owner};
 use common::pods::TestPods;
-use common::{eventually, kube_client, node_name, state_dir, unique};
+use common::{eventually, kube_client, meminfo, node_name, state_dir, unique};
 use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
@@ -678,16 +678,6 @@ fn memory_cgroup(file: &str, key: Option<&str>) -> u64 {
             .find_map(|l| l.strip_prefix(key)?.strip_prefix(' ')?.parse().ok()),
     };
     value.unwrap_or_else(|| panic!("{path} {key:?}: {text}"))
-}
-
-/// A `/proc/meminfo` figure, in bytes.
-fn meminfo(key: &str) -> u64 {
-    let text = std::fs::read_to_string("/proc/meminfo").expect("/proc/meminfo");
-    text.lines()
-        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
-        .and_then(|v| v.trim().trim_end_matches(" kB").parse::<u64>().ok())
-        .unwrap_or_else(|| panic!("{key} in /proc/meminfo"))
-        * 1024
 }
 
 /// The kubelet's `memory.available` read here: capacity less the root memory cgroup's
