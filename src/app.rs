@@ -113,6 +113,9 @@ pub struct Config {
     pub container_gc: crate::kuberuntime::gc::ContainerGcPolicy,
     /// `--image-gc-high-threshold`, `--image-gc-low-threshold`, `--minimum-image-ttl-duration`.
     pub image_gc: crate::images::gc::ImageGcPolicy,
+    /// `--pod-infra-container-image`: image GC never removes it (pods get the runtime's
+    /// own sandbox image, which GC keeps too).
+    pub pod_infra_container_image: String,
     /// `--eviction-hard`; `None` for the kubelet's defaults.
     pub eviction_hard: Option<crate::eviction::ParsedThresholds>,
     /// `--allowed-unsafe-sysctls`: sysctls (or `prefix*` patterns) pods may set besides
@@ -387,6 +390,7 @@ fn start_garbage_collection(
         cri.clone(),
         RuntimeImageFs::new(cri),
         config.image_gc,
+        config.pod_infra_container_image.clone(),
     ));
     tokio::spawn(images.clone().run(cancel.clone()));
     (containers, images)

@@ -309,9 +309,13 @@ impl<C: Cri + Clone> Kubelet<C> {
             })
     }
 
-    /// Whether the pod has finished (by the status this agent generated, else the API's).
+    /// Whether the pod's worker is done with it (the kubelet's `podIsTerminated`, by the
+    /// status this agent generated, else the API's): finished, or deleted with no container
+    /// running. The others are the active pods of admission and eviction.
     pub fn finished(&self, pod: &Pod) -> bool {
-        PodId::of(pod).is_some_and(|id| self.is_terminal(pod, &id))
+        PodId::of(pod).is_some_and(|id| {
+            crate::pod::is_worker_terminal(pod, self.status.get(&id.uid).as_ref())
+        })
     }
 
     /// A failed step of the pod sync: a Warning event, then a retry after the back-off.
@@ -606,7 +610,12 @@ impl<C: Cri + Clone> PodSyncer for Kubelet<C> {
                     return Next::Done;
                 };
                 if crate::pod::is_terminating(pod) {
-                    self.terminate(&id, Some(pod), crate::pod::termination_grace_period(pod))
+                    // An eviction of a pod being deleted shortens its grace period.
+                    let grace = crate::pod::termination_grace_period(pod);
+                    let grace = lock(&self.grace_overrides)
+                        .get(&id.uid)
+                        .map_or(grace, |&o| o.min(grace));
+                    self.terminate(&id, Some(pod), grace)
                         .instrument(tracing::info_span!("terminate_pod"))
                         .await
                 } else {

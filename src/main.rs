@@ -181,6 +181,10 @@ struct RunArgs {
     /// Image GC: an unused image first seen less than this ago is kept (Go duration).
     #[arg(long, default_value = "2m0s", value_parser = rkubelet::node::parse_go_duration)]
     minimum_image_ttl_duration: Duration,
+    /// The pause image: image GC never removes it (the runtime picks the sandbox image
+    /// pods run with, and GC keeps that one too).
+    #[arg(long, default_value = rkubelet::images::gc::DEFAULT_POD_SANDBOX_IMAGE)]
+    pod_infra_container_image: String,
     /// Static pods: a directory of pod manifests (YAML or JSON; files starting with a dot
     /// are ignored) or one manifest file.
     #[arg(long)]
@@ -501,6 +505,7 @@ async fn run_command(
             args.image_gc_low_threshold,
             args.minimum_image_ttl_duration,
         )?,
+        pod_infra_container_image: args.pod_infra_container_image,
         eviction_hard: args.eviction_hard,
         allowed_unsafe_sysctls: args.allowed_unsafe_sysctls,
         server,

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use common::case::{Case, failed, get, running};
 use common::pods::{events_of, running_containers_of, sleeper};
-use common::{eventually, node_condition};
+use common::{eventually, meminfo, node_condition};
 use k8s_openapi::api::core::v1::{Event, Pod};
 
 /// The pod's status reason and message.
@@ -43,15 +43,10 @@ async fn evicted_event(name: &str) -> Event {
     .await
 }
 
-/// A `/proc/meminfo` figure, in bytes.
-fn meminfo(key: &str) -> u64 {
-    let text = std::fs::read_to_string("/proc/meminfo").expect("/proc/meminfo");
-    let kib: u64 = text
-        .lines()
-        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
-        .and_then(|v| v.trim().trim_end_matches(" kB").parse().ok())
-        .unwrap_or_else(|| panic!("{key} in /proc/meminfo"));
-    kib * 1024
+/// A Guaranteed pod of 64Mi.
+fn guaranteed_pod() -> serde_json::Value {
+    let both = serde_json::json!({ "cpu": "10m", "memory": "64Mi" });
+    resources(both.clone(), both)
 }
 
 fn resources(requests: serde_json::Value, limits: serde_json::Value) -> serde_json::Value {
@@ -79,15 +74,7 @@ async fn memory_pressure_evicts_best_effort_then_burstable_then_guaranteed() {
             ),
         )
         .await;
-    let guaranteed = case
-        .create(
-            "guaranteed",
-            resources(
-                serde_json::json!({ "cpu": "10m", "memory": "64Mi" }),
-                serde_json::json!({ "cpu": "10m", "memory": "64Mi" }),
-            ),
-        )
-        .await;
+    let guaranteed = case.create("guaranteed", guaranteed_pod()).await;
     let mut uids = Vec::new();
     for name in [&best_effort, &burstable, &guaranteed] {
         uids.push(running(name).await.metadata.uid.expect("uid"));
@@ -98,11 +85,7 @@ async fn memory_pressure_evicts_best_effort_then_burstable_then_guaranteed() {
     // 128Mi stays allocatable: enough for the pods' 96Mi of requests, so none is refused
     // at admission; the threshold is met while more than 384Mi is in use (the cluster
     // alone uses about 1Gi).
-    let threshold = meminfo("MemTotal") - (128 << 20);
-    assert!(
-        meminfo("MemAvailable") + (256 << 20) < threshold,
-        "the machine has too little memory in use for an always-met threshold"
-    );
+    let threshold = always_met_memory_threshold();
     case.start_agent(&["--eviction-hard", &format!("memory.available<{threshold}")]);
     let first = failed(&best_effort, Duration::from_secs(60)).await;
     let (reason, message) = reason_and_message(&first);
@@ -166,6 +149,102 @@ async fn memory_pressure_evicts_best_effort_then_burstable_then_guaranteed() {
         "evicted at {:?} (BestEffort), {:?} (Burstable), {:?} (Guaranteed)",
         times[0], times[1], times[2]
     );
+}
+
+/// A threshold on `memory.available` that this machine always meets: 128Mi below its
+/// memory (128Mi stays allocatable, so running pods requesting less are admitted again).
+fn always_met_memory_threshold() -> u64 {
+    let threshold = meminfo("MemTotal") - (128 << 20);
+    assert!(
+        meminfo("MemAvailable") + (256 << 20) < threshold,
+        "the machine has too little memory in use for an always-met threshold"
+    );
+    threshold
+}
+
+/// A pod being deleted with a long grace period, its container still running (a `sleep`
+/// as PID 1 ignores SIGTERM), holds its memory: the kubelet still ranks it with the active
+/// pods. Here it is Burstable, within its request and least far below it, so it ranks
+/// before the healthy Guaranteed pod; its eviction cuts its 10-minute termination short.
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn a_terminating_pod_is_still_an_eviction_candidate() {
+    let mut case = Case::with_agent("evict-terminating", &[]).await;
+    let mut slow = resources(
+        serde_json::json!({ "memory": "16Mi" }),
+        serde_json::json!({}),
+    );
+    slow["spec"]["terminationGracePeriodSeconds"] = 600.into();
+    let terminating = case.create("terminating", slow).await;
+    let guaranteed = case.create("guaranteed", guaranteed_pod()).await;
+    let uid = running(&terminating).await.metadata.uid.expect("uid");
+    running(&guaranteed).await;
+    common::pods::pods_api()
+        .await
+        .delete(&terminating, &kube::api::DeleteParams::default())
+        .await
+        .expect("delete");
+    // Its termination is under way, for up to 10 minutes.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let pod = get(&terminating).await.expect("the pod is still there");
+    assert!(pod.metadata.deletion_timestamp.is_some());
+    assert!(
+        !running_containers_of(&uid).await.is_empty(),
+        "the terminating pod's container stopped early"
+    );
+
+    let threshold = always_met_memory_threshold();
+    case.start_agent(&["--eviction-hard", &format!("memory.available<{threshold}")]);
+    let event = eventually(
+        "the Evicted event of the terminating pod",
+        Duration::from_secs(60),
+        || async {
+            events_of(&terminating)
+                .await
+                .into_iter()
+                .find(|e| e.reason.as_deref() == Some("Evicted"))
+        },
+    )
+    .await;
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    assert_eq!(
+        event.message.as_deref(),
+        Some("The node was low on resource: memory. "),
+        "{}",
+        case.agent().log_tail()
+    );
+    // Killed at once (grace period 0), not after its 10 minutes, and then gone.
+    eventually(
+        "the terminating pod's container killed",
+        Duration::from_secs(30),
+        || async { running_containers_of(&uid).await.is_empty().then_some(()) },
+    )
+    .await;
+    eventually(
+        "the terminating pod gone from the API",
+        Duration::from_secs(30),
+        || async { get(&terminating).await.is_none().then_some(()) },
+    )
+    .await;
+    // The healthy pod went second, if at all.
+    let evicted_at = |e: &Event| {
+        e.event_time
+            .as_ref()
+            .map(|t| t.0)
+            .or(e.first_timestamp.as_ref().map(|t| t.0))
+    };
+    if let Some(other) = events_of(&guaranteed)
+        .await
+        .into_iter()
+        .find(|e| e.reason.as_deref() == Some("Evicted"))
+    {
+        assert!(
+            evicted_at(&event) <= evicted_at(&other),
+            "the healthy pod was evicted first"
+        );
+    }
+    let log = std::fs::read_to_string(&case.agent().log).expect("agent log");
+    assert!(!log.contains("panicked"), "{}", case.agent().log_tail());
 }
 
 #[tokio::test]

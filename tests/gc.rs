@@ -6,7 +6,9 @@
 //!   newest instance);
 //! - image GC, with thresholds the disk always crosses, removes an image no container
 //!   uses (nginx) and keeps the one a container uses (busybox) and the sandbox image;
-//!   every image it removed is pulled back from the local registry afterwards.
+//!   every image it removed is pulled back from the local registry afterwards;
+//! - on a node whose runtime had no image when the agent started, an image pulled since
+//!   is kept by a reclaim until `--minimum-image-ttl-duration` has passed.
 
 mod common;
 
@@ -16,7 +18,7 @@ use std::time::Duration;
 use common::case::{Case, running};
 use common::pods::{containers_of, sleeper};
 use common::{cri, eventually};
-use rkubelet::cri::{Cri, api};
+use rkubelet::cri::{Cri, CriClient, api};
 
 #[tokio::test]
 #[ignore = "needs root and the local cluster: run scripts/test.sh"]
@@ -93,10 +95,14 @@ async fn a_crash_looping_container_keeps_one_dead_instance() {
     );
 }
 
-/// The repo tags of every image in the runtime.
+/// The repo tags of every image in the cluster's runtime.
 async fn image_tags() -> BTreeSet<String> {
-    cri()
-        .list_images(api::ListImagesRequest { filter: None })
+    image_tags_of(&cri()).await
+}
+
+/// The repo tags of every image in the runtime behind `cri`.
+async fn image_tags_of(cri: &CriClient) -> BTreeSet<String> {
+    cri.list_images(api::ListImagesRequest { filter: None })
         .await
         .expect("ListImages")
         .images
@@ -106,17 +112,20 @@ async fn image_tags() -> BTreeSet<String> {
 }
 
 async fn pull(image: &str) {
-    cri()
-        .pull_image(api::PullImageRequest {
-            image: Some(api::ImageSpec {
-                image: image.into(),
-                ..Default::default()
-            }),
-            auth: None,
-            sandbox_config: None,
-        })
-        .await
-        .unwrap_or_else(|e| panic!("PullImage {image}: {e}"));
+    pull_into(&cri(), image).await;
+}
+
+async fn pull_into(cri: &CriClient, image: &str) {
+    cri.pull_image(api::PullImageRequest {
+        image: Some(api::ImageSpec {
+            image: image.into(),
+            ..Default::default()
+        }),
+        auth: None,
+        sandbox_config: None,
+    })
+    .await
+    .unwrap_or_else(|e| panic!("PullImage {image}: {e}"));
 }
 
 #[tokio::test]
@@ -161,4 +170,175 @@ async fn image_gc_removes_an_unused_image_and_keeps_the_used_ones() {
     );
     assert!(!removed.iter().any(|t| t.contains("pause")), "{removed:?}");
     eprintln!("image GC removed {removed:?}");
+}
+
+/// A containerd of its own with an empty image store (a fresh node's), configured as the
+/// cluster's (`cluster.sh`: the local registry behind `docker.io`, no lowering of OOM
+/// scores); killed and removed when dropped.
+struct EmptyContainerd {
+    child: std::process::Child,
+    /// Its root and state, on the disk (an image filesystem with some of it used).
+    dir: std::path::PathBuf,
+    /// Its socket's directory, short enough for a Unix socket path.
+    run: std::path::PathBuf,
+}
+
+impl EmptyContainerd {
+    async fn start() -> Self {
+        let id = std::process::id();
+        let dir = common::state_dir().join(format!("empty-containerd-{id}"));
+        let run = std::path::PathBuf::from(format!("/run/rk-empty-ctrd-{id}"));
+        for d in [&dir, &run] {
+            std::fs::create_dir_all(d).expect("containerd dirs");
+        }
+        let config = format!(
+            r#"version = 2
+root = "{dir}/root"
+state = "{dir}/state"
+oom_score = 0
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.zfs"]
+
+[grpc]
+  address = "{run}/containerd.sock"
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{dir}/opt"
+
+[plugins."io.containerd.grpc.v1.cri"]
+  restrict_oom_score_adj = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "{certs}"
+"#,
+            dir = dir.display(),
+            run = run.display(),
+            certs = common::state_dir().join("containerd/certs.d").display(),
+        );
+        std::fs::write(dir.join("config.toml"), config).expect("containerd config");
+        let log = std::fs::File::create(dir.join("containerd.log")).expect("containerd log");
+        let child = std::process::Command::new("/usr/bin/containerd")
+            .arg("--config")
+            .arg(dir.join("config.toml"))
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone().expect("log fd"))
+            .stderr(log)
+            .spawn()
+            .expect("start containerd");
+        let this = Self { child, dir, run };
+        let cri = this.cri();
+        eventually(
+            "the empty containerd serves CRI",
+            Duration::from_secs(30),
+            || async { cri.version(rkubelet::cri::version_request()).await.ok() },
+        )
+        .await;
+        this
+    }
+
+    fn endpoint(&self) -> String {
+        format!("unix://{}/containerd.sock", self.run.display())
+    }
+
+    fn cri(&self) -> CriClient {
+        CriClient::new(
+            self.endpoint().parse().expect("endpoint"),
+            Duration::from_secs(30),
+            Some(Duration::from_secs(120)),
+        )
+    }
+}
+
+impl Drop for EmptyContainerd {
+    fn drop(&mut self) {
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.child.id()).expect("pid"));
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        if !matches!(self.child.try_wait(), Ok(Some(_))) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        for d in [&self.dir, &self.run] {
+            if let Err(e) = std::fs::remove_dir_all(d) {
+                eprintln!("removing {}: {e}", d.display());
+            }
+        }
+    }
+}
+
+/// The lines of the agent's log after byte `from` that report an image GC reclaim for the
+/// image filesystem signal.
+fn reclaims_since(log: &std::path::Path, from: u64) -> usize {
+    let text = std::fs::read(log).expect("agent log");
+    let start = usize::try_from(from).expect("size").min(text.len());
+    String::from_utf8_lossy(&text[start..])
+        .lines()
+        .filter(|l| l.contains("image GC") && l.contains("imagefs.available"))
+        .count()
+}
+
+fn log_len(log: &std::path::Path) -> u64 {
+    std::fs::metadata(log).map_or(0, |m| m.len())
+}
+
+/// The kubelet's first image detection takes the images there as seen long ago; one
+/// pulled afterwards is seen now, and kept for `--minimum-image-ttl-duration` (2 minutes
+/// here, the default) even on a node that had no image at all when the agent started.
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn an_image_pulled_on_a_fresh_node_is_kept_for_the_minimum_age() {
+    const BUSYBOX: &str = "docker.io/library/busybox:latest";
+    let containerd = EmptyContainerd::start().await;
+    assert!(
+        image_tags_of(&containerd.cri()).await.is_empty(),
+        "the new containerd has images"
+    );
+    let mut case = Case::new("gc-fresh").await;
+    let log = common::case::root_dir().with_extension("log");
+    let from = log_len(&log);
+    // The image filesystem is always more than 1% used: every eviction pass (10 s)
+    // reclaims with image GC.
+    let endpoint = containerd.endpoint();
+    case.start_agent(&[
+        "--container-runtime-endpoint",
+        &endpoint,
+        "--eviction-hard",
+        "imagefs.available<99%",
+        "--minimum-image-ttl-duration=2m",
+    ]);
+    eventually("a first reclaim", Duration::from_secs(60), || async {
+        (reclaims_since(&log, from) > 0).then_some(())
+    })
+    .await;
+    pull_into(&containerd.cri(), BUSYBOX).await;
+    let pulled = log_len(&log);
+    assert!(image_tags_of(&containerd.cri()).await.contains(BUSYBOX));
+    eventually(
+        "two reclaims after the pull",
+        Duration::from_secs(60),
+        || async { (reclaims_since(&log, pulled) >= 2).then_some(()) },
+    )
+    .await;
+    let tags = image_tags_of(&containerd.cri()).await;
+    assert!(
+        tags.contains(BUSYBOX),
+        "an image pulled seconds ago was removed: {tags:?}\n{}",
+        case.agent().log_tail()
+    );
+    assert!(
+        !case.agent().log_tail().contains("panicked"),
+        "{}",
+        case.agent().log_tail()
+    );
+    case.stop_agent();
 }

@@ -9,7 +9,7 @@ use super::manager::PodEvictor;
 use crate::cri::Cri;
 use crate::kubelet::Kubelet;
 use crate::pod::source::PodStore;
-use crate::pod::workers::PodWorkers;
+use crate::pod::workers::{PodWork, PodWorkers};
 
 /// The kubelet's pods, as the eviction manager sees them.
 pub struct KubeletPods<C> {
@@ -36,8 +36,9 @@ impl<C> KubeletPods<C> {
 }
 
 impl<C: Cri + Clone> PodEvictor for KubeletPods<C> {
-    /// The kubelet's `GetActivePods`: the node's pods that have not finished and are not
-    /// being deleted (their termination is already under way).
+    /// The kubelet's `GetActivePods`: the node's pods whose worker is not done with them
+    /// ([`crate::pod::is_worker_terminal`]). A pod being deleted whose containers still run
+    /// is one of them: it holds its resources for as long as its grace period.
     fn active_pods(&self) -> Option<Vec<Arc<Pod>>> {
         if !*self.store.synced.borrow() {
             return None;
@@ -45,14 +46,24 @@ impl<C: Cri + Clone> PodEvictor for KubeletPods<C> {
         let pods = self.store.store.state();
         Some(
             pods.into_iter()
-                .filter(|p| !crate::pod::is_terminating(p) && !self.kubelet.finished(p))
+                .filter(|p| !self.kubelet.finished(p))
                 .collect(),
         )
     }
 
+    /// Evicts `pod`. One already being deleted has its termination under way with its own
+    /// grace period: the worker is handed the pod with the eviction's (shorter) one, which
+    /// restarts that termination at once (the kubelet's kill with a grace period override).
     async fn evict(&self, pod: &Pod, message: &str, grace: i64) {
         self.kubelet.evict(pod, message, grace).await;
-        if let Some(uid) = pod.metadata.uid.as_deref() {
+        let Some(uid) = pod.metadata.uid.as_deref() else {
+            return;
+        };
+        if crate::pod::is_terminating(pod) && crate::pod::termination_grace_period(pod) > grace {
+            let mut shorter = pod.clone();
+            shorter.metadata.deletion_grace_period_seconds = Some(grace);
+            self.workers.update(uid, PodWork::Sync(Arc::new(shorter)));
+        } else {
             self.workers.wake(uid);
         }
     }

@@ -10,7 +10,8 @@ use crate::resources::Quantity;
 /// An eviction signal rkubelet observes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Signal {
-    /// `memory.available`: `MemAvailable`.
+    /// `memory.available`: the memory capacity less the root memory cgroup's working set
+    /// (the kubelet's, from cAdvisor's root container).
     MemoryAvailable,
     /// `nodefs.available`: bytes available on the filesystem of `--root-dir`.
     NodeFsAvailable,
@@ -77,7 +78,7 @@ impl Signal {
 /// with no observation meets no threshold, as in the kubelet).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Observations {
-    /// `MemAvailable`, in bytes.
+    /// `memory.available`, in bytes ([`crate::node::Memory::available_bytes`]).
     pub memory_available_bytes: Option<u64>,
     /// The filesystem of `--root-dir`.
     pub nodefs: Option<FsStats>,

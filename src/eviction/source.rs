@@ -1,5 +1,6 @@
 //! Where the eviction manager's figures come from on a real node: the machine (the
-//! node agent's [`MachineInfo`]: `MemAvailable`, the filesystems of `--root-dir` and of
+//! node agent's [`MachineInfo`]: memory capacity less the root cgroup's working set, the
+//! filesystems of `--root-dir` and of
 //! the runtime's images, PIDs) and the runtime (CRI `ImageFsInfo` for where its images
 //! are; `ListContainerStats` of the running containers: working set and writable layer),
 //! plus each container's log files.
@@ -78,7 +79,7 @@ impl<C: Cri, M: MachineInfo + ?Sized + 'static> StatsSource for NodeStats<C, M> 
                     .memory()
                     .map_err(|e| ok("memory.available", e))
                     .ok()
-                    .map(|m| m.available_bytes),
+                    .and_then(|m| m.available_bytes()),
                 nodefs: machine
                     .fs_stats(&root_dir)
                     .map_err(|e| ok("nodefs.available", e))

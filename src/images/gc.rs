@@ -2,13 +2,16 @@
 //! minutes: when the image filesystem is used at `--image-gc-high-threshold` percent or
 //! more, unused images are removed, least recently used first (then first detected first),
 //! until usage is down to `--image-gc-low-threshold`. An image used by any container
-//! (running or not) or the runtime's sandbox (pause) image is never removed, nor one first
-//! seen less than `--minimum-image-ttl-duration` ago. [`ImageGc::delete_unused_images`]
-//! is what an eviction manager calls to reclaim disk.
+//! (running or not) or a sandbox (pause) image — `--pod-infra-container-image` and the
+//! runtime's own — is never removed, nor one first seen less than
+//! `--minimum-image-ttl-duration` ago: the images present at the agent's first successful
+//! look count as seen long ago, every later one from when it was first seen.
+//! [`ImageGc::delete_unused_images`] is what an eviction manager calls to reclaim disk.
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
 use tokio::sync::Mutex;
@@ -19,6 +22,9 @@ use crate::node::{ContainerRuntime, FsStats, LinuxMachine, MachineInfo};
 
 /// How often the collector runs (the kubelet's `ImageGCPeriod`).
 pub const IMAGE_GC_PERIOD: Duration = Duration::from_secs(300);
+
+/// The kubelet v1.20's default `--pod-infra-container-image`.
+pub const DEFAULT_POD_SANDBOX_IMAGE: &str = "k8s.gcr.io/pause:3.2";
 
 /// Why image garbage collection failed.
 #[derive(Debug, thiserror::Error)]
@@ -32,6 +38,9 @@ pub enum ImageGcError {
     /// The runtime reported no image filesystem.
     #[error("the runtime reported no image filesystem")]
     NoImageFs,
+    /// The runtime's verbose status does not name its sandbox image.
+    #[error("the runtime's status names no sandbox image: {0}")]
+    NoSandboxImage(String),
     /// The image filesystem could not be measured.
     #[error("image filesystem: {0}")]
     Statvfs(#[from] crate::node::MachineError),
@@ -158,7 +167,7 @@ impl Default for ImageGcPolicy {
 /// What the collector knows of an image (`imageRecord`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Record {
-    /// When first seen; the epoch for the images there when the agent started.
+    /// When first seen; the epoch for the images there at the first detection.
     first_detected: SystemTime,
     /// When last seen in use; the epoch for never.
     last_used: SystemTime,
@@ -242,43 +251,100 @@ pub struct ImageGc<C, F> {
     cri: Arc<C>,
     fs: F,
     policy: ImageGcPolicy,
+    /// `--pod-infra-container-image`.
+    sandbox_image: String,
     records: Mutex<HashMap<String, Record>>,
+    /// Whether a detection has succeeded (the kubelet's `initialized`).
+    initialized: AtomicBool,
 }
 
 impl<C: Cri, F: ImageFs> ImageGc<C, F> {
-    /// A collector applying `policy` to the images of `cri` on `fs`.
-    pub fn new(cri: Arc<C>, fs: F, policy: ImageGcPolicy) -> Self {
+    /// A collector applying `policy` to the images of `cri` on `fs`, never removing
+    /// `sandbox_image` (`--pod-infra-container-image`) nor the runtime's own sandbox image.
+    pub fn new(cri: Arc<C>, fs: F, policy: ImageGcPolicy, sandbox_image: String) -> Self {
         Self {
             cri,
             fs,
             policy,
+            sandbox_image,
             records: Mutex::new(HashMap::new()),
+            initialized: AtomicBool::new(false),
         }
     }
 
-    /// The runtime's sandbox image id, from the runtime's verbose status (containerd's
-    /// `sandboxImage`), counted as in use as the kubelet counts `--pod-infra-container-image`.
-    async fn sandbox_image(&self) -> Option<String> {
+    /// The sandbox image the runtime itself uses, from its verbose status (containerd's
+    /// `config.sandboxImage`).
+    async fn runtime_sandbox_image(&self) -> Result<String, ImageGcError> {
         let status = self
             .cri
             .status(api::StatusRequest { verbose: true })
-            .await
-            .ok()?;
-        let config: serde_json::Value = serde_json::from_str(status.info.get("config")?).ok()?;
-        let image = config.get("sandboxImage")?.as_str()?.to_owned();
-        let req = api::ImageStatusRequest {
-            image: Some(api::ImageSpec {
-                image,
-                ..Default::default()
-            }),
-            verbose: false,
-        };
-        Some(self.cri.image_status(req).await.ok()?.image?.id)
+            .await?;
+        let config = status
+            .info
+            .get("config")
+            .ok_or_else(|| ImageGcError::NoSandboxImage("no \"config\" in its info".into()))?;
+        let config: serde_json::Value = serde_json::from_str(config)
+            .map_err(|e| ImageGcError::NoSandboxImage(format!("\"config\" is not JSON: {e}")))?;
+        config
+            .get("sandboxImage")
+            .and_then(serde_json::Value::as_str)
+            .map(str::to_owned)
+            .ok_or_else(|| ImageGcError::NoSandboxImage("no \"sandboxImage\" in its config".into()))
     }
 
-    /// Updates the records from the runtime at `now` (`detectImages`); answers the ids
-    /// of the images in use.
-    async fn detect(&self, now: SystemTime) -> Result<HashSet<String>, ImageGcError> {
+    /// The ids of the sandbox images present, counted as in use (the kubelet's
+    /// `GetImageRef(sandboxImage)`): `--pod-infra-container-image` by name, and the
+    /// runtime's own (a runtime that does not name it is logged, the configured one is
+    /// still kept).
+    async fn sandbox_image_ids(&self) -> Vec<String> {
+        let mut names = vec![self.sandbox_image.clone()];
+        match self.runtime_sandbox_image().await {
+            Ok(name) => names.push(name),
+            Err(e) => tracing::warn!(
+                error = %e,
+                image = %self.sandbox_image,
+                "image GC protects only --pod-infra-container-image"
+            ),
+        }
+        let mut ids = Vec::new();
+        for image in names {
+            let req = api::ImageStatusRequest {
+                image: Some(api::ImageSpec {
+                    image,
+                    ..Default::default()
+                }),
+                verbose: false,
+            };
+            if let Ok(Some(found)) = self.cri.image_status(req).await.map(|r| r.image) {
+                ids.push(found.id);
+            }
+        }
+        ids
+    }
+
+    /// The kubelet's image monitoring (`Start`, every [`IMAGE_GC_PERIOD`]): the first
+    /// detection that succeeds takes the images present as first seen at an unknown time
+    /// long ago (the epoch), every later one takes new images as first seen now.
+    async fn monitor(&self) {
+        let now = SystemTime::now();
+        let first_detected = if self.initialized.load(Ordering::Acquire) {
+            now
+        } else {
+            SystemTime::UNIX_EPOCH
+        };
+        match self.detect(now, first_detected).await {
+            Ok(_) => self.initialized.store(true, Ordering::Release),
+            Err(e) => tracing::warn!(error = %e, "Failed to monitor images"),
+        }
+    }
+
+    /// Updates the records from the runtime at `now` (`detectImages`), new images taken as
+    /// first seen at `first_detected`; answers the ids of the images in use.
+    async fn detect(
+        &self,
+        now: SystemTime,
+        first_detected: SystemTime,
+    ) -> Result<HashSet<String>, ImageGcError> {
         let images = self
             .cri
             .list_images(api::ListImagesRequest { filter: None })
@@ -292,14 +358,13 @@ impl<C: Cri, F: ImageFs> ImageGc<C, F> {
             .into_iter()
             .map(|c| c.image_ref)
             .collect();
-        in_use.extend(self.sandbox_image().await);
+        in_use.extend(self.sandbox_image_ids().await);
         let mut records = self.records.lock().await;
-        let first = records.is_empty();
         let present: HashSet<&str> = images.images.iter().map(|i| i.id.as_str()).collect();
         records.retain(|id, _| present.contains(id.as_str()));
         for image in &images.images {
             let record = records.entry(image.id.clone()).or_insert(Record {
-                first_detected: if first { SystemTime::UNIX_EPOCH } else { now },
+                first_detected,
                 last_used: SystemTime::UNIX_EPOCH,
                 size: 0,
             });
@@ -318,7 +383,7 @@ impl<C: Cri, F: ImageFs> ImageGc<C, F> {
     /// The runtime could not be read, or a removal failed.
     async fn free_space(&self, wanted: u64) -> Result<u64, ImageGcError> {
         let now = SystemTime::now();
-        let in_use = self.detect(now).await?;
+        let in_use = self.detect(now, now).await?;
         let chosen = {
             let records = self.records.lock().await;
             select_images(&records, &in_use, self.policy.min_age, now, wanted)
@@ -379,12 +444,10 @@ impl<C: Cri, F: ImageFs> ImageGc<C, F> {
         self.free_space(u64::MAX).await
     }
 
-    /// Notes the images present now, then collects every [`IMAGE_GC_PERIOD`] until
-    /// `cancel`, unless the policy disables collection.
+    /// Notes the images present now, then, every [`IMAGE_GC_PERIOD`] until `cancel`,
+    /// notes them again and collects, unless the policy disables collection.
     pub async fn run(self: Arc<Self>, cancel: tokio_util::sync::CancellationToken) {
-        if let Err(e) = self.detect(SystemTime::now()).await {
-            tracing::warn!(error = %e, "Failed to monitor images");
-        }
+        self.monitor().await;
         if !self.policy.enabled() {
             tracing::info!("ImageGCHighThresholdPercent is set 100, Disable image GC");
             return;
@@ -400,7 +463,10 @@ impl<C: Cri, F: ImageFs> ImageGc<C, F> {
                     " once. Stats initialization may not have completed yet"
                 }
             },
-            || self.garbage_collect(),
+            || async {
+                self.monitor().await;
+                self.garbage_collect().await
+            },
         )
         .await;
     }
@@ -533,14 +599,18 @@ mod tests {
         assert_eq!(chosen, [("old".to_owned(), 10)]);
     }
 
-    /// A runtime with images and containers that records removals; its status names a
-    /// sandbox image as containerd does.
+    /// A runtime with images and containers that records removals; its status carries
+    /// `config` (as containerd's, which names its sandbox image) when given.
     #[derive(Default)]
     struct Runtime {
         images: StdMutex<Vec<api::Image>>,
         containers: Vec<api::Container>,
+        config: Option<&'static str>,
         removed: StdMutex<Vec<String>>,
     }
+
+    /// containerd's `config`, naming `pause:1` its sandbox image.
+    const CONTAINERD_CONFIG: Option<&str> = Some(r#"{"sandboxImage":"pause:1"}"#);
 
     fn image(id: &str, size: u64) -> api::Image {
         api::Image {
@@ -570,10 +640,11 @@ mod tests {
         async fn status(&self, _: api::StatusRequest) -> crate::cri::Result<api::StatusResponse> {
             Ok(api::StatusResponse {
                 status: None,
-                info: HashMap::from([(
-                    "config".to_owned(),
-                    r#"{"sandboxImage":"pause:1"}"#.to_owned(),
-                )]),
+                info: self
+                    .config
+                    .map(|c| ("config".to_owned(), c.to_owned()))
+                    .into_iter()
+                    .collect(),
             })
         }
         async fn image_status(
@@ -606,6 +677,17 @@ mod tests {
         }
     }
 
+    /// A collector of `runtime`'s images on an empty filesystem, configured with the
+    /// pause image `pause:1`.
+    fn collector(runtime: &Arc<Runtime>, policy: ImageGcPolicy) -> ImageGc<Runtime, Full> {
+        ImageGc::new(
+            runtime.clone(),
+            Full(fs(100, 100)),
+            policy,
+            "pause:1".into(),
+        )
+    }
+
     #[tokio::test]
     async fn a_run_over_the_threshold_spares_the_sandbox_image_and_images_of_dead_containers() {
         let runtime = Arc::new(Runtime {
@@ -619,10 +701,17 @@ mod tests {
                 state: api::ContainerState::ContainerExited as i32,
                 ..Default::default()
             }],
+            config: CONTAINERD_CONFIG,
             ..Default::default()
         });
         let policy = ImageGcPolicy::new(50, 40, Duration::ZERO).unwrap();
-        let gc = ImageGc::new(runtime.clone(), Full(fs(100, 10)), policy);
+        // The configured pause image is not there: the runtime's own is kept.
+        let gc = ImageGc::new(
+            runtime.clone(),
+            Full(fs(100, 10)),
+            policy,
+            "registry.k8s.io/pause:3.2".into(),
+        );
         // 90 % used, down to 40 % wants 50 bytes: only 7 can go.
         let err = gc.garbage_collect().await.unwrap_err();
         assert_eq!(
@@ -638,14 +727,44 @@ mod tests {
             images: StdMutex::new(vec![image("sha256:old", 5)]),
             ..Default::default()
         });
-        let gc = ImageGc::new(
-            runtime.clone(),
-            Full(fs(100, 100)),
-            ImageGcPolicy::default(),
-        );
-        gc.detect(SystemTime::now()).await.unwrap();
+        let gc = collector(&runtime, ImageGcPolicy::default());
+        gc.monitor().await;
         runtime.images.lock().unwrap().push(image("sha256:new", 5));
         assert_eq!(gc.delete_unused_images().await.unwrap(), 5);
         assert_eq!(*runtime.removed.lock().unwrap(), ["sha256:old"]);
+    }
+
+    #[tokio::test]
+    async fn on_a_node_that_started_without_images_a_new_image_waits_for_the_minimum_age() {
+        let runtime = Arc::new(Runtime::default());
+        let gc = collector(&runtime, ImageGcPolicy::default());
+        // The first detection finds nothing; an image is pulled after it.
+        gc.monitor().await;
+        runtime.images.lock().unwrap().push(image("sha256:new", 5));
+        assert_eq!(gc.delete_unused_images().await.unwrap(), 0);
+        // A periodic detection sees it as new too.
+        gc.monitor().await;
+        assert_eq!(gc.delete_unused_images().await.unwrap(), 0);
+        assert!(runtime.removed.lock().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn the_configured_pause_image_is_kept_when_the_runtime_does_not_name_one() {
+        for config in [None, Some("not json"), Some(r#"{"other":1}"#)] {
+            let runtime = Arc::new(Runtime {
+                images: StdMutex::new(vec![image("sha256:pause", 1), image("sha256:unused", 7)]),
+                config,
+                ..Default::default()
+            });
+            let gc = collector(
+                &runtime,
+                ImageGcPolicy::new(50, 40, Duration::ZERO).unwrap(),
+            );
+            let err = gc.runtime_sandbox_image().await.unwrap_err();
+            assert!(matches!(err, ImageGcError::NoSandboxImage(_)), "{err}");
+            gc.monitor().await;
+            assert_eq!(gc.delete_unused_images().await.unwrap(), 7);
+            assert_eq!(*runtime.removed.lock().unwrap(), ["sha256:unused"]);
+        }
     }
 }

@@ -39,7 +39,6 @@ const fn no_effect(
 pub const NO_EFFECT: &[NoEffect] = &[
     no_effect("container-runtime", Some("remote"), "rkubelet talks to a CRI runtime at --container-runtime-endpoint"),
     no_effect("image-service-endpoint", None, "images are pulled through --container-runtime-endpoint"),
-    no_effect("pod-infra-container-image", None, "the runtime's own sandbox image is used"),
     no_effect("fail-swap-on", Some("false"), "rkubelet does not check for swap"),
     no_effect("runtime-cgroups", None, "rkubelet does not move the runtime into a cgroup"),
     no_effect("kubelet-cgroups", None, "rkubelet does not move itself into a cgroup"),
@@ -440,6 +439,7 @@ mod tests {
                 [
                     "container-runtime-endpoint",
                     "node-ip",
+                    "pod-infra-container-image",
                     "node-labels",
                     "provider-id",
                 ]
@@ -449,19 +449,13 @@ mod tests {
         let args: Vec<&str> = kind.split_whitespace().collect();
         let (matches, startup) = parse(cmd, argv(&args)).unwrap();
         assert_eq!(matches.subcommand_name(), Some("run"));
-        // remote and fail-swap-on=false are what rkubelet does: only two flags are noted.
+        // remote and fail-swap-on=false are what rkubelet does: only one flag is noted.
         assert_eq!(
             startup.notes,
-            [
-                Note::NoEffectFlag {
-                    flag: "pod-infra-container-image",
-                    why: "the runtime's own sandbox image is used"
-                },
-                Note::NoEffectFlag {
-                    flag: "runtime-cgroups",
-                    why: "rkubelet does not move the runtime into a cgroup"
-                },
-            ]
+            [Note::NoEffectFlag {
+                flag: "runtime-cgroups",
+                why: "rkubelet does not move the runtime into a cgroup"
+            }]
         );
     }
 

@@ -368,7 +368,7 @@ fn read_machine(
     };
     MachineReadings {
         capacity,
-        memory_available_bytes: memory.map(|m| m.available_bytes),
+        memory_available_bytes: memory.and_then(|m| m.available_bytes()),
         nodefs,
         imagefs: imagefs.and_then(|path| ok(machine.fs_stats(path))),
         pids: ok(machine.pid_usage()),
@@ -425,7 +425,7 @@ impl Heartbeats {
 mod tests {
     use super::*;
     use crate::cri::{NETWORK_READY, RUNTIME_READY};
-    use crate::node::machine::fake::{FakeMachine, MIB};
+    use crate::node::machine::fake::{self as machine_fake, FakeMachine, GIB, MIB};
     use crate::node::runtime::fake::{self, FakeRuntime};
 
     /// A client for an API server that is never contacted by these tests.
@@ -462,10 +462,10 @@ mod tests {
         assert_eq!(pressure, Pressure::default());
 
         // Memory pressure is seen, and held after it is gone.
-        machine.set(|f| f.memory.as_mut().unwrap().available_bytes = 50 * MIB);
+        machine.set(|f| f.memory = Some(machine_fake::memory(24 * GIB, 50 * MIB)));
         let (_, pressure) = agent.observe(&mut state).await;
         assert!(pressure.memory);
-        machine.set(|f| f.memory.as_mut().unwrap().available_bytes = 10_000 * MIB);
+        machine.set(|f| f.memory = Some(machine_fake::memory(24 * GIB, 10_000 * MIB)));
         let (_, pressure) = agent.observe(&mut state).await;
         assert!(pressure.memory);
     }

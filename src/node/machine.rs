@@ -1,5 +1,6 @@
-//! The machine the node runs on, as the kubelet learns it from cAdvisor: CPUs, memory,
-//! huge pages, filesystem and PID usage, and the identifiers in `nodeInfo`.
+//! The machine the node runs on, as the kubelet learns it from cAdvisor: CPUs, memory
+//! (capacity, and the root memory cgroup's usage and working set), huge pages, filesystem
+//! and PID usage, and the identifiers in `nodeInfo`.
 //!
 //! [`MachineInfo`] is the boundary; [`LinuxMachine`] reads `/proc`, `/sys` and `/etc`, and
 //! the tests use a fake. Every method is synchronous and cheap (a few small reads or one
@@ -9,13 +10,36 @@ use std::path::{Path, PathBuf};
 
 use super::MachineError;
 
-/// Memory as `/proc/meminfo` reports it.
+/// The machine's memory: its capacity, and what the root memory cgroup uses of it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Memory {
-    /// `MemTotal`, in bytes.
+    /// `MemTotal`, in bytes: the node's memory capacity.
     pub total_bytes: u64,
-    /// `MemAvailable`, in bytes: the kernel's estimate of memory usable without swapping.
-    pub available_bytes: u64,
+    /// The root memory cgroup's usage (cAdvisor's root container stats); `None` when it
+    /// cannot be read.
+    pub usage: Option<MemoryUsage>,
+}
+
+/// The root memory cgroup's usage, as cAdvisor reports it for the root container.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryUsage {
+    /// Memory in use, page cache included (v1 `memory.usage_in_bytes`; v2
+    /// `memory.current`, or `MemTotal − MemFree` for the root cgroup, which has none).
+    pub usage_bytes: u64,
+    /// The working set: the usage less the inactive file pages (`total_inactive_file`
+    /// in v1's `memory.stat`, `inactive_file` in v2's), which the kernel reclaims first.
+    pub working_set_bytes: u64,
+}
+
+impl Memory {
+    /// The kubelet's `memory.available`: capacity less the root cgroup's working set
+    /// (the summary's node `availableBytes`; `MemAvailable` counts active page cache as
+    /// available, the kubelet does not).
+    #[must_use]
+    pub fn available_bytes(&self) -> Option<u64> {
+        self.usage
+            .map(|u| self.total_bytes.saturating_sub(u.working_set_bytes))
+    }
 }
 
 /// One huge page size and how many pages of it the kernel has reserved.
@@ -56,10 +80,10 @@ pub trait MachineInfo: Send + Sync {
     /// # Errors
     /// When the CPU list cannot be read.
     fn num_cpus(&self) -> Result<u32, MachineError>;
-    /// Total and available memory.
+    /// The memory capacity, and the root memory cgroup's usage when it can be read.
     ///
     /// # Errors
-    /// When the memory figures cannot be read.
+    /// When the capacity cannot be read.
     fn memory(&self) -> Result<Memory, MachineError>;
     /// The huge page sizes the kernel supports, with their reserved pages.
     ///
@@ -106,6 +130,7 @@ pub struct LinuxMachine;
 
 const CPU_ONLINE: &str = "/sys/devices/system/cpu/online";
 const MEMINFO: &str = "/proc/meminfo";
+const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 const HUGEPAGES_DIR: &str = "/sys/kernel/mm/hugepages";
 const PID_MAX: &str = "/proc/sys/kernel/pid_max";
 const LOADAVG: &str = "/proc/loadavg";
@@ -159,7 +184,14 @@ impl MachineInfo for LinuxMachine {
 
     fn memory(&self) -> Result<Memory, MachineError> {
         let text = read("memory", MEMINFO)?;
-        parse_meminfo(&text).map_err(|reason| parse_error("memory", MEMINFO, reason))
+        let info = parse_meminfo(&text).map_err(|reason| parse_error("memory", MEMINFO, reason))?;
+        let usage = root_memory_usage(Path::new(CGROUP_ROOT), &info)
+            .inspect_err(|e| tracing::warn!(error = %e, "root memory cgroup usage unavailable"))
+            .ok();
+        Ok(Memory {
+            total_bytes: info.total_bytes,
+            usage,
+        })
     }
 
     fn hugepages(&self) -> Result<Vec<HugePages>, MachineError> {
@@ -299,8 +331,17 @@ fn parse_cpu_list(text: &str) -> Option<u32> {
     Some(count)
 }
 
-/// `MemTotal` and `MemAvailable` from `/proc/meminfo`, in bytes.
-fn parse_meminfo(text: &str) -> Result<Memory, String> {
+/// The figures of `/proc/meminfo` the memory readings use, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct MemInfo {
+    /// `MemTotal`.
+    total_bytes: u64,
+    /// `MemFree`.
+    free_bytes: u64,
+}
+
+/// `MemTotal` and `MemFree` from `/proc/meminfo`, in bytes.
+fn parse_meminfo(text: &str) -> Result<MemInfo, String> {
     let field = |name: &str| -> Result<u64, String> {
         let line = text
             .lines()
@@ -314,9 +355,70 @@ fn parse_meminfo(text: &str) -> Result<Memory, String> {
             .ok_or_else(|| format!("bad {name} value {:?}", line.trim()))?;
         Ok(kib.saturating_mul(1024))
     };
-    Ok(Memory {
+    Ok(MemInfo {
         total_bytes: field("MemTotal")?,
-        available_bytes: field("MemAvailable")?,
+        free_bytes: field("MemFree")?,
+    })
+}
+
+/// The number a cgroup file holds.
+fn read_cgroup_number(path: &Path) -> Result<u64, MachineError> {
+    let text = std::fs::read_to_string(path).map_err(|source| MachineError::Read {
+        what: "memory cgroup",
+        path: path.to_owned(),
+        source,
+    })?;
+    text.trim().parse().map_err(|_| MachineError::Parse {
+        what: "memory cgroup",
+        path: path.to_owned(),
+        reason: format!("bad number {:?}", text.trim()),
+    })
+}
+
+/// The value of `key` in a `memory.stat` file.
+fn read_memory_stat(path: &Path, key: &str) -> Result<u64, MachineError> {
+    let text = std::fs::read_to_string(path).map_err(|source| MachineError::Read {
+        what: "memory cgroup",
+        path: path.to_owned(),
+        source,
+    })?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(' ')?.trim().parse().ok())
+        .ok_or_else(|| MachineError::Parse {
+            what: "memory cgroup",
+            path: path.to_owned(),
+            reason: format!("no {key} line"),
+        })
+}
+
+/// The root memory cgroup's usage and working set under the cgroup mount `root`, as
+/// cAdvisor computes them for its root container: the working set is the usage less the
+/// inactive file pages (zero when those exceed it). Cgroup v1 (also the hybrid layout):
+/// `memory/memory.usage_in_bytes` and `total_inactive_file`; v2: `memory.current` (the
+/// root cgroup has none: `MemTotal − MemFree`, as runc reads the root) and
+/// `inactive_file`.
+fn root_memory_usage(root: &Path, meminfo: &MemInfo) -> Result<MemoryUsage, MachineError> {
+    let v1 = root.join("memory");
+    let (usage_bytes, inactive_file) = if v1.join("memory.usage_in_bytes").exists() {
+        (
+            read_cgroup_number(&v1.join("memory.usage_in_bytes"))?,
+            read_memory_stat(&v1.join("memory.stat"), "total_inactive_file")?,
+        )
+    } else {
+        let current = root.join("memory.current");
+        let usage = if current.exists() {
+            read_cgroup_number(&current)?
+        } else {
+            meminfo.total_bytes.saturating_sub(meminfo.free_bytes)
+        };
+        (
+            usage,
+            read_memory_stat(&root.join("memory.stat"), "inactive_file")?,
+        )
+    };
+    Ok(MemoryUsage {
+        usage_bytes,
+        working_set_bytes: usage_bytes.saturating_sub(inactive_file),
     })
 }
 
@@ -385,10 +487,7 @@ pub(crate) mod fake {
         fn default() -> Self {
             Self(Mutex::new(Figures {
                 cpus: Some(2),
-                memory: Some(Memory {
-                    total_bytes: 24 * GIB,
-                    available_bytes: 20 * GIB,
-                }),
+                memory: Some(memory(24 * GIB, 20 * GIB)),
                 hugepages: vec![
                     HugePages {
                         page_size_bytes: 2 * MIB,
@@ -411,6 +510,19 @@ pub(crate) mod fake {
                 }),
                 boot_id: "boot-1".into(),
             }))
+        }
+    }
+
+    /// `total` bytes of memory of which `available` are available (the working set is the
+    /// rest; 2 GiB of inactive page cache on top of it).
+    pub fn memory(total: u64, available: u64) -> Memory {
+        let working_set_bytes = total - available;
+        Memory {
+            total_bytes: total,
+            usage: Some(MemoryUsage {
+                usage_bytes: working_set_bytes + 2 * GIB,
+                working_set_bytes,
+            }),
         }
     }
 
@@ -482,12 +594,132 @@ mod tests {
                     MemAvailable:   23856852 kB\n";
         let m = parse_meminfo(text).unwrap();
         assert_eq!(m.total_bytes, 24_684_092 * 1024);
-        assert_eq!(m.available_bytes, 23_856_852 * 1024);
+        assert_eq!(m.free_bytes, 21_419_108 * 1024);
         assert!(
             parse_meminfo("MemTotal: 1 kB\n")
                 .unwrap_err()
-                .contains("MemAvailable")
+                .contains("MemFree")
         );
+    }
+
+    const GIB: u64 = 1 << 30;
+
+    /// A cgroup mount made of `files` (path, content) under a fresh directory.
+    fn cgroup_mount(name: &str, files: &[(&str, &str)]) -> PathBuf {
+        let root = std::env::temp_dir().join(format!("rk-memcg-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        for (path, content) in files {
+            let path = root.join(path);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, content).unwrap();
+        }
+        root
+    }
+
+    /// 24 GiB, 10 GiB of them free.
+    const MEMINFO: MemInfo = MemInfo {
+        total_bytes: 24 * GIB,
+        free_bytes: 10 * GIB,
+    };
+
+    #[test]
+    fn memory_available_is_capacity_less_the_root_cgroup_working_set_in_v1() {
+        // 9 GiB in use, 6 GiB of it inactive page cache: 3 GiB working set.
+        let root = cgroup_mount(
+            "v1",
+            &[
+                ("memory/memory.usage_in_bytes", &format!("{}\n", 9 * GIB)),
+                (
+                    "memory/memory.stat",
+                    &format!(
+                        "cache 40960\ninactive_file 4096\ntotal_cache {}\ntotal_inactive_file {}\n",
+                        7 * GIB,
+                        6 * GIB
+                    ),
+                ),
+                // v2 files of a hybrid layout are not the memory controller's.
+                ("memory.stat", "inactive_file 1\n"),
+            ],
+        );
+        let usage = root_memory_usage(&root, &MEMINFO).unwrap();
+        assert_eq!(
+            usage,
+            MemoryUsage {
+                usage_bytes: 9 * GIB,
+                working_set_bytes: 3 * GIB
+            }
+        );
+        let memory = Memory {
+            total_bytes: MEMINFO.total_bytes,
+            usage: Some(usage),
+        };
+        assert_eq!(memory.available_bytes(), Some(21 * GIB));
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn memory_available_in_v2_and_for_a_root_without_memory_current() {
+        let stat = format!(
+            "anon {}\nfile {}\ninactive_file {}\n",
+            GIB,
+            8 * GIB,
+            5 * GIB
+        );
+        let root = cgroup_mount(
+            "v2",
+            &[
+                ("memory.stat", &stat),
+                ("memory.current", &format!("{}\n", 12 * GIB)),
+            ],
+        );
+        let usage = root_memory_usage(&root, &MEMINFO).unwrap();
+        assert_eq!(usage.working_set_bytes, 7 * GIB);
+        std::fs::remove_file(root.join("memory.current")).unwrap();
+        // The root cgroup of a v2 host: MemTotal − MemFree = 14 GiB in use.
+        let usage = root_memory_usage(&root, &MEMINFO).unwrap();
+        assert_eq!(
+            usage,
+            MemoryUsage {
+                usage_bytes: 14 * GIB,
+                working_set_bytes: 9 * GIB
+            }
+        );
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn unreadable_or_odd_memory_cgroups_give_no_usage_and_never_a_negative_working_set() {
+        let root = cgroup_mount(
+            "odd",
+            &[
+                ("memory/memory.usage_in_bytes", "100\n"),
+                ("memory/memory.stat", "total_inactive_file 400\n"),
+            ],
+        );
+        assert_eq!(
+            root_memory_usage(&root, &MEMINFO)
+                .unwrap()
+                .working_set_bytes,
+            0
+        );
+        std::fs::write(root.join("memory/memory.stat"), "cache 1\n").unwrap();
+        let err = root_memory_usage(&root, &MEMINFO).unwrap_err();
+        assert!(err.to_string().contains("total_inactive_file"), "{err}");
+        std::fs::write(root.join("memory/memory.usage_in_bytes"), "max\n").unwrap();
+        assert!(root_memory_usage(&root, &MEMINFO).is_err());
+        // No memory controller at all.
+        let empty = cgroup_mount("none", &[("cgroup.procs", "1\n")]);
+        assert!(root_memory_usage(&empty, &MEMINFO).is_err());
+        assert_eq!(
+            Memory {
+                total_bytes: 1,
+                usage: None
+            }
+            .available_bytes(),
+            None
+        );
+        std::fs::remove_dir_all(&root).unwrap();
+        std::fs::remove_dir_all(&empty).unwrap();
     }
 
     #[test]
@@ -518,7 +750,10 @@ mod tests {
         let m = LinuxMachine;
         assert!(m.num_cpus().unwrap() >= 1);
         let mem = m.memory().unwrap();
-        assert!(mem.total_bytes >= mem.available_bytes && mem.total_bytes > 0);
+        let available = mem
+            .available_bytes()
+            .expect("the root memory cgroup is readable");
+        assert!(mem.total_bytes >= available && mem.total_bytes > 0);
         let fs = m.fs_stats(Path::new("/no/such/dir/below/root")).unwrap();
         assert!(fs.capacity_bytes >= fs.available_bytes && fs.capacity_bytes > 0);
         let pids = m.pid_usage().unwrap();

@@ -47,7 +47,7 @@ pub use config::{
 pub use error::{MachineError, NodeError};
 pub use lease::{LeaseController, NODE_LEASE_NAMESPACE};
 pub use lister::{node_lister, nodes_lister};
-pub use machine::{FsStats, HugePages, LinuxMachine, MachineInfo, Memory, PidUsage};
+pub use machine::{FsStats, HugePages, LinuxMachine, MachineInfo, Memory, MemoryUsage, PidUsage};
 pub use registration::{pod_cidr_at_start, wait_for_pod_cidr};
 pub use runtime::{ContainerRuntime, ReadinessCheck, RuntimeVersion, image_fs_mountpoint};
 

@@ -85,8 +85,8 @@ pub(crate) struct Pressure {
 
 impl Pressure {
     /// The hard eviction thresholds met by `obs`, as the eviction manager decides them
-    /// ([`crate::eviction::thresholds_met`]): `memory.available` (here `MemAvailable`)
-    /// below its threshold; `nodefs.*` or `imagefs.*` below their percentages; PIDs available below their percentage of `pid_max`. A figure that
+    /// ([`crate::eviction::thresholds_met`]): `memory.available` (capacity less the root
+    /// memory cgroup's working set) below its threshold; `nodefs.*` or `imagefs.*` below their percentages; PIDs available below their percentage of `pid_max`. A figure that
     /// could not be read meets nothing.
     pub fn observed(obs: &Observation, hard: &EvictionHard) -> Self {
         let signals = eviction::Observations {

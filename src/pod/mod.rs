@@ -7,7 +7,7 @@ pub mod mirror;
 pub mod source;
 pub mod workers;
 
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::core::v1::{Container, Pod, PodStatus};
 
 /// The identity of one pod: the UID is the key; namespace and name are for humans, API
 /// paths and CRI metadata.
@@ -112,6 +112,33 @@ pub fn is_terminating(pod: &Pod) -> bool {
     pod.metadata.deletion_timestamp.is_some()
 }
 
+/// Whether the pod's worker is done with it (the kubelet's `podIsTerminated`): its phase is
+/// `Succeeded` or `Failed`, or it is being deleted and none of its containers runs any
+/// more (by `status`, the status this agent last generated, else the API's). A pod being
+/// deleted whose containers still run holds its resources: it stays active, for admission
+/// and as an eviction candidate.
+#[must_use]
+pub fn is_worker_terminal(pod: &Pod, status: Option<&PodStatus>) -> bool {
+    let status = status.or(pod.status.as_ref());
+    let phase_terminal = matches!(
+        status.and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    );
+    // `notRunning`: every container waiting or terminated (or none reported).
+    let not_running = || {
+        status
+            .and_then(|s| s.container_statuses.as_deref())
+            .unwrap_or_default()
+            .iter()
+            .all(|c| {
+                c.state
+                    .as_ref()
+                    .is_some_and(|st| st.waiting.is_some() || st.terminated.is_some())
+            })
+    };
+    phase_terminal || (is_terminating(pod) && not_running())
+}
+
 /// Whether an update of a pod asks for a sync: its spec, labels, annotations or deletion
 /// changed (the kubelet's `podsDifferSemantically`). A change of status alone — mostly
 /// this agent's own writes coming back through the watch — does not.
@@ -204,11 +231,52 @@ mod tests {
     }
 
     #[test]
+    fn a_deleted_pod_stays_active_while_a_container_runs() {
+        use k8s_openapi::api::core::v1::{
+            ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStatus,
+        };
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let status = |phase: &str, running: bool| PodStatus {
+            phase: Some(phase.into()),
+            container_statuses: Some(vec![ContainerStatus {
+                name: "c".into(),
+                state: Some(if running {
+                    ContainerState {
+                        running: Some(ContainerStateRunning::default()),
+                        ..Default::default()
+                    }
+                } else {
+                    ContainerState {
+                        terminated: Some(ContainerStateTerminated::default()),
+                        ..Default::default()
+                    }
+                }),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        };
+        let mut pod = testing::pod("web", &[("c", "nginx")]);
+        assert!(!is_worker_terminal(&pod, None));
+        assert!(!is_worker_terminal(&pod, Some(&status("Running", true))));
+        assert!(is_worker_terminal(&pod, Some(&status("Failed", false))));
+        pod.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
+        // Deleted, its container still running: still active.
+        assert!(!is_worker_terminal(&pod, Some(&status("Running", true))));
+        // The API's status stands in for a missing one of our own.
+        pod.status = Some(status("Running", true));
+        assert!(!is_worker_terminal(&pod, None));
+        // Deleted and stopped, or no container reported: done.
+        assert!(is_worker_terminal(&pod, Some(&status("Running", false))));
+        pod.status = Some(PodStatus::default());
+        assert!(is_worker_terminal(&pod, None));
+    }
+
+    #[test]
     fn only_spec_labels_annotations_and_deletion_ask_for_a_sync() {
         let pod = testing::pod("web", &[("c", "nginx")]);
         let mut status_only = pod.clone();
         status_only.metadata.resource_version = Some("42".into());
-        status_only.status = Some(k8s_openapi::api::core::v1::PodStatus {
+        status_only.status = Some(PodStatus {
             phase: Some("Running".into()),
             ..Default::default()
         });

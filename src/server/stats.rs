@@ -303,14 +303,15 @@ impl StatsProvider {
             .await
             .unwrap_or_default();
         let (usage, boot) = parse_proc_stat(&proc_stat, USER_HZ);
-        let memory = machine.memory().ok().map(|m| {
-            let used = m.total_bytes.saturating_sub(m.available_bytes);
-            MemoryStats {
+        // The root cgroup's figures, as cAdvisor's root container gives them the kubelet.
+        let memory = machine.memory().ok().and_then(|m| {
+            let usage = m.usage?;
+            Some(MemoryStats {
                 time: rfc3339(now),
-                available_bytes: Some(m.available_bytes),
-                usage_bytes: Some(used),
-                working_set_bytes: Some(used),
-            }
+                available_bytes: m.available_bytes(),
+                usage_bytes: Some(usage.usage_bytes),
+                working_set_bytes: Some(usage.working_set_bytes),
+            })
         });
         NodeStats {
             node_name: node_name.to_owned(),
@@ -352,7 +353,7 @@ fn sum_memory(containers: &[ContainerStats], now: i64) -> Option<MemoryStats> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::node::{FsStats, HugePages, MachineError, Memory, PidUsage};
+    use crate::node::{FsStats, HugePages, MachineError, Memory, MemoryUsage, PidUsage};
     use crate::pod::PodId;
 
     #[test]
@@ -372,7 +373,10 @@ mod tests {
         fn memory(&self) -> Result<Memory, MachineError> {
             Ok(Memory {
                 total_bytes: 1000,
-                available_bytes: 400,
+                usage: Some(MemoryUsage {
+                    usage_bytes: 900,
+                    working_set_bytes: 600,
+                }),
             })
         }
         fn hugepages(&self) -> Result<Vec<HugePages>, MachineError> {
@@ -511,9 +515,15 @@ mod tests {
             "no rate yet"
         );
         assert!(first.pods[1].containers.is_empty() && first.pods[1].cpu.is_none());
+        // The kubelet's node figures: capacity less the working set is available.
+        let node_memory = first.node.memory.as_ref().unwrap();
         assert_eq!(
-            first.node.memory.as_ref().unwrap().working_set_bytes,
-            Some(600)
+            (
+                node_memory.usage_bytes,
+                node_memory.working_set_bytes,
+                node_memory.available_bytes
+            ),
+            (Some(900), Some(600), Some(400))
         );
 
         // Half a core each over the next two seconds.

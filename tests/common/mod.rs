@@ -183,3 +183,14 @@ pub async fn run_ok(mut cmd: tokio::process::Command, what: &str) -> String {
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
+
+/// A `/proc/meminfo` figure, in bytes.
+pub fn meminfo(key: &str) -> u64 {
+    let text = std::fs::read_to_string("/proc/meminfo").expect("/proc/meminfo");
+    let kib: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches(" kB").parse().ok())
+        .unwrap_or_else(|| panic!("{key} in /proc/meminfo"));
+    kib * 1024
+}
