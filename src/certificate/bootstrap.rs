@@ -212,7 +212,8 @@ pub async fn load_client_cert(
 /// The bootstrap's request (the kubelet's `requestNodeCertificate`): the key waiting in
 /// `cert_dir` (else a new one, written there before any CSR is made with it), a CSR named
 /// after it, waited for up to `wait`; the certificate stored with the key, and the waiting
-/// key removed. A creation the API server does not answer (no connection, a timeout, a
+/// key removed (also when the CSR was denied or failed, so that the next try asks anew:
+/// the kubelet keeps it, and would be refused again). A creation the API server does not answer (no connection, a timeout, a
 /// 5xx or 429) is tried again after the reflector's back-off.
 ///
 /// # Errors
@@ -245,16 +246,26 @@ pub async fn request_client_certificate<A: CsrApi>(
                     () = tokio::time::sleep_until(deadline) => {}
                 }
             }
+            Err(e @ (CsrError::Denied { .. } | CsrError::Failed { .. })) => {
+                // The same key would ask under the same name, and be refused again.
+                remove_key(&key_path).await;
+                return Err(e.into());
+            }
             done => break done?,
         }
     };
     let cert = store.update(issued, &key.serialize_pem()).await?;
-    if let Err(e) = tokio::fs::remove_file(&key_path).await
+    remove_key(&key_path).await;
+    Ok(cert)
+}
+
+/// Removes the waiting key at `path`, if it is there.
+async fn remove_key(path: &Path) {
+    if let Err(e) = tokio::fs::remove_file(path).await
         && e.kind() != std::io::ErrorKind::NotFound
     {
-        tracing::warn!(key = %key_path.display(), error = %e, "failed cleaning up the private key file");
+        tracing::warn!(key = %path.display(), error = %e, "failed cleaning up the private key file");
     }
-    Ok(cert)
 }
 
 /// Whether a failed request went unanswered (no connection, a timeout) or the server
@@ -450,5 +461,20 @@ current-context: boot
         assert!(unanswered(&kube::Error::Service(
             std::io::Error::from(std::io::ErrorKind::TimedOut).into()
         )));
+    }
+
+    /// A denied CSR ends the join and takes its key along, so the next start asks anew.
+    #[tokio::test]
+    async fn a_denied_request_drops_its_key() {
+        let dir = temp_dir("bootstrap-denied");
+        let api = FakeCsrApi::new(Verdict::Deny);
+        let template = CsrTemplate::node_client("n1");
+        let store = PemStore::new(dir.clone(), CLIENT_PREFIX);
+        let err = request_client_certificate(&api, &template, &store, &dir, Duration::from_secs(5))
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("is denied"), "{err}");
+        assert!(!dir.join(TMP_PRIVATE_KEY_FILE).exists());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
