@@ -464,6 +464,33 @@ async fn approve(admin: &kube::Client, name: &str) {
     .await;
 }
 
+/// A join with a [`ManualToken`]: the agent started as node `name`, once it has filed its
+/// CSR (not approved), whose name comes last.
+struct ManualJoin {
+    admin: kube::Client,
+    agent: AgentProcess,
+    token: ManualToken,
+    node: TestNode,
+    csr: String,
+}
+
+impl ManualJoin {
+    async fn start(name: &str) -> Self {
+        let admin = common::kube_client("admin.kubeconfig").await;
+        let node = TestNode::new(name);
+        let token = ManualToken::new(&admin, &node).await;
+        let agent = node.start(&["--bootstrap-kubeconfig", &token.arg()]);
+        let csr = filed_csr(&admin, &node, &agent).await;
+        Self {
+            admin,
+            agent,
+            token,
+            node,
+            csr,
+        }
+    }
+}
+
 /// Waits for the node's one CSR, filed by the agent and not approved; returns its name.
 async fn filed_csr(admin: &kube::Client, node: &TestNode, agent: &AgentProcess) -> String {
     let what = format!("a CSR for {}; agent log:\n{}", node.name, agent.log_tail());
@@ -486,11 +513,13 @@ fn certificate_key(pem: &Path) -> Vec<u8> {
 #[ignore = "needs root and the local cluster: run scripts/test.sh"]
 async fn a_restarted_join_reuses_its_key_and_picks_up_the_csr_approved_meanwhile() {
     let _turn = ONE_AT_A_TIME.lock().await;
-    let admin = common::kube_client("admin.kubeconfig").await;
-    let node = TestNode::new("rk-bootstrap-restart");
-    let token = ManualToken::new(&admin, &node).await;
-    let agent = node.start(&["--bootstrap-kubeconfig", &token.arg()]);
-    let name = filed_csr(&admin, &node, &agent).await;
+    let ManualJoin {
+        admin,
+        node,
+        token,
+        agent,
+        csr: name,
+    } = ManualJoin::start("rk-bootstrap-restart").await;
 
     // The key waits under the cert dir, readable by the owner only.
     let key_file = node.cert_dir().join("kubelet-client.key.tmp");
@@ -539,11 +568,13 @@ async fn a_restarted_join_reuses_its_key_and_picks_up_the_csr_approved_meanwhile
 #[ignore = "needs root and the local cluster: run scripts/test.sh"]
 async fn an_api_server_restart_during_the_wait_does_not_end_the_join() {
     let _turn = ONE_AT_A_TIME.lock().await;
-    let admin = common::kube_client("admin.kubeconfig").await;
-    let node = TestNode::new("rk-bootstrap-outage");
-    let token = ManualToken::new(&admin, &node).await;
-    let mut agent = node.start(&["--bootstrap-kubeconfig", &token.arg()]);
-    let name = filed_csr(&admin, &node, &agent).await;
+    let ManualJoin {
+        admin,
+        node,
+        token: _token,
+        mut agent,
+        csr: name,
+    } = ManualJoin::start("rk-bootstrap-outage").await;
 
     common::cluster(&["stop", "kube-apiserver"]).await;
     // Long enough for the agent's watch to break and a few reads to fail.

@@ -1087,11 +1087,11 @@ mod tests {
 
     /// An API server that records the body of every request and answers it with an
     /// empty Node.
-    async fn recording_api() -> (kube::Client, Arc<Mutex<Vec<(String, serde_json::Value)>>>) {
+    async fn recording_api() -> (kube::Client, Requests) {
         use http_body_util::BodyExt;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let seen: Arc<Mutex<Vec<(String, serde_json::Value)>>> = Arc::default();
+        let seen: Requests = Arc::default();
         let record = seen.clone();
         tokio::spawn(async move {
             while let Ok((conn, _)) = listener.accept().await {
@@ -1125,6 +1125,80 @@ mod tests {
         (kube::Client::try_from(config).unwrap(), seen)
     }
 
+    /// Requests the recording API server got: what, and the body.
+    type Requests = Arc<Mutex<Vec<(String, serde_json::Value)>>>;
+
+    /// [`follow`] running on a Node store that the test feeds, with a recording API server.
+    struct Following {
+        writer: kube::runtime::reflector::store::Writer<Node>,
+        changed: Arc<tokio::sync::Notify>,
+        requests: Requests,
+        state_file: PathBuf,
+        cancel: CancellationToken,
+        task: tokio::task::JoinHandle<()>,
+        _dir: crate::cni::testutil::TempDir,
+    }
+
+    impl Following {
+        async fn start(programmer: Programmer<FakeOps>) -> Self {
+            let (client, requests) = recording_api().await;
+            let (store, writer) = kube::runtime::reflector::store();
+            let changed = Arc::new(tokio::sync::Notify::new());
+            let dir = crate::cni::testutil::TempDir::new("routes");
+            let state_file = dir.path().join(crate::cni::routes::STATE_FILE);
+            let cancel = CancellationToken::new();
+            let nodes = Watched {
+                store,
+                changed: changed.clone(),
+                client,
+            };
+            let task = tokio::spawn(follow(
+                programmer,
+                nodes,
+                state_file.clone(),
+                cancel.clone(),
+            ));
+            Self {
+                writer,
+                changed,
+                requests,
+                state_file,
+                cancel,
+                task,
+                _dir: dir,
+            }
+        }
+
+        /// A watch event: into the store, and the loop woken.
+        fn event(&mut self, e: kube::runtime::watcher::Event<Node>) {
+            self.writer.apply_watcher_event(&e);
+            self.changed.notify_one();
+        }
+
+        /// The first list of the watch: `nodes`.
+        fn listed(&mut self, nodes: impl IntoIterator<Item = Node>) {
+            use kube::runtime::watcher::Event;
+            self.event(Event::Init);
+            for node in nodes {
+                self.event(Event::InitApply(node));
+            }
+            self.event(Event::InitDone);
+        }
+
+        async fn stop(self) {
+            self.cancel.cancel();
+            tokio::time::timeout(Duration::from_secs(2), self.task)
+                .await
+                .unwrap()
+                .unwrap();
+        }
+    }
+
+    /// Waits up to 2 s for a change starting with `prefix` (`what`) to be made.
+    async fn added(ops: &FakeOps, what: &str, prefix: &str) {
+        soon(what, || ops.applied().iter().any(|c| c.starts_with(prefix))).await;
+    }
+
     /// Waits up to 2 s for `done`.
     async fn soon(what: &str, mut done: impl FnMut() -> bool) {
         for _ in 0..100 {
@@ -1145,27 +1219,8 @@ mod tests {
             .unwrap();
         let mac = programmer.vtep_mac().unwrap().to_owned();
         ops.take_applied();
-        let (client, requests) = recording_api().await;
-        let (store, mut writer) = kube::runtime::reflector::store();
-        let changed = Arc::new(tokio::sync::Notify::new());
-        let dir = crate::cni::testutil::TempDir::new("routes");
-        let state_file = dir.path().join(crate::cni::routes::STATE_FILE);
-        let cancel = CancellationToken::new();
-        let nodes = Watched {
-            store,
-            changed: changed.clone(),
-            client,
-        };
-        let task = tokio::spawn(follow(
-            programmer,
-            nodes,
-            state_file.clone(),
-            cancel.clone(),
-        ));
-        let event = |writer: &mut kube::runtime::reflector::store::Writer<Node>, e: Event<Node>| {
-            writer.apply_watcher_event(&e);
-            changed.notify_one();
-        };
+        let mut following = Following::start(programmer).await;
+        let (requests, state_file) = (following.requests.clone(), following.state_file.clone());
         let all: Vec<Node> = cluster().into_iter().map(|n| (*n).clone()).collect();
         let [mut own, b, c, _]: [Node; 4] = all.try_into().unwrap();
         // This node has not published its MAC yet.
@@ -1175,16 +1230,8 @@ mod tests {
             ops.applied().is_empty(),
             "synced before the Nodes were listed"
         );
-        event(&mut writer, Event::Init);
-        event(&mut writer, Event::InitApply(own));
-        event(&mut writer, Event::InitApply(b.clone()));
-        event(&mut writer, Event::InitDone);
-        soon("b's route", || {
-            ops.applied()
-                .iter()
-                .any(|c| c.starts_with("add route 10.244.2.0/24"))
-        })
-        .await;
+        following.listed([own, b.clone()]);
+        added(&ops, "b's route", "add route 10.244.2.0/24").await;
         soon("the state file", || state_file.exists()).await;
         soon("the MAC published", || {
             requests.lock().unwrap().iter().any(|(what, body)| {
@@ -1198,31 +1245,17 @@ mod tests {
             vxlan::VTEP_MAC_ANNOTATION.to_owned(),
             "0a:00:00:00:00:c0".to_owned(),
         )]));
-        event(&mut writer, Event::Apply(c));
-        soon("c's route", || {
-            ops.applied()
-                .iter()
-                .any(|c| c.starts_with("add route 10.244.3.0/24"))
-        })
-        .await;
-        event(&mut writer, Event::Delete(b));
-        soon("b's route gone", || {
-            ops.applied()
-                .iter()
-                .any(|c| c.starts_with("delete route 10.244.2.0/24"))
-        })
-        .await;
+        following.event(Event::Apply(c));
+        added(&ops, "c's route", "add route 10.244.3.0/24").await;
+        following.event(Event::Delete(b));
+        added(&ops, "b's route gone", "delete route 10.244.2.0/24").await;
         soon("the state file follows", || {
             std::fs::read_to_string(&state_file).is_ok_and(|t| !t.contains("10.244.2.0"))
         })
         .await;
         let state = RoutesState::read(&state_file).await.unwrap().unwrap();
         assert_eq!(state.vtep_mac.as_deref(), Some(mac.as_str()));
-        cancel.cancel();
-        tokio::time::timeout(Duration::from_secs(2), task)
-            .await
-            .unwrap()
-            .unwrap();
+        following.stop().await;
     }
 
     /// A pod CIDR that would capture this node's own pods, its network, a Node's address or
@@ -1385,26 +1418,8 @@ mod tests {
         let programmer = Programmer::start(ops.clone(), &settings(Mode::HostGw))
             .await
             .unwrap();
-        let (client, requests) = recording_api().await;
-        let (store, mut writer) = kube::runtime::reflector::store();
-        let changed = Arc::new(tokio::sync::Notify::new());
-        let dir = crate::cni::testutil::TempDir::new("routes-backoff");
-        let cancel = CancellationToken::new();
-        let nodes = Watched {
-            store,
-            changed: changed.clone(),
-            client,
-        };
-        let task = tokio::spawn(follow(
-            programmer,
-            nodes,
-            dir.path().join(crate::cni::routes::STATE_FILE),
-            cancel.clone(),
-        ));
-        let mut event = |e: Event<Node>| {
-            writer.apply_watcher_event(&e);
-            changed.notify_one();
-        };
+        let mut following = Following::start(programmer).await;
+        let requests = following.requests.clone();
         let [own, b, c, _]: [Node; 4] = cluster()
             .into_iter()
             .map(|n| (*n).clone())
@@ -1413,17 +1428,8 @@ mod tests {
             .unwrap();
         let mut e = (*node("e", Some("10.244.1.128/25"), "198.18.0.15", None)).clone();
         e.metadata.uid = Some("uid-e".into());
-        event(Event::Init);
-        for n in [own, b.clone(), c, e.clone()] {
-            event(Event::InitApply(n));
-        }
-        event(Event::InitDone);
-        soon("b's route", || {
-            ops.applied()
-                .iter()
-                .any(|c| c.starts_with("add route 10.244.2.0/24"))
-        })
-        .await;
+        following.listed([own, b.clone(), c, e.clone()]);
+        added(&ops, "b's route", "add route 10.244.2.0/24").await;
         let warnings = || {
             requests
                 .lock()
@@ -1439,7 +1445,7 @@ mod tests {
         for i in 0..20 {
             for mut n in [b.clone(), e.clone()] {
                 n.metadata.labels = Some(BTreeMap::from([("beat".to_owned(), i.to_string())]));
-                event(Event::Apply(n));
+                following.event(Event::Apply(n));
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -1466,10 +1472,6 @@ mod tests {
             warning["message"],
             "pod CIDR 10.244.1.128/25 of node e overlaps the pod CIDR 10.244.1.0/24 of node a: no route is programmed to it"
         );
-        cancel.cancel();
-        tokio::time::timeout(Duration::from_secs(2), task)
-            .await
-            .unwrap()
-            .unwrap();
+        following.stop().await;
     }
 }
