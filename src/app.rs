@@ -401,6 +401,7 @@ fn start_garbage_collection(
 async fn start_routes(
     config: &Config,
     pod_cidr: &str,
+    api_server: &hyper::Uri,
 ) -> Result<Option<cni::routes::Programmer<cni::routes::IpRoute2>>, AppError> {
     use cni::routes::{IpRoute2, Mode, Programmer, Settings, sysctl};
     let mode = config.pod_network_routes;
@@ -418,6 +419,7 @@ async fn start_routes(
         node_name: config.node_name.clone(),
         node_ip: config.node_ip,
         pod_cidr: pod_cidr.to_owned(),
+        api_server: cni::routes::api_server_addresses(api_server).await,
     };
     Ok(Some(
         Programmer::start(IpRoute2::default(), &settings).await?,
@@ -658,7 +660,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
         Some(cidr) => cidr,
         None => wait_for_pod_cidr(&client, &config.node_name, Duration::from_secs(120)).await?,
     };
-    let routes = start_routes(&config, &pod_cidr).await?;
+    let routes = start_routes(&config, &pod_cidr, &kube_config.cluster_url).await?;
     let pod_mtu = routes.as_ref().and_then(cni::routes::Programmer::pod_mtu);
     setup_network(&config, &pod_cidr, pod_mtu, &cancel).await?;
     if let Some(routes) = routes {

@@ -213,6 +213,65 @@ fn forget_pod(seen: &mut Seen, uid: &str) {
     seen.retain(|ev, _| ev.pod.uid != uid);
 }
 
+/// A new core/v1 Event about `involved`, in `namespace`, from the kubelet on `node_name`,
+/// named as the kubelet names them (`<object>.<nanoseconds, hex>`).
+fn core_event(
+    involved: ObjectReference,
+    namespace: &str,
+    warning: bool,
+    reason: &str,
+    message: &str,
+    node_name: &str,
+) -> CoreEvent {
+    let now = Time(Timestamp::now());
+    let object = involved.name.clone().unwrap_or_default();
+    CoreEvent {
+        metadata: ObjectMeta {
+            name: Some(format!("{object}.{:x}", Timestamp::now().as_nanosecond())),
+            namespace: Some(namespace.to_owned()),
+            ..Default::default()
+        },
+        involved_object: involved,
+        reason: Some(reason.to_owned()),
+        message: Some(message.chars().take(1024).collect()),
+        type_: Some(if warning { "Warning" } else { "Normal" }.into()),
+        source: Some(EventSource {
+            component: Some("kubelet".into()),
+            host: Some(node_name.to_owned()),
+        }),
+        reporting_component: Some("kubelet".into()),
+        reporting_instance: Some(node_name.to_owned()),
+        first_timestamp: Some(now.clone()),
+        last_timestamp: Some(now),
+        count: Some(1),
+        ..Default::default()
+    }
+}
+
+/// Publishes a Warning about the Node `node` (another node than `node_name`, which
+/// reports it), in the `default` namespace as the kubelet's recorder puts the events of
+/// cluster-scoped objects. Best effort: a failure is logged.
+pub async fn warn_about_node(
+    client: kube::Client,
+    node_name: String,
+    node: &k8s_openapi::api::core::v1::Node,
+    reason: &str,
+    message: &str,
+) {
+    let involved = ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Node".into()),
+        name: node.metadata.name.clone(),
+        uid: node.metadata.uid.clone(),
+        ..Default::default()
+    };
+    let event = core_event(involved, "default", true, reason, message, &node_name);
+    let api: Api<CoreEvent> = Api::namespaced(client, "default");
+    if let Err(e) = api.create(&PostParams::default(), &event).await {
+        tracing::warn!(node = ?node.metadata.name, reason, error = %e, "could not publish event");
+    }
+}
+
 /// Publishes events from the channel as core/v1 Events, like the kubelet's recorder (the
 /// Node authorizer of v1.20 allows nodes only core events). A repeat of the same event
 /// within ten minutes increments the first one's `count` instead of creating another.
@@ -238,36 +297,24 @@ pub async fn publish(client: kube::Client, node_name: String, mut rx: EventRecei
                 .await
                 .map(drop)
         } else {
-            let name = format!("{}.{:x}", ev.pod.name, Timestamp::now().as_nanosecond());
-            let event = CoreEvent {
-                metadata: ObjectMeta {
-                    name: Some(name.clone()),
-                    namespace: Some(ev.pod.namespace.clone()),
-                    ..Default::default()
-                },
-                involved_object: ObjectReference {
-                    api_version: Some("v1".into()),
-                    kind: Some("Pod".into()),
-                    name: Some(ev.pod.name.clone()),
-                    namespace: Some(ev.pod.namespace.clone()),
-                    uid: Some(ev.pod.uid.clone()),
-                    field_path: ev.field_path.clone(),
-                    ..Default::default()
-                },
-                reason: Some(ev.reason.to_string()),
-                message: Some(ev.message.chars().take(1024).collect()),
-                type_: Some(if ev.warning { "Warning" } else { "Normal" }.into()),
-                source: Some(EventSource {
-                    component: Some("kubelet".into()),
-                    host: Some(node_name.clone()),
-                }),
-                reporting_component: Some("kubelet".into()),
-                reporting_instance: Some(node_name.clone()),
-                first_timestamp: Some(now.clone()),
-                last_timestamp: Some(now),
-                count: Some(1),
+            let involved = ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                name: Some(ev.pod.name.clone()),
+                namespace: Some(ev.pod.namespace.clone()),
+                uid: Some(ev.pod.uid.clone()),
+                field_path: ev.field_path.clone(),
                 ..Default::default()
             };
+            let event = core_event(
+                involved,
+                &ev.pod.namespace,
+                ev.warning,
+                &ev.reason,
+                &ev.message,
+                &node_name,
+            );
+            let name = event.metadata.name.clone().unwrap_or_default();
             let created = api.create(&PostParams::default(), &event).await.map(drop);
             if created.is_ok() {
                 remember(&mut seen, ev.clone(), name);

@@ -3,7 +3,9 @@
 //! gets its client certificate through a CSR that kube-controller-manager approves and
 //! signs, and runs as `system:node:<name>`; a node started with a short-lived certificate
 //! and `--rotate-certificates` renews it before it expires and keeps heartbeating after.
-//! Each test uses a node of its own, and removes it, its Lease and its CSRs.
+//! A join whose CSR waits for a person's approval survives the agent's restart (same key,
+//! same CSR) and the API server's. Each test uses a node of its own, and removes it, its
+//! Lease and its CSRs.
 
 mod common;
 
@@ -12,11 +14,14 @@ use std::time::Duration;
 
 use common::agent::AgentProcess;
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use k8s_openapi::api::certificates::v1::CertificateSigningRequestCondition;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleRef, Subject};
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
-use kube::api::{DeleteParams, ListParams};
+use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams};
 
 const CLIENT_SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
 
@@ -320,6 +325,275 @@ async fn a_short_lived_client_certificate_is_rotated_before_it_expires() {
     assert!(
         log.contains("client certificate rotated"),
         "{}",
+        agent.log_tail()
+    );
+    agent.stop();
+}
+
+/// A bootstrap token of its own whose holders may file node CSRs but get none approved
+/// automatically (no `nodeclient` binding): its CSRs wait until [`approve`]. Removed on
+/// drop with its binding.
+struct ManualToken {
+    id: String,
+    kubeconfig: PathBuf,
+}
+
+const MANUAL_GROUP: &str = "system:bootstrappers:rk-manual-approval";
+
+impl ManualToken {
+    async fn new(admin: &kube::Client, node: &TestNode) -> Self {
+        common::cluster(&["bootstrap-token"]).await;
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_nanos();
+        let id = format!("{:06x}", nanos & 0xff_ffff);
+        let secret = format!("{:016x}", (nanos >> 8) ^ u128::from(std::process::id()));
+        let secret = &secret[secret.len() - 16..];
+        let data = [
+            ("token-id", id.as_str()),
+            ("token-secret", secret),
+            ("usage-bootstrap-authentication", "true"),
+            ("auth-extra-groups", MANUAL_GROUP),
+        ];
+        Api::<Secret>::namespaced(admin.clone(), "kube-system")
+            .create(
+                &PostParams::default(),
+                &Secret {
+                    metadata: ObjectMeta {
+                        name: Some(format!("bootstrap-token-{id}")),
+                        ..ObjectMeta::default()
+                    },
+                    type_: Some("bootstrap.kubernetes.io/token".into()),
+                    string_data: Some(
+                        data.iter()
+                            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                            .collect(),
+                    ),
+                    ..Secret::default()
+                },
+            )
+            .await
+            .expect("bootstrap token secret");
+        Api::<ClusterRoleBinding>::all(admin.clone())
+            .create(
+                &PostParams::default(),
+                &ClusterRoleBinding {
+                    metadata: ObjectMeta {
+                        name: Some(format!("rk-manual-bootstrap-{id}")),
+                        ..ObjectMeta::default()
+                    },
+                    role_ref: RoleRef {
+                        api_group: "rbac.authorization.k8s.io".into(),
+                        kind: "ClusterRole".into(),
+                        name: "system:node-bootstrapper".into(),
+                    },
+                    subjects: Some(vec![Subject {
+                        api_group: Some("rbac.authorization.k8s.io".into()),
+                        kind: "Group".into(),
+                        name: MANUAL_GROUP.into(),
+                        namespace: None,
+                    }]),
+                },
+            )
+            .await
+            .expect("bootstrap binding");
+        // The cluster's bootstrap kubeconfig, with this token.
+        let pki = common::state_dir().join("pki");
+        let text = std::fs::read_to_string(pki.join("bootstrap-kubelet.kubeconfig"))
+            .expect("bootstrap kubeconfig");
+        let token = std::fs::read_to_string(pki.join("bootstrap-token")).expect("token");
+        assert!(
+            text.contains(token.trim()),
+            "the token is in the kubeconfig"
+        );
+        let kubeconfig = node.dir.join("bootstrap-manual.kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            text.replace(token.trim(), &format!("{id}.{secret}")),
+        )
+        .expect("bootstrap kubeconfig");
+        Self { id, kubeconfig }
+    }
+
+    fn arg(&self) -> String {
+        self.kubeconfig.display().to_string()
+    }
+}
+
+impl Drop for ManualToken {
+    fn drop(&mut self) {
+        let id = self.id.clone();
+        common::cleanup_blocking(move || async move {
+            let admin = common::kube_client("admin.kubeconfig").await;
+            let dp = DeleteParams::default();
+            let _ = Api::<Secret>::namespaced(admin.clone(), "kube-system")
+                .delete(&format!("bootstrap-token-{id}"), &dp)
+                .await;
+            let _ = Api::<ClusterRoleBinding>::all(admin)
+                .delete(&format!("rk-manual-bootstrap-{id}"), &dp)
+                .await;
+        });
+    }
+}
+
+/// Approves the CSR `name` as `kubectl certificate approve` does, and waits until
+/// kube-controller-manager has signed it.
+async fn approve(admin: &kube::Client, name: &str) {
+    let csrs: Api<CertificateSigningRequest> = Api::all(admin.clone());
+    let mut csr = csrs.get(name).await.expect("the CSR");
+    csr.status
+        .get_or_insert_with(Default::default)
+        .conditions
+        .get_or_insert_with(Vec::new)
+        .push(CertificateSigningRequestCondition {
+            type_: "Approved".into(),
+            status: "True".into(),
+            reason: Some("RkTestApprove".into()),
+            message: Some("approved by tests/bootstrap.rs".into()),
+            ..CertificateSigningRequestCondition::default()
+        });
+    csrs.replace_subresource("approval", name, &PostParams::default(), &csr)
+        .await
+        .expect("approve the CSR");
+    common::eventually(
+        &format!("CSR {name} signed"),
+        Duration::from_secs(30),
+        || async { csrs.get(name).await.ok().filter(approved_and_issued) },
+    )
+    .await;
+}
+
+/// A join with a [`ManualToken`]: the agent started as node `name`, once it has filed its
+/// CSR (not approved), whose name comes last.
+struct ManualJoin {
+    admin: kube::Client,
+    agent: AgentProcess,
+    token: ManualToken,
+    node: TestNode,
+    csr: String,
+}
+
+impl ManualJoin {
+    async fn start(name: &str) -> Self {
+        let admin = common::kube_client("admin.kubeconfig").await;
+        let node = TestNode::new(name);
+        let token = ManualToken::new(&admin, &node).await;
+        let agent = node.start(&["--bootstrap-kubeconfig", &token.arg()]);
+        let csr = filed_csr(&admin, &node, &agent).await;
+        Self {
+            admin,
+            agent,
+            token,
+            node,
+            csr,
+        }
+    }
+}
+
+/// Waits for the node's one CSR, filed by the agent and not approved; returns its name.
+async fn filed_csr(admin: &kube::Client, node: &TestNode, agent: &AgentProcess) -> String {
+    let what = format!("a CSR for {}; agent log:\n{}", node.name, agent.log_tail());
+    let csr = common::eventually(&what, Duration::from_secs(60), || async {
+        node_csrs(admin, &node.name).await.into_iter().next()
+    })
+    .await;
+    assert!(!approved_and_issued(&csr), "nobody approves it: {csr:?}");
+    csr.metadata.name.expect("named")
+}
+
+/// The subject public key info of the first certificate in a PEM file.
+fn certificate_key(pem: &Path) -> Vec<u8> {
+    let text = std::fs::read(pem).expect("certificate file");
+    let (_, block) = x509_parser::pem::parse_x509_pem(&text).expect("PEM");
+    block.parse_x509().expect("X.509").public_key().raw.to_vec()
+}
+
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn a_restarted_join_reuses_its_key_and_picks_up_the_csr_approved_meanwhile() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let ManualJoin {
+        admin,
+        node,
+        token,
+        agent,
+        csr: name,
+    } = ManualJoin::start("rk-bootstrap-restart").await;
+
+    // The key waits under the cert dir, readable by the owner only.
+    let key_file = node.cert_dir().join("kubelet-client.key.tmp");
+    let key_pem = std::fs::read_to_string(&key_file).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e}; agent log:\n{}",
+            key_file.display(),
+            agent.log_tail()
+        )
+    });
+    let mode = std::fs::metadata(&key_file)
+        .expect("key file")
+        .permissions();
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
+        0o600
+    );
+    let key = rcgen::KeyPair::from_pem(&key_pem).expect("a private key");
+
+    // Stopped before approval; approved while it is down.
+    agent.stop();
+    approve(&admin, &name).await;
+
+    let restarted = Timestamp::now();
+    let agent = node.start(&["--bootstrap-kubeconfig", &token.arg()]);
+    ready_and_heartbeating(&admin, &node.name, restarted, &agent).await;
+    let csrs = node_csrs(&admin, &node.name).await;
+    assert_eq!(
+        csrs.iter()
+            .map(|c| c.metadata.name.clone().unwrap_or_default())
+            .collect::<Vec<_>>(),
+        [name],
+        "the same CSR, no second one"
+    );
+    let current = node.cert_dir().join("kubelet-client-current.pem");
+    assert_eq!(
+        certificate_key(&current),
+        rcgen::PublicKeyData::subject_public_key_info(&key),
+        "the certificate is for the kept key"
+    );
+    assert!(!key_file.exists(), "the waiting key is removed once stored");
+    agent.stop();
+}
+
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn an_api_server_restart_during_the_wait_does_not_end_the_join() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let ManualJoin {
+        admin,
+        node,
+        token: _token,
+        mut agent,
+        csr: name,
+    } = ManualJoin::start("rk-bootstrap-outage").await;
+
+    common::cluster(&["stop", "kube-apiserver"]).await;
+    // Long enough for the agent's watch to break and a few reads to fail.
+    let outage = agent.exited(Duration::from_secs(5)).await;
+    common::cluster(&["start", "kube-apiserver"]).await;
+    assert!(
+        outage.is_none(),
+        "the agent ended ({outage:?}) while the API server was down; log:\n{}",
+        agent.log_tail()
+    );
+
+    let approved = Timestamp::now();
+    approve(&admin, &name).await;
+    ready_and_heartbeating(&admin, &node.name, approved, &agent).await;
+    assert_eq!(node_csrs(&admin, &node.name).await.len(), 1);
+    let log = std::fs::read_to_string(&agent.log).expect("agent log");
+    assert!(
+        log.contains("waiting for the certificate signing request; retrying"),
+        "the outage was seen and ridden out:\n{}",
         agent.log_tail()
     );
     agent.stop();

@@ -4,13 +4,22 @@
 //! real programmer (iproute2, aimed at a namespace with `ip -n`) programs A and B from
 //! fake Node objects; the test reads back what `ip` and `bridge` show and pings from A's
 //! pod address to B's, in host-gw and in vxlan mode.
+//! One test needs the local cluster as well: a real agent (`--pod-network-routes host-gw`)
+//! given Nodes whose pod CIDRs would capture its own traffic refuses them, with one Warning
+//! event on each.
 //! `cargo test --test pod_network_routes -- --include-ignored`.
+
+mod common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use k8s_openapi::api::core::v1::Node;
-use rkubelet::cni::routes::{IpRoute2, Mode, Programmer, RouteOps, Settings, live_check, vxlan};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Event, Node};
+use rkubelet::cni::routes::{
+    IpRoute2, Mode, POD_CIDR_REFUSED, Programmer, RouteOps, Settings, live_check, vxlan,
+};
 use serde_json::{Value, json};
 
 /// Runs `program args`, answering its standard output; a failure fails the test.
@@ -102,6 +111,7 @@ impl Nodes {
             node_name: which.to_owned(),
             node_ip: format!("198.18.1.1{n}").parse().expect("an IP"),
             pod_cidr: format!("10.244.{n}.0/24"),
+            api_server: Vec::new(),
         };
         Programmer::start(IpRoute2::in_netns(&self.ns(which)), &settings)
             .await
@@ -389,4 +399,220 @@ async fn vxlan_overlay_carries_pod_traffic_and_keeps_its_device_on_restart() {
         nodes.ping_a_to_b(2).await,
         "no way to B after its VTEP changed"
     );
+}
+
+/// Node objects made through the API for a test (their podCIDR and InternalIP as given):
+/// removed on drop, with their events.
+struct FakeNodes(Vec<String>);
+
+impl FakeNodes {
+    async fn create(nodes: &[(&str, &str, &str)]) -> Self {
+        let api: kube::Api<Node> = kube::Api::all(common::kube_client("admin.kubeconfig").await);
+        let made = Self(
+            nodes
+                .iter()
+                .map(|(name, _, _)| (*name).to_owned())
+                .collect(),
+        );
+        for (name, pod_cidr, ip) in nodes {
+            let node = node(name, pod_cidr, ip, None);
+            api.create(&kube::api::PostParams::default(), &node)
+                .await
+                .unwrap_or_else(|e| panic!("create node {name}: {e}"));
+            let status = json!({"status": node.status});
+            api.patch_status(
+                name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&status),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("node {name}'s address: {e}"));
+        }
+        made
+    }
+}
+
+impl Drop for FakeNodes {
+    fn drop(&mut self) {
+        let names = self.0.clone();
+        common::cleanup_blocking(move || async move {
+            let client = common::kube_client("admin.kubeconfig").await;
+            let nodes: kube::Api<Node> = kube::Api::all(client.clone());
+            let events: kube::Api<Event> = kube::Api::namespaced(client, "default");
+            for name in &names {
+                let _ = nodes.delete(name, &Default::default()).await;
+                let _ = events
+                    .delete_collection(
+                        &Default::default(),
+                        &kube::api::ListParams::default()
+                            .fields(&format!("involvedObject.name={name}")),
+                    )
+                    .await;
+            }
+        });
+    }
+}
+
+/// The routes a test's agent made on this host (protocol 211: only it adds those here),
+/// flushed on drop: made before the agent, dropped after it has stopped.
+struct AgentRoutes;
+
+impl Drop for AgentRoutes {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip")
+            .args(["-4", "route", "flush", "proto", "211"])
+            .output();
+    }
+}
+
+/// The host's routes of the agent's protocol: destination → gateway.
+async fn host_agent_routes() -> Vec<(String, String)> {
+    let out = run("ip", &["-json", "-4", "route", "show", "proto", "211"]).await;
+    let routes: Vec<Value> = serde_json::from_str(out.trim()).unwrap_or_default();
+    routes
+        .iter()
+        .map(|r| {
+            (
+                r["dst"].as_str().unwrap_or_default().to_owned(),
+                r["gateway"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// The Warning events `PodCIDROverlap` on node `name`.
+async fn refusals(name: &str) -> Vec<Event> {
+    let client = common::kube_client("admin.kubeconfig").await;
+    let events: kube::Api<Event> = kube::Api::namespaced(client, "default");
+    events
+        .list(&kube::api::ListParams::default().fields(&format!("involvedObject.name={name}")))
+        .await
+        .expect("list events")
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(POD_CIDR_REFUSED))
+        .collect()
+}
+
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn a_pod_cidr_that_would_capture_local_traffic_gets_a_warning_and_no_route() {
+    use common::agent::{AgentProcess, Owner, TEST_EVICTION_HARD};
+    let own = common::node_name();
+    let root = common::state_dir()
+        .join("test-agents")
+        .join(common::unique("routes-refused"));
+    let _routes = AgentRoutes;
+    let agent = AgentProcess::start_with_args(
+        Owner::Agent,
+        &own,
+        root.clone(),
+        &[
+            "--pod-network-routes",
+            "host-gw",
+            "--eviction-hard",
+            TEST_EVICTION_HARD,
+        ],
+    );
+    let nodes: kube::Api<Node> = kube::Api::all(common::kube_client("admin.kubeconfig").await);
+    let own_cidr = common::eventually("this node's pod CIDR", Duration::from_secs(60), || async {
+        nodes.get(&own).await.ok()?.spec?.pod_cidr
+    })
+    .await;
+    // The upper half of this node's pod CIDR (a /24 or larger).
+    let (net, _) = own_cidr.split_once('/').expect("a CIDR");
+    let octets: Vec<&str> = net.split('.').collect();
+    let overlap = format!("{}.{}.{}.128/25", octets[0], octets[1], octets[2]);
+    let tag = std::process::id() % 1000;
+    let (overlapping, underlay, apart) = (
+        format!("rk-fake-overlap-{tag}"),
+        format!("rk-fake-underlay-{tag}"),
+        format!("rk-fake-apart-{tag}"),
+    );
+    let _fakes = FakeNodes::create(&[
+        (&overlapping, &overlap, "198.18.0.250"),
+        (&underlay, "198.18.0.240/28", "198.18.0.251"),
+        (&apart, "10.250.0.0/24", "198.18.0.252"),
+    ])
+    .await;
+
+    // The Node that takes nothing of this one's gets its route: the agent follows them.
+    let what = format!("the route to {apart}; agent log:\n{}", agent.log_tail());
+    common::eventually(&what, Duration::from_secs(60), || async {
+        host_agent_routes()
+            .await
+            .contains(&("10.250.0.0/24".to_owned(), "198.18.0.252".to_owned()))
+            .then_some(())
+    })
+    .await;
+    for name in [&overlapping, &underlay] {
+        let what = format!(
+            "a {POD_CIDR_REFUSED} warning on {name}; agent log:\n{}",
+            agent.log_tail()
+        );
+        common::eventually(&what, Duration::from_secs(30), || async {
+            (!refusals(name).await.is_empty()).then_some(())
+        })
+        .await;
+    }
+    // Their Nodes change (heartbeat-like label updates): no second warning, still no route.
+    for beat in 0..5 {
+        for name in [&overlapping, &underlay] {
+            let patch = json!({"metadata": {"labels": {"rk-beat": beat.to_string()}}});
+            nodes
+                .patch(
+                    name,
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Merge(&patch),
+                )
+                .await
+                .expect("label the node");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let routes = host_agent_routes().await;
+    for cidr in [overlap.as_str(), "198.18.0.240/28"] {
+        assert!(
+            !routes.iter().any(|(dst, _)| dst == cidr),
+            "a route to {cidr}: {routes:?}"
+        );
+    }
+    let overlap_events = refusals(&overlapping).await;
+    assert_eq!(overlap_events.len(), 1, "{overlap_events:#?}");
+    let event = &overlap_events[0];
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    assert_eq!(event.count, Some(1));
+    assert_eq!(event.involved_object.kind.as_deref(), Some("Node"));
+    assert_eq!(
+        event.source.as_ref().and_then(|s| s.host.as_deref()),
+        Some(own.as_str())
+    );
+    assert_eq!(
+        event.message.as_deref(),
+        Some(
+            format!(
+                "pod CIDR {overlap} of node {overlapping} overlaps the pod CIDR {own_cidr} of node {own}: no route is programmed to it"
+            )
+            .as_str()
+        )
+    );
+    let underlay_events = refusals(&underlay).await;
+    assert_eq!(underlay_events.len(), 1, "{underlay_events:#?}");
+    assert!(
+        underlay_events[0]
+            .message
+            .as_deref()
+            .is_some_and(|m| m.contains("overlaps the node network 198.18.0.0/24 on rk-node0")),
+        "{underlay_events:#?}"
+    );
+    let log = std::fs::read_to_string(&agent.log).expect("agent log");
+    for name in [&overlapping, &underlay] {
+        let lines = log
+            .lines()
+            .filter(|l| l.contains(POD_CIDR_REFUSED) && l.contains(name.as_str()))
+            .count();
+        assert_eq!(lines, 1, "logged once for {name}:\n{}", agent.log_tail());
+    }
+    agent.stop();
+    let _ = std::fs::remove_dir_all(root);
 }

@@ -4,6 +4,13 @@
 //! CSR to `kubernetes.io/kube-apiserver-client-kubelet`, which kube-controller-manager
 //! approves and signs; the certificate is stored under `--cert-dir` and `--kubeconfig`
 //! written to point at it. Also the client identity rotation starts from.
+//!
+//! The request survives a restart, as the kubelet's: its key waits in
+//! `<cert-dir>/kubelet-client.key.tmp` until the certificate arrives, and the CSR is named
+//! after the key, so a restarted agent asks again under the same name and picks up the
+//! CSR it made before (approved meanwhile or not) instead of leaving it orphaned. Neither
+//! an API server that does not answer the creation nor one that goes away during the
+//! wait ends the join: both are retried until the kubelet's hour is up.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -13,7 +20,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::config::{AuthInfo, Kubeconfig};
 use secrecy::ExposeSecret;
 
-use super::csr::{CsrTemplate, Rotation};
+use super::csr::{CsrApi, CsrError, CsrTemplate, new_key, request_certificate};
 use super::store::{PemStore, write_private};
 use super::{CertificateError, blocking, io_err};
 use crate::server::tls::{self, ServingCertificate};
@@ -22,6 +29,9 @@ use crate::server::tls::{self, ServingCertificate};
 pub const CLIENT_PREFIX: &str = "kubelet-client";
 /// How long the bootstrap CSR is waited for, as the kubelet.
 pub const BOOTSTRAP_WAIT: Duration = Duration::from_secs(3600);
+/// The file in the cert dir that holds the bootstrap key until its certificate arrives
+/// (the kubelet's `tmpPrivateKeyFile`).
+pub const TMP_PRIVATE_KEY_FILE: &str = "kubelet-client.key.tmp";
 /// How long a renewal CSR is waited for before a new one is made.
 pub const ROTATION_WAIT: Duration = Duration::from_secs(15 * 60);
 
@@ -179,15 +189,10 @@ pub async fn load_client_cert(
         .map_err(|e| kubeconfig_err(bootstrap, e))?;
         let client = crate::kubeclient::build(&rest, crate::kubeclient::REQUEST_TIMEOUT)
             .map_err(|e| kubeconfig_err(bootstrap, e))?;
-        let rotation = Rotation {
-            api: kube::Api::<CertificateSigningRequest>::all(client),
-            template: CsrTemplate::node_client(node_name),
-            store: store.clone(),
-            wait: BOOTSTRAP_WAIT,
-            end_when_expired: None,
-        };
-        tracing::info!("waiting for the client certificate to be issued");
-        rotation.renew_digested().await?;
+        let api = kube::Api::<CertificateSigningRequest>::all(client);
+        let template = CsrTemplate::node_client(node_name);
+        request_client_certificate(&api, &template, &store, &config.cert_dir, BOOTSTRAP_WAIT)
+            .await?;
     }
     let written = kubeconfig_from_bootstrap(&bootstrap_config, &store.current_path())
         .map_err(|e| kubeconfig_err(bootstrap, e))?;
@@ -202,6 +207,96 @@ pub async fn load_client_cert(
     .await?;
     tracing::info!(kubeconfig = %kubeconfig.display(), cert = %store.current_path().display(), "client certificate issued; kubeconfig written");
     Ok(())
+}
+
+/// The bootstrap's request (the kubelet's `requestNodeCertificate`): the key waiting in
+/// `cert_dir` (else a new one, written there before any CSR is made with it), a CSR named
+/// after it, waited for up to `wait`; the certificate stored with the key, and the waiting
+/// key removed (also when the CSR was denied or failed, so that the next try asks anew:
+/// the kubelet keeps it, and would be refused again). A creation the API server does not answer (no connection, a timeout, a
+/// 5xx or 429) is tried again after the reflector's back-off.
+///
+/// # Errors
+/// The key cannot be read or written, the CSR was refused, denied or failed, or it was
+/// not signed within `wait`.
+pub async fn request_client_certificate<A: CsrApi>(
+    api: &A,
+    template: &CsrTemplate,
+    store: &PemStore,
+    cert_dir: &Path,
+    wait: Duration,
+) -> Result<ServingCertificate, CertificateError> {
+    let key_path = cert_dir.join(TMP_PRIVATE_KEY_FILE);
+    let key = {
+        let (dir, path) = (cert_dir.to_owned(), key_path.clone());
+        blocking(&key_path, move || load_or_generate_key(&dir, &path)).await?
+    };
+    let name = template.digested_name(&key);
+    let request = template.object(Some(name.clone()), template.request(&key)?);
+    tracing::info!(csr = %name, key = %key_path.display(), "waiting for the client certificate to be issued");
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut retry = crate::kubeclient::WatchRetry::default();
+    let issued = loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match request_certificate(api, &request, &key, left).await {
+            Err(CsrError::Create(e)) if unanswered(&e) && !left.is_zero() => {
+                tracing::warn!(csr = %name, error = %e, "could not create the certificate signing request; retrying");
+                tokio::select! {
+                    () = retry.pause(&e) => {}
+                    () = tokio::time::sleep_until(deadline) => {}
+                }
+            }
+            Err(e @ (CsrError::Denied { .. } | CsrError::Failed { .. })) => {
+                // The same key would ask under the same name, and be refused again.
+                remove_key(&key_path).await;
+                return Err(e.into());
+            }
+            done => break done?,
+        }
+    };
+    let cert = store.update(issued, &key.serialize_pem()).await?;
+    remove_key(&key_path).await;
+    Ok(cert)
+}
+
+/// Removes the waiting key at `path`, if it is there.
+async fn remove_key(path: &Path) {
+    if let Err(e) = tokio::fs::remove_file(path).await
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        tracing::warn!(key = %path.display(), error = %e, "failed cleaning up the private key file");
+    }
+}
+
+/// Whether a failed request went unanswered (no connection, a timeout) or the server
+/// could not serve it now (5xx, 429): worth trying again.
+fn unanswered(error: &kube::Error) -> bool {
+    match error {
+        kube::Error::Api(status) => status.code >= 500 || status.code == 429,
+        _ => true,
+    }
+}
+
+/// The key at `path` (in `dir`), or a new one written there (mode 0600, atomically). An
+/// unreadable key is replaced, with a warning (the kubelet ends there instead). Blocking.
+fn load_or_generate_key(dir: &Path, path: &Path) -> Result<rcgen::KeyPair, CertificateError> {
+    match std::fs::read_to_string(path) {
+        Ok(pem) => match rcgen::KeyPair::from_pem(&pem) {
+            Ok(key) => {
+                tracing::info!(key = %path.display(), "reusing the private key of the pending certificate request");
+                return Ok(key);
+            }
+            Err(e) => {
+                tracing::warn!(key = %path.display(), error = %e, "unusable private key; making a new one");
+            }
+        },
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io_err(path)(e)),
+    }
+    let key = new_key()?;
+    std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+    write_private(path, key.serialize_pem().as_bytes())?;
+    Ok(key)
 }
 
 /// The client certificate rotation starts from: the cert dir's current one if valid,
@@ -306,23 +401,80 @@ current-context: boot
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// The bootstrap's key waits in the cert dir (0600) under a CSR named after it; a
+    /// restarted bootstrap reuses both and picks up the CSR approved meanwhile, through
+    /// failing reads; the key file goes once the certificate is stored.
     #[tokio::test]
-    async fn the_bootstrap_csr_is_named_after_its_key() {
+    async fn a_restarted_bootstrap_reuses_its_key_and_csr() {
+        use std::sync::atomic::Ordering::SeqCst;
         let dir = temp_dir("bootstrap-csr");
-        let rotation = Rotation {
-            api: FakeCsrApi::new(Verdict::Sign(Duration::from_secs(3600))),
-            template: CsrTemplate::node_client("n1"),
-            store: PemStore::new(dir.clone(), CLIENT_PREFIX),
-            wait: Duration::from_secs(5),
-            end_when_expired: None,
-        };
-        let cert = rotation.renew_digested().await.unwrap();
-        assert_eq!(cert.info.common_name.as_deref(), Some("system:node:n1"));
-        let created = rotation.api.created.lock().unwrap().clone();
+        let api = FakeCsrApi::new(Verdict::Manual(Duration::from_secs(3600)));
+        let template = CsrTemplate::node_client("n1");
+        let store = PemStore::new(dir.clone(), CLIENT_PREFIX);
+        let key_file = dir.join(TMP_PRIVATE_KEY_FILE);
+        let request =
+            || request_client_certificate(&api, &template, &store, &dir, Duration::from_secs(60));
+        let stopped = tokio::time::timeout(Duration::from_millis(300), request()).await;
+        assert!(stopped.is_err(), "waits for the approval");
+        let created = api.created.lock().unwrap().clone();
         assert_eq!(created.len(), 1);
         let name = created[0].metadata.name.clone().unwrap();
-        assert!(name.starts_with("node-csr-"), "{name}");
         assert!(created[0].metadata.generate_name.is_none());
+        let key = rcgen::KeyPair::from_pem(&std::fs::read_to_string(&key_file).unwrap()).unwrap();
+        assert_eq!(
+            name,
+            template.digested_name(&key),
+            "named after the kept key"
+        );
+        let mode = std::fs::metadata(&key_file).unwrap();
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&mode.permissions()) & 0o777,
+            0o600
+        );
+
+        api.approve();
+        api.failing.store(1, SeqCst);
+        let cert = request().await.unwrap();
+        assert_eq!(cert.info.common_name.as_deref(), Some("system:node:n1"));
+        assert_eq!(api.created.lock().unwrap().len(), 1, "no second CSR");
+        let pem = std::fs::read_to_string(store.current_path()).unwrap();
+        assert!(
+            pem.contains(&key.serialize_pem()),
+            "stored with the kept key"
+        );
+        assert!(!key_file.exists(), "the waiting key is removed");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Only a creation that went unanswered is tried again.
+    #[test]
+    fn an_unanswered_creation_is_retried_a_refused_one_is_not() {
+        let status = |code| {
+            kube::Error::Api(
+                kube::core::Status::failure("x", "X")
+                    .with_code(code)
+                    .boxed(),
+            )
+        };
+        assert!(unanswered(&status(500)) && unanswered(&status(503)) && unanswered(&status(429)));
+        assert!(!unanswered(&status(401)) && !unanswered(&status(403)));
+        assert!(unanswered(&kube::Error::Service(
+            std::io::Error::from(std::io::ErrorKind::TimedOut).into()
+        )));
+    }
+
+    /// A denied CSR ends the join and takes its key along, so the next start asks anew.
+    #[tokio::test]
+    async fn a_denied_request_drops_its_key() {
+        let dir = temp_dir("bootstrap-denied");
+        let api = FakeCsrApi::new(Verdict::Deny);
+        let template = CsrTemplate::node_client("n1");
+        let store = PemStore::new(dir.clone(), CLIENT_PREFIX);
+        let err = request_client_certificate(&api, &template, &store, &dir, Duration::from_secs(5))
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("is denied"), "{err}");
+        assert!(!dir.join(TMP_PRIVATE_KEY_FILE).exists());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -6,12 +6,13 @@
 use std::future::Future;
 use std::time::Duration;
 
+use futures::stream::BoxStream;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::certificates::v1::{
     CertificateSigningRequest, CertificateSigningRequestSpec,
 };
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use kube::api::{Api, ObjectMeta, PostParams};
+use kube::api::{Api, ObjectMeta, PostParams, WatchEvent, WatchParams};
 use tokio_util::sync::CancellationToken;
 
 use super::CertificateError;
@@ -19,7 +20,7 @@ use super::store::PemStore;
 use crate::backoff::random_fraction;
 use crate::server::tls::ServingCertificate;
 
-/// How often a CSR is read again while it waits for its certificate.
+/// The shortest time between two watches of a CSR that waits for its certificate.
 const POLL: Duration = Duration::from_secs(1);
 /// Retry delay after a failed renewal.
 const RETRY: Duration = Duration::from_secs(10);
@@ -54,6 +55,26 @@ pub enum CsrError {
         /// The condition's message.
         message: String,
     },
+    /// The CSR of the same name asks for something else than this request.
+    #[error("certificate signing request {name} exists and is not compatible: {reason}")]
+    Incompatible {
+        /// The CSR's name.
+        name: String,
+        /// What differs.
+        reason: String,
+    },
+    /// The CSR was deleted while it was waited for.
+    #[error("certificate signing request {name} was deleted")]
+    Deleted {
+        /// The CSR's name.
+        name: String,
+    },
+    /// Another CSR took the name of the one waited for.
+    #[error("certificate signing request {name} changed UIDs")]
+    Replaced {
+        /// The CSR's name.
+        name: String,
+    },
     /// Nobody approved or signed the CSR in time.
     #[error("certificate signing request {name} was not signed within {waited:?}")]
     NotIssued {
@@ -76,7 +97,16 @@ pub trait CsrApi: Send + Sync {
         &self,
         name: &str,
     ) -> impl Future<Output = Result<CertificateSigningRequest, kube::Error>> + Send;
+    /// Watches the CSR `name` from `resource_version`, until the server ends the watch.
+    fn watch(
+        &self,
+        name: &str,
+        resource_version: &str,
+    ) -> impl Future<Output = Result<CsrEvents, kube::Error>> + Send;
 }
+
+/// The events of a watched CSR.
+pub type CsrEvents = BoxStream<'static, Result<WatchEvent<CertificateSigningRequest>, kube::Error>>;
 
 impl CsrApi for Api<CertificateSigningRequest> {
     async fn create(
@@ -89,6 +119,14 @@ impl CsrApi for Api<CertificateSigningRequest> {
     async fn get(&self, name: &str) -> Result<CertificateSigningRequest, kube::Error> {
         Api::get(self, name).await
     }
+
+    async fn watch(&self, name: &str, resource_version: &str) -> Result<CsrEvents, kube::Error> {
+        use futures::StreamExt;
+        let params = WatchParams::default()
+            .fields(&format!("metadata.name={name}"))
+            .timeout(WATCH_TIMEOUT_SECS);
+        Ok(Api::watch(self, &params, resource_version).await?.boxed())
+    }
 }
 
 /// What to request from a signer.
@@ -100,6 +138,14 @@ pub struct CsrTemplate {
     pub usages: &'static [&'static str],
     /// Subject and SANs.
     pub params: rcgen::CertificateParams,
+}
+
+/// A new ECDSA P-256 key, the kind the kubelet makes.
+///
+/// # Errors
+/// Key generation failed.
+pub fn new_key() -> Result<rcgen::KeyPair, rcgen::Error> {
+    rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
 }
 
 /// The signer of kubelet client certificates.
@@ -138,9 +184,16 @@ impl CsrTemplate {
     /// # Errors
     /// Key generation or signing failed.
     pub fn generate(&self) -> Result<(String, rcgen::KeyPair), rcgen::Error> {
-        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
-        let csr = self.params.serialize_request(&key)?.pem()?;
-        Ok((csr, key))
+        let key = new_key()?;
+        Ok((self.request(&key)?, key))
+    }
+
+    /// A PEM CSR for `key`.
+    ///
+    /// # Errors
+    /// Signing failed.
+    pub fn request(&self, key: &rcgen::KeyPair) -> Result<String, rcgen::Error> {
+        self.params.serialize_request(key)?.pem()
     }
 
     /// The CSR object for `csr_pem`: named `name`, or `csr-<random>` when `None`.
@@ -190,55 +243,186 @@ impl CsrTemplate {
     }
 }
 
-/// Creates `request` and waits up to `timeout` for its certificate (PEM).
+/// Creates `request` (a CSR for `key`) and waits up to `timeout` for its certificate
+/// (PEM), as client-go's `RequestCertificate` and `WaitForCertificate`: a named request
+/// that exists already (a previous run made it with the same key) is reused if it asks for
+/// the same thing, approved and signed meanwhile or not.
 ///
 /// # Errors
-/// The API failed, the CSR was denied or failed, or it was not signed in time.
+/// The creation failed ([`CsrError::Create`]), the existing CSR asks for something else,
+/// the CSR was denied, failed or deleted, or it was not signed in time.
 pub async fn request_certificate<A: CsrApi>(
     api: &A,
     request: &CertificateSigningRequest,
+    key: &rcgen::KeyPair,
     timeout: Duration,
 ) -> Result<Vec<u8>, CsrError> {
-    let created = api.create(request).await.map_err(CsrError::Create)?;
+    let created = match api.create(request).await {
+        Ok(created) => created,
+        Err(kube::Error::Api(status)) if status.code == 409 && request.metadata.name.is_some() => {
+            let name = request.metadata.name.clone().unwrap_or_default();
+            tracing::info!(csr = %name, "csr for this node already exists, reusing");
+            let existing = api.get(&name).await.map_err(CsrError::Create)?;
+            compatible(&existing, request, key)
+                .map_err(|reason| CsrError::Incompatible { name, reason })?;
+            existing
+        }
+        Err(e) => return Err(CsrError::Create(e)),
+    };
     let name = created.metadata.name.unwrap_or_default();
+    let uid = created.metadata.uid;
     tracing::info!(csr = %name, signer = %request.spec.signer_name, "certificate signing request created; waiting for it to be approved and signed");
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        let csr = api.get(&name).await?;
-        let status = csr.status.unwrap_or_default();
-        for c in status.conditions.iter().flatten() {
-            let reason = c.reason.clone().unwrap_or_default();
-            let message = c.message.clone().unwrap_or_default();
-            match c.type_.as_str() {
-                "Denied" if c.status == "True" => {
-                    return Err(CsrError::Denied {
-                        name,
-                        reason,
-                        message,
-                    });
-                }
-                "Failed" if c.status == "True" => {
-                    return Err(CsrError::Failed {
-                        name,
-                        reason,
-                        message,
-                    });
-                }
-                _ => {}
-            }
-        }
-        if let Some(cert) = status.certificate.filter(|c| !c.0.is_empty()) {
-            tracing::info!(csr = %name, "certificate signing request is approved and signed");
-            return Ok(cert.0);
-        }
-        if tokio::time::Instant::now() >= deadline {
-            return Err(CsrError::NotIssued {
-                name,
-                waited: timeout,
-            });
-        }
-        tokio::time::sleep(POLL).await;
+    tokio::time::timeout(timeout, wait_for_certificate(api, &name, uid.as_deref()))
+        .await
+        .map_err(|_| CsrError::NotIssued {
+            name,
+            waited: timeout,
+        })?
+}
+
+/// Whether the CSR `existing` asks what `request` asks for `key` (client-go's
+/// `ensureCompatible`): the same signer and usages, and a request for the same public key.
+fn compatible(
+    existing: &CertificateSigningRequest,
+    request: &CertificateSigningRequest,
+    key: &rcgen::KeyPair,
+) -> Result<(), String> {
+    use rustls_pki_types::pem::PemObject;
+    if existing.spec.signer_name != request.spec.signer_name {
+        return Err(format!(
+            "mismatched signerName: {} != {}",
+            existing.spec.signer_name, request.spec.signer_name
+        ));
     }
+    let usages = |csr: &CertificateSigningRequest| {
+        csr.spec
+            .usages
+            .iter()
+            .flatten()
+            .cloned()
+            .collect::<std::collections::BTreeSet<_>>()
+    };
+    if usages(existing) != usages(request) {
+        return Err(format!(
+            "mismatched usages: {:?} != {:?}",
+            usages(existing),
+            usages(request)
+        ));
+    }
+    let der =
+        rustls_pki_types::CertificateSigningRequestDer::from_pem_slice(&existing.spec.request.0)
+            .map_err(|e| format!("unable to parse the request: {e}"))?;
+    let spki = rcgen::PublicKeyData::subject_public_key_info(key);
+    if !der
+        .as_ref()
+        .windows(spki.len())
+        .any(|w| w == spki.as_slice())
+    {
+        return Err("the request is for another public key".into());
+    }
+    Ok(())
+}
+
+/// Waits for the CSR `name` (with `uid`, when known) to be issued, as client-go's
+/// `WaitForCertificate` with its informer: reads it, then watches it from what was read.
+/// A failed read or watch (the API server restarting, a request timing out, a watch too
+/// old) is retried after the reflector's back-off ([`crate::kubeclient::WatchRetry`]); it
+/// never ends the wait.
+///
+/// # Errors
+/// The CSR was denied, failed, deleted or replaced.
+async fn wait_for_certificate<A: CsrApi>(
+    api: &A,
+    name: &str,
+    uid: Option<&str>,
+) -> Result<Vec<u8>, CsrError> {
+    let mut retry = crate::kubeclient::WatchRetry::default();
+    loop {
+        let opened = tokio::time::Instant::now();
+        match read_and_watch(api, name, uid).await {
+            Ok(Some(cert)) => return Ok(cert),
+            // The server ended the watch: watch again, no faster than once a `POLL`.
+            Ok(None) => tokio::time::sleep_until(opened + POLL).await,
+            Err(CsrError::Api(e)) => {
+                tracing::warn!(csr = %name, error = %e, "waiting for the certificate signing request; retrying");
+                retry.pause(&e).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// How long one watch of a waited-for CSR lasts before it is opened again.
+const WATCH_TIMEOUT_SECS: u32 = 290;
+
+/// One read and watch of the CSR `name`: its certificate once issued, `None` when the
+/// watch ended first.
+async fn read_and_watch<A: CsrApi>(
+    api: &A,
+    name: &str,
+    uid: Option<&str>,
+) -> Result<Option<Vec<u8>>, CsrError> {
+    use futures::StreamExt;
+    let csr = match api.get(name).await {
+        Err(kube::Error::Api(status)) if status.code == 404 => {
+            return Err(CsrError::Deleted { name: name.into() });
+        }
+        read => read?,
+    };
+    if let Some(cert) = issued(csr.clone(), uid)? {
+        return Ok(Some(cert));
+    }
+    let version = csr.metadata.resource_version.unwrap_or_default();
+    let mut events = api.watch(name, &version).await?;
+    while let Some(event) = events.next().await {
+        match event? {
+            WatchEvent::Added(csr) | WatchEvent::Modified(csr) => {
+                if let Some(cert) = issued(csr, uid)? {
+                    return Ok(Some(cert));
+                }
+            }
+            WatchEvent::Deleted(_) => return Err(CsrError::Deleted { name: name.into() }),
+            WatchEvent::Bookmark(_) => {}
+            WatchEvent::Error(status) => return Err(CsrError::Api(kube::Error::Api(status))),
+        }
+    }
+    Ok(None)
+}
+
+/// The certificate of `csr` once approved and signed; an error once denied or failed, or
+/// when it is another CSR than the one made (`uid`).
+fn issued(csr: CertificateSigningRequest, uid: Option<&str>) -> Result<Option<Vec<u8>>, CsrError> {
+    let name = csr.metadata.name.unwrap_or_default();
+    if uid.is_some_and(|uid| csr.metadata.uid.as_deref() != Some(uid)) {
+        return Err(CsrError::Replaced { name });
+    }
+    let status = csr.status.unwrap_or_default();
+    for c in status.conditions.iter().flatten() {
+        let reason = c.reason.clone().unwrap_or_default();
+        let message = c.message.clone().unwrap_or_default();
+        match c.type_.as_str() {
+            "Denied" if c.status == "True" => {
+                return Err(CsrError::Denied {
+                    name,
+                    reason,
+                    message,
+                });
+            }
+            "Failed" if c.status == "True" => {
+                return Err(CsrError::Failed {
+                    name,
+                    reason,
+                    message,
+                });
+            }
+            _ => {}
+        }
+    }
+    let cert = status.certificate.filter(|c| !c.0.is_empty());
+    if cert.is_some() {
+        tracing::info!(csr = %name, "certificate signing request is approved and signed");
+    }
+    Ok(cert.map(|c| c.0))
 }
 
 /// When a certificate valid from `not_before` to `not_after` is renewed: at
@@ -296,23 +480,9 @@ impl<A: CsrApi> Rotation<A> {
     /// # Errors
     /// See [`request_certificate`]; or the certificate cannot be used or stored.
     pub async fn renew(&self) -> Result<ServingCertificate, CertificateError> {
-        self.request(false).await
-    }
-
-    /// As [`Self::renew`], the CSR named after its key as the kubelet's bootstrap names
-    /// it ([`CsrTemplate::digested_name`]).
-    ///
-    /// # Errors
-    /// See [`Self::renew`].
-    pub async fn renew_digested(&self) -> Result<ServingCertificate, CertificateError> {
-        self.request(true).await
-    }
-
-    async fn request(&self, digested: bool) -> Result<ServingCertificate, CertificateError> {
         let (csr, key) = self.template.generate()?;
-        let name = digested.then(|| self.template.digested_name(&key));
-        let request = self.template.object(name, csr);
-        let issued = request_certificate(&self.api, &request, self.wait).await?;
+        let request = self.template.object(None, csr);
+        let issued = request_certificate(&self.api, &request, &key, self.wait).await?;
         self.store.update(issued, &key.serialize_pem()).await
     }
 
@@ -411,6 +581,9 @@ pub(crate) mod testing {
     pub enum Verdict {
         /// Approve and sign it for `lifetime`.
         Sign(Duration),
+        /// Approve and sign it for `lifetime` once [`FakeCsrApi::approve`] is called; a
+        /// watch sees it then.
+        Manual(Duration),
         /// Deny it.
         Deny,
         /// Never answer.
@@ -424,6 +597,11 @@ pub(crate) mod testing {
         pub created: Mutex<Vec<CertificateSigningRequest>>,
         pub verdict: Verdict,
         pub ca: rcgen::Issuer<'static, rcgen::KeyPair>,
+        /// How many of the next reads and watches fail as an API server going away does.
+        pub failing: std::sync::atomic::AtomicUsize,
+        /// Reads and watches made.
+        pub calls: std::sync::atomic::AtomicUsize,
+        approved: tokio::sync::watch::Sender<bool>,
     }
 
     impl FakeCsrApi {
@@ -435,7 +613,31 @@ pub(crate) mod testing {
                 created: Mutex::default(),
                 verdict,
                 ca: rcgen::Issuer::new(params, key),
+                failing: 0.into(),
+                calls: 0.into(),
+                approved: tokio::sync::watch::Sender::new(false),
             }
+        }
+
+        /// Approves the CSRs of a [`Verdict::Manual`] fake.
+        pub fn approve(&self) {
+            self.approved.send_replace(true);
+        }
+
+        /// A failure, while [`Self::failing`] counts any down.
+        fn failure(&self) -> Result<(), kube::Error> {
+            use std::sync::atomic::Ordering::SeqCst;
+            self.calls.fetch_add(1, SeqCst);
+            let failing = self
+                .failing
+                .fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+            if failing {
+                return Err(kube::Error::Service(
+                    std::io::Error::from(std::io::ErrorKind::ConnectionRefused).into(),
+                ));
+            }
+            Ok(())
         }
 
         /// A certificate for `csr_pem` valid for `lifetime` from now.
@@ -462,15 +664,45 @@ pub(crate) mod testing {
             }
             let mut created = self.created.lock().unwrap();
             let mut csr = csr.clone();
+            if created.iter().any(|c| c.metadata.name == csr.metadata.name) {
+                return Err(kube::Error::Api(
+                    kube::core::Status::failure("exists", "AlreadyExists")
+                        .with_code(409)
+                        .boxed(),
+                ));
+            }
             if csr.metadata.name.is_none() {
                 csr.metadata.name = Some(format!("csr-{}", created.len()));
             }
+            csr.metadata.uid = Some(format!("uid-{}", created.len()));
+            csr.metadata.resource_version = Some("1".into());
             created.push(csr.clone());
             Ok(csr)
         }
 
         async fn get(&self, name: &str) -> Result<CertificateSigningRequest, kube::Error> {
-            let mut csr = self
+            self.failure()?;
+            Ok(self.read(name))
+        }
+
+        async fn watch(&self, name: &str, _: &str) -> Result<CsrEvents, kube::Error> {
+            use futures::StreamExt;
+            self.failure()?;
+            let mut approved = self.approved.subscribe();
+            let csr = self.read(name);
+            let signed = self.verdict_on(csr, true);
+            Ok(futures::stream::once(async move {
+                let _ = approved.wait_for(|a| *a).await;
+                Ok(WatchEvent::Modified(signed))
+            })
+            .boxed())
+        }
+    }
+
+    impl FakeCsrApi {
+        /// The stored CSR `name` with the verdict's status.
+        fn read(&self, name: &str) -> CertificateSigningRequest {
+            let csr = self
                 .created
                 .lock()
                 .unwrap()
@@ -478,6 +710,16 @@ pub(crate) mod testing {
                 .find(|c| c.metadata.name.as_deref() == Some(name))
                 .cloned()
                 .unwrap();
+            let approved = *self.approved.borrow();
+            self.verdict_on(csr, approved)
+        }
+
+        /// `csr` with the status the verdict gives it (a manual one when `approved`).
+        fn verdict_on(
+            &self,
+            mut csr: CertificateSigningRequest,
+            approved: bool,
+        ) -> CertificateSigningRequest {
             let condition = |type_: &str| CertificateSigningRequestCondition {
                 type_: type_.into(),
                 status: "True".into(),
@@ -485,21 +727,26 @@ pub(crate) mod testing {
                 message: Some(format!("{type_} by the test")),
                 ..CertificateSigningRequestCondition::default()
             };
-            csr.status = Some(match self.verdict {
-                Verdict::Sign(lifetime) => CertificateSigningRequestStatus {
+            let lifetime = match self.verdict {
+                Verdict::Sign(lifetime) => Some(lifetime),
+                Verdict::Manual(lifetime) if approved => Some(lifetime),
+                _ => None,
+            };
+            csr.status = Some(match (self.verdict, lifetime) {
+                (_, Some(lifetime)) => CertificateSigningRequestStatus {
                     conditions: Some(vec![condition("Approved")]),
                     certificate: Some(ByteString(
                         self.sign(std::str::from_utf8(&csr.spec.request.0).unwrap(), lifetime)
                             .into_bytes(),
                     )),
                 },
-                Verdict::Deny => CertificateSigningRequestStatus {
+                (Verdict::Deny, _) => CertificateSigningRequestStatus {
                     conditions: Some(vec![condition("Denied")]),
                     certificate: None,
                 },
-                Verdict::Ignore | Verdict::Refuse(_) => CertificateSigningRequestStatus::default(),
+                _ => CertificateSigningRequestStatus::default(),
             });
-            Ok(csr)
+            csr
         }
     }
 }
@@ -724,11 +971,12 @@ mod tests {
     #[tokio::test]
     async fn a_denied_csr_says_so_and_an_unanswered_one_times_out() {
         let template = CsrTemplate::node_client("n1");
-        let (pem, _) = template.generate().unwrap();
+        let (pem, key) = template.generate().unwrap();
         let request = template.object(Some("node-csr-x".into()), pem);
         let denied = request_certificate(
             &FakeCsrApi::new(Verdict::Deny),
             &request,
+            &key,
             Duration::from_secs(60),
         )
         .await
@@ -740,10 +988,95 @@ mod tests {
         let ignored = request_certificate(
             &FakeCsrApi::new(Verdict::Ignore),
             &request,
+            &key,
             Duration::from_millis(10),
         )
         .await
         .unwrap_err();
         assert!(matches!(ignored, CsrError::NotIssued { .. }), "{ignored}");
+    }
+
+    /// A CSR of the same name is reused when it asks for the same key, signer and usages,
+    /// and refused otherwise.
+    #[tokio::test]
+    async fn an_existing_csr_is_reused_only_for_the_same_request() {
+        let api = FakeCsrApi::new(Verdict::Sign(Duration::from_secs(3600)));
+        let template = CsrTemplate::node_client("n1");
+        let (pem, key) = template.generate().unwrap();
+        let request = template.object(Some(template.digested_name(&key)), pem);
+        api.create(&request).await.unwrap();
+        // A CSR signed again for the same key (ECDSA signatures differ each time).
+        let again = template.object(
+            request.metadata.name.clone(),
+            template.request(&key).unwrap(),
+        );
+        let cert = request_certificate(&api, &again, &key, Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert!(!cert.is_empty());
+        assert_eq!(api.created.lock().unwrap().len(), 1, "no second CSR");
+        let other = new_key().unwrap();
+        let err = request_certificate(&api, &again, &other, Duration::from_secs(5))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, CsrError::Incompatible { reason, .. } if reason.contains("public key")),
+            "{err}"
+        );
+        let mut client_usage = again.clone();
+        client_usage.spec.usages = Some(vec!["client auth".into()]);
+        let err = request_certificate(&api, &client_usage, &key, Duration::from_secs(5))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, CsrError::Incompatible { .. }), "{err}");
+    }
+
+    /// Reads and watches that fail (the API server going away) are retried; the watch
+    /// brings the approval.
+    #[tokio::test]
+    async fn failed_reads_and_watches_do_not_end_the_wait() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let api = std::sync::Arc::new(FakeCsrApi::new(Verdict::Manual(Duration::from_secs(3600))));
+        api.failing.store(2, SeqCst);
+        let template = CsrTemplate::node_client("n1");
+        let (pem, key) = template.generate().unwrap();
+        let request = template.object(None, pem);
+        let waiting = {
+            let api = api.clone();
+            tokio::spawn(async move {
+                request_certificate(&*api, &request, &key, Duration::from_secs(30)).await
+            })
+        };
+        // Two failed reads, then a read and a watch that waits.
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while api.calls.load(SeqCst) < 4 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .expect("read and watched again after the failures");
+        assert!(!waiting.is_finished(), "still waiting");
+        api.approve();
+        let cert = tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("the watch brings the certificate")
+            .unwrap()
+            .unwrap();
+        assert!(!cert.is_empty());
+        assert_eq!(api.calls.load(SeqCst), 4, "no read after the watch");
+    }
+
+    /// A deleted or replaced CSR ends the wait.
+    #[test]
+    fn a_replaced_csr_ends_the_wait() {
+        let template = CsrTemplate::node_client("n1");
+        let (pem, _) = template.generate().unwrap();
+        let mut csr = template.object(Some("node-csr-x".into()), pem);
+        csr.metadata.uid = Some("b".into());
+        assert!(matches!(
+            issued(csr.clone(), Some("a")),
+            Err(CsrError::Replaced { .. })
+        ));
+        assert!(matches!(issued(csr, Some("b")), Ok(None)));
     }
 }

@@ -282,6 +282,7 @@ impl RouteOps for IpRoute2 {
                 Some(Underlay {
                     name: str_of(l, "ifname")?.to_owned(),
                     mtu: mtu_of(l),
+                    subnets: ipv4_addresses(l).into_iter().map(Cidr::network).collect(),
                 })
             })
             .ok_or(RoutesError::NoUnderlay { ip })

@@ -34,7 +34,10 @@ pub use program::{
     Change, Cidr, FdbEntry, LinkState, Neighbour, Programmed, Route, RouteOps, Underlay, VxlanSpec,
     plan,
 };
-pub use programmer::{Programmer, RemoteNode, Settings, SyncReport, remote_nodes, run};
+pub use programmer::{
+    POD_CIDR_REFUSED, Programmer, Refused, RemoteNode, Settings, SyncReport, Wanted,
+    api_server_addresses, remote_nodes, run,
+};
 pub use state::{RemoteRoute, RoutesState, live_check};
 
 /// The route protocol number marking the agent's routes (`ip route ... proto 211`).

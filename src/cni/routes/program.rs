@@ -36,6 +36,30 @@ impl Cidr {
         }
     }
 
+    /// Whether the two prefixes share an address (one holds the other).
+    #[must_use]
+    pub fn overlaps(self, other: Self) -> bool {
+        let shorter = Self {
+            prefix: self.prefix.min(other.prefix),
+            ..self
+        };
+        shorter.network()
+            == Self {
+                prefix: shorter.prefix,
+                ..other
+            }
+            .network()
+    }
+
+    /// Whether the prefix holds `ip`.
+    #[must_use]
+    pub fn contains(self, ip: Ipv4Addr) -> bool {
+        self.overlaps(Self {
+            addr: ip,
+            prefix: 32,
+        })
+    }
+
     /// The prefix's network address as a host address (`10.244.1.0/32`).
     #[must_use]
     pub fn host(self) -> Self {
@@ -136,6 +160,9 @@ pub struct Underlay {
     pub name: String,
     /// Its MTU.
     pub mtu: u32,
+    /// The networks of its IPv4 addresses (`198.18.0.0/24` for `198.18.0.1/24`): the
+    /// nodes' own network, which no pod CIDR may take.
+    pub subnets: Vec<Cidr>,
 }
 
 /// A link as it is now (read back to decide whether the VXLAN device can be kept).
