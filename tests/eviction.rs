@@ -14,19 +14,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::case::{Case, failed, get, running};
+use common::case::{Case, failed, get, reason_and_message, running};
 use common::pods::{events_of, running_containers_of, sleeper};
-use common::{eventually, node_condition};
-use k8s_openapi::api::core::v1::{Event, Pod};
-
-/// The pod's status reason and message.
-fn reason_and_message(pod: &Pod) -> (Option<&str>, Option<&str>) {
-    let status = pod.status.as_ref();
-    (
-        status.and_then(|s| s.reason.as_deref()),
-        status.and_then(|s| s.message.as_deref()),
-    )
-}
+use common::{eventually, meminfo, node_condition};
+use k8s_openapi::api::core::v1::Event;
 
 /// The pod's `Evicted` event, once published.
 async fn evicted_event(name: &str) -> Event {
@@ -41,17 +32,6 @@ async fn evicted_event(name: &str) -> Event {
         },
     )
     .await
-}
-
-/// A `/proc/meminfo` figure, in bytes.
-fn meminfo(key: &str) -> u64 {
-    let text = std::fs::read_to_string("/proc/meminfo").expect("/proc/meminfo");
-    let kib: u64 = text
-        .lines()
-        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
-        .and_then(|v| v.trim().trim_end_matches(" kB").parse().ok())
-        .unwrap_or_else(|| panic!("{key} in /proc/meminfo"));
-    kib * 1024
 }
 
 fn resources(requests: serde_json::Value, limits: serde_json::Value) -> serde_json::Value {
