@@ -409,11 +409,10 @@ impl<C: Cri + Clone> Kubelet<C> {
         {
             return next;
         }
+        // The pod's log directory is the sandbox's to make (`createPodSandbox`): a name
+        // too long for it fails there, with the kubelet's event.
         let pod_dir = self.volumes.pod_dir(&id.uid);
-        let dirs = async {
-            tokio::fs::create_dir_all(pod_dir.join("containers")).await?;
-            tokio::fs::create_dir_all(pod_log_dir(&self.settings.pod_logs_dir, id)).await
-        };
+        let dirs = tokio::fs::create_dir_all(pod_dir.join("containers"));
         if let Err(e) = dirs.instrument(tracing::info_span!("make_data_dirs")).await {
             let message = format!("Error making pod data directories: {e}");
             return self.retry_failed(id, "Failed", message);
@@ -582,7 +581,14 @@ impl<C: Cri + Clone> Kubelet<C> {
             pod_log_dir(&self.settings.pod_logs_dir, id),
         ] {
             match tokio::fs::remove_dir_all(&dir).await {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                // A name too long for the filesystem was never made (the pod's sandbox
+                // failed on it): nothing to remove, nothing to retry.
+                Err(e)
+                    if !matches!(
+                        e.kind(),
+                        std::io::ErrorKind::NotFound | std::io::ErrorKind::InvalidFilename
+                    ) =>
+                {
                     tracing::warn!(dir = %dir.display(), error = %e, "could not remove pod directory");
                     return Next::ResyncAfter(RETRY);
                 }
@@ -644,7 +650,7 @@ impl<C: Cri + Clone> PodAdmission for Kubelet<C> {
         let Some(id) = PodId::of(pod) else { return };
         if crate::pod::mirror::is_static_pod(pod) {
             // Its status goes to its mirror pod.
-            self.status.track_static(&id.uid);
+            self.status.track_static(&id);
         }
         let finished = |p: &Pod| self.finished(p);
         if let Some(rejection) = self.admission.admit(pod, finished) {

@@ -1063,3 +1063,116 @@ async fn bad_pod_specs_end_as_in_the_kubelet_and_the_agent_keeps_serving() {
 fn short(label: &str) -> &str {
     &label[..12.min(label.len())]
 }
+
+/// A pod name of 251 characters, valid for the API, makes a log directory name
+/// (`<namespace>_<name>_<uid>`) longer than the filesystem allows. As in the kubelet
+/// v1.20 (`createPodSandbox`), the sandbox fails with a Warning `FailedCreatePodSandBox`
+/// event carrying Go's `mkdir` error, and nothing reaches the runtime; the pod is
+/// retried with back-off, never in a loop; once deleted, its deletion finishes and its
+/// worker ends at once (no retry of removing a directory that cannot exist), leaving
+/// nothing behind.
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn a_pod_name_too_long_for_its_log_directory_fails_the_sandbox_and_deletes_cleanly() {
+    let mut case = Case::new("longname").await;
+    let log = common::case::root_dir().with_extension("log");
+    let log_start = std::fs::metadata(&log).map_or(0, |m| m.len());
+    case.start_agent(&[]);
+    let name = format!("{}-{}", short(&case.pods.label), "x".repeat(251 - 13));
+    assert_eq!(name.len(), 251);
+    let mut manifest = pod(json!({}), json!({}));
+    manifest["metadata"]["name"] = name.clone().into();
+    let created = case.pods.create(&node_name(), manifest).await;
+    let uid = created.metadata.uid.clone().expect("uid");
+    let dir = case
+        .agent()
+        .root_dir
+        .join("logs")
+        .join(format!("default_{name}_{uid}"));
+    let want = format!(
+        "Failed to create pod sandbox: mkdir {}: file name too long",
+        dir.display()
+    );
+    let event = eventually(
+        "the FailedCreatePodSandBox event",
+        Duration::from_secs(60),
+        || async {
+            events_of(&name)
+                .await
+                .into_iter()
+                .find(|e| e.reason.as_deref() == Some("FailedCreatePodSandBox"))
+        },
+    )
+    .await;
+    assert_eq!(
+        event.message.as_deref(),
+        Some(want.as_str()),
+        "{}",
+        case.agent().log_tail()
+    );
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    let pending = get(&name).await.expect("the pod");
+    let waiting = pending
+        .status
+        .and_then(|s| s.container_statuses)
+        .and_then(|c| c.first()?.state.clone()?.waiting?.reason);
+    assert_eq!(waiting.as_deref(), Some("ContainerCreating"));
+    assert!(common::pods::sandboxes_of(&uid).await.is_empty());
+    // Retried with back-off (1 s doubling), not in a loop: a few attempts in 10 s more.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let attempts = events_of(&name)
+        .await
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("FailedCreatePodSandBox"))
+        .map(|e| e.count.unwrap_or(1))
+        .sum::<i32>();
+    assert!(
+        (1..=8).contains(&attempts),
+        "{attempts} sandbox attempts in about 10 s"
+    );
+
+    // Deleting it finishes, and its worker ends with it: no retries after.
+    let deleting = Instant::now();
+    pods_api()
+        .await
+        .delete(&name, &DeleteParams::default())
+        .await
+        .expect("delete");
+    eventually("the pod deleted", Duration::from_secs(30), || async {
+        get(&name).await.is_none().then_some(())
+    })
+    .await;
+    let deleted_in = deleting.elapsed();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let text = log_since(&log, log_start);
+    let ours: Vec<&str> = text.lines().filter(|l| l.contains(&uid)).collect();
+    let retries = ours
+        .iter()
+        .filter(|l| l.contains("could not remove pod directory"))
+        .count();
+    assert_eq!(retries, 0, "{}", ours.join("\n"));
+    let cleaned = ours
+        .iter()
+        .position(|l| l.contains("pod terminated and cleaned up"));
+    assert!(cleaned.is_some(), "the worker never finished");
+    let after: Vec<&&str> = ours
+        .iter()
+        .skip(cleaned.map_or(0, |i| i + 1))
+        .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+        .collect();
+    assert!(
+        after.is_empty(),
+        "complaints after the pod's end: {after:?}"
+    );
+    assert!(!dir.exists());
+    assert!(
+        !case.agent().root_dir.join("pods").join(&uid).exists(),
+        "the pod directory is removed"
+    );
+    assert!(
+        !text.contains("panicked"),
+        "the agent panicked: {}",
+        case.agent().log_tail()
+    );
+    eprintln!("{attempts} sandbox attempts before the delete; deleted in {deleted_in:?}");
+}

@@ -14,19 +14,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::case::{Case, failed, get, running};
+use common::case::{Case, failed, get, reason_and_message, running};
 use common::pods::{events_of, running_containers_of, sleeper};
 use common::{eventually, meminfo, node_condition};
-use k8s_openapi::api::core::v1::{Event, Pod};
-
-/// The pod's status reason and message.
-fn reason_and_message(pod: &Pod) -> (Option<&str>, Option<&str>) {
-    let status = pod.status.as_ref();
-    (
-        status.and_then(|s| s.reason.as_deref()),
-        status.and_then(|s| s.message.as_deref()),
-    )
-}
+use k8s_openapi::api::core::v1::Event;
 
 /// The pod's `Evicted` event, once published.
 async fn evicted_event(name: &str) -> Event {

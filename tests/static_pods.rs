@@ -5,16 +5,17 @@
 //! without the container being restarted; an edited manifest replaces the pod (new UID,
 //! new container); the agent restarted adopts the pod; a removed manifest removes the pod,
 //! its sandbox and its mirror pod. The pods' sandboxes are recorded and checked for leaks
-//! when the test ends.
+//! when the test ends. An API pod that writes a static pod's annotations on itself is
+//! still an API pod.
 
 mod common;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::case::{Case, get, phase};
-use common::pods::{exec_in, pods_api, running_containers_of, sandboxes_of};
-use common::{eventually, kube_client, kubectl, node_name};
+use common::case::{Case, failed, get, phase, reason_and_message, running};
+use common::pods::{exec_in, pods_api, running_containers_of, sandboxes_of, sleeper};
+use common::{eventually, kube_client, kubectl, meminfo, node_name};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 use kube::api::DeleteParams;
@@ -248,4 +249,109 @@ async fn a_static_pod_runs_with_a_mirror_pod_that_follows_its_manifest() {
         !case.pods.record().sandboxes.is_empty(),
         "the pods' sandboxes were recorded for the leak check"
     );
+}
+
+/// A BestEffort API pod that writes on itself what the agent writes on a static pod:
+/// `kubernetes.io/config.source: file` and a `kubernetes.io/config.hash`.
+fn claiming_to_be_static() -> serde_json::Value {
+    let mut pod = sleeper(serde_json::json!({}));
+    pod["metadata"]["annotations"] = serde_json::json!({
+        "kubernetes.io/config.source": "file",
+        "kubernetes.io/config.hash": "0123456789abcdef0123456789abcdef",
+    });
+    pod
+}
+
+/// When the node last posted MemoryPressure true, if it does.
+async fn memory_pressure_since() -> Option<k8s_openapi::jiff::Timestamp> {
+    let nodes: Api<Node> = Api::all(kube_client("admin.kubeconfig").await);
+    let node = nodes.get(&node_name()).await.ok()?;
+    let conditions = node.status?.conditions?;
+    let pressure = conditions
+        .into_iter()
+        .find(|c| c.type_ == "MemoryPressure" && c.status == "True")?;
+    Some(pressure.last_heartbeat_time?.0)
+}
+
+/// An API pod cannot pass for a static pod by its annotations (the kubelet stamps every
+/// pod with the source that delivered it): its status is written to itself, its
+/// containers get the BestEffort OOM score, not the critical one; under memory pressure
+/// it is evicted, and another such pod is refused at admission; deleting them finishes.
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn an_api_pod_claiming_a_file_source_is_an_ordinary_api_pod() {
+    let mut case = Case::with_agent("claims", &[]).await;
+    let name = case.create("run", claiming_to_be_static()).await;
+    // Its status goes to the pod itself (a static pod's waits for a mirror pod).
+    let pod = running(&name).await;
+    let uid = pod.metadata.uid.clone().expect("uid");
+    assert_eq!(
+        annotation(&pod, "kubernetes.io/config.source"),
+        Some("file"),
+        "the API keeps what the author wrote"
+    );
+    // BestEffort's 1000, not a critical pod's -997 (which containerd raises to its own
+    // score, below 1000).
+    let out = exec_in(
+        &uid,
+        "main",
+        vec!["cat".into(), "/proc/1/oom_score_adj".into()],
+    )
+    .await;
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "1000");
+
+    // Memory is short from now on (a threshold always met): the pod is evicted as a
+    // BestEffort pod, not spared as a critical one.
+    let threshold = meminfo("MemTotal") - (128 << 20);
+    assert!(
+        meminfo("MemAvailable") + (256 << 20) < threshold,
+        "the machine has too little memory in use for an always-met threshold"
+    );
+    let restarted = k8s_openapi::jiff::Timestamp::now();
+    case.start_agent(&["--eviction-hard", &format!("memory.available<{threshold}")]);
+    let evicted = failed(&name, Duration::from_secs(60)).await;
+    assert_eq!(
+        reason_and_message(&evicted).0,
+        Some("Evicted"),
+        "{}",
+        case.agent().log_tail()
+    );
+    // Admission counts the conditions the restarted agent posted (heartbeats are whole
+    // seconds).
+    eventually("MemoryPressure posted", Duration::from_secs(30), || async {
+        memory_pressure_since()
+            .await
+            .filter(|t| t.as_second() >= restarted.as_second())
+    })
+    .await;
+    // Another one is refused at admission, as BestEffort pods are under MemoryPressure.
+    let refused = case.create("refused", claiming_to_be_static()).await;
+    let rejected = failed(&refused, Duration::from_secs(30)).await;
+    assert_eq!(
+        reason_and_message(&rejected),
+        (
+            Some("Evicted"),
+            Some("Pod The node had condition: [MemoryPressure]. ")
+        )
+    );
+    let refused_uid = rejected.metadata.uid.clone().expect("uid");
+    assert!(sandboxes_of(&refused_uid).await.is_empty());
+
+    // Deleting them finishes: the agent deletes them from the API as any API pod.
+    for name in [&name, &refused] {
+        pods_api()
+            .await
+            .delete(name, &DeleteParams::default())
+            .await
+            .expect("delete");
+    }
+    for name in [&name, &refused] {
+        eventually(
+            &format!("{name} deleted"),
+            Duration::from_secs(30),
+            || async { get(name).await.is_none().then_some(()) },
+        )
+        .await;
+    }
+    gone_from_runtime(&uid).await;
 }

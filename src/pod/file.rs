@@ -24,7 +24,7 @@ use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 use tokio::io::unix::AsyncFd;
 use tokio::sync::{Notify, watch};
 
-use super::mirror::{CONFIG_HASH, CONFIG_SEEN, CONFIG_SOURCE};
+use super::mirror::{CONFIG_HASH, CONFIG_SEEN, FILE_SOURCE, stamp_source};
 use super::source::PodAdmission;
 use super::workers::{PodSyncer, PodWork, PodWorkers};
 
@@ -227,8 +227,8 @@ fn apply_defaults(pod: &mut Pod, path: &Path, node_name: &str) {
     meta.namespace = Some(namespace);
     let annotations = meta.annotations.get_or_insert_with(BTreeMap::new);
     annotations.insert(CONFIG_HASH.into(), uid);
-    annotations.insert(CONFIG_SOURCE.into(), "file".into());
     annotations.insert(CONFIG_SEEN.into(), Timestamp::now().to_string());
+    stamp_source(pod, FILE_SOURCE);
     let spec = pod.spec.get_or_insert_with(Default::default);
     spec.node_name = Some(node_name.to_owned());
     // Static pods are not evicted for node problems.
@@ -605,6 +605,7 @@ pub async fn start<S: PodSyncer, A: PodAdmission>(
 
 #[cfg(test)]
 mod tests {
+    use super::super::mirror::CONFIG_SOURCE;
     use super::*;
 
     const YAML: &str = "apiVersion: v1

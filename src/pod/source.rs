@@ -6,6 +6,8 @@
 //! by one as they come, the pods of a full list together in creation order (the
 //! kubelet's `HandlePodAdditions`). Mirror pods (the API's copies of static pods) are
 //! not run: they go to [`PodAdmission::mirror`] and wake the mirror pods' reconciliation.
+//! Every pod is stamped `kubernetes.io/config.source: api` on arrival: a pod that claims
+//! another source in its own annotations is still an API pod, never a static one.
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -22,7 +24,7 @@ use tokio::sync::watch;
 
 use super::PodId;
 use super::file::StaticPods;
-use super::mirror::is_mirror_pod;
+use super::mirror::{API_SOURCE, is_mirror_pod, stamp_source};
 use super::workers::{PodSyncer, PodWork, PodWorkers};
 
 /// The reflector's store, and whether its first full list has completed.
@@ -90,9 +92,7 @@ pub fn start<S: PodSyncer, A: PodAdmission>(
     let (synced_tx, synced) = watch::channel(false);
     // No back-off on the stream: the feed waits as the kubelet's reflector does.
     let stream = watcher::watcher(api, config)
-        .modify(|pod| {
-            pod.managed_fields_mut().clear();
-        })
+        .modify(received)
         .reflect(writer);
     let mut feeder = Feeder {
         store: store.clone(),
@@ -125,6 +125,15 @@ pub fn start<S: PodSyncer, A: PodAdmission>(
         },
         feed,
     )
+}
+
+/// What is done to each pod the watch delivers, before the store or anyone else sees it:
+/// its managed fields go, and it is stamped with the source that delivered it (the
+/// kubelet's pod config), so a `kubernetes.io/config.source` its author wrote is not
+/// believed.
+fn received(pod: &mut Pod) {
+    pod.managed_fields_mut().clear();
+    stamp_source(pod, API_SOURCE);
 }
 
 /// Hands watch events to admission and the workers.
@@ -316,6 +325,42 @@ mod tests {
             ]
         );
         assert_eq!(workers.uids(), ["static-uid"]);
+    }
+
+    /// A pod that claims to come from a manifest file is stamped with the API as its
+    /// source: not static, not critical, scored as the BestEffort pod it is.
+    #[test]
+    fn an_api_pod_claiming_a_file_source_is_an_api_pod() {
+        let mut claimed = pod("claims", &[("c", "busybox")]);
+        claimed.metadata.annotations = Some(
+            [
+                (
+                    super::super::mirror::CONFIG_SOURCE.to_owned(),
+                    "file".to_owned(),
+                ),
+                (
+                    super::super::mirror::CONFIG_HASH.to_owned(),
+                    "uid-claims".to_owned(),
+                ),
+            ]
+            .into(),
+        );
+        assert!(crate::cm::is_critical(&claimed), "what it claims");
+        received(&mut claimed);
+        assert!(!super::super::mirror::is_static_pod(&claimed));
+        assert!(!crate::cm::is_critical(&claimed));
+        let container = &claimed.spec.as_ref().unwrap().containers[0];
+        assert_eq!(
+            crate::cm::container_oom_score_adj(&claimed, container, 1 << 30),
+            crate::cm::BEST_EFFORT_OOM_SCORE_ADJ
+        );
+        // A pod that says nothing of its source is stamped too.
+        let mut plain = pod("plain", &[("c", "busybox")]);
+        received(&mut plain);
+        assert_eq!(
+            plain.metadata.annotations.unwrap()[super::super::mirror::CONFIG_SOURCE],
+            "api"
+        );
     }
 
     #[tokio::test]

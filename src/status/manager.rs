@@ -59,8 +59,15 @@ struct Entry {
 struct State {
     pods: HashMap<String, Entry>,
     dirty: HashSet<String>,
-    /// The static pods, by UID, with the UID of their mirror pod once it is seen.
-    statics: HashMap<String, Option<String>>,
+    /// The static pods, by UID.
+    statics: HashMap<String, Static>,
+}
+
+/// A static pod: its namespace and name, and the UID of its mirror pod once it is seen.
+#[derive(Debug)]
+struct Static {
+    id: PodId,
+    mirror: Option<String>,
 }
 
 /// The status manager. Cheap to clone.
@@ -152,29 +159,42 @@ impl StatusManager {
     }
 
     /// Marks a pod as static: its status goes to its mirror pod.
-    pub fn track_static(&self, uid: &str) {
-        self.lock().statics.entry(uid.to_owned()).or_default();
+    pub fn track_static(&self, id: &PodId) {
+        self.lock()
+            .statics
+            .entry(id.uid.clone())
+            .or_insert_with(|| Static {
+                id: id.clone(),
+                mirror: None,
+            });
     }
 
     /// A mirror pod was seen in the API (`present`) or deleted. The status of its static
     /// pod goes to it: at once when it is new (a mirror pod is created, or created again,
     /// without a status) or says another status than ours, as [`Self::reconcile`] does.
+    /// A mirror pod is its static pod's by namespace and name, as in the kubelet's pod
+    /// manager, and by the hash it carries: an API pod elsewhere that writes a static pod's
+    /// hash into its own `kubernetes.io/config.mirror` does not take the status.
     pub fn mirror(&self, mirror: &Pod, present: bool) {
-        let (Some(static_uid), Some(mirror_uid)) = (
-            crate::pod::mirror::mirrored_uid(mirror),
-            mirror.metadata.uid.as_deref(),
-        ) else {
+        let (Some(static_uid), Some(mirror_id)) =
+            (crate::pod::mirror::mirrored_uid(mirror), PodId::of(mirror))
+        else {
             return;
         };
+        let mirror_uid = mirror_id.uid.as_str();
         let mut state = self.lock();
         let State {
             pods,
             dirty,
             statics,
         } = &mut *state;
-        let Some(target) = statics.get_mut(static_uid) else {
+        let Some(Static { id, mirror: target }) = statics.get_mut(static_uid) else {
             return;
         };
+        if (&id.namespace, &id.name) != (&mirror_id.namespace, &mirror_id.name) {
+            tracing::debug!(pod = %mirror_id, "a pod names a static pod of another name as the one it mirrors");
+            return;
+        }
         if !present || mirror.metadata.deletion_timestamp.is_some() {
             if target.as_deref() == Some(mirror_uid) {
                 *target = None;
@@ -201,7 +221,7 @@ impl StatusManager {
     fn target(&self, id: &PodId) -> Option<PodId> {
         match self.lock().statics.get(&id.uid) {
             None => Some(id.clone()),
-            Some(mirror) => mirror.as_ref().map(|uid| PodId {
+            Some(Static { mirror, .. }) => mirror.as_ref().map(|uid| PodId {
                 uid: uid.clone(),
                 ..id.clone()
             }),
@@ -616,7 +636,7 @@ mod tests {
             name: "web-n1".into(),
             uid: "static".into(),
         };
-        manager.track_static(&id.uid);
+        manager.track_static(&id);
         manager.set_pod_status(&id, ready_status("True"));
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert_eq!(manager.target(&id), None);
@@ -634,6 +654,15 @@ mod tests {
             )]
             .into(),
         );
+        // A pod of another name that claims to mirror the static pod is not its mirror.
+        mirror.metadata.name = Some("claims".into());
+        manager.mirror(&mirror, true);
+        assert_eq!(manager.target(&id), None);
+        mirror.metadata.name = Some("web-n1".into());
+        mirror.metadata.namespace = Some("other".into());
+        manager.mirror(&mirror, true);
+        assert_eq!(manager.target(&id), None);
+        mirror.metadata.namespace = Some("default".into());
         manager.mirror(&mirror, true);
         let target = manager.target(&id).expect("the mirror pod");
         assert_eq!(

@@ -133,6 +133,15 @@ pub fn phase(p: &Pod) -> Option<&str> {
     p.status.as_ref()?.phase.as_deref()
 }
 
+/// The pod's status reason and message.
+pub fn reason_and_message(pod: &Pod) -> (Option<&str>, Option<&str>) {
+    let status = pod.status.as_ref();
+    (
+        status.and_then(|s| s.reason.as_deref()),
+        status.and_then(|s| s.message.as_deref()),
+    )
+}
+
 /// Waits (60 s at most) until the pod runs.
 pub async fn running(name: &str) -> Pod {
     eventually(

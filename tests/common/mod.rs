@@ -63,6 +63,17 @@ pub async fn node_condition(kind: &str) -> Option<bool> {
     Some(condition.status == "True")
 }
 
+/// A `/proc/meminfo` figure, in bytes.
+pub fn meminfo(key: &str) -> u64 {
+    let text = std::fs::read_to_string("/proc/meminfo").expect("/proc/meminfo");
+    let kib: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches(" kB").parse().ok())
+        .unwrap_or_else(|| panic!("{key} in /proc/meminfo"));
+    kib * 1024
+}
+
 /// Polls `probe` every 200 ms until it gives a value; panics naming `what` after `timeout`.
 pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> T
 where
