@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use common::agent::{NODE_IP, free_port_on_node_ip};
 use common::case::{Case, delete_and_wait, get, running};
 use common::eventually;
-use common::pods::events_of;
+use common::pods::{event_messages, events_of};
 use serde_json::json;
 
 /// A host directory of this test, shared with its pod, removed when dropped.
@@ -60,6 +60,16 @@ fn sleeper(dir: &HostDir, lifecycle: serde_json::Value, grace: i64) -> serde_jso
 
 fn mark(what: &str) -> serde_json::Value {
     json!({ "exec": { "command": ["sh", "-c", format!("echo {what} >> /hooks/marks")] } })
+}
+
+/// Waits (`within`) until the server's log at `log` shows a hook's request for
+/// `/hostname` (busybox httpd -vv logs "<peer>: url:/hostname").
+async fn hook_request_logged(log: &std::path::Path, within: Duration) {
+    eventually("the hook's request in the server's log", within, || async {
+        let text = tokio::fs::read_to_string(log).await.ok()?;
+        text.contains("url:/hostname").then_some(())
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -111,20 +121,7 @@ async fn an_http_post_start_hook_reaches_the_pods_server() {
     let name = case.create("p", manifest).await;
     let pod = running(&name).await;
     let uid = pod.metadata.uid.clone().expect("uid");
-    // The server logged the hook's request (busybox httpd -vv: "<peer>: url:/hostname").
-    let log = case.log_of(&name, &uid, "server");
-    eventually(
-        "the hook's request in the server's log",
-        Duration::from_secs(30),
-        || {
-            let log = log.clone();
-            async move {
-                let text = tokio::fs::read_to_string(&log).await.ok()?;
-                text.contains("url:/hostname").then_some(())
-            }
-        },
-    )
-    .await;
+    hook_request_logged(&case.log_of(&name, &uid, "server"), Duration::from_secs(30)).await;
     drop(case);
 }
 
@@ -220,16 +217,6 @@ async fn a_second_delete_with_a_shorter_grace_shortens_the_termination() {
     drop(case);
 }
 
-/// The messages of the pod's `FailedPreStopHook` events.
-async fn failed_pre_stop_hooks(name: &str) -> Vec<String> {
-    events_of(name)
-        .await
-        .into_iter()
-        .filter(|e| e.reason.as_deref() == Some("FailedPreStopHook"))
-        .filter_map(|e| e.message)
-        .collect()
-}
-
 #[tokio::test]
 #[ignore = "needs root and the local cluster: run scripts/test.sh"]
 async fn an_http_pre_stop_hook_of_a_host_network_pod_reaches_its_server_at_the_node_ip() {
@@ -260,21 +247,9 @@ async fn an_http_pre_stop_hook_of_a_host_network_pod_reaches_its_server_at_the_n
         .delete(&name, &kube::api::DeleteParams::default())
         .await
         .expect("delete");
-    // The server logged the hook's request (busybox httpd -vv: "<peer>: url:/hostname")
-    // while the pod terminates (its log goes with it).
-    eventually(
-        "the hook's request in the server's log",
-        Duration::from_secs(15),
-        || {
-            let log = log.clone();
-            async move {
-                let text = tokio::fs::read_to_string(&log).await.ok()?;
-                text.contains("url:/hostname").then_some(())
-            }
-        },
-    )
-    .await;
-    let failed = failed_pre_stop_hooks(&name).await;
+    // While the pod terminates (its log goes with it).
+    hook_request_logged(&log, Duration::from_secs(15)).await;
+    let failed = event_messages(&name, "FailedPreStopHook").await;
     assert!(failed.is_empty(), "{failed:?}");
     // Done: no need to wait out the grace period.
     let now = kube::api::DeleteParams {
@@ -323,7 +298,7 @@ async fn an_exec_pre_stop_hook_runs_past_the_runtime_request_timeout() {
     .await;
     let took = started.elapsed();
     assert_eq!(dir.marks(), "draining\ndrained\n");
-    let failed = failed_pre_stop_hooks(&name).await;
+    let failed = event_messages(&name, "FailedPreStopHook").await;
     assert!(failed.is_empty(), "{failed:?}");
     assert!(
         took >= Duration::from_secs(20),

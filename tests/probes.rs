@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::agent::{NODE_IP, free_port_on_node_ip};
 use common::case::{Case, get};
-use common::pods::events_of;
+use common::pods::event_messages;
 use common::{eventually, kubectl, node_name};
 use k8s_openapi::api::core::v1::ContainerStatus;
 
@@ -58,16 +58,6 @@ async fn touch_until_ready(name: &str, path: &str) -> ContainerStatus {
     })
     .await;
     cs
-}
-
-/// The messages of the pod's events with `reason`.
-async fn event_messages(name: &str, reason: &str) -> Vec<String> {
-    events_of(name)
-        .await
-        .into_iter()
-        .filter(|e| e.reason.as_deref() == Some(reason))
-        .filter_map(|e| e.message)
-        .collect()
 }
 
 #[tokio::test]

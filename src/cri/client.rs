@@ -355,6 +355,14 @@ mod tests {
         assert!(err.to_string().starts_with("CRI Version"), "{err}");
     }
 
+    /// An empty directory of this test process named `name`.
+    fn fresh_dir(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
     /// Each call the fake runtime received: its path and `grpc-timeout` header.
     type Calls = Arc<Mutex<Vec<(String, Option<String>)>>>;
 
@@ -417,9 +425,7 @@ mod tests {
     /// returns.
     #[tokio::test]
     async fn sandbox_creations_under_way_are_known_until_they_return() {
-        let dir = std::env::temp_dir().join(format!("rkubelet-cri-run-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = fresh_dir("rkubelet-cri-run");
         let (endpoint, _) = slow_runtime(&dir, Duration::from_millis(300));
         let client = CriClient::new(endpoint, Duration::from_secs(5), None);
         assert!(client.sandbox_creations_since().is_none());
@@ -445,9 +451,7 @@ mod tests {
     /// runtime; one with a timeout gets it on top of the request timeout.
     #[tokio::test]
     async fn exec_sync_without_a_timeout_of_its_own_has_no_deadline() {
-        let dir = std::env::temp_dir().join(format!("rkubelet-cri-exec-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = fresh_dir("rkubelet-cri-exec");
         let (endpoint, calls) = slow_runtime(&dir, Duration::from_millis(600));
         let client = CriClient::new(endpoint, Duration::from_millis(200), None);
         let hook = api::ExecSyncRequest {
@@ -483,9 +487,7 @@ mod tests {
     /// deadline, none sent to the runtime), while other calls keep theirs.
     #[tokio::test]
     async fn image_pulls_are_not_cut_by_the_runtime_request_timeout() {
-        let dir = std::env::temp_dir().join(format!("rkubelet-cri-pull-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = fresh_dir("rkubelet-cri-pull");
         let (endpoint, calls) = slow_runtime(&dir, Duration::from_millis(600));
         let client = CriClient::new(endpoint, Duration::from_millis(200), None);
         let pulled = client
