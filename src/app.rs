@@ -714,6 +714,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
         RuntimeManager::new(
             config.cri.clone(),
             sandbox_settings,
+            Some(config.node_ip),
             events,
             config.parallel_pod_starts,
         ),

@@ -124,7 +124,12 @@ impl<C: Cri + Clone> Kubelet<C> {
         env: EnvSourceReader,
         cm: Option<Arc<ContainerManager>>,
     ) -> Self {
-        let prober = ProberManager::new(runtime.cri().clone(), runtime.events().clone(), wake);
+        let prober = ProberManager::new(
+            runtime.cri().clone(),
+            runtime.events().clone(),
+            wake,
+            runtime.host_ip(),
+        );
         Self {
             prober,
             settings,

@@ -1,16 +1,19 @@
 //! Lifecycle hooks and graceful termination end to end, against the local cluster:
 //! postStart and preStop exec hooks leave their marks in a volume, an httpGet hook reaches
 //! an HTTP server of the pod, a failing postStart hook kills and restarts the container
-//! (`FailedPostStartHook`), and a preStop hook's time counts against the grace period.
+//! (`FailedPostStartHook`), a preStop hook's time counts against the grace period, an
+//! httpGet preStop hook of a host-network pod reaches its server at the node's IP, and an
+//! exec preStop hook is not cut by the runtime request timeout.
 
 mod common;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use common::agent::{NODE_IP, free_port_on_node_ip};
 use common::case::{Case, delete_and_wait, get, running};
 use common::eventually;
-use common::pods::events_of;
+use common::pods::{event_messages, events_of};
 use serde_json::json;
 
 /// A host directory of this test, shared with its pod, removed when dropped.
@@ -57,6 +60,16 @@ fn sleeper(dir: &HostDir, lifecycle: serde_json::Value, grace: i64) -> serde_jso
 
 fn mark(what: &str) -> serde_json::Value {
     json!({ "exec": { "command": ["sh", "-c", format!("echo {what} >> /hooks/marks")] } })
+}
+
+/// Waits (`within`) until the server's log at `log` shows a hook's request for
+/// `/hostname` (busybox httpd -vv logs "<peer>: url:/hostname").
+async fn hook_request_logged(log: &std::path::Path, within: Duration) {
+    eventually("the hook's request in the server's log", within, || async {
+        let text = tokio::fs::read_to_string(log).await.ok()?;
+        text.contains("url:/hostname").then_some(())
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -108,20 +121,7 @@ async fn an_http_post_start_hook_reaches_the_pods_server() {
     let name = case.create("p", manifest).await;
     let pod = running(&name).await;
     let uid = pod.metadata.uid.clone().expect("uid");
-    // The server logged the hook's request (busybox httpd -vv: "<peer>: url:/hostname").
-    let log = case.log_of(&name, &uid, "server");
-    eventually(
-        "the hook's request in the server's log",
-        Duration::from_secs(30),
-        || {
-            let log = log.clone();
-            async move {
-                let text = tokio::fs::read_to_string(&log).await.ok()?;
-                text.contains("url:/hostname").then_some(())
-            }
-        },
-    )
-    .await;
+    hook_request_logged(&case.log_of(&name, &uid, "server"), Duration::from_secs(30)).await;
     drop(case);
 }
 
@@ -214,5 +214,96 @@ async fn a_second_delete_with_a_shorter_grace_shortens_the_termination() {
     let took = started.elapsed();
     assert!(took < Duration::from_secs(10), "{took:?}");
     eprintln!("grace 60 s shortened to 1 s: gone {took:?} after the second delete");
+    drop(case);
+}
+
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn an_http_pre_stop_hook_of_a_host_network_pod_reaches_its_server_at_the_node_ip() {
+    let case = Case::with_agent("hooks-hostnet", &[]).await;
+    let port = free_port_on_node_ip();
+    // httpd as PID 1 ignores SIGTERM: it serves until the grace period ends.
+    let manifest = json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {},
+        "spec": {
+            "hostNetwork": true,
+            "terminationGracePeriodSeconds": 20,
+            "containers": [{
+                "name": "server",
+                "image": "busybox",
+                "command": ["httpd", "-f", "-vv", "-p", format!("{NODE_IP}:{port}"), "-h", "/etc"],
+                "lifecycle": { "preStop": { "httpGet": { "path": "/hostname", "port": port } } },
+            }],
+        }
+    });
+    let name = case.create("p", manifest).await;
+    let pod = running(&name).await;
+    let uid = pod.metadata.uid.clone().expect("uid");
+    let log = case.log_of(&name, &uid, "server");
+    common::pods::pods_api()
+        .await
+        .delete(&name, &kube::api::DeleteParams::default())
+        .await
+        .expect("delete");
+    // While the pod terminates (its log goes with it).
+    hook_request_logged(&log, Duration::from_secs(15)).await;
+    let failed = event_messages(&name, "FailedPreStopHook").await;
+    assert!(failed.is_empty(), "{failed:?}");
+    // Done: no need to wait out the grace period.
+    let now = kube::api::DeleteParams {
+        grace_period_seconds: Some(1),
+        ..Default::default()
+    };
+    common::pods::pods_api()
+        .await
+        .delete(&name, &now)
+        .await
+        .expect("delete again");
+    drop(case);
+}
+
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn an_exec_pre_stop_hook_runs_past_the_runtime_request_timeout() {
+    // A hook with no timeout of its own used to get the runtime request timeout as its
+    // deadline: the 2-minute default, which the kubelet's own flag sets to 10 s here, so
+    // a 20 s hook shows what a 10-minute drain under a 600 s grace period would.
+    let case = Case::with_agent("hooks-long", &["--runtime-request-timeout=10s"]).await;
+    let dir = HostDir::new(&case.pods.label);
+    let lifecycle = json!({
+        "preStop": { "exec": { "command": [
+            "sh", "-c", "echo draining >> /hooks/marks; sleep 20; echo drained >> /hooks/marks"
+        ] } }
+    });
+    let mut manifest = sleeper(&dir, lifecycle, 60);
+    // Ends on SIGTERM (so a hook cut short is killed with it, and never leaves its mark).
+    manifest["spec"]["containers"][0]["command"] = json!([
+        "sh",
+        "-c",
+        "trap 'exit 0' TERM; while true; do sleep 1; done"
+    ]);
+    let name = case.create("p", manifest).await;
+    running(&name).await;
+    let started = Instant::now();
+    common::pods::pods_api()
+        .await
+        .delete(&name, &kube::api::DeleteParams::default())
+        .await
+        .expect("delete");
+    eventually("the pod gone", Duration::from_secs(55), || async {
+        get(&name).await.is_none().then_some(())
+    })
+    .await;
+    let took = started.elapsed();
+    assert_eq!(dir.marks(), "draining\ndrained\n");
+    let failed = event_messages(&name, "FailedPreStopHook").await;
+    assert!(failed.is_empty(), "{failed:?}");
+    assert!(
+        took >= Duration::from_secs(20),
+        "the hook ran out: {took:?}"
+    );
+    eprintln!("a 20 s preStop hook under a 10 s runtime request timeout: gone after {took:?}");
     drop(case);
 }

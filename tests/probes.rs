@@ -1,14 +1,16 @@
 //! Liveness, readiness and startup probes end to end, against the local cluster: exec,
 //! httpGet and tcpSocket probes of busybox containers, restarts on liveness failure with
 //! the kubelet's events, readiness gating the Ready condition, a startup probe holding
-//! both back, and `prober_probe_total` on `/metrics`.
+//! both back, `prober_probe_total` on `/metrics`, and every probe kind of a host-network
+//! pod reaching it at the node's IP.
 
 mod common;
 
 use std::time::Duration;
 
+use common::agent::{NODE_IP, free_port_on_node_ip};
 use common::case::{Case, get};
-use common::pods::events_of;
+use common::pods::event_messages;
 use common::{eventually, kubectl, node_name};
 use k8s_openapi::api::core::v1::ContainerStatus;
 
@@ -56,16 +58,6 @@ async fn touch_until_ready(name: &str, path: &str) -> ContainerStatus {
     })
     .await;
     cs
-}
-
-/// The messages of the pod's events with `reason`.
-async fn event_messages(name: &str, reason: &str) -> Vec<String> {
-    events_of(name)
-        .await
-        .into_iter()
-        .filter(|e| e.reason.as_deref() == Some(reason))
-        .filter_map(|e| e.message)
-        .collect()
 }
 
 #[tokio::test]
@@ -189,4 +181,86 @@ async fn a_startup_probe_holds_readiness_back_until_it_succeeds() {
     let cs = touch_until_ready(&name, "/tmp/started").await;
     assert_eq!(cs.started, Some(true));
     assert!(cs.ready);
+}
+
+/// The liveness and readiness probe of `kind` (`exec`, `httpGet`, `tcpSocket`): every
+/// second, failing after 3 misses.
+fn both_probes(kind: &str, action: serde_json::Value) -> serde_json::Value {
+    let probe = serde_json::json!({ kind: action, "periodSeconds": 1, "failureThreshold": 3 });
+    serde_json::json!({ "livenessProbe": probe, "readinessProbe": probe })
+}
+
+/// A pod on the host's network has no IP of its own in the runtime: its httpGet and
+/// tcpSocket probes dial the node's IP (its `status.podIP`), where its server listens, so
+/// it becomes Ready and is never restarted.
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn a_host_network_pods_probes_of_every_kind_reach_it_at_the_node_ip() {
+    let case = Case::with_agent("probes-hostnet", &[]).await;
+    let port = free_port_on_node_ip();
+    let server = format!(
+        "mkdir -p /tmp/www && echo ok > /tmp/www/healthz && exec httpd -f -p {NODE_IP}:{port} -h /tmp/www"
+    );
+    let container = |name: &str, script: &str, probes: serde_json::Value| {
+        let mut c = serde_json::json!({
+            "name": name,
+            "image": "busybox",
+            "command": ["sh", "-c", script],
+        });
+        if let (Some(c), Some(p)) = (c.as_object_mut(), probes.as_object()) {
+            c.extend(p.clone());
+        }
+        c
+    };
+    let manifest = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {},
+        "spec": {
+            "hostNetwork": true,
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                container("web", &server, both_probes("httpGet", serde_json::json!({ "path": "/healthz", "port": port }))),
+                container("tcp", "sleep 3600", both_probes("tcpSocket", serde_json::json!({ "port": port }))),
+                container("exec", "sleep 3600", both_probes("exec", serde_json::json!({ "command": ["true"] }))),
+            ],
+        },
+    });
+    let name = case.create("p", manifest).await;
+    let ready = |pod: &k8s_openapi::api::core::v1::Pod| {
+        let status = pod.status.as_ref()?;
+        let ready = status
+            .conditions
+            .as_ref()?
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True");
+        ready.then(|| status.clone())
+    };
+    let status = eventually(
+        "the host-network pod Ready",
+        Duration::from_secs(60),
+        || async { ready(&get(&name).await?) },
+    )
+    .await;
+    assert_eq!(status.pod_ip.as_deref(), Some(NODE_IP));
+    // Three periods of failures would restart a container and unready the pod: twice that.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let pod = get(&name).await.expect("the pod");
+    let status = ready(&pod).expect("still Ready");
+    let restarts: Vec<(String, i32)> = status
+        .container_statuses
+        .unwrap_or_default()
+        .into_iter()
+        .map(|cs| (cs.name, cs.restart_count))
+        .collect();
+    assert_eq!(restarts.len(), 3, "{restarts:?}");
+    assert!(restarts.iter().all(|(_, n)| *n == 0), "{restarts:?}");
+    // A readiness probe may miss once while the server starts; a liveness probe never.
+    let unhealthy = event_messages(&name, "Unhealthy").await;
+    assert!(
+        !unhealthy
+            .iter()
+            .any(|m| m.starts_with("Liveness probe failed")),
+        "{unhealthy:?}"
+    );
 }

@@ -196,39 +196,46 @@ impl CriClient {
     }
 }
 
-/// A call's deadline: a runtime call's fixed one, or an optional one (image pulls).
-trait IntoDeadline {
-    fn into_deadline(self) -> Option<Duration>;
-}
-
-impl IntoDeadline for Duration {
-    fn into_deadline(self) -> Option<Duration> {
-        Some(self)
-    }
-}
-
-impl IntoDeadline for Option<Duration> {
-    fn into_deadline(self) -> Option<Duration> {
-        self
-    }
-}
-
-/// A request's own timeout in seconds (negative: none), added to the call's deadline.
+/// A request's own timeout in seconds (negative: none).
 fn seconds(timeout: i64) -> Duration {
     Duration::from_secs(u64::try_from(timeout).unwrap_or(0))
 }
 
+/// The deadlines of the calls (the kubelet's remote runtime service).
+impl CriClient {
+    /// Most calls: `--runtime-request-timeout`.
+    fn request_deadline(&self) -> Option<Duration> {
+        Some(self.timeout)
+    }
+
+    /// `PullImage`: the pull timeout, if any.
+    fn pull_deadline(&self) -> Option<Duration> {
+        self.pull_timeout
+    }
+
+    /// `StopContainer`: the grace period it carries on top of the request timeout.
+    fn stop_deadline(&self, grace: i64) -> Option<Duration> {
+        Some(self.timeout + seconds(grace))
+    }
+
+    /// `ExecSync`: the command's own timeout on top of the request timeout, so the
+    /// runtime has time to clean up; a command with no timeout of its own (0: a lifecycle
+    /// hook) gets no deadline at all, its caller bounds it.
+    fn exec_deadline(&self, timeout: i64) -> Option<Duration> {
+        (timeout != 0).then(|| self.timeout + seconds(timeout))
+    }
+}
+
 /// Generates the [`Cri`] trait, one method per unary RPC (named like the generated
 /// client's method, request message in, response message out), and its implementation for
-/// [`CriClient`], with the deadline taken from the named field (none for an unset
-/// optional one: `PullImage`), plus (`plus field`) the
-/// request's own timeout: a `StopContainer` waits out the grace period it carries, as the
-/// kubelet's remote runtime adds it to `--runtime-request-timeout`.
+/// [`CriClient`], with the deadline from the named method of [`CriClient`], given the
+/// named field of the request where there is one (`StopContainer`'s grace period,
+/// `ExecSync`'s timeout).
 ///
 /// Every trait method has a default body answering `Unimplemented`, so a test fake
 /// implements only the calls its test needs.
 macro_rules! unary_rpcs {
-    ($($(#[$doc:meta])* $method:ident => $svc:ident . $rpc:literal ($req:ident) -> $resp:ident within $deadline:ident $(plus $extra:ident)?;)*) => {
+    ($($(#[$doc:meta])* $method:ident => $svc:ident . $rpc:literal ($req:ident) -> $resp:ident within $deadline:ident $(($field:ident))?;)*) => {
         /// The CRI `RuntimeService` and `ImageService` calls the agent makes. Implemented by
         /// [`CriClient`] for a real runtime, and by fakes in tests.
         pub trait Cri: Send + Sync + 'static {
@@ -249,7 +256,7 @@ macro_rules! unary_rpcs {
             $(
                 async fn $method(&self, req: api::$req) -> Result<api::$resp> {
                     let mut c = self.$svc.clone();
-                    let deadline = (self.$deadline $(+ seconds(req.$extra))?).into_deadline();
+                    let deadline = self.$deadline($(req.$field)?);
                     self.call($rpc, deadline, req, move |r| async move { c.$method(r).await })
                         .await
                 }
@@ -260,55 +267,55 @@ macro_rules! unary_rpcs {
 
 unary_rpcs! {
     /// `Version`: the runtime's name and version, and the CRI version it serves.
-    version => runtime."Version"(VersionRequest) -> VersionResponse within timeout;
+    version => runtime."Version"(VersionRequest) -> VersionResponse within request_deadline;
     /// `Status`: the runtime's conditions (RuntimeReady, NetworkReady).
-    status => runtime."Status"(StatusRequest) -> StatusResponse within timeout;
+    status => runtime."Status"(StatusRequest) -> StatusResponse within request_deadline;
     /// `UpdateRuntimeConfig`: tells the runtime the node's pod CIDR.
-    update_runtime_config => runtime."UpdateRuntimeConfig"(UpdateRuntimeConfigRequest) -> UpdateRuntimeConfigResponse within timeout;
+    update_runtime_config => runtime."UpdateRuntimeConfig"(UpdateRuntimeConfigRequest) -> UpdateRuntimeConfigResponse within request_deadline;
     /// `RunPodSandbox`: creates and starts the pod's sandbox (pause container, namespaces).
-    run_pod_sandbox => runtime."RunPodSandbox"(RunPodSandboxRequest) -> RunPodSandboxResponse within timeout;
+    run_pod_sandbox => runtime."RunPodSandbox"(RunPodSandboxRequest) -> RunPodSandboxResponse within request_deadline;
     /// `StopPodSandbox`: stops the sandbox's containers and tears down its network.
-    stop_pod_sandbox => runtime."StopPodSandbox"(StopPodSandboxRequest) -> StopPodSandboxResponse within timeout;
+    stop_pod_sandbox => runtime."StopPodSandbox"(StopPodSandboxRequest) -> StopPodSandboxResponse within request_deadline;
     /// `RemovePodSandbox`: removes a stopped sandbox and its containers.
-    remove_pod_sandbox => runtime."RemovePodSandbox"(RemovePodSandboxRequest) -> RemovePodSandboxResponse within timeout;
+    remove_pod_sandbox => runtime."RemovePodSandbox"(RemovePodSandboxRequest) -> RemovePodSandboxResponse within request_deadline;
     /// `PodSandboxStatus`: state, IPs and metadata of one sandbox.
-    pod_sandbox_status => runtime."PodSandboxStatus"(PodSandboxStatusRequest) -> PodSandboxStatusResponse within timeout;
+    pod_sandbox_status => runtime."PodSandboxStatus"(PodSandboxStatusRequest) -> PodSandboxStatusResponse within request_deadline;
     /// `ListPodSandbox`: sandboxes matching a filter.
-    list_pod_sandbox => runtime."ListPodSandbox"(ListPodSandboxRequest) -> ListPodSandboxResponse within timeout;
+    list_pod_sandbox => runtime."ListPodSandbox"(ListPodSandboxRequest) -> ListPodSandboxResponse within request_deadline;
     /// `CreateContainer`: creates a container inside a sandbox.
-    create_container => runtime."CreateContainer"(CreateContainerRequest) -> CreateContainerResponse within timeout;
+    create_container => runtime."CreateContainer"(CreateContainerRequest) -> CreateContainerResponse within request_deadline;
     /// `StartContainer`: starts a created container.
-    start_container => runtime."StartContainer"(StartContainerRequest) -> StartContainerResponse within timeout;
+    start_container => runtime."StartContainer"(StartContainerRequest) -> StartContainerResponse within request_deadline;
     /// `StopContainer`: signals a container and kills it after its timeout.
-    stop_container => runtime."StopContainer"(StopContainerRequest) -> StopContainerResponse within timeout plus timeout;
+    stop_container => runtime."StopContainer"(StopContainerRequest) -> StopContainerResponse within stop_deadline(timeout);
     /// `RemoveContainer`: removes a stopped container.
-    remove_container => runtime."RemoveContainer"(RemoveContainerRequest) -> RemoveContainerResponse within timeout;
+    remove_container => runtime."RemoveContainer"(RemoveContainerRequest) -> RemoveContainerResponse within request_deadline;
     /// `ListContainers`: containers matching a filter.
-    list_containers => runtime."ListContainers"(ListContainersRequest) -> ListContainersResponse within timeout;
+    list_containers => runtime."ListContainers"(ListContainersRequest) -> ListContainersResponse within request_deadline;
     /// `ContainerStatus`: state, exit code, timestamps of one container.
-    container_status => runtime."ContainerStatus"(ContainerStatusRequest) -> ContainerStatusResponse within timeout;
+    container_status => runtime."ContainerStatus"(ContainerStatusRequest) -> ContainerStatusResponse within request_deadline;
     /// `ExecSync`: runs a command in a container and answers its output and exit code.
-    exec_sync => runtime."ExecSync"(ExecSyncRequest) -> ExecSyncResponse within timeout plus timeout;
+    exec_sync => runtime."ExecSync"(ExecSyncRequest) -> ExecSyncResponse within exec_deadline(timeout);
     /// `Exec`: prepares a streaming exec session; answers the runtime's URL for it.
-    exec => runtime."Exec"(ExecRequest) -> ExecResponse within timeout;
+    exec => runtime."Exec"(ExecRequest) -> ExecResponse within request_deadline;
     /// `Attach`: prepares a streaming attach session; answers the runtime's URL for it.
-    attach => runtime."Attach"(AttachRequest) -> AttachResponse within timeout;
+    attach => runtime."Attach"(AttachRequest) -> AttachResponse within request_deadline;
     /// `PortForward`: prepares a port-forward session to a sandbox; answers its URL.
-    port_forward => runtime."PortForward"(PortForwardRequest) -> PortForwardResponse within timeout;
+    port_forward => runtime."PortForward"(PortForwardRequest) -> PortForwardResponse within request_deadline;
     /// `ContainerStats`: CPU, memory and writable layer usage of one container.
-    container_stats => runtime."ContainerStats"(ContainerStatsRequest) -> ContainerStatsResponse within timeout;
+    container_stats => runtime."ContainerStats"(ContainerStatsRequest) -> ContainerStatsResponse within request_deadline;
     /// `ListContainerStats`: the usage of the containers matching a filter.
-    list_container_stats => runtime."ListContainerStats"(ListContainerStatsRequest) -> ListContainerStatsResponse within timeout;
+    list_container_stats => runtime."ListContainerStats"(ListContainerStatsRequest) -> ListContainerStatsResponse within request_deadline;
     /// `PullImage`: pulls an image into the runtime's store.
-    pull_image => image."PullImage"(PullImageRequest) -> PullImageResponse within pull_timeout;
+    pull_image => image."PullImage"(PullImageRequest) -> PullImageResponse within pull_deadline;
     /// `ImageStatus`: whether an image is present, and its id.
-    image_status => image."ImageStatus"(ImageStatusRequest) -> ImageStatusResponse within timeout;
+    image_status => image."ImageStatus"(ImageStatusRequest) -> ImageStatusResponse within request_deadline;
     /// `ListImages`: the images in the runtime's store.
-    list_images => image."ListImages"(ListImagesRequest) -> ListImagesResponse within timeout;
+    list_images => image."ListImages"(ListImagesRequest) -> ListImagesResponse within request_deadline;
     /// `RemoveImage`: removes an image from the runtime's store.
-    remove_image => image."RemoveImage"(RemoveImageRequest) -> RemoveImageResponse within timeout;
+    remove_image => image."RemoveImage"(RemoveImageRequest) -> RemoveImageResponse within request_deadline;
     /// `ImageFsInfo`: the filesystems holding images, and the bytes images use there.
-    image_fs_info => image."ImageFsInfo"(ImageFsInfoRequest) -> ImageFsInfoResponse within timeout;
+    image_fs_info => image."ImageFsInfo"(ImageFsInfoRequest) -> ImageFsInfoResponse within request_deadline;
 }
 
 #[cfg(test)]
@@ -346,6 +353,14 @@ mod tests {
             .unwrap_err();
         assert!(err.is_unavailable(), "{err}");
         assert!(err.to_string().starts_with("CRI Version"), "{err}");
+    }
+
+    /// An empty directory of this test process named `name`.
+    fn fresh_dir(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
     }
 
     /// Each call the fake runtime received: its path and `grpc-timeout` header.
@@ -410,9 +425,7 @@ mod tests {
     /// returns.
     #[tokio::test]
     async fn sandbox_creations_under_way_are_known_until_they_return() {
-        let dir = std::env::temp_dir().join(format!("rkubelet-cri-run-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = fresh_dir("rkubelet-cri-run");
         let (endpoint, _) = slow_runtime(&dir, Duration::from_millis(300));
         let client = CriClient::new(endpoint, Duration::from_secs(5), None);
         assert!(client.sandbox_creations_since().is_none());
@@ -433,13 +446,48 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// An `ExecSync` with no timeout of its own (a lifecycle hook's) runs past the runtime
+    /// request timeout, with no deadline sent to the runtime, as the kubelet's remote
+    /// runtime; one with a timeout gets it on top of the request timeout.
+    #[tokio::test]
+    async fn exec_sync_without_a_timeout_of_its_own_has_no_deadline() {
+        let dir = fresh_dir("rkubelet-cri-exec");
+        let (endpoint, calls) = slow_runtime(&dir, Duration::from_millis(600));
+        let client = CriClient::new(endpoint, Duration::from_millis(200), None);
+        let hook = api::ExecSyncRequest {
+            container_id: "c1".into(),
+            cmd: vec!["drain".into()],
+            timeout: 0,
+        };
+        client
+            .exec_sync(hook)
+            .await
+            .expect("the hook outlasts the runtime request timeout");
+        let probe = api::ExecSyncRequest {
+            timeout: 1,
+            ..Default::default()
+        };
+        client
+            .exec_sync(probe)
+            .await
+            .expect("within the probe's 1 s plus the request timeout");
+        let timeouts: Vec<Option<String>> = calls
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(path, _)| path.ends_with("/ExecSync"))
+            .map(|(_, t)| t.clone())
+            .collect();
+        // tonic sends the deadline in microseconds: 1 s + 200 ms.
+        assert_eq!(timeouts, [None, Some("1200000u".to_owned())]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     /// A pull longer than the runtime request timeout finishes, as with the kubelet (no
     /// deadline, none sent to the runtime), while other calls keep theirs.
     #[tokio::test]
     async fn image_pulls_are_not_cut_by_the_runtime_request_timeout() {
-        let dir = std::env::temp_dir().join(format!("rkubelet-cri-pull-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = fresh_dir("rkubelet-cri-pull");
         let (endpoint, calls) = slow_runtime(&dir, Duration::from_millis(600));
         let client = CriClient::new(endpoint, Duration::from_millis(200), None);
         let pulled = client

@@ -21,7 +21,7 @@ use super::actions::{PodActions, compute_pod_actions};
 use super::container::{ConfigError, ContainerContext, container_config};
 use super::env::{EnvSourceReader, EnvSources, environment};
 use super::names;
-use super::runtime_status::{PodRuntimeStatus, RunState};
+use super::runtime_status::{PodRuntimeStatus, RunState, pod_ips, primary_ip};
 use super::sandbox::{SandboxSettings, pod_log_dir, sandbox_config};
 use super::security_context::{ImageUser, image_user};
 use crate::backoff::Backoff;
@@ -49,15 +49,6 @@ struct Stop<'a> {
     spec: Option<&'a Container>,
     /// The pod's IP, the default host of an HTTP hook.
     pod_ip: &'a str,
-}
-
-/// The primary IP of the pod's ready sandbox, if any.
-fn pod_ip(status: &PodRuntimeStatus) -> String {
-    status
-        .ready_sandbox()
-        .and_then(|s| s.ips.first())
-        .map(ToString::to_string)
-        .unwrap_or_default()
 }
 
 /// Why a container is waiting, for its status (the kubelet's reason cache).
@@ -128,6 +119,8 @@ pub struct RuntimeManager<C> {
     start_slots: Arc<Semaphore>,
     /// Sandbox stops (CNI DEL chains) in flight at once: as many as pod starts.
     stop_slots: Semaphore,
+    /// The node's IP, which a pod on the host's network has (its hooks' default host).
+    host_ip: Option<IpAddr>,
 }
 
 /// A pod's turn to be set up in the runtime: held from the sandbox to its last container
@@ -161,11 +154,13 @@ fn mount(container_path: &str, host_path: &Path, readonly: bool) -> api::Mount {
 }
 
 impl<C: Cri> RuntimeManager<C> {
-    /// A manager over `cri` that sets up `parallel_starts` pods at a time, and stops as
-    /// many sandboxes (tearing their networks down) at a time.
+    /// A manager over `cri` on the node whose IP is `host_ip`, that sets up
+    /// `parallel_starts` pods at a time, and stops as many sandboxes (tearing their
+    /// networks down) at a time.
     pub fn new(
         cri: C,
         settings: SandboxSettings,
+        host_ip: Option<IpAddr>,
         events: EventRecorder,
         parallel_starts: usize,
     ) -> Self {
@@ -177,7 +172,18 @@ impl<C: Cri> RuntimeManager<C> {
             crash_backoff: Mutex::new(HashMap::new()),
             start_slots: Arc::new(Semaphore::new(parallel_starts.max(1))),
             stop_slots: Semaphore::new(parallel_starts.max(1)),
+            host_ip,
         }
+    }
+
+    /// The node's IP.
+    pub fn host_ip(&self) -> Option<IpAddr> {
+        self.host_ip
+    }
+
+    /// The primary IP of the pod, the default host of its HTTP hooks.
+    fn pod_ip(&self, pod: &Pod, status: &PodRuntimeStatus) -> String {
+        primary_ip(&status.pod_ips(pod, self.host_ip))
     }
 
     /// The runtime client.
@@ -261,11 +267,7 @@ impl<C: Cri> RuntimeManager<C> {
         };
         // The kubelet takes the pod's IPs from its API status: the runtime reports none for
         // a pod on the host's network, which has the node's.
-        let sandbox_ips = if sandbox_ips.is_empty() && crate::pod::host_network(pod) {
-            ctx.host_ip.into_iter().collect()
-        } else {
-            sandbox_ips
-        };
+        let sandbox_ips = pod_ips(pod, &sandbox_ips, self.host_ip);
         let Some(spec) = pod.spec.as_ref() else {
             return outcome;
         };
@@ -671,7 +673,7 @@ impl<C: Cri> RuntimeManager<C> {
         };
         // The postStart hook runs before the start counts as done; when it fails, the
         // container is killed and its start failed (the kubelet's `PostStartHookError`).
-        let pod_ip = ips.first().map(ToString::to_string).unwrap_or_default();
+        let pod_ip = primary_ip(ips);
         let ran = run_hook(
             &self.cri,
             id,
@@ -785,7 +787,7 @@ impl<C: Cri> RuntimeManager<C> {
         actions: &PodActions,
         grace: i64,
     ) {
-        let pod_ip = pod_ip(status);
+        let pod_ip = self.pod_ip(pod, status);
         let stops = actions.kill.iter().map(|(cid, name, why)| async {
             let target = Stop {
                 pod: id,
@@ -811,7 +813,7 @@ impl<C: Cri> RuntimeManager<C> {
         status: &PodRuntimeStatus,
         grace: i64,
     ) -> Result<(), crate::cri::CriError> {
-        let pod_ip = pod_ip(status);
+        let pod_ip = pod.map(|p| self.pod_ip(p, status)).unwrap_or_default();
         let running = status
             .containers
             .iter()
@@ -969,7 +971,13 @@ mod tests {
 
     fn manager_and_events() -> (RuntimeManager<Recorder>, crate::events::EventReceiver) {
         let (events, rx) = EventRecorder::channel();
-        let m = RuntimeManager::new(Recorder::default(), SandboxSettings::default(), events, 1);
+        let m = RuntimeManager::new(
+            Recorder::default(),
+            SandboxSettings::default(),
+            None,
+            events,
+            1,
+        );
         (m, rx)
     }
 
@@ -1041,7 +1049,7 @@ mod tests {
             ..SandboxSettings::default()
         };
         let (events, mut rx) = EventRecorder::channel();
-        let m = RuntimeManager::new(Recorder::default(), settings, events, 1);
+        let m = RuntimeManager::new(Recorder::default(), settings, None, events, 1);
         // 253 characters, as the API allows: `default_<name>_<uid>` is over NAME_MAX.
         let name = "n".repeat(253);
         let pod = crate::pod::testing::pod(&name, &[("c", "busybox")]);
@@ -1155,7 +1163,13 @@ mod tests {
     #[tokio::test]
     async fn sandbox_stops_are_bounded_like_pod_starts() {
         let (events, _rx) = EventRecorder::channel();
-        let m = RuntimeManager::new(SlowStops::default(), SandboxSettings::default(), events, 2);
+        let m = RuntimeManager::new(
+            SlowStops::default(),
+            SandboxSettings::default(),
+            None,
+            events,
+            2,
+        );
         let statuses: Vec<PodRuntimeStatus> = (0..6)
             .map(|i| PodRuntimeStatus {
                 sandboxes: vec![sandbox(&format!("s{i}"), 0, true)],

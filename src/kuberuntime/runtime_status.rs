@@ -4,6 +4,8 @@
 use std::collections::HashMap;
 use std::net::IpAddr;
 
+use k8s_openapi::api::core::v1::Pod;
+
 use super::labels;
 use super::termination::termination_message;
 use crate::cri::{Cri, CriError, api};
@@ -98,11 +100,39 @@ impl PodRuntimeStatus {
         self.sandboxes.first().filter(|s| s.ready)
     }
 
+    /// The pod's IPs, primary first, as the kubelet reports them in `status.podIPs` and
+    /// probes and hooks dial them: see [`pod_ips`], with the ready sandbox's IPs.
+    #[must_use]
+    pub fn pod_ips(&self, pod: &Pod, host_ip: Option<IpAddr>) -> Vec<IpAddr> {
+        let sandbox = self.ready_sandbox().map(|s| s.ips.as_slice());
+        pod_ips(pod, sandbox.unwrap_or_default(), host_ip)
+    }
+
     /// Nothing of the pod is left in the runtime.
     #[must_use]
     pub fn is_empty(&self) -> bool {
         self.sandboxes.is_empty() && self.containers.is_empty()
     }
+}
+
+/// The IPs of a pod whose sandbox has `sandbox_ips`, primary first (the kubelet's
+/// `generateAPIPodStatus`): the node's (`host_ip`) for a pod on the host's network, whose
+/// sandbox has none in the runtime, else the sandbox's. Status, probes and lifecycle hooks
+/// all take the pod's IP from here.
+#[must_use]
+pub fn pod_ips(pod: &Pod, sandbox_ips: &[IpAddr], host_ip: Option<IpAddr>) -> Vec<IpAddr> {
+    if crate::pod::host_network(pod) {
+        host_ip.into_iter().collect()
+    } else {
+        sandbox_ips.to_vec()
+    }
+}
+
+/// The primary of `ips` as text, empty if there is none (the default host of a probe or
+/// hook then fails to dial, as the kubelet's does).
+#[must_use]
+pub fn primary_ip(ips: &[IpAddr]) -> String {
+    ips.first().map(ToString::to_string).unwrap_or_default()
 }
 
 fn uid_filter(uid: &str) -> HashMap<String, String> {
@@ -280,6 +310,35 @@ pub(crate) mod testing {
 mod tests {
     use super::*;
     use crate::cri::Result;
+
+    /// A pod on the host's network has the node's IP, which its sandbox does not report;
+    /// any other pod its ready sandbox's.
+    #[test]
+    fn a_host_network_pod_has_the_nodes_ip() {
+        let node: IpAddr = "198.18.0.1".parse().unwrap();
+        let mut sandbox = testing::sandbox("s1", 0, true);
+        sandbox.ips = vec!["10.244.0.7".parse().unwrap()];
+        let status = PodRuntimeStatus {
+            sandboxes: vec![sandbox],
+            containers: Vec::new(),
+        };
+        let mut pod = crate::pod::testing::pod("web", &[("web", "nginx")]);
+        assert_eq!(
+            status.pod_ips(&pod, Some(node)),
+            ["10.244.0.7".parse::<IpAddr>().unwrap()]
+        );
+        pod.spec.as_mut().unwrap().host_network = Some(true);
+        let host_sandbox = PodRuntimeStatus {
+            sandboxes: vec![testing::sandbox("s2", 0, true)],
+            containers: Vec::new(),
+        };
+        assert_eq!(host_sandbox.pod_ips(&pod, Some(node)), [node]);
+        assert_eq!(
+            primary_ip(&host_sandbox.pod_ips(&pod, Some(node))),
+            "198.18.0.1"
+        );
+        assert_eq!(primary_ip(&host_sandbox.pod_ips(&pod, None)), "");
+    }
 
     /// A runtime holding one container of pod `u1` whose start failed, as containerd 1.6
     /// reports it: exited, exit code 128, reason `StartError` and runc's message.

@@ -5,16 +5,11 @@
 //! `FailedPostStartHook` / `FailedPreStopHook` events. The callers decide what a failure
 //! means (a killed container, a shorter grace period).
 
-use std::time::Duration;
-
 use k8s_openapi::api::core::v1::{Container, LifecycleHandler};
 
 use crate::cri::{Cri, api};
 use crate::pod::PodId;
 use crate::probe::{self, ProbeResult, http};
-
-/// How long an HTTP hook may take when nothing else bounds it.
-pub const HTTP_HOOK_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// The pod as the kubelet names it in messages: `name_namespace(uid)`.
 fn pod_name(id: &PodId) -> String {
@@ -22,7 +17,8 @@ fn pod_name(id: &PodId) -> String {
 }
 
 async fn run_exec<C: Cri>(cri: &C, container_id: &str, cmd: &[String]) -> Result<(), String> {
-    // No timeout of its own, as in the kubelet: the caller bounds it.
+    // No timeout of its own (so no deadline on the call either), as in the kubelet: the
+    // caller bounds it.
     let request = api::ExecSyncRequest {
         container_id: container_id.to_owned(),
         cmd: cmd.to_vec(),
@@ -78,7 +74,9 @@ pub async fn run_hook<C: Cri>(
         };
         let port = probe::resolve_port(&get.port, container).map_err(failed)?;
         let target = http::Target::of_action(get, port, pod_ip);
-        let outcome = http::get(&target, HTTP_HOOK_TIMEOUT).await;
+        // No timeout of its own, as the exec hook's: a postStart hook runs as long as it
+        // takes, a preStop hook as long as the grace period lets it.
+        let outcome = http::get_unbounded(&target).await;
         return match outcome.result {
             ProbeResult::Success | ProbeResult::Warning => Ok(()),
             ProbeResult::Failure | ProbeResult::Unknown => Err(failed(outcome.output)),

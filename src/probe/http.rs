@@ -204,9 +204,8 @@ struct Response {
 
 /// Sends the GET (following same-host redirects) within `timeout` and judges the answer.
 pub async fn get(target: &Target, timeout: Duration) -> Outcome {
-    match tokio::time::timeout(timeout, follow(target)).await {
-        Ok(Ok(response)) => judge(&response),
-        Ok(Err(message)) => Outcome::new(ProbeResult::Failure, message),
+    match tokio::time::timeout(timeout, get_unbounded(target)).await {
+        Ok(outcome) => outcome,
         Err(_) => Outcome::new(
             ProbeResult::Failure,
             format!(
@@ -214,6 +213,15 @@ pub async fn get(target: &Target, timeout: Duration) -> Outcome {
                 target.url()
             ),
         ),
+    }
+}
+
+/// Sends the GET with no deadline of its own and judges the answer: a lifecycle hook's,
+/// which the kubelet sends with a client that has no timeout (its caller bounds it).
+pub async fn get_unbounded(target: &Target) -> Outcome {
+    match follow(target).await {
+        Ok(response) => judge(&response),
+        Err(message) => Outcome::new(ProbeResult::Failure, message),
     }
 }
 

@@ -10,6 +10,7 @@ mod run;
 mod worker;
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -17,6 +18,7 @@ use k8s_openapi::api::core::v1::{Container, Pod, Probe};
 
 use crate::cri::Cri;
 use crate::events::EventRecorder;
+use crate::kuberuntime::runtime_status::primary_ip;
 use crate::kuberuntime::{PodRuntimeStatus, RunState};
 use crate::pod::PodId;
 pub use results::{ProbeKind, Results};
@@ -37,6 +39,8 @@ struct WorkerHandle {
 pub struct ProberManager<C> {
     shared: Arc<worker::Shared<C>>,
     workers: Mutex<HashMap<String, Vec<WorkerHandle>>>,
+    /// The node's IP: a pod on the host's network is probed there.
+    host_ip: Option<IpAddr>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -54,8 +58,8 @@ fn probe_of(container: &Container, kind: ProbeKind) -> Option<&Probe> {
 
 impl<C: Cri + Clone> ProberManager<C> {
     /// A manager probing through `cri`, recording events to `events` and waking pod
-    /// workers through `wake` when a result changes.
-    pub fn new(cri: C, events: EventRecorder, wake: Wake) -> Self {
+    /// workers through `wake` when a result changes, on a node whose IP is `host_ip`.
+    pub fn new(cri: C, events: EventRecorder, wake: Wake, host_ip: Option<IpAddr>) -> Self {
         Self {
             shared: Arc::new(worker::Shared {
                 cri,
@@ -64,6 +68,7 @@ impl<C: Cri + Clone> ProberManager<C> {
                 results: Arc::default(),
             }),
             workers: Mutex::default(),
+            host_ip,
         }
     }
 
@@ -78,25 +83,27 @@ impl<C: Cri + Clone> ProberManager<C> {
         let Some(spec) = pod.spec.as_ref() else {
             return;
         };
-        let sandbox = runtime.ready_sandbox();
+        let sandbox_ready = runtime.ready_sandbox().is_some();
+        // The pod's IP as its status has it (the kubelet probes `status.podIP`).
+        let pod_ip = primary_ip(&runtime.pod_ips(pod, self.host_ip));
         let mut wanted = Vec::new();
         for c in &spec.containers {
             let running = runtime
                 .latest(&c.name)
-                .filter(|s| s.state == RunState::Running);
-            let (Some(s), Some(sb)) = (running, sandbox) else {
+                .filter(|s| sandbox_ready && s.state == RunState::Running);
+            let Some(s) = running else {
                 continue;
             };
             for kind in ProbeKind::ALL {
                 if let Some(probe) = probe_of(c, kind) {
-                    wanted.push((c, kind, probe, s, sb));
+                    wanted.push((c, kind, probe, s));
                 }
             }
         }
         let mut all = lock(&self.workers);
         let handles = all.entry(id.uid.clone()).or_default();
         handles.retain(|h| {
-            let keep = wanted.iter().any(|(c, k, _, s, _)| {
+            let keep = wanted.iter().any(|(c, k, _, s)| {
                 c.name == h.container && *k == h.kind && s.id == h.container_id
             });
             if !keep {
@@ -104,7 +111,7 @@ impl<C: Cri + Clone> ProberManager<C> {
             }
             keep
         });
-        for (c, kind, probe, s, sb) in wanted {
+        for (c, kind, probe, s) in wanted {
             let running = handles
                 .iter()
                 .any(|h| h.container == c.name && h.kind == kind && h.container_id == s.id);
@@ -116,7 +123,7 @@ impl<C: Cri + Clone> ProberManager<C> {
                 pod: id.clone(),
                 container: c.clone(),
                 container_id: s.id.clone(),
-                pod_ip: sb.ips.first().map(ToString::to_string).unwrap_or_default(),
+                pod_ip: pod_ip.clone(),
                 started_at_ns: s.started_at,
                 has_startup: c.startup_probe.is_some(),
                 counters: metrics::register(id, &c.name, kind),

@@ -13,7 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
 use crate::kuberuntime::actions::should_restart;
-use crate::kuberuntime::runtime_status::ContainerState as RuntimeContainer;
+use crate::kuberuntime::runtime_status::{ContainerState as RuntimeContainer, pod_ips};
 use crate::kuberuntime::{PodRuntimeStatus, RunState, Waiting};
 use crate::probe::ProbeResult;
 use crate::prober::{ProbeKind, Results};
@@ -381,17 +381,12 @@ pub fn generate_pod_status(pod: &Pod, inputs: &StatusInputs<'_>) -> PodStatus {
         ),
         scheduled,
     ];
-    let ips: Vec<IpAddr> = inputs
-        .runtime
-        .and_then(|r| r.ready_sandbox())
-        .map(|s| s.ips.clone())
-        .unwrap_or_default();
-    let host_network = crate::pod::host_network(pod);
-    let pod_ips: Vec<String> = if host_network {
-        inputs.host_ip.iter().map(ToString::to_string).collect()
-    } else {
-        ips.iter().map(ToString::to_string).collect()
-    };
+    let sandbox_ips = inputs.runtime.and_then(|r| r.ready_sandbox());
+    let sandbox_ips = sandbox_ips.map(|s| s.ips.as_slice()).unwrap_or_default();
+    let pod_ips: Vec<String> = pod_ips(pod, sandbox_ips, inputs.host_ip)
+        .iter()
+        .map(ToString::to_string)
+        .collect();
     PodStatus {
         phase: Some(phase),
         conditions: Some(conditions),

@@ -32,6 +32,13 @@ pub struct AgentProcess {
 /// The node IP the cluster put on the host (scripts/common.sh `NODE_IP`).
 pub const NODE_IP: &str = "198.18.0.1";
 
+/// A high TCP port free on the node IP now (the kernel's pick), for a host-network pod to
+/// listen on.
+pub fn free_port_on_node_ip() -> u16 {
+    let listener = std::net::TcpListener::bind((NODE_IP, 0)).expect("a port on the node IP");
+    listener.local_addr().expect("its address").port()
+}
+
 /// The eviction thresholds test agents run with. The shared build machine's disk is often
 /// more than 85% full: with the kubelet's `nodefs.available<10%` and
 /// `imagefs.available<15%` every test's pods would be evicted. A full disk still is

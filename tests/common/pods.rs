@@ -157,6 +157,16 @@ pub async fn events_of(name: &str) -> Vec<Event> {
         .unwrap_or_default()
 }
 
+/// The messages of the events about the pod named `name` with `reason`, oldest first.
+pub async fn event_messages(name: &str, reason: &str) -> Vec<String> {
+    events_of(name)
+        .await
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .filter_map(|e| e.message)
+        .collect()
+}
+
 /// The sandboxes the runtime holds for the pod with this UID.
 pub async fn sandboxes_of(uid: &str) -> Vec<api::PodSandbox> {
     cri()
