@@ -82,8 +82,33 @@ where
     }
 }
 
+/// How long a read of the API rides over its errors (an API server restarting, a dropped
+/// connection) before the test fails: an error is never taken for an answer.
+pub const API_RETRY: Duration = Duration::from_secs(30);
+
+/// Calls `read` every 200 ms until it answers (for `within` at most); then panics naming
+/// `what` and the last error. For reads whose error must not pass for "nothing there".
+pub async fn retrying<T, E, F, Fut>(what: &str, within: Duration, mut read: F) -> T
+where
+    E: std::fmt::Display,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+{
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        match read().await {
+            Ok(v) => return v,
+            Err(e) if std::time::Instant::now() >= deadline => {
+                panic!("{what}: still failing after {within:?}: {e}")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
 /// Runs async clean-up from a `Drop`: on a thread of its own with its own runtime, since
-/// `Drop` may run inside a test's runtime. Its answer, unless it panicked.
+/// `Drop` may run inside a test's runtime. Its answer, or `None` if it panicked (the
+/// panic is printed): a check run this way must take `None` for a failure.
 pub fn cleanup_blocking<F, Fut, T>(work: F) -> Option<T>
 where
     F: FnOnce() -> Fut + Send + 'static,
