@@ -12,11 +12,11 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
-use rkubelet::cri::{Cri, CriClient, api};
+use rkubelet::cri::{Cri, CriClient, Endpoint, api};
 use rkubelet::inspect::{Locations, cni_store, procfs::ProcFs};
 
-use super::cri;
 use super::pods::{containers_in, sandboxes_in};
+use super::{cri, cri_at, runtime_endpoint};
 
 /// host-local's data dir (both CNI configs of the repository use it).
 const HOST_LOCAL_DIR: &str = "/var/lib/cni/networks";
@@ -89,12 +89,12 @@ impl Recorder {
     /// Starts recording the pods labelled `rk-test=<label>` of the agent whose root dir is
     /// `root_dir`.
     pub fn start(label: &str, root_dir: &Path) -> Self {
-        Self::start_in(cri(), label, root_dir)
+        Self::start_in(runtime_endpoint(), label, root_dir)
     }
 
-    /// Starts recording, through `cri`, the pods labelled `rk-test=<label>` of the agent
-    /// whose root dir is `root_dir`.
-    pub fn start_in(cri: CriClient, label: &str, root_dir: &Path) -> Self {
+    /// Starts recording, through the runtime at `endpoint`, the pods labelled
+    /// `rk-test=<label>` of the agent whose root dir is `root_dir`.
+    pub fn start_in(endpoint: Endpoint, label: &str, root_dir: &Path) -> Self {
         let record = Arc::new(Mutex::new(Record::default()));
         let (tx, rx) = mpsc::channel();
         let (shared, label) = (Arc::clone(&record), label.to_owned());
@@ -104,6 +104,12 @@ impl Recorder {
                 .enable_all()
                 .build()
                 .expect("runtime");
+            // The client on this thread's runtime, which drives its connection (one made
+            // on the test's runtime stalls while the test's thread waits for this one).
+            let cri = {
+                let _on = rt.enter();
+                cri_at(endpoint)
+            };
             loop {
                 rt.block_on(record_once(&cri, &label, &at, &shared));
                 if rx.recv_timeout(RECORD_EVERY) != Err(mpsc::RecvTimeoutError::Timeout) {
@@ -278,23 +284,28 @@ pub async fn check_once_removed(
 
 /// Waits (3 s at most) until nothing recorded of the test's pods is left on the node (in
 /// `cri`, on disk, in the NAT table); answers what is left then, one line each. Panics if
-/// it cannot look, or if the recorder could not.
+/// the recorder could not look, or if the check itself still cannot at the end.
 pub async fn check(cri: &CriClient, record: &Record, root_dir: &Path) -> Vec<String> {
     if let Some(why) = &record.unrecorded {
         panic!("the leak check cannot run: the pods' sandboxes were not recorded: {why}");
     }
     let deadline = Instant::now() + SETTLE;
     loop {
-        let left = left_behind(cri, record, root_dir).await;
-        if left.is_empty() || Instant::now() >= deadline {
-            return left;
+        match left_behind(cri, record, root_dir).await {
+            Ok(left) if left.is_empty() || Instant::now() >= deadline => return left,
+            Err(why) if Instant::now() >= deadline => panic!("the leak check cannot run: {why}"),
+            _ => tokio::time::sleep(Duration::from_millis(100)).await,
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
-/// What is left of the recorded pods, now.
-async fn left_behind(cri: &CriClient, record: &Record, root_dir: &Path) -> Vec<String> {
+/// What is left of the recorded pods, now; or why it cannot tell (`iptables-save` failed:
+/// it does now and then while another process changes the rules).
+async fn left_behind(
+    cri: &CriClient,
+    record: &Record,
+    root_dir: &Path,
+) -> Result<Vec<String>, String> {
     let mut left = Vec::new();
     let pod = |uid: &str| record.pod(uid);
     for uid in record.pods.keys() {
@@ -322,29 +333,30 @@ async fn left_behind(cri: &CriClient, record: &Record, root_dir: &Path) -> Vec<S
             .kill_on_drop(true)
             .output()
             .await;
-        left.extend(nat_rules_left(save, &ids));
+        left.extend(nat_rules_left(save, &ids)?);
     }
-    left
+    Ok(left)
 }
 
 /// The NAT rules naming one of `ids`, from what `iptables-save -t nat` gave (`save`), one
-/// line each; panics if it did not run or failed.
+/// line each; why not, if it did not run or failed.
 pub fn nat_rules_left(
     save: std::io::Result<std::process::Output>,
     ids: &BTreeSet<String>,
-) -> Vec<String> {
-    let out = save.unwrap_or_else(|e| panic!("the NAT leak check cannot run iptables-save: {e}"));
-    assert!(
-        out.status.success(),
-        "the NAT leak check cannot run: iptables-save -t nat ended with {}: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+) -> Result<Vec<String>, String> {
+    let out = save.map_err(|e| format!("iptables-save -t nat: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "iptables-save -t nat ended with {}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim_end()
+        ));
+    }
     let save = String::from_utf8_lossy(&out.stdout);
-    rules_naming(&save, ids)
+    Ok(rules_naming(&save, ids)
         .into_iter()
         .map(|rule| format!("iptables nat rule {rule}"))
-        .collect()
+        .collect())
 }
 
 /// What is left on disk, in /proc and in /sys of the recorded pods and sandboxes.

@@ -28,12 +28,22 @@ pub fn node_name() -> String {
     std::env::var("RKUBELET_NODE").unwrap_or_else(|_| "rk-node1".into())
 }
 
-/// A CRI client for the cluster's containerd.
-pub fn cri() -> CriClient {
-    let endpoint: Endpoint = std::env::var("CONTAINER_RUNTIME_ENDPOINT")
+/// The cluster's containerd (`CONTAINER_RUNTIME_ENDPOINT`).
+pub fn runtime_endpoint() -> Endpoint {
+    std::env::var("CONTAINER_RUNTIME_ENDPOINT")
         .unwrap_or_else(|_| "unix:///run/containerd/containerd.sock".into())
         .parse()
-        .expect("valid endpoint");
+        .expect("valid endpoint")
+}
+
+/// A CRI client for the cluster's containerd.
+pub fn cri() -> CriClient {
+    cri_at(runtime_endpoint())
+}
+
+/// A CRI client for `endpoint`. Its connection is driven by the tokio runtime it is made
+/// on: make it on the runtime that uses it.
+pub fn cri_at(endpoint: Endpoint) -> CriClient {
     CriClient::new(
         endpoint,
         Duration::from_secs(30),
