@@ -12,9 +12,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::agent::{AgentProcess, Owner};
-use common::pods::{TestPods, events_of, pods_api};
+use common::case::get;
+use common::pods::{TestPods, events_of};
 use common::{eventually, node_condition, node_name, state_dir, unique};
-use k8s_openapi::api::core::v1::Pod;
 
 /// A tmpfs mounted for the test, lazily unmounted (and its dir removed) when dropped.
 struct Tmpfs(PathBuf);
@@ -82,10 +82,6 @@ async fn create(pods: &TestPods, suffix: &str) -> String {
     manifest["metadata"]["name"] = name.clone().into();
     pods.create(&node_name(), manifest).await;
     name
-}
-
-async fn get(name: &str) -> Option<Pod> {
-    pods_api().await.get_opt(name).await.ok().flatten()
 }
 
 /// The pod's phase and its container's restart count, once it has a container status.

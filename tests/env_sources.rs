@@ -4,8 +4,9 @@
 //! prefix and invalid keys skipped (`InvalidEnvironmentVariableNames`), `$(VAR)`
 //! expansion, the service variables (`enableServiceLinks`), and a missing source as
 //! `CreateContainerConfigError` until it appears. Also: a changed ConfigMap reaches a
-//! running pod's volume without a restart. What the container sees is read with
-//! `kubectl exec`.
+//! running pod's volume without a restart, while immutable ConfigMaps and Secrets keep
+//! the values the pod started with; and `workingDir` is the processes' directory. What
+//! the container sees is read with `kubectl exec`.
 
 mod common;
 
@@ -340,4 +341,101 @@ async fn a_changed_config_map_reaches_the_volume_without_a_restart() {
         .map(|s| s[0].restart_count);
     assert_eq!(restarts, Some(0), "updated in place, no restart");
     eprintln!("configMap update reached the file in {took:?}");
+}
+
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn a_working_dir_the_image_lacks_is_made_and_is_the_processes_cwd() {
+    let case = Case::with_agent("env-workdir", &[]).await;
+    let name = case
+        .create("pod", sleeper(json!({"workingDir": "/srv/rk/app"})))
+        .await;
+    running(&name).await;
+    // The container's own process (PID 1), and one started in it by exec.
+    let init = kubectl(&["exec", &name, "-c", "c", "--", "readlink", "/proc/1/cwd"]).await;
+    assert_eq!(init.trim_end(), "/srv/rk/app");
+    let exec = kubectl(&["exec", &name, "-c", "c", "--", "pwd"]).await;
+    assert_eq!(exec.trim_end(), "/srv/rk/app");
+}
+
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn immutable_config_maps_and_secrets_keep_the_values_the_pod_started_with() {
+    let case = Case::with_agent("env-immutable", &[]).await;
+    let base = unique("immutable");
+    let (frozen_cm, frozen_secret, live_cm) = (
+        format!("{base}-cm"),
+        format!("{base}-secret"),
+        format!("{base}-live"),
+    );
+    let mut objects = Objects { names: Vec::new() };
+    let config_map = |name: &str, value: &str, immutable: bool| json!({"metadata": {"name": name}, "data": {"v": value}, "immutable": immutable});
+    let secret = |value: &str| json!({"metadata": {"name": frozen_secret}, "stringData": {"v": value}, "immutable": true});
+    objects
+        .create("configmap", config_map(&frozen_cm, "one", true))
+        .await;
+    objects.create("secret", secret("one")).await;
+    objects
+        .create("configmap", config_map(&live_cm, "one", false))
+        .await;
+    let mounts = json!([
+        {"name": "frozen-cm", "mountPath": "/frozen-cm"},
+        {"name": "frozen-secret", "mountPath": "/frozen-secret"},
+        {"name": "live", "mountPath": "/live"},
+    ]);
+    let mut pod = sleeper(json!({"volumeMounts": mounts}));
+    pod["spec"]["volumes"] = json!([
+        {"name": "frozen-cm", "configMap": {"name": frozen_cm}},
+        {"name": "frozen-secret", "secret": {"secretName": frozen_secret}},
+        {"name": "live", "configMap": {"name": live_cm}},
+    ]);
+    let name = case.create("pod", pod).await;
+    running(&name).await;
+    let read = |path: &'static str| {
+        let name = name.clone();
+        async move { kubectl(&["exec", &name, "-c", "c", "--", "cat", path]).await }
+    };
+    for path in ["/frozen-cm/v", "/frozen-secret/v", "/live/v"] {
+        assert_eq!(read(path).await, "one", "{path}");
+    }
+
+    // An immutable object cannot change: it can only be replaced, by delete and create.
+    // The kubelet stops watching it once read, so the pod keeps what it started with.
+    let client = kube_client("admin.kubeconfig").await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let secrets: Api<Secret> = Api::namespaced(client, "default");
+    let dp = kube::api::DeleteParams::default();
+    let pp = PostParams::default();
+    cms.delete(&frozen_cm, &dp).await.expect("delete configmap");
+    secrets
+        .delete(&frozen_secret, &dp)
+        .await
+        .expect("delete secret");
+    let replaced: ConfigMap =
+        serde_json::from_value(config_map(&frozen_cm, "two", true)).expect("cm");
+    cms.create(&pp, &replaced).await.expect("create configmap");
+    let replaced: Secret = serde_json::from_value(secret("two")).expect("secret");
+    secrets.create(&pp, &replaced).await.expect("create secret");
+    // Then a change to the watched object: once it reaches the pod, its volumes were
+    // rewritten after the replacements, from what the agent knows of each object.
+    cms.patch(
+        &live_cm,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&json!({"data": {"v": "two"}})),
+    )
+    .await
+    .expect("patch");
+    eventually(
+        "the watched object's change in its volume",
+        Duration::from_secs(20),
+        || async { (read("/live/v").await == "two").then_some(()) },
+    )
+    .await;
+    // And a while after (a change reaches a watched object's volume in about 0.25 s).
+    for _ in 0..4 {
+        for path in ["/frozen-cm/v", "/frozen-secret/v"] {
+            assert_eq!(read(path).await, "one", "{path} after its replacement");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }

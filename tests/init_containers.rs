@@ -2,7 +2,8 @@
 //! order, before the app container, which sees what they wrote; a failed one fails a pod
 //! that must not restart (the app container never starts) and backs off in a pod that
 //! restarts, as the kubelet shows it (`kubectl get pods`: `Init:Error`,
-//! `Init:CrashLoopBackOff`).
+//! `Init:CrashLoopBackOff`). And `restartPolicy: OnFailure` for the app container: a
+//! failed run is restarted, a succeeded one is not, and the pod ends Succeeded.
 
 mod common;
 
@@ -240,5 +241,53 @@ async fn a_failing_init_container_backs_off_in_a_pod_that_restarts() {
             && e.involved_object.field_path.as_deref() == Some("spec.initContainers{setup}")
     });
     assert!(backoff, "a BackOff event for the init container");
+    drop(case);
+}
+
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn on_failure_restarts_a_failed_container_and_not_a_succeeded_one() {
+    let case = Case::with_agent("on-failure", &[]).await;
+    // The first run fails, the second (which finds its mark in the emptyDir) succeeds.
+    let main = "if [ -e /work/failed-once ]; then exit 0; fi; touch /work/failed-once; exit 3";
+    let name = case
+        .create("p", pod(&[("setup", "true")], main, "OnFailure"))
+        .await;
+    let pod = eventually(
+        &format!("{name} Succeeded"),
+        Duration::from_secs(60),
+        || async {
+            get(&name)
+                .await
+                .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded"))
+        },
+    )
+    .await;
+    let app = &pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.clone())
+        .expect("container statuses")[0];
+    assert_eq!(
+        app.restart_count, 1,
+        "restarted after the failure only: {app:?}"
+    );
+    let exit = |s: &Option<k8s_openapi::api::core::v1::ContainerState>| {
+        s.as_ref()?.terminated.as_ref().map(|t| t.exit_code)
+    };
+    assert_eq!(exit(&app.last_state), Some(3), "{app:?}");
+    assert_eq!(exit(&app.state), Some(0), "{app:?}");
+    // The init container, done once, is not run again for the restart.
+    assert_eq!(init_statuses(&pod)[0].restart_count, 0);
+    // Succeeded is final: nothing runs again.
+    let uid = pod.metadata.uid.clone().expect("uid");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(common::pods::running_containers_of(&uid).await.is_empty());
+    let again = get(&name).await.expect("pod");
+    let restarts = again
+        .status
+        .and_then(|s| s.container_statuses)
+        .map(|c| c[0].restart_count);
+    assert_eq!(restarts, Some(1));
     drop(case);
 }

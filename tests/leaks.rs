@@ -1,6 +1,9 @@
 //! The leak check every integration test's pods go through (`common::leaks`): its parsers
 //! (plain text in, no root and no cluster needed), and the check itself against a pod whose
-//! agent was stopped before the pod was deleted, so that everything of it was left.
+//! agent was stopped before the pod was deleted, so that everything of it was left. And the
+//! harness's other checks, each shown to fail when it cannot look (an unreachable runtime,
+//! an API answering errors, a failed `iptables-save`, an agent that exited by itself or
+//! panicked), without the cluster.
 
 mod common;
 
@@ -188,7 +191,7 @@ async fn the_check_lists_what_a_pod_deleted_behind_its_agents_back_left_then_not
         .delete(&name, &force)
         .await
         .expect("delete");
-    let left = common::leaks::check(&case.pods.record(), &root_dir()).await;
+    let left = common::leaks::check(&common::cri(), &case.pods.record(), &root_dir()).await;
     let text = left.join("\n");
     for what in [
         "containerd sandbox ",
@@ -212,10 +215,159 @@ async fn the_check_lists_what_a_pod_deleted_behind_its_agents_back_left_then_not
     // The agent, back, removes the orphan: then nothing is left.
     case.start_agent(&[]);
     common::eventually("the orphan removed", Duration::from_secs(60), || async {
-        common::leaks::check(&case.pods.record(), &root_dir())
+        common::leaks::check(&common::cri(), &case.pods.record(), &root_dir())
             .await
             .is_empty()
             .then_some(())
     })
     .await;
+}
+
+/// A socket nobody serves.
+fn unreachable_runtime() -> rkubelet::cri::Endpoint {
+    "unix:///nonexistent/rk-harness-test.sock"
+        .parse()
+        .expect("endpoint")
+}
+
+/// A record of one pod, as the harness keeps it.
+fn one_pod() -> common::leaks::Record {
+    common::leaks::Record {
+        pods: [(UID.to_owned(), "p".to_owned())].into(),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+#[should_panic(expected = "ListPodSandbox at unix:///nonexistent/rk-harness-test.sock")]
+async fn the_leak_check_fails_when_the_runtime_cannot_be_reached() {
+    let root = tempdir("unreachable-runtime");
+    let cri = common::cri_at(unreachable_runtime());
+    common::leaks::check(&cri, &one_pod(), &root).await;
+}
+
+#[tokio::test]
+#[should_panic(expected = "the pods' sandboxes were not recorded: ListPodSandbox at")]
+async fn the_leak_check_fails_when_the_recorder_could_not_look() {
+    let root = tempdir("unrecorded");
+    let mut recorder = common::leaks::Recorder::start_in(unreachable_runtime(), "x", &root);
+    recorder.stop();
+    let record = recorder.record.lock().expect("record").clone();
+    // The check never gets to the runtime: the record already says it is incomplete.
+    common::leaks::check(&common::cri(), &record, &root).await;
+}
+
+#[test]
+fn the_nat_check_fails_when_iptables_save_fails_and_lists_rules_when_it_runs() {
+    use std::os::unix::process::ExitStatusExt;
+    let ids: BTreeSet<String> = ["0123abcd".to_owned()].into();
+    let output = |code: i32, stdout: &str| std::process::Output {
+        status: std::process::ExitStatus::from_raw(code << 8),
+        stdout: stdout.as_bytes().to_vec(),
+        stderr: b"iptables-save v1.8.9 (nf_tables): Could not fetch rule set generation id"
+            .to_vec(),
+    };
+    // No answer, so no "nothing left": the check retries, then fails (`leaks::check`).
+    let failed = common::leaks::nat_rules_left(Ok(output(1, "")), &ids);
+    assert!(
+        failed.is_err_and(|e| e.contains("Could not fetch rule set generation id")),
+        "a failed iptables-save is no answer"
+    );
+    let missing = common::leaks::nat_rules_left(Err(std::io::ErrorKind::NotFound.into()), &ids);
+    assert!(missing.is_err(), "nor is one that cannot run");
+    let save = "*nat\n-A CNI-HOSTPORT-DNAT -m comment --comment \"id: 0123abcd\" -j X\nCOMMIT\n";
+    assert_eq!(
+        common::leaks::nat_rules_left(Ok(output(0, save)), &ids).expect("rules"),
+        ["iptables nat rule -A CNI-HOSTPORT-DNAT -m comment --comment \"id: 0123abcd\" -j X"]
+    );
+}
+
+/// A pods API whose every answer is `status` with `body`.
+fn api_answering(
+    status: u16,
+    body: serde_json::Value,
+) -> kube::Api<k8s_openapi::api::core::v1::Pod> {
+    let service = tower::service_fn(move |_: hyper::Request<kube::client::Body>| {
+        let body = body.to_string().into_bytes();
+        async move {
+            hyper::Response::builder()
+                .status(status)
+                .header("content-type", "application/json")
+                .body(kube::client::Body::from(body))
+        }
+    });
+    kube::Api::namespaced(kube::Client::new(service, "default"), "default")
+}
+
+fn status(code: u16, reason: &str) -> serde_json::Value {
+    json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": reason, "reason": reason, "code": code,
+    })
+}
+
+#[tokio::test]
+async fn a_pod_is_gone_only_when_the_api_says_404() {
+    let gone = api_answering(404, status(404, "NotFound"));
+    assert!(
+        common::case::get_in(&gone, "p", Duration::ZERO)
+            .await
+            .is_none()
+    );
+    let pod = json!({ "apiVersion": "v1", "kind": "Pod", "metadata": { "name": "p" } });
+    let there = api_answering(200, pod);
+    assert!(
+        common::case::get_in(&there, "p", Duration::ZERO)
+            .await
+            .is_some()
+    );
+}
+
+#[tokio::test]
+#[should_panic(expected = "reading pod p: still failing after 1s")]
+async fn a_pod_read_that_keeps_failing_fails_the_test_instead_of_passing_for_gone() {
+    let failing = api_answering(500, status(500, "InternalError"));
+    common::case::get_in(&failing, "p", Duration::from_secs(1)).await;
+}
+
+#[test]
+#[should_panic(expected = "the agent exited by itself, before it was stopped, with exit status: 1")]
+fn an_agent_that_exited_by_itself_fails_its_stop() {
+    let root = tempdir("agent-exits");
+    // No kubeconfig and no bootstrap: the agent ends at once, with an error.
+    let agent = common::agent::AgentProcess::start_with_kubeconfig(
+        "rk-harness-test",
+        root.join("root"),
+        &root.join("missing.kubeconfig"),
+        &[],
+    );
+    let pid = nix::unistd::Pid::from_raw(agent.pid().as_raw());
+    // Wait for its end without reaping it, so that the stop finds it ended.
+    nix::sys::wait::waitid(
+        nix::sys::wait::Id::Pid(pid),
+        nix::sys::wait::WaitPidFlag::WEXITED | nix::sys::wait::WaitPidFlag::WNOWAIT,
+    )
+    .expect("waitid");
+    agent.stop();
+}
+
+#[test]
+fn panics_in_the_agents_log_are_found() {
+    let log = "\
+2026-11-26T09:00:00Z  INFO rkubelet: running
+thread 'tokio-runtime-worker' panicked at src/kubelet.rs:10:5:
+index out of bounds
+2026-11-26T09:00:01Z  ERROR rkubelet: reading the pod manifests panicked
+";
+    assert_eq!(
+        common::agent::panics_in(log),
+        ["thread 'tokio-runtime-worker' panicked at src/kubelet.rs:10:5:"]
+    );
+}
+
+/// A fresh directory of this test under the system's temporary dir.
+fn tempdir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(common::unique(&format!("rk-harness-{name}")));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
 }

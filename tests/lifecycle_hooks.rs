@@ -2,8 +2,10 @@
 //! postStart and preStop exec hooks leave their marks in a volume, an httpGet hook reaches
 //! an HTTP server of the pod, a failing postStart hook kills and restarts the container
 //! (`FailedPostStartHook`), a preStop hook's time counts against the grace period, an
-//! httpGet preStop hook of a host-network pod reaches its server at the node's IP, and an
-//! exec preStop hook is not cut by the runtime request timeout.
+//! httpGet preStop hook reaches the container before it is stopped, an httpGet preStop hook
+//! of a host-network pod reaches its server at the node's IP, an exec preStop hook is not
+//! cut by the runtime request timeout, and a grace period under 2 s gets the kubelet's 2 s
+//! minimum.
 
 mod common;
 
@@ -164,26 +166,28 @@ async fn a_failing_post_start_hook_kills_and_restarts_the_container() {
 async fn a_pre_stop_hooks_time_counts_against_the_grace_period() {
     let case = Case::with_agent("hooks-grace", &[]).await;
     let dir = HostDir::new(&case.pods.label);
-    // 2 s of hook, then 4 s left of the 6 s grace period before SIGKILL (the container
-    // ignores SIGTERM): gone after about 6 s, not the 8 s of hook + whole grace.
+    // 6 s of hook, then the 2 s left of the 8 s grace period before SIGKILL (the container
+    // ignores SIGTERM): gone after about 8 s. Were the hook's time not counted, 6 s of hook
+    // + the whole 8 s = 14 s. The bounds sit 3 s from either answer.
     let lifecycle = json!({
-        "preStop": { "exec": { "command": ["sh", "-c", "sleep 2; echo pre-stop >> /hooks/marks"] } }
+        "preStop": { "exec": { "command": ["sh", "-c", "sleep 6; echo pre-stop >> /hooks/marks"] } }
     });
-    let name = case.create("p", sleeper(&dir, lifecycle, 6)).await;
+    let name = case.create("p", sleeper(&dir, lifecycle, 8)).await;
     running(&name).await;
     let started = Instant::now();
     delete_and_wait(&name).await;
     let took = started.elapsed();
+    // The hook ran to its end before the kill.
     assert_eq!(dir.marks(), "pre-stop\n");
     assert!(
-        took >= Duration::from_millis(5500),
+        took >= Duration::from_millis(7500),
         "the grace period is honoured: {took:?}"
     );
     assert!(
-        took < Duration::from_millis(7800),
+        took < Duration::from_secs(11),
         "the hook's time counts against the grace period: {took:?}"
     );
-    eprintln!("preStop 2 s + grace 6 s: gone after {took:?}");
+    eprintln!("preStop 6 s + grace 8 s: gone after {took:?}");
     drop(case);
 }
 
@@ -305,5 +309,71 @@ async fn an_exec_pre_stop_hook_runs_past_the_runtime_request_timeout() {
         "the hook ran out: {took:?}"
     );
     eprintln!("a 20 s preStop hook under a 10 s runtime request timeout: gone after {took:?}");
+    drop(case);
+}
+
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn a_grace_period_under_2_s_is_raised_to_the_kubelets_minimum() {
+    let case = Case::with_agent("grace-minimum", &[]).await;
+    let dir = HostDir::new(&case.pods.label);
+    // The container notes the kernel's uptime when SIGTERM comes, then every 50 ms until
+    // the SIGKILL: the gap between the two is the grace it got, on the kernel's clock.
+    let script = "trap 'cat /proc/uptime > /hooks/term; \
+                  while :; do cat /proc/uptime > /hooks/last.tmp; mv /hooks/last.tmp /hooks/last; usleep 50000; done' TERM; \
+                  while :; do usleep 50000; done";
+    let mut manifest = sleeper(&dir, json!({}), 1);
+    manifest["spec"]["containers"][0]["command"] = json!(["sh", "-c", script]);
+    let name = case.create("p", manifest).await;
+    running(&name).await;
+    delete_and_wait(&name).await;
+    let uptime = |file: &str| -> f64 {
+        let text = std::fs::read_to_string(dir.0.join(file))
+            .unwrap_or_else(|e| panic!("/hooks/{file}: {e}"));
+        text.split_whitespace()
+            .next()
+            .and_then(|t| t.parse().ok())
+            .unwrap_or_else(|| panic!("/hooks/{file}: {text:?}"))
+    };
+    let alive_after_term = uptime("last") - uptime("term");
+    // With the pod's 1 s the kill would come 1 s after SIGTERM, and nothing can be written
+    // after it; the kubelet's 2 s minimum leaves it alive past 1.3 s. Not the default
+    // 30 s either: gone within 10 s.
+    assert!(
+        alive_after_term > 1.3,
+        "alive {alive_after_term:.2} s after SIGTERM"
+    );
+    assert!(
+        alive_after_term < 10.0,
+        "alive {alive_after_term:.2} s after SIGTERM"
+    );
+    eprintln!("grace 1 s: alive {alive_after_term:.2} s after SIGTERM");
+    drop(case);
+}
+
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn an_http_pre_stop_hook_reaches_the_container_before_it_is_stopped() {
+    let case = Case::with_agent("hooks-http-stop", &[]).await;
+    let dir = HostDir::new(&case.pods.label);
+    // busybox httpd logs each request (-vv, on stderr) into the host dir. The shell is
+    // PID 1 and ignores SIGTERM: the server stays up until the kill.
+    let mut manifest = sleeper(
+        &dir,
+        json!({ "preStop": { "httpGet": { "path": "/stopping", "port": "web" } } }),
+        3,
+    );
+    manifest["spec"]["containers"][0]["command"] =
+        json!(["sh", "-c", "httpd -f -vv -p 8080 -h /etc 2>> /hooks/marks"]);
+    manifest["spec"]["containers"][0]["ports"] = json!([{ "name": "web", "containerPort": 8080 }]);
+    let name = case.create("p", manifest).await;
+    running(&name).await;
+    assert!(
+        !dir.marks().contains("url:/stopping"),
+        "no hook before the deletion"
+    );
+    delete_and_wait(&name).await;
+    let marks = dir.marks();
+    assert!(marks.contains("url:/stopping"), "the server's log: {marks}");
     drop(case);
 }

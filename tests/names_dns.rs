@@ -4,7 +4,7 @@
 //! `/etc/hosts`, the node's hosts file with the aliases on the host's network, hostnames
 //! cut to 63 characters or set to the FQDN, and each DNS policy with `dnsConfig` and the
 //! resolver's limits (with the kubelet's `DNSConfigForming` and `MissingClusterDNS`
-//! events). The expected texts are what the real kubelet v1.20.2 wrote for the same pods
+//! events), `ClusterFirstWithHostNet` against `ClusterFirst` on the host's network. The expected texts are what the real kubelet v1.20.2 wrote for the same pods
 //! on this cluster.
 //!
 //! Every resolver a pod gets stays on this machine: `--cluster-dns` is the node's own
@@ -253,4 +253,33 @@ async fn host_network_default_and_none_policies_without_cluster_dns() {
         resolv,
         "search x.test\nnameserver 127.0.0.9\noptions ndots:1\n"
     );
+}
+
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn a_host_network_pod_gets_cluster_dns_only_with_cluster_first_with_host_net() {
+    let case = Case::with_agent("dns-hostnet", &CLUSTER_DNS).await;
+    let with = case
+        .create(
+            "with",
+            pod(json!({ "hostNetwork": true, "dnsPolicy": "ClusterFirstWithHostNet" })),
+        )
+        .await;
+    let without = case
+        .create(
+            "without",
+            pod(json!({ "hostNetwork": true, "dnsPolicy": "ClusterFirst" })),
+        )
+        .await;
+    let (_, resolv, _) = names(&with, "main").await;
+    assert_eq!(
+        resolv,
+        format!(
+            "search default.svc.cluster.local svc.cluster.local cluster.local\nnameserver {NODE_IP}\noptions ndots:5\n"
+        )
+    );
+    // ClusterFirst on the host's network is Default: the node's resolver (none given to
+    // the agent here, so 127.0.0.1 as the kubelet writes it).
+    let (_, resolv, _) = names(&without, "main").await;
+    assert_eq!(resolv, "search .\nnameserver 127.0.0.1\n");
 }

@@ -1,8 +1,8 @@
 //! Liveness, readiness and startup probes end to end, against the local cluster: exec,
 //! httpGet and tcpSocket probes of busybox containers, restarts on liveness failure with
 //! the kubelet's events, readiness gating the Ready condition, a startup probe holding
-//! both back, `prober_probe_total` on `/metrics`, and every probe kind of a host-network
-//! pod reaching it at the node's IP.
+//! both back, an exec probe cut at its timeout, `prober_probe_total` on `/metrics`, and
+//! every probe kind of a host-network pod reaching it at the node's IP.
 
 mod common;
 
@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::agent::{NODE_IP, free_port_on_node_ip};
 use common::case::{Case, get};
-use common::pods::event_messages;
+use common::pods::{event_messages, events_of};
 use common::{eventually, kubectl, node_name};
 use k8s_openapi::api::core::v1::ContainerStatus;
 
@@ -263,4 +263,63 @@ async fn a_host_network_pods_probes_of_every_kind_reach_it_at_the_node_ip() {
             .any(|m| m.starts_with("Liveness probe failed")),
         "{unhealthy:?}"
     );
+}
+
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn an_exec_probe_that_outlives_its_timeout_fails() {
+    let case = Case::with_agent("probe-timeout", &[]).await;
+    // Two containers run the same 2 s readiness command: within a 5 s timeout it
+    // succeeds, within 1 s it is cut and fails (ExecProbeTimeout), with no output.
+    let container = |name: &str, timeout: i32| {
+        serde_json::json!({
+            "name": name,
+            "image": "busybox",
+            "command": ["sleep", "3600"],
+            "readinessProbe": {
+                "exec": { "command": ["sh", "-c", "sleep 2"] },
+                "timeoutSeconds": timeout,
+                "periodSeconds": 3,
+                "failureThreshold": 1,
+            },
+        })
+    };
+    let mut manifest = pod("sleep 3600", serde_json::json!({}));
+    manifest["spec"]["containers"] =
+        serde_json::json!([container("patient", 5), container("cut", 1)]);
+    let name = case.create("p", manifest).await;
+    let failed = eventually(
+        "the patient container ready and the cut one's probe failed",
+        Duration::from_secs(60),
+        || async {
+            let statuses = get(&name).await?.status?.container_statuses?;
+            let ready = |c: &str| statuses.iter().any(|s| s.name == c && s.ready);
+            let failed = event_messages(&name, "Unhealthy").await;
+            (ready("patient") && !failed.is_empty()).then_some((failed, ready("cut")))
+        },
+    )
+    .await;
+    let (messages, cut_ready) = failed;
+    assert!(!cut_ready, "the cut container is not ready");
+    // Only the cut container's probe failed, as the kubelet says it (no output to add).
+    assert!(
+        messages
+            .iter()
+            .all(|m| m.trim_end() == "Readiness probe failed:"),
+        "{messages:?}"
+    );
+    let events = events_of(&name).await;
+    let about = |e: &k8s_openapi::api::core::v1::Event| {
+        e.involved_object.field_path.clone().unwrap_or_default()
+    };
+    let unhealthy: Vec<String> = events
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("Unhealthy"))
+        .map(about)
+        .collect();
+    assert!(
+        unhealthy.iter().all(|f| f == "spec.containers{cut}"),
+        "{unhealthy:?}"
+    );
+    drop(case);
 }

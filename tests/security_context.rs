@@ -4,7 +4,8 @@
 //! group), its seccomp mode (RuntimeDefault, Unconfined, the pod annotation, a Localhost
 //! profile under the agent's root dir), NoNewPrivs and capabilities, a read-only root
 //! filesystem, a privileged container, the masked `/proc` paths, runAsNonRoot refused
-//! with the kubelet's messages, and the host and shared namespaces.
+//! with the kubelet's messages, the host and shared namespaces, and sysctls set in the
+//! pod's namespaces.
 
 mod common;
 
@@ -391,4 +392,49 @@ async fn a_group_without_a_user_runs_as_the_images_user() {
     // busybox names no user: root, with the container's group.
     assert_eq!(sh(&all, "c", "id -u; id -g").await.0, "0\n5000");
     drop(case);
+}
+
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn pod_sysctls_take_effect_in_the_pods_namespaces_only() {
+    let case = Case::with_agent("sc-sysctl", &["--allowed-unsafe-sysctls", "kernel.msgmax"]).await;
+    // Two safe sysctls (IPC and network namespace) and an unsafe one the flag allows.
+    let sysctls = [
+        ("kernel.shm_rmid_forced", "1"),
+        ("net.ipv4.ip_local_port_range", "1024\t65000"),
+        ("kernel.msgmax", "65536"),
+    ];
+    let host_before: Vec<String> = sysctls.iter().map(|(k, _)| host_sysctl(k)).collect();
+    for ((key, value), host) in sysctls.iter().zip(&host_before) {
+        assert_ne!(
+            host, value,
+            "{key} must differ on the host for the test to tell"
+        );
+    }
+    let spec = json!({ "securityContext": { "sysctls": sysctls
+        .iter()
+        .map(|(k, v)| json!({ "name": k, "value": v.replace('\t', " ") }))
+        .collect::<Vec<_>>() } });
+    let name = case.create("p", sleepers(&[("c", json!({}))], spec)).await;
+    let all = containers(&name, 1).await;
+    for (key, value) in sysctls {
+        let path = format!("/proc/sys/{}", key.replace('.', "/"));
+        assert_eq!(
+            sh(&all, "c", &format!("cat {path}")).await,
+            (value.to_owned(), 0),
+            "{key}"
+        );
+    }
+    let host_after: Vec<String> = sysctls.iter().map(|(k, _)| host_sysctl(k)).collect();
+    assert_eq!(host_after, host_before, "the host's values are left alone");
+    drop(case);
+}
+
+/// A sysctl's value on the host.
+fn host_sysctl(key: &str) -> String {
+    let path = format!("/proc/sys/{}", key.replace('.', "/"));
+    std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{path}: {e}"))
+        .trim()
+        .to_owned()
 }

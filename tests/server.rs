@@ -1,8 +1,8 @@
 //! The kubelet API on :10250 end to end, against the local cluster: `kubectl logs`,
 //! `exec`, `attach` and `port-forward` through the real kube-apiserver's kubelet proxy,
-//! authentication and authorization (401, 403, the apiserver's own certificate), metrics
-//! and stats through the node proxy, and a serving certificate requested from the
-//! certificates API.
+//! authentication and authorization (401, 403, the apiserver's own certificate), metrics,
+//! stats and `/debug/timeline` through the node proxy, and a serving certificate requested
+//! from the certificates API.
 
 mod common;
 
@@ -104,7 +104,7 @@ fn busybox(name: &str, script: &str) -> serde_json::Value {
 
 async fn running(name: &str, timeout: Duration) -> Pod {
     eventually(&format!("pod {name} running"), timeout, || async {
-        let pod = pods_api().await.get_opt(name).await.ok().flatten()?;
+        let pod = common::case::get(name).await?;
         let status = pod.status.as_ref()?;
         let all_running = status
             .container_statuses
@@ -847,4 +847,68 @@ async fn a_serving_certificate_is_requested_approved_and_served() {
     eprintln!("serving certificate requested, approved and served in {issued_in:?}");
     agent.stop();
     let _ = std::fs::remove_dir_all(&cert_dir);
+}
+
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn the_debug_timeline_through_the_node_proxy() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let _agent = start_agent();
+    let name = unique("timeline");
+    let pods = test_pods(&name);
+    create_pod(&pods, &name, busybox("c", "sleep 3600")).await;
+    let uid = running(&name, Duration::from_secs(60))
+        .await
+        .metadata
+        .uid
+        .expect("uid");
+    let node = node_name();
+    let all: serde_json::Value = serde_json::from_str(
+        &kubectl_ok(&[
+            "get",
+            "--raw",
+            &format!("/api/v1/nodes/{node}/proxy/debug/timeline"),
+        ])
+        .await,
+    )
+    .expect("JSON");
+    let listed = all
+        .as_array()
+        .expect("a list of timelines")
+        .iter()
+        .find(|t| t["uid"] == uid.as_str())
+        .unwrap_or_else(|| panic!("no timeline of {uid} in {all:#}"));
+    assert_eq!(listed["name"], name.as_str());
+    let one: serde_json::Value = serde_json::from_str(
+        &kubectl_ok(&[
+            "get",
+            "--raw",
+            &format!("/api/v1/nodes/{node}/proxy/debug/timeline/{NS}/{name}"),
+        ])
+        .await,
+    )
+    .expect("JSON");
+    assert_eq!(one["uid"], uid.as_str());
+    let steps: Vec<&str> = one["steps"]
+        .as_array()
+        .expect("steps")
+        .iter()
+        .filter_map(|s| s["name"].as_str())
+        .collect();
+    for step in ["run_pod_sandbox", "start_container"] {
+        assert!(steps.contains(&step), "{step} in {steps:?}");
+    }
+    // A pod the node does not know: the kubelet's 404, through the proxy.
+    let missing = run(kubectl(&[
+        "get",
+        "--raw",
+        &format!("/api/v1/nodes/{node}/proxy/debug/timeline/{NS}/no-such-pod"),
+    ]))
+    .await;
+    assert_ne!(missing.code, Some(0));
+    assert!(
+        missing.stderr.contains("NotFound") || missing.stderr.contains("404"),
+        "{}",
+        missing.stderr
+    );
 }

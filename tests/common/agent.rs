@@ -1,6 +1,9 @@
 //! A real `rkubelet run` process for integration tests, with only the node's identity.
 //! Stopped with SIGTERM when dropped (so it removes its thin-plugin conflist), or killed
-//! with SIGKILL by a test that wants a crash.
+//! with SIGKILL by a test that wants a crash. A stop checks how the agent ended: exit
+//! status 0 within 10 s of SIGTERM (it cancels its work and returns from `main`), no
+//! panic in its log since it started, and no exit before it was asked to; anything else
+//! fails the test.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -27,7 +30,12 @@ pub struct AgentProcess {
     pub root_dir: PathBuf,
     /// Its log file.
     pub log: PathBuf,
+    /// Where this run's lines start in the log (earlier runs append to the same file).
+    log_start: u64,
 }
+
+/// How long the agent may take to exit after SIGTERM.
+const STOP_WITHIN: Duration = Duration::from_secs(10);
 
 /// The node IP the cluster put on the host (scripts/common.sh `NODE_IP`).
 pub const NODE_IP: &str = "198.18.0.1";
@@ -161,6 +169,7 @@ impl AgentProcess {
             .append(true)
             .open(&log)
             .expect("log file");
+        let log_start = out.metadata().expect("log file").len();
         let child = Command::new(env!("CARGO_BIN_EXE_rkubelet"))
             .args(["--log-level", "info,rkubelet=debug", "run"])
             .arg("--kubeconfig")
@@ -199,6 +208,7 @@ impl AgentProcess {
             child: Some(child),
             root_dir,
             log,
+            log_start,
         }
     }
 
@@ -232,26 +242,62 @@ impl AgentProcess {
         }
     }
 
-    /// SIGTERM, then wait up to 10 s for a clean exit.
+    /// SIGTERM, then wait up to 10 s for a clean exit; fails the test if the agent did not
+    /// end cleanly (see the module comment).
     pub fn stop(mut self) {
-        self.terminate();
+        if let Err(why) = self.terminate() {
+            panic!("{why}\n{}", self.log_tail());
+        }
     }
 
-    fn terminate(&mut self) {
+    /// SIGTERM, then wait up to 10 s for the exit; why the agent's end was not clean, if
+    /// it was not. Nothing to say of an agent a test killed or waited for itself.
+    fn terminate(&mut self) -> Result<(), String> {
         let Some(mut child) = self.child.take() else {
-            return;
+            return Ok(());
         };
-        let pid = Pid::from_raw(i32::try_from(child.id()).expect("pid"));
-        let _ = kill(pid, Signal::SIGTERM);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(format!(
+                "the agent exited by itself, before it was stopped, with {status}"
+            ));
         }
-        let _ = child.kill();
-        let _ = child.wait();
+        let pid = Pid::from_raw(i32::try_from(child.id()).expect("pid"));
+        kill(pid, Signal::SIGTERM).map_err(|e| format!("SIGTERM to the agent: {e}"))?;
+        let deadline = Instant::now() + STOP_WITHIN;
+        let status = loop {
+            match child.try_wait() {
+                Ok(Some(status)) => break status,
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Ok(None) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(format!(
+                        "the agent did not exit within {STOP_WITHIN:?} of SIGTERM (killed)"
+                    ));
+                }
+                Err(e) => return Err(format!("waiting for the agent: {e}")),
+            }
+        };
+        if status.code() != Some(0) {
+            return Err(format!(
+                "the agent ended with {status} on SIGTERM, not exit status 0"
+            ));
+        }
+        let panics = panics_in(&self.this_runs_log()?).join("\n");
+        if !panics.is_empty() {
+            return Err(format!("the agent panicked while it ran:\n{panics}"));
+        }
+        Ok(())
+    }
+
+    /// The lines this run of the agent logged.
+    fn this_runs_log(&self) -> Result<String, String> {
+        let text = std::fs::read(&self.log)
+            .map_err(|e| format!("reading the agent's log {}: {e}", self.log.display()))?;
+        let start = usize::try_from(self.log_start).map_or(text.len(), |s| s.min(text.len()));
+        Ok(String::from_utf8_lossy(&text[start..]).into_owned())
     }
 
     /// The agent's log so far, for failure messages.
@@ -289,11 +335,27 @@ fn serving_args(node: &str, minted: bool) -> Vec<std::ffi::OsString> {
     args
 }
 
+/// The lines of an agent's log that tell of a panic (Rust's panic hook writes
+/// `thread '<name>' panicked at <file>:<line>` to stderr, which goes to the log).
+pub fn panics_in(log: &str) -> Vec<&str> {
+    log.lines()
+        .filter(|l| l.starts_with("thread '") && l.contains("' panicked at "))
+        .collect()
+}
+
 impl Drop for AgentProcess {
     fn drop(&mut self) {
-        self.terminate();
+        let ended = self.terminate();
+        if let Err(why) = &ended
+            && !std::thread::panicking()
+        {
+            panic!("{why}\n{}", self.log_tail());
+        }
         // A failed test shows what the agent complained of (its log goes with the cluster).
         if std::thread::panicking() {
+            if let Err(why) = ended {
+                eprintln!("---- {why}");
+            }
             let text = std::fs::read_to_string(&self.log).unwrap_or_default();
             let complaints: Vec<&str> = text
                 .lines()

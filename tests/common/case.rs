@@ -5,11 +5,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::DeleteParams;
+use kube::api::{Api, DeleteParams};
 
 use super::agent::{AgentProcess, Owner};
 use super::pods::{TestPods, pods_api};
-use super::{eventually, node_name, unique};
+use super::{API_RETRY, eventually, node_name, retrying, unique};
 
 /// The tests share one node: they run one at a time.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -108,9 +108,16 @@ impl Case {
     }
 }
 
-/// The pod named `name` in `default`, if it exists.
+/// The pod named `name` in `default`; `None` only when the API answers 404. Other errors
+/// are retried for [`API_RETRY`], then fail the test.
 pub async fn get(name: &str) -> Option<Pod> {
-    pods_api().await.get_opt(name).await.ok().flatten()
+    get_in(&pods_api().await, name, API_RETRY).await
+}
+
+/// The pod named `name` from `api`; `None` only when the API answers 404. Other errors are
+/// retried for `within`, then fail the test.
+pub async fn get_in(api: &Api<Pod>, name: &str, within: Duration) -> Option<Pod> {
+    retrying(&format!("reading pod {name}"), within, || api.get_opt(name)).await
 }
 
 /// Deletes a pod gracefully and waits until the agent has finished its deletion.

@@ -4,17 +4,19 @@
 //! there: sandboxes and containers in containerd, netns, veths, host-local reservations,
 //! CNI cache entries, NAT rules, mounts under the pod dirs, the pod and log dirs, pod
 //! cgroups. The parsers are plain functions of text, unit-tested in `tests/leaks.rs`.
+//! A check that cannot look (the runtime unreachable, `iptables-save` failing, a directory
+//! that cannot be read) panics: it never reports "nothing left".
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
-use rkubelet::cri::{Cri, api};
+use rkubelet::cri::{Cri, CriClient, Endpoint, api};
 use rkubelet::inspect::{Locations, cni_store, procfs::ProcFs};
 
-use super::cri;
-use super::pods::{containers_of, sandboxes_of};
+use super::pods::{containers_in, sandboxes_in};
+use super::{cri, cri_at, runtime_endpoint};
 
 /// host-local's data dir (both CNI configs of the repository use it).
 const HOST_LOCAL_DIR: &str = "/var/lib/cni/networks";
@@ -45,6 +47,9 @@ pub struct Record {
     pub pods: BTreeMap<String, String>,
     /// Sandbox id to what it had.
     pub sandboxes: BTreeMap<String, Sandbox>,
+    /// Why the recorder's last look failed, if it did: the record may then miss sandboxes,
+    /// and the check fails rather than pass on what it never saw.
+    pub unrecorded: Option<String>,
 }
 
 impl Record {
@@ -84,6 +89,12 @@ impl Recorder {
     /// Starts recording the pods labelled `rk-test=<label>` of the agent whose root dir is
     /// `root_dir`.
     pub fn start(label: &str, root_dir: &Path) -> Self {
+        Self::start_in(runtime_endpoint(), label, root_dir)
+    }
+
+    /// Starts recording, through the runtime at `endpoint`, the pods labelled
+    /// `rk-test=<label>` of the agent whose root dir is `root_dir`.
+    pub fn start_in(endpoint: Endpoint, label: &str, root_dir: &Path) -> Self {
         let record = Arc::new(Mutex::new(Record::default()));
         let (tx, rx) = mpsc::channel();
         let (shared, label) = (Arc::clone(&record), label.to_owned());
@@ -93,13 +104,19 @@ impl Recorder {
                 .enable_all()
                 .build()
                 .expect("runtime");
+            // The client on this thread's runtime, which drives its connection (one made
+            // on the test's runtime stalls while the test's thread waits for this one).
+            let cri = {
+                let _on = rt.enter();
+                cri_at(endpoint)
+            };
             loop {
-                rt.block_on(record_once(&label, &at, &shared));
+                rt.block_on(record_once(&cri, &label, &at, &shared));
                 if rx.recv_timeout(RECORD_EVERY) != Err(mpsc::RecvTimeoutError::Timeout) {
                     break;
                 }
             }
-            rt.block_on(record_once(&label, &at, &shared));
+            rt.block_on(record_once(&cri, &label, &at, &shared));
         });
         Self {
             record,
@@ -118,7 +135,9 @@ impl Recorder {
     pub fn stop(&mut self) {
         if let Some((tx, handle)) = self.stop.take() {
             let _ = tx.send(());
-            let _ = handle.join();
+            if handle.join().is_err() {
+                lock(&self.record).unrecorded = Some("the recorder's thread panicked".into());
+            }
         }
     }
 }
@@ -130,7 +149,7 @@ impl Recorder {
         self.stop();
         let record = lock(&self.record).clone();
         assert!(!record.sandboxes.is_empty(), "no sandbox was recorded");
-        let left = check_once_removed(&record, root_dir, Duration::from_secs(30)).await;
+        let left = check_once_removed(&cri(), &record, root_dir, Duration::from_secs(30)).await;
         assert!(left.is_empty(), "left behind:\n  {}", left.join("\n  "));
     }
 }
@@ -156,9 +175,10 @@ fn locations(root_dir: &Path) -> Locations {
     }
 }
 
-/// One look: the test's sandboxes, and the network of those not known yet.
-async fn record_once(label: &str, at: &Locations, record: &Mutex<Record>) {
-    let listed = cri()
+/// One look: the test's sandboxes, and the network of those not known yet. A failed look
+/// is noted in the record until one succeeds.
+async fn record_once(cri: &CriClient, label: &str, at: &Locations, record: &Mutex<Record>) {
+    let listed = cri
         .list_pod_sandbox(api::ListPodSandboxRequest {
             filter: Some(api::PodSandboxFilter {
                 label_selector: [("rk-test".to_owned(), label.to_owned())].into(),
@@ -166,7 +186,16 @@ async fn record_once(label: &str, at: &Locations, record: &Mutex<Record>) {
             }),
         })
         .await;
-    let Ok(listed) = listed else { return };
+    let listed = match listed {
+        Ok(listed) => {
+            lock(record).unrecorded = None;
+            listed
+        }
+        Err(e) => {
+            lock(record).unrecorded = Some(format!("ListPodSandbox at {}: {e}", cri.endpoint()));
+            return;
+        }
+    };
     for sandbox in listed.items {
         let Some(meta) = sandbox.metadata else {
             continue;
@@ -236,40 +265,54 @@ pub fn network_of(config: &serde_json::Value, result: &serde_json::Value) -> Net
     network
 }
 
-/// Waits (for `within` at most) until the recorded pods' sandboxes are removed, the last
-/// step of a pod's teardown, then [`check`]s.
-pub async fn check_once_removed(record: &Record, root_dir: &Path, within: Duration) -> Vec<String> {
+/// Waits (for `within` at most) until the recorded pods' sandboxes are removed from `cri`,
+/// the last step of a pod's teardown, then [`check`]s.
+pub async fn check_once_removed(
+    cri: &CriClient,
+    record: &Record,
+    root_dir: &Path,
+    within: Duration,
+) -> Vec<String> {
     let deadline = Instant::now() + within;
     for uid in record.pods.keys() {
-        while Instant::now() < deadline && !sandboxes_of(uid).await.is_empty() {
+        while Instant::now() < deadline && !sandboxes_in(cri, uid).await.is_empty() {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
-    check(record, root_dir).await
+    check(cri, record, root_dir).await
 }
 
-/// Waits (3 s at most) until nothing recorded of the test's pods is left on the node;
-/// answers what is left then, one line each.
-pub async fn check(record: &Record, root_dir: &Path) -> Vec<String> {
+/// Waits (3 s at most) until nothing recorded of the test's pods is left on the node (in
+/// `cri`, on disk, in the NAT table); answers what is left then, one line each. Panics if
+/// the recorder could not look, or if the check itself still cannot at the end.
+pub async fn check(cri: &CriClient, record: &Record, root_dir: &Path) -> Vec<String> {
+    if let Some(why) = &record.unrecorded {
+        panic!("the leak check cannot run: the pods' sandboxes were not recorded: {why}");
+    }
     let deadline = Instant::now() + SETTLE;
     loop {
-        let left = left_behind(record, root_dir).await;
-        if left.is_empty() || Instant::now() >= deadline {
-            return left;
+        match left_behind(cri, record, root_dir).await {
+            Ok(left) if left.is_empty() || Instant::now() >= deadline => return left,
+            Err(why) if Instant::now() >= deadline => panic!("the leak check cannot run: {why}"),
+            _ => tokio::time::sleep(Duration::from_millis(100)).await,
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
-/// What is left of the recorded pods, now.
-async fn left_behind(record: &Record, root_dir: &Path) -> Vec<String> {
+/// What is left of the recorded pods, now; or why it cannot tell (`iptables-save` failed:
+/// it does now and then while another process changes the rules).
+async fn left_behind(
+    cri: &CriClient,
+    record: &Record,
+    root_dir: &Path,
+) -> Result<Vec<String>, String> {
     let mut left = Vec::new();
     let pod = |uid: &str| record.pod(uid);
     for uid in record.pods.keys() {
-        for s in sandboxes_of(uid).await {
+        for s in sandboxes_in(cri, uid).await {
             left.push(format!("containerd sandbox {} of {}", s.id, pod(uid)));
         }
-        for c in containers_of(uid, None).await {
+        for c in containers_in(cri, uid, None).await {
             let name = c.metadata.map(|m| m.name).unwrap_or_default();
             left.push(format!(
                 "containerd container {} ({name}) of {}",
@@ -290,14 +333,30 @@ async fn left_behind(record: &Record, root_dir: &Path) -> Vec<String> {
             .kill_on_drop(true)
             .output()
             .await;
-        if let Ok(out) = save {
-            let save = String::from_utf8_lossy(&out.stdout);
-            for rule in rules_naming(&save, &ids) {
-                left.push(format!("iptables nat rule {rule}"));
-            }
-        }
+        left.extend(nat_rules_left(save, &ids)?);
     }
-    left
+    Ok(left)
+}
+
+/// The NAT rules naming one of `ids`, from what `iptables-save -t nat` gave (`save`), one
+/// line each; why not, if it did not run or failed.
+pub fn nat_rules_left(
+    save: std::io::Result<std::process::Output>,
+    ids: &BTreeSet<String>,
+) -> Result<Vec<String>, String> {
+    let out = save.map_err(|e| format!("iptables-save -t nat: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "iptables-save -t nat ended with {}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim_end()
+        ));
+    }
+    let save = String::from_utf8_lossy(&out.stdout);
+    Ok(rules_naming(&save, ids)
+        .into_iter()
+        .map(|rule| format!("iptables nat rule {rule}"))
+        .collect())
 }
 
 /// What is left on disk, in /proc and in /sys of the recorded pods and sandboxes.
@@ -328,7 +387,8 @@ fn on_disk(root: &Path, record: &Record) -> Vec<String> {
             }
         }
     }
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_else(|e| panic!("the leak check cannot read /proc/self/mountinfo: {e}"));
     for uid in record.pods.keys() {
         let pod_dir = root.join("pods").join(uid);
         for m in mounts_under(&mountinfo, &pod_dir) {
@@ -350,14 +410,38 @@ fn on_disk(root: &Path, record: &Record) -> Vec<String> {
     left
 }
 
-/// The names in a directory (none if it cannot be read).
+/// The names in a directory: none if it does not exist (or no longer: a cgroup removed
+/// meanwhile) or is a file (cgroup v2's files beside its hierarchy); panics if it cannot
+/// be read.
 fn file_names(dir: &Path) -> Vec<String> {
-    std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect()
+    match std::fs::read_dir(dir) {
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
+            ) =>
+        {
+            Vec::new()
+        }
+        Err(e) => cannot_read(dir, &e),
+        Ok(entries) => entries
+            .map(|e| e.unwrap_or_else(|e| cannot_read(dir, &e)))
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect(),
+    }
+}
+
+fn cannot_read(path: &Path, e: &std::io::Error) -> ! {
+    panic!("the leak check cannot read {}: {e}", path.display())
+}
+
+/// A file's text: empty if it does not exist (or no longer); panics if it cannot be read.
+fn read_or_empty(path: &Path) -> String {
+    match std::fs::read_to_string(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => cannot_read(path, &e),
+        Ok(text) => text,
+    }
 }
 
 /// host-local reservations (`<dir>/<network>/<ip>`) held by one of the recorded sandboxes.
@@ -369,7 +453,7 @@ fn reservations_left(dir: &Path, record: &Record) -> Vec<String> {
                 continue;
             }
             let path = dir.join(&network).join(&ip);
-            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            let text = read_or_empty(&path);
             let holder = reservation_holder(&text).filter(|h| record.sandboxes.contains_key(*h));
             if let Some(holder) = holder {
                 let by = record.sandbox(holder);
@@ -518,8 +602,7 @@ impl NodeNetwork {
                 if ip.parse::<std::net::IpAddr>().is_err() {
                     continue;
                 }
-                let text =
-                    std::fs::read_to_string(dir.join(&network).join(&ip)).unwrap_or_default();
+                let text = read_or_empty(&dir.join(&network).join(&ip));
                 let holder = reservation_holder(&text).unwrap_or("?");
                 reservations.insert(format!("{network}/{ip} held by {holder}"));
             }

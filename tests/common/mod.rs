@@ -28,12 +28,22 @@ pub fn node_name() -> String {
     std::env::var("RKUBELET_NODE").unwrap_or_else(|_| "rk-node1".into())
 }
 
-/// A CRI client for the cluster's containerd.
-pub fn cri() -> CriClient {
-    let endpoint: Endpoint = std::env::var("CONTAINER_RUNTIME_ENDPOINT")
+/// The cluster's containerd (`CONTAINER_RUNTIME_ENDPOINT`).
+pub fn runtime_endpoint() -> Endpoint {
+    std::env::var("CONTAINER_RUNTIME_ENDPOINT")
         .unwrap_or_else(|_| "unix:///run/containerd/containerd.sock".into())
         .parse()
-        .expect("valid endpoint");
+        .expect("valid endpoint")
+}
+
+/// A CRI client for the cluster's containerd.
+pub fn cri() -> CriClient {
+    cri_at(runtime_endpoint())
+}
+
+/// A CRI client for `endpoint`. Its connection is driven by the tokio runtime it is made
+/// on: make it on the runtime that uses it.
+pub fn cri_at(endpoint: Endpoint) -> CriClient {
     CriClient::new(
         endpoint,
         Duration::from_secs(30),
@@ -93,8 +103,33 @@ where
     }
 }
 
+/// How long a read of the API rides over its errors (an API server restarting, a dropped
+/// connection) before the test fails: an error is never taken for an answer.
+pub const API_RETRY: Duration = Duration::from_secs(30);
+
+/// Calls `read` every 200 ms until it answers (for `within` at most); then panics naming
+/// `what` and the last error. For reads whose error must not pass for "nothing there".
+pub async fn retrying<T, E, F, Fut>(what: &str, within: Duration, mut read: F) -> T
+where
+    E: std::fmt::Display,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+{
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        match read().await {
+            Ok(v) => return v,
+            Err(e) if std::time::Instant::now() >= deadline => {
+                panic!("{what}: still failing after {within:?}: {e}")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
 /// Runs async clean-up from a `Drop`: on a thread of its own with its own runtime, since
-/// `Drop` may run inside a test's runtime. Its answer, unless it panicked.
+/// `Drop` may run inside a test's runtime. Its answer, or `None` if it panicked (the
+/// panic is printed): a check run this way must take `None` for a failure.
 pub fn cleanup_blocking<F, Fut, T>(work: F) -> Option<T>
 where
     F: FnOnce() -> Fut + Send + 'static,
@@ -193,15 +228,4 @@ pub async fn run_ok(mut cmd: tokio::process::Command, what: &str) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// A `/proc/meminfo` figure, in bytes.
-pub fn meminfo(key: &str) -> u64 {
-    let text = std::fs::read_to_string("/proc/meminfo").expect("/proc/meminfo");
-    let kib: u64 = text
-        .lines()
-        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
-        .and_then(|v| v.trim().trim_end_matches(" kB").parse().ok())
-        .unwrap_or_else(|| panic!("{key} in /proc/meminfo"));
-    kib * 1024
 }

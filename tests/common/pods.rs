@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
-use rkubelet::cri::{Cri, api};
+use rkubelet::cri::{Cri, CriClient, api};
 
 use super::leaks::{self, Recorder};
-use super::{cleanup_blocking, cri, kube_client};
+use super::{API_RETRY, cleanup_blocking, cri, kube_client, retrying};
 
 /// The pods API of the `default` namespace, as the cluster admin.
 pub async fn pods_api() -> Api<Pod> {
@@ -65,15 +65,17 @@ impl TestPods {
         ListParams::default().labels(&format!("rk-test={}", self.label))
     }
 
-    /// The pods of this test that still exist.
+    /// The pods of this test that still exist (an API error is retried, then fails).
     pub async fn list(&self) -> Vec<Pod> {
-        pods_api()
-            .await
-            .list(&self.selector())
-            .await
-            .map(|l| l.items)
-            .unwrap_or_default()
+        list_pods(&pods_api().await, &self.selector()).await
     }
+}
+
+/// The pods `selector` selects; an API error is retried for [`API_RETRY`], then fails.
+async fn list_pods(api: &Api<Pod>, selector: &ListParams) -> Vec<Pod> {
+    retrying("listing the test's pods", API_RETRY, || api.list(selector))
+        .await
+        .items
 }
 
 impl Drop for TestPods {
@@ -82,38 +84,40 @@ impl Drop for TestPods {
         self.recorder.stop();
         let mut record = self.record();
         let root_dir = self.root_dir.clone();
+        // A clean-up or check that cannot run (the API or the runtime unreachable, a
+        // command failing) panics on its thread: that fails the test, never "nothing left".
         let left = cleanup_blocking(move || async move {
             let api = pods_api().await;
-            for pod in api
-                .list(&selector)
-                .await
-                .map(|l| l.items)
-                .unwrap_or_default()
-            {
+            for pod in list_pods(&api, &selector).await {
                 if let (Some(uid), Some(name)) = (pod.metadata.uid, pod.metadata.name) {
                     record.pods.insert(uid, name);
                 }
             }
-            let _ = api
-                .delete_collection(&DeleteParams::default(), &selector)
-                .await;
+            let delete = |params: DeleteParams| {
+                let (api, selector) = (api.clone(), selector.clone());
+                async move {
+                    retrying("deleting the test's pods", API_RETRY, || {
+                        api.delete_collection(&params, &selector)
+                    })
+                    .await;
+                }
+            };
+            delete(DeleteParams::default()).await;
             let deadline = Instant::now() + Duration::from_secs(30);
-            while Instant::now() < deadline
-                && api.list(&selector).await.is_ok_and(|l| !l.items.is_empty())
-            {
+            while Instant::now() < deadline && !list_pods(&api, &selector).await.is_empty() {
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
-            let force = DeleteParams {
+            delete(DeleteParams {
                 grace_period_seconds: Some(0),
                 ..DeleteParams::default()
-            };
-            let _ = api.delete_collection(&force, &selector).await;
+            })
+            .await;
             // A pod with no grace period leaves the API at once: the agent (still running)
             // tears it down after, its sandboxes removed last (its cgroup before them).
             let rest = deadline.saturating_duration_since(Instant::now());
-            leaks::check_once_removed(&record, &root_dir, rest).await
+            leaks::check_once_removed(&cri(), &record, &root_dir, rest).await
         })
-        .unwrap_or_default();
+        .unwrap_or_else(|| vec!["(the leak check could not run: see its panic above)".into()]);
         if left.is_empty() {
             return;
         }
@@ -147,14 +151,16 @@ pub fn sleeper(spec: serde_json::Value) -> serde_json::Value {
     pod
 }
 
-/// The events about the pod named `name`, oldest first.
+/// The events about the pod named `name`, oldest first (an API error is retried, then
+/// fails).
 pub async fn events_of(name: &str) -> Vec<Event> {
     let api: Api<Event> = Api::namespaced(kube_client("admin.kubeconfig").await, "default");
-    let selector = format!("involvedObject.name={name}");
-    api.list(&ListParams::default().fields(&selector))
-        .await
-        .map(|l| l.items)
-        .unwrap_or_default()
+    let selector = ListParams::default().fields(&format!("involvedObject.name={name}"));
+    retrying(&format!("listing the events of {name}"), API_RETRY, || {
+        api.list(&selector)
+    })
+    .await
+    .items
 }
 
 /// The messages of the events about the pod named `name` with `reason`, oldest first.
@@ -169,31 +175,44 @@ pub async fn event_messages(name: &str, reason: &str) -> Vec<String> {
 
 /// The sandboxes the runtime holds for the pod with this UID.
 pub async fn sandboxes_of(uid: &str) -> Vec<api::PodSandbox> {
-    cri()
-        .list_pod_sandbox(api::ListPodSandboxRequest {
-            filter: Some(api::PodSandboxFilter {
-                label_selector: [("io.kubernetes.pod.uid".to_owned(), uid.to_owned())].into(),
-                ..Default::default()
-            }),
-        })
-        .await
-        .expect("ListPodSandbox")
-        .items
+    sandboxes_in(&cri(), uid).await
+}
+
+/// The sandboxes `cri` holds for the pod with this UID; panics if it cannot tell.
+pub async fn sandboxes_in(cri: &CriClient, uid: &str) -> Vec<api::PodSandbox> {
+    cri.list_pod_sandbox(api::ListPodSandboxRequest {
+        filter: Some(api::PodSandboxFilter {
+            label_selector: [("io.kubernetes.pod.uid".to_owned(), uid.to_owned())].into(),
+            ..Default::default()
+        }),
+    })
+    .await
+    .unwrap_or_else(|e| panic!("ListPodSandbox at {}: {e}", cri.endpoint()))
+    .items
 }
 
 /// The containers of the pod with this UID, in `state` if given.
 pub async fn containers_of(uid: &str, state: Option<api::ContainerState>) -> Vec<api::Container> {
-    cri()
-        .list_containers(api::ListContainersRequest {
-            filter: Some(api::ContainerFilter {
-                label_selector: [("io.kubernetes.pod.uid".to_owned(), uid.to_owned())].into(),
-                state: state.map(|s| api::ContainerStateValue { state: s.into() }),
-                ..Default::default()
-            }),
-        })
-        .await
-        .expect("ListContainers")
-        .containers
+    containers_in(&cri(), uid, state).await
+}
+
+/// The containers `cri` holds for the pod with this UID, in `state` if given; panics if it
+/// cannot tell.
+pub async fn containers_in(
+    cri: &CriClient,
+    uid: &str,
+    state: Option<api::ContainerState>,
+) -> Vec<api::Container> {
+    cri.list_containers(api::ListContainersRequest {
+        filter: Some(api::ContainerFilter {
+            label_selector: [("io.kubernetes.pod.uid".to_owned(), uid.to_owned())].into(),
+            state: state.map(|s| api::ContainerStateValue { state: s.into() }),
+            ..Default::default()
+        }),
+    })
+    .await
+    .unwrap_or_else(|e| panic!("ListContainers at {}: {e}", cri.endpoint()))
+    .containers
 }
 
 /// The containers of the pod with this UID that are running.
