@@ -606,6 +606,7 @@ pub async fn start<S: PodSyncer, A: PodAdmission>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pod::state::PodStates;
 
     const YAML: &str = "apiVersion: v1
 kind: Pod
@@ -792,7 +793,7 @@ spec:
         let syncer = Arc::new(Seen::default());
         let admission = Arc::new(Admitted::default());
         let feeder = Feeder {
-            workers: PodWorkers::new(syncer.clone()),
+            workers: PodWorkers::new(syncer.clone(), PodStates::default()),
             admission: admission.clone(),
             statics: StaticPods::default(),
         };
@@ -847,7 +848,7 @@ spec:
         };
         assert!(listed(&StaticPods::default()).await, "no manifest path");
         let feeder = Feeder {
-            workers: PodWorkers::new(Arc::new(Seen::default())),
+            workers: PodWorkers::new(Arc::new(Seen::default()), PodStates::default()),
             admission: Arc::new(Admitted::default()),
             statics: StaticPods::unlisted(),
         };
