@@ -66,7 +66,7 @@ pub struct SyncSettings {
 pub struct Kubelet<C> {
     settings: SyncSettings,
     runtime: Arc<RuntimeManager<C>>,
-    volumes: VolumeManager<KubeVolumeApi, LinuxMounter>,
+    volumes: Arc<VolumeManager<KubeVolumeApi, LinuxMounter>>,
     status: StatusManager,
     admission: Arc<PodAdmitter>,
     /// The owner of the per-pod state below and of the managers'.
@@ -134,7 +134,7 @@ impl<C: Cri + Clone> Kubelet<C> {
             prober: states.register(Arc::new(prober)),
             settings,
             runtime: states.register(Arc::new(runtime)),
-            volumes,
+            volumes: states.register(Arc::new(volumes)),
             status,
             admission: states.register(Arc::new(admission)),
             reasons: states.map("container waiting reasons"),
@@ -800,6 +800,9 @@ mod tests {
         let id = PodId::of(pod).unwrap();
         kubelet.admit(pod);
         let volumes = kubelet.pod_volumes(pod, &id).await.unwrap();
+        // A projected token would need a mount: the token alone is requested.
+        let api = crate::volume::testing::FakeApi::default();
+        kubelet.volumes.request_token(&api, &id).await;
         let running = PodRuntimeStatus {
             sandboxes: vec![sandbox("s1", 0, true)],
             containers: vec![container("c1", "c", "s1", 0, RunState::Running)],
