@@ -725,7 +725,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
         env_sources,
         cm,
     ));
-    let workers = PodWorkers::new(kubelet.clone());
+    let workers = PodWorkers::new(kubelet.clone(), kubelet.pod_states().clone());
     let _ = workers_cell.set(workers.clone());
 
     let statics = match config.pod_manifest_path {

@@ -8,7 +8,8 @@
 //! events is dropped then, so that churning pods do not keep the memory full.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use k8s_openapi::api::core::v1::{Event as CoreEvent, EventSource, ObjectReference};
@@ -18,6 +19,7 @@ use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use tokio::sync::mpsc;
 
 use crate::pod::PodId;
+use crate::pod::state::ForgetPod;
 
 /// One event about a pod or one of its containers.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -109,6 +111,9 @@ impl EventReceiver {
 #[derive(Debug, Clone)]
 pub struct EventRecorder {
     tx: mpsc::Sender<Message>,
+    /// The pods whose events went to the publisher, which remembers them for aggregation
+    /// until it is told that the pod is gone.
+    pods: Arc<Mutex<HashSet<String>>>,
 }
 
 impl EventRecorder {
@@ -117,19 +122,8 @@ impl EventRecorder {
     #[must_use]
     pub fn channel() -> (Self, EventReceiver) {
         let (tx, rx) = mpsc::channel(MAX_QUEUED_EVENTS);
-        (Self { tx }, EventReceiver(rx))
-    }
-
-    /// The pod `uid` is gone and records no more events: the publisher forgets what it
-    /// remembers of its events for aggregation. Queued after the pod's last events; lost
-    /// when the queue is full (the memory stays bounded by its size and age limits then).
-    pub fn pod_gone(&self, uid: &str) {
-        if self.tx.try_send(Message::PodGone(uid.to_owned())).is_err() {
-            tracing::debug!(
-                pod_uid = uid,
-                "event queue full; the pod's events are forgotten later"
-            );
-        }
+        let pods = Arc::default();
+        (Self { tx, pods }, EventReceiver(rx))
     }
 
     fn send(
@@ -142,6 +136,12 @@ impl EventRecorder {
     ) {
         let field_path = involved.field_path();
         tracing::debug!(pod = %pod, field_path, %reason, %message, "event");
+        {
+            let mut pods = lock(&self.pods);
+            if !pods.contains(&pod.uid) {
+                pods.insert(pod.uid.clone());
+            }
+        }
         let event = PodEvent {
             pod: pod.clone(),
             field_path,
@@ -179,6 +179,33 @@ impl EventRecorder {
     ) {
         self.send(pod, involved.into(), true, reason.into(), message);
     }
+}
+
+/// The pod is gone and records no more events: the publisher forgets what it remembers
+/// of its events for aggregation. Queued after the pod's last events; lost when the queue
+/// is full (the memory stays bounded by its size and age limits then).
+impl ForgetPod for EventRecorder {
+    fn name(&self) -> &'static str {
+        "events kept for aggregation"
+    }
+
+    fn holds(&self, uid: &str) -> bool {
+        lock(&self.pods).contains(uid)
+    }
+
+    fn forget(&self, uid: &str) {
+        lock(&self.pods).remove(uid);
+        if self.tx.try_send(Message::PodGone(uid.to_owned())).is_err() {
+            tracing::debug!(
+                pod_uid = uid,
+                "event queue full; the pod's events are forgotten later"
+            );
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// How long a published event is remembered for aggregation (the kubelet's event
@@ -384,10 +411,12 @@ mod tests {
 
         let (events, mut rx) = EventRecorder::channel();
         events.normal(&pod(), None, "Killing", "last".into());
-        events.pod_gone("u1");
+        assert!(events.holds("u1"));
+        events.forget("u1");
+        assert!(!events.holds("u1"));
         assert!(matches!(rx.0.try_recv(), Ok(Message::Event(e)) if e.message == "last"));
         assert!(matches!(rx.0.try_recv(), Ok(Message::PodGone(uid)) if uid == "u1"));
-        events.pod_gone("u1");
+        events.forget("u1");
         events.normal(&pod(), None, "Pulled", "next".into());
         assert_eq!(
             rx.try_recv().unwrap().message,

@@ -9,7 +9,7 @@
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
@@ -28,6 +28,7 @@ use crate::kuberuntime::{
 use crate::lifecycle::active_deadline;
 use crate::lifecycle::admission::{PodAdmitter, rejected_status};
 use crate::pod::source::PodAdmission;
+use crate::pod::state::{ForgetPod, PodMap, PodStates};
 use crate::pod::workers::{Next, PodSyncer, PodWork, PodWorkers};
 use crate::pod::{PodId, source::PodStore};
 use crate::prober::{ProberManager, Wake};
@@ -60,32 +61,35 @@ pub struct SyncSettings {
     pub memory_capacity: u64,
 }
 
-/// The pod-level logic of the agent.
+/// The pod-level logic of the agent. Every per-pod state of it and of its managers is
+/// registered in [`Self::pod_states`], forgotten there when the pod's worker ends.
 pub struct Kubelet<C> {
     settings: SyncSettings,
-    runtime: RuntimeManager<C>,
-    volumes: VolumeManager<KubeVolumeApi, LinuxMounter>,
+    runtime: Arc<RuntimeManager<C>>,
+    volumes: Arc<VolumeManager<KubeVolumeApi, LinuxMounter>>,
     status: StatusManager,
-    admission: PodAdmitter,
+    admission: Arc<PodAdmitter>,
+    /// The owner of the per-pod state below and of the managers'.
+    states: PodStates,
     /// Why containers wait, per pod UID (the kubelet's reason cache).
-    reasons: Mutex<HashMap<String, HashMap<String, Waiting>>>,
+    reasons: Arc<PodMap<HashMap<String, Waiting>>>,
     /// Back-off of failed sandbox creations and volume set-ups, per pod UID.
-    backoff: Mutex<HashMap<String, Backoff>>,
+    backoff: Arc<PodMap<Backoff>>,
     /// Each pod's volumes, when they were last set up and the pod metadata they show.
     /// Syncs come with every runtime change; the volumes are set up again only when the
     /// pod's labels or annotations changed (downward API files), a Secret or ConfigMap the
     /// pod references changed, or the last set-up is [`VOLUME_RESYNC`] old.
     /// A set-up that fails once the volumes were set up leaves them in use.
-    volumes_set_up: SetUps<VolumeKey>,
+    volumes_set_up: Arc<SetUps<VolumeKey>>,
     /// The Secrets, ConfigMaps and Services of the pods' environment and volumes.
     env: EnvSourceReader,
     /// The probe workers of the pods' containers.
-    prober: ProberManager<C>,
+    prober: Arc<ProberManager<C>>,
     /// The pod cgroups (none with `--cgroups-per-qos=false`).
     cm: Option<Arc<ContainerManager>>,
     /// The grace period evicted pods are killed within, instead of their own, per pod UID
     /// (the eviction manager's override).
-    grace_overrides: Mutex<HashMap<String, i64>>,
+    grace_overrides: Arc<PodMap<i64>>,
 }
 
 /// What a pod's volumes show: its labels and annotations (downward API files) and the
@@ -105,14 +109,11 @@ fn volume_metadata(pod: &Pod) -> PodMetadata {
     )
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
 impl<C: Cri + Clone> Kubelet<C> {
     /// The kubelet over its managers (runtime, volumes, status, admission, environment
     /// sources, cgroups: one argument each, as the kubelet's own fields); probe results and
-    /// Secret/ConfigMap changes wake pod workers through `wake`.
+    /// Secret/ConfigMap changes wake pod workers through `wake`. The per-pod state of each
+    /// is registered in [`Self::pod_states`], here in one place.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         settings: SyncSettings,
@@ -124,26 +125,38 @@ impl<C: Cri + Clone> Kubelet<C> {
         env: EnvSourceReader,
         cm: Option<Arc<ContainerManager>>,
     ) -> Self {
+        let states = PodStates::default();
         let prober = ProberManager::new(
             runtime.cri().clone(),
             runtime.events().clone(),
             wake,
             runtime.host_ip(),
         );
+        states.register(Arc::new(runtime.events().clone()));
+        states.register(Arc::new(status.clone()));
+        states.register(Arc::new(env.caches().clone()));
         Self {
-            prober,
+            prober: states.register(Arc::new(prober)),
             settings,
-            runtime,
-            volumes,
+            runtime: states.register(Arc::new(runtime)),
+            volumes: states.register(Arc::new(volumes)),
             status,
-            admission,
-            reasons: Mutex::default(),
-            backoff: Mutex::default(),
-            volumes_set_up: SetUps::new(VOLUME_RESYNC),
+            admission: states.register(Arc::new(admission)),
+            reasons: states.map("container waiting reasons"),
+            backoff: states.map("sync back-offs"),
+            volumes_set_up: states.register(Arc::new(SetUps::new(VOLUME_RESYNC))),
             env,
             cm,
-            grace_overrides: Mutex::default(),
+            grace_overrides: states.map("eviction grace overrides"),
+            states,
         }
+    }
+
+    /// The per-pod state of the kubelet and its managers: the pod workers forget a pod in
+    /// it when the pod's worker ends.
+    #[must_use]
+    pub fn pod_states(&self) -> &PodStates {
+        &self.states
     }
 
     /// The pod cgroup, the sandbox's cgroup parent, made before the sandbox (`syncPod`);
@@ -200,7 +213,9 @@ impl<C: Cri + Clone> Kubelet<C> {
     }
 
     fn publish_status(&self, pod: &Pod, id: &PodId, runtime: Option<&PodRuntimeStatus>) {
-        let reasons = lock(&self.reasons)
+        let reasons = self
+            .reasons
+            .lock()
             .get(&id.uid)
             .cloned()
             .unwrap_or_default();
@@ -234,7 +249,8 @@ impl<C: Cri + Clone> Kubelet<C> {
     /// Waits out a pod's back-off, if any: `Some(remaining)` while waiting.
     fn backing_off(&self, uid: &str) -> Option<Duration> {
         let now = Instant::now();
-        lock(&self.backoff)
+        self.backoff
+            .lock()
             .get(uid)
             .filter(|b| b.waiting(now))
             .and_then(Backoff::until)
@@ -299,7 +315,7 @@ impl<C: Cri + Clone> Kubelet<C> {
         self.runtime
             .events()
             .warning(&id, None, crate::eviction::REASON, message.to_owned());
-        lock(&self.grace_overrides).insert(id.uid.clone(), grace);
+        self.grace_overrides.lock().insert(id.uid.clone(), grace);
         let runtime = get_pod_status(self.runtime.cri(), &id.uid).await.ok();
         self.fail(pod, &id, runtime.as_ref(), crate::eviction::REASON, message);
     }
@@ -330,7 +346,8 @@ impl<C: Cri + Clone> Kubelet<C> {
     }
 
     fn failed(&self, uid: &str) -> Duration {
-        lock(&self.backoff)
+        self.backoff
+            .lock()
             .entry(uid.to_owned())
             .or_insert_with(|| Backoff::new(Duration::from_secs(1), Duration::from_secs(60)))
             .failed(Instant::now())
@@ -378,7 +395,9 @@ impl<C: Cri + Clone> Kubelet<C> {
             // A finished pod keeps its status; whatever still runs of it is stopped, and
             // its cgroup goes (the kubelet's housekeeping removes those of terminated pods).
             if runtime.ready_sandbox().is_some() {
-                let grace = lock(&self.grace_overrides)
+                let grace = self
+                    .grace_overrides
+                    .lock()
                     .get(&id.uid)
                     .copied()
                     .unwrap_or_else(|| crate::pod::termination_grace_period(pod));
@@ -464,11 +483,13 @@ impl<C: Cri + Clone> Kubelet<C> {
             memory_capacity: self.settings.memory_capacity,
         };
         let outcome = self.runtime.sync_pod(pod, id, &runtime, &ctx).await;
-        lock(&self.reasons).insert(id.uid.clone(), outcome.waiting.clone());
+        self.reasons
+            .lock()
+            .insert(id.uid.clone(), outcome.waiting.clone());
         let next = if outcome.sandbox_error.is_some() {
             self.failed(&id.uid)
         } else {
-            lock(&self.backoff).remove(&id.uid);
+            self.backoff.lock().remove(&id.uid);
             outcome.retry_after.unwrap_or(RESYNC)
         };
         if outcome.acted {
@@ -567,8 +588,6 @@ impl<C: Cri + Clone> Kubelet<C> {
                 tracing::warn!(error = %e, "could not delete the pod");
                 return Next::ResyncAfter(RETRY);
             }
-        } else {
-            self.status.forget(&id.uid);
         }
         if !stopped.is_empty() {
             let removed = self
@@ -600,14 +619,7 @@ impl<C: Cri + Clone> Kubelet<C> {
                 _ => {}
             }
         }
-        lock(&self.reasons).remove(&id.uid);
-        lock(&self.backoff).remove(&id.uid);
-        lock(&self.grace_overrides).remove(&id.uid);
-        self.volumes_set_up.forget(&id.uid);
-        self.env.caches().unregister(&id.uid);
-        self.prober.remove_pod(id);
-        self.runtime.forget_pod(&id.uid);
-        self.runtime.events().pod_gone(&id.uid);
+        // What this agent remembers of the pod is forgotten as its worker ends.
         tracing::info!("pod terminated and cleaned up");
         Next::Done
     }
@@ -623,7 +635,9 @@ impl<C: Cri + Clone> PodSyncer for Kubelet<C> {
                 if crate::pod::is_terminating(pod) {
                     // An eviction of a pod being deleted shortens its grace period.
                     let grace = crate::pod::termination_grace_period(pod);
-                    let grace = lock(&self.grace_overrides)
+                    let grace = self
+                        .grace_overrides
+                        .lock()
                         .get(&id.uid)
                         .map_or(grace, |&o| o.min(grace));
                     self.terminate(&id, Some(pod), grace)
@@ -727,5 +741,148 @@ pub async fn housekeeping<C: Cri + Clone>(
         if let Some(cm) = &kubelet.cm {
             cm.cleanup_orphans(&keep).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::{Probe, TCPSocketAction};
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+    use super::*;
+    use crate::cni::testutil::TempDir;
+    use crate::events::EventRecorder;
+    use crate::kuberuntime::runtime_status::testing::{container, sandbox};
+    use crate::kuberuntime::sandbox::SandboxSettings;
+    use crate::volume::KubeVolumeApi;
+    use crate::watch_manager::SourceCaches;
+
+    /// A runtime that answers every call `Unimplemented`.
+    #[derive(Clone)]
+    struct NoRuntime;
+
+    impl Cri for NoRuntime {}
+
+    /// The kubelet over managers whose API server and runtime answer nothing.
+    fn kubelet(root: &TempDir) -> Kubelet<NoRuntime> {
+        let client =
+            kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap()))
+                .unwrap();
+        let wake: Wake = Arc::new(|_: &str| {});
+        let caches = SourceCaches::new(&client, &wake);
+        let (services, _feed) = crate::envvars::ServiceLister::start(client.clone());
+        let (events, _rx) = EventRecorder::channel();
+        let (node_store, _writer) = kube::runtime::reflector::store();
+        Kubelet::new(
+            SyncSettings {
+                node_name: "n1".into(),
+                node_ip: "198.18.0.1".parse().unwrap(),
+                root_dir: root.path().to_owned(),
+                pod_logs_dir: root.path().join("logs"),
+                runtime_name: "containerd".into(),
+                memory_capacity: 1 << 30,
+            },
+            RuntimeManager::new(NoRuntime, SandboxSettings::default(), None, events, 1),
+            VolumeManager::new(
+                root.path().to_owned(),
+                KubeVolumeApi::new(client.clone(), caches.clone()),
+                LinuxMounter,
+            ),
+            StatusManager::new(client.clone()),
+            PodAdmitter::new(
+                node_store,
+                k8s_openapi::api::core::v1::Node::default(),
+                crate::lifecycle::admission::SysctlWhitelist::default(),
+                client,
+            ),
+            wake,
+            EnvSourceReader::new(caches, services, Default::default()),
+            None,
+        )
+    }
+
+    /// A pod whose container `c` has a readiness probe.
+    fn probed_pod(name: &str) -> Pod {
+        let mut pod = crate::pod::testing::pod(name, &[("c", "busybox")]);
+        if let Some(spec) = pod.spec.as_mut() {
+            spec.containers[0].readiness_probe = Some(Probe {
+                tcp_socket: Some(TCPSocketAction {
+                    port: IntOrString::Int(1),
+                    ..Default::default()
+                }),
+                initial_delay_seconds: Some(3600),
+                ..Default::default()
+            });
+        }
+        pod
+    }
+
+    /// Puts the pod's state into every module, through the calls of a sync.
+    async fn sync_state(kubelet: &Kubelet<NoRuntime>, root: &TempDir, pod: &Arc<Pod>) {
+        let id = PodId::of(pod).unwrap();
+        kubelet.admit(pod);
+        let volumes = kubelet.pod_volumes(pod, &id).await.unwrap();
+        // A projected token would need a mount: the token alone is requested.
+        let api = crate::volume::testing::FakeApi::default();
+        kubelet.volumes.request_token(&api, &id).await;
+        let running = PodRuntimeStatus {
+            sandboxes: vec![sandbox("s1", 0, true)],
+            containers: vec![container("c1", "c", "s1", 0, RunState::Running)],
+        };
+        kubelet.prober.update_pod(pod, &id, &running);
+        // The container exited: its restart counts a crash back-off, its image pull fails.
+        let exited = PodRuntimeStatus {
+            sandboxes: running.sandboxes.clone(),
+            containers: vec![container("c1", "c", "s1", 0, RunState::Exited)],
+        };
+        let ctx = PodContext {
+            pod_dir: root.path().join("pods").join(&id.uid),
+            node_name: "n1".into(),
+            host_ip: None,
+            volumes,
+            runtime_handler: String::new(),
+            probes: Some(kubelet.prober.results().clone()),
+            sources: kubelet.env.clone(),
+            env_sources: tokio::sync::OnceCell::new(),
+            pull_secrets: Vec::new(),
+            seccomp_profile_root: root.path().join("seccomp"),
+            memory_capacity: 1 << 30,
+        };
+        let outcome = kubelet.runtime.sync_pod(pod, &id, &exited, &ctx).await;
+        kubelet
+            .reasons
+            .lock()
+            .insert(id.uid.clone(), outcome.waiting);
+        kubelet.failed(&id.uid);
+        kubelet
+            .evict(pod, "The node was low on resource: memory.", 0)
+            .await;
+    }
+
+    /// Once the pod is gone, nothing of it is left in any module that keeps per-pod state:
+    /// the modules are those registered with the owner, each of which must have held the
+    /// pod before (a module registered later fails this test until the sync above fills it).
+    #[tokio::test]
+    async fn a_gone_pod_is_forgotten_by_every_module() {
+        let root = TempDir::new("podstate");
+        let kubelet = kubelet(&root);
+        let gone = Arc::new(probed_pod("gone"));
+        let stays = Arc::new(probed_pod("stays"));
+        sync_state(&kubelet, &root, &gone).await;
+        sync_state(&kubelet, &root, &stays).await;
+        let states = kubelet.pod_states();
+        assert!(states.names().len() >= 10, "{states:?}");
+        assert_eq!(
+            states.holding("uid-gone"),
+            states.names(),
+            "every module holds the pod"
+        );
+        states.forget("uid-gone");
+        assert_eq!(states.holding("uid-gone"), Vec::<&str>::new());
+        assert_eq!(
+            states.holding("uid-stays"),
+            states.names(),
+            "others are kept"
+        );
     }
 }

@@ -28,6 +28,8 @@ use kube::runtime::watcher::{self, Event};
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
+use crate::pod::state::ForgetPod;
+
 /// How long a read waits for an object's first list (the kubelet's one second).
 const SYNC_WAIT: Duration = Duration::from_secs(1);
 
@@ -151,6 +153,12 @@ impl<K: Referenced + Send + Sync + 'static> ObjectCache<K> {
     #[must_use]
     pub fn changes(&self, uid: &str) -> u64 {
         lock(&self.state).pods.get(uid).map_or(0, |r| r.changes)
+    }
+
+    /// Whether references of the pod `uid` are recorded.
+    #[must_use]
+    pub fn holds(&self, uid: &str) -> bool {
+        lock(&self.state).pods.contains_key(uid)
     }
 
     /// Drops the references of the pod `uid`.
@@ -387,16 +395,26 @@ impl SourceCaches {
         self.config_maps.register(uid, pod);
     }
 
-    /// Drops the pod's references.
-    pub fn unregister(&self, uid: &str) {
-        self.secrets.unregister(uid);
-        self.config_maps.unregister(uid);
-    }
-
     /// Changes seen to the pod's Secrets and ConfigMaps (see [`ObjectCache::changes`]).
     #[must_use]
     pub fn changes(&self, uid: &str) -> u64 {
         self.secrets.changes(uid) + self.config_maps.changes(uid)
+    }
+}
+
+/// The pod's references: watches no pod needs any more stop.
+impl ForgetPod for SourceCaches {
+    fn name(&self) -> &'static str {
+        "secret and configmap references"
+    }
+
+    fn holds(&self, uid: &str) -> bool {
+        self.secrets.holds(uid) || self.config_maps.holds(uid)
+    }
+
+    fn forget(&self, uid: &str) {
+        self.secrets.unregister(uid);
+        self.config_maps.unregister(uid);
     }
 }
 

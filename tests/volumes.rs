@@ -390,7 +390,7 @@ async fn node_scenario(objects: &Objects, root: &Path) {
         }
         other => panic!("expected an unsynced cache, got {other:?}"),
     }
-    caches.unregister(&format!("{uid}-stranger"));
+    rkubelet::pod::state::ForgetPod::forget(&caches, &format!("{uid}-stranger"));
 
     manager.teardown(&uid).await.expect("teardown");
     assert!(mounts_under(root).is_empty(), "{:?}", mounts_under(root));

@@ -211,6 +211,12 @@ impl ImageManager {
         self.lock_backoff().retain(|(pod, _), _| pod != uid);
     }
 
+    /// Whether a back-off of the pod is kept.
+    #[must_use]
+    pub fn holds_pod(&self, uid: &str) -> bool {
+        self.lock_backoff().keys().any(|(pod, _)| pod == uid)
+    }
+
     fn lock_backoff(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Backoff>> {
         self.backoff
             .lock()

@@ -30,6 +30,7 @@ use crate::events::{EventRecorder, Involved};
 use crate::images::ImageManager;
 use crate::lifecycle::handlers::run_hook;
 use crate::pod::PodId;
+use crate::pod::state::ForgetPod;
 use crate::prober::Results;
 use crate::volume::PodVolumes;
 
@@ -347,10 +348,7 @@ impl<C: Cri> RuntimeManager<C> {
 
     fn crash_backoff_wait(&self, id: &PodId, container: &Container) -> Option<Duration> {
         let now = Instant::now();
-        let mut all = self
-            .crash_backoff
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut all = lock_backoffs(&self.crash_backoff);
         let entry = all
             .entry((id.uid.clone(), container.name.clone()))
             .or_insert_with(|| Backoff::new(CRASH_BACKOFF.0, CRASH_BACKOFF.1));
@@ -878,16 +876,32 @@ impl<C: Cri> RuntimeManager<C> {
         }
         Ok(())
     }
+}
 
-    /// Forgets the back-offs (image pulls, crashed containers) of a pod that is gone,
-    /// whether or not anything of it was left in the runtime to remove.
-    pub fn forget_pod(&self, uid: &str) {
-        self.images.forget_pod(uid);
-        self.crash_backoff
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .retain(|(pod, _), _| pod != uid);
+/// The back-offs (image pulls, crashed containers) of a pod that is gone, whether or not
+/// anything of it was left in the runtime to remove.
+impl<C: Cri> ForgetPod for RuntimeManager<C> {
+    fn name(&self) -> &'static str {
+        "runtime back-offs"
     }
+
+    fn holds(&self, uid: &str) -> bool {
+        self.images.holds_pod(uid)
+            || lock_backoffs(&self.crash_backoff)
+                .keys()
+                .any(|(pod, _)| pod == uid)
+    }
+
+    fn forget(&self, uid: &str) {
+        self.images.forget_pod(uid);
+        lock_backoffs(&self.crash_backoff).retain(|(pod, _), _| pod != uid);
+    }
+}
+
+fn lock_backoffs(
+    m: &Mutex<HashMap<(String, String), Backoff>>,
+) -> std::sync::MutexGuard<'_, HashMap<(String, String), Backoff>> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 #[cfg(test)]
@@ -1153,10 +1167,10 @@ mod tests {
         assert!(m.crash_backoff_wait(&id, &c).is_none(), "the first restart");
         assert!(m.crash_backoff_wait(&id, &c).is_some(), "then a back-off");
         assert!(m.crash_backoff_wait(&other, &c).is_none());
-        m.forget_pod(&id.uid);
+        m.forget(&id.uid);
         let left: Vec<_> = m.crash_backoff.lock().unwrap().keys().cloned().collect();
         assert_eq!(left, [("other".to_owned(), "c".to_owned())]);
-        m.forget_pod("other");
+        m.forget("other");
         assert!(m.crash_backoff.lock().unwrap().is_empty());
     }
 

@@ -28,6 +28,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity as ApiQuantity;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::reflector::Store;
 
+use crate::pod::state::ForgetPod;
 use crate::resources::{QosClass, Quantity, qos_class};
 
 /// Why a pod may not run on this node: the kubelet's `PodAdmitResult` when not admitted.
@@ -703,13 +704,6 @@ impl PodAdmitter {
         }
     }
 
-    /// Forgets a pod that is gone from the API.
-    pub fn forget(&self, uid: &str) {
-        let mut state = self.lock();
-        state.pods.remove(uid);
-        state.decided.remove(uid);
-    }
-
     /// Forgets every pod not in `listed` (a full list of the node's pods).
     pub fn retain(&self, listed: &HashSet<String>) {
         let mut state = self.lock();
@@ -746,6 +740,26 @@ fn handler_of(
             Err(AdmissionError::RuntimeClassNotFound(name))
         }
         Err(source) => Err(AdmissionError::RuntimeClassLookup { name, source }),
+    }
+}
+
+/// The admitted and decided pods: forgotten when the pod is gone from the API (the
+/// kubelet's pod manager; see [`crate::pod::source::PodAdmission::forget`]) and again when
+/// its worker ends, in case it was seen again meanwhile.
+impl ForgetPod for PodAdmitter {
+    fn name(&self) -> &'static str {
+        "admission"
+    }
+
+    fn holds(&self, uid: &str) -> bool {
+        let state = self.lock();
+        state.pods.contains_key(uid) || state.decided.contains(uid)
+    }
+
+    fn forget(&self, uid: &str) {
+        let mut state = self.lock();
+        state.pods.remove(uid);
+        state.decided.remove(uid);
     }
 }
 

@@ -607,6 +607,7 @@ pub async fn start<S: PodSyncer, A: PodAdmission>(
 mod tests {
     use super::super::mirror::CONFIG_SOURCE;
     use super::*;
+    use crate::pod::state::PodStates;
 
     const YAML: &str = "apiVersion: v1
 kind: Pod
@@ -793,7 +794,7 @@ spec:
         let syncer = Arc::new(Seen::default());
         let admission = Arc::new(Admitted::default());
         let feeder = Feeder {
-            workers: PodWorkers::new(syncer.clone()),
+            workers: PodWorkers::new(syncer.clone(), PodStates::default()),
             admission: admission.clone(),
             statics: StaticPods::default(),
         };
@@ -848,7 +849,7 @@ spec:
         };
         assert!(listed(&StaticPods::default()).await, "no manifest path");
         let feeder = Feeder {
-            workers: PodWorkers::new(Arc::new(Seen::default())),
+            workers: PodWorkers::new(Arc::new(Seen::default()), PodStates::default()),
             admission: Arc::new(Admitted::default()),
             statics: StaticPods::unlisted(),
         };

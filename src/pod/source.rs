@@ -218,6 +218,7 @@ mod tests {
     use k8s_openapi::jiff::Timestamp;
 
     use super::*;
+    use crate::pod::state::PodStates;
     use crate::pod::testing::pod;
     use crate::pod::workers::Next;
 
@@ -287,7 +288,7 @@ mod tests {
         let (store, _writer) = reflector::store();
         let (synced, _rx) = watch::channel(false);
         let admission = Arc::new(Recorder::default());
-        let workers = PodWorkers::new(Arc::new(Idle));
+        let workers = PodWorkers::new(Arc::new(Idle), PodStates::default());
         let mut feeder = Feeder {
             store,
             workers: workers.clone(),
@@ -370,7 +371,7 @@ mod tests {
         let admission = Arc::new(Recorder::default());
         let mut feeder = Feeder {
             store,
-            workers: PodWorkers::new(Arc::new(Idle)),
+            workers: PodWorkers::new(Arc::new(Idle), PodStates::default()),
             admission: admission.clone(),
             synced,
             listed: Vec::new(),

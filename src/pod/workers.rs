@@ -12,6 +12,7 @@ use tokio::sync::{Notify, watch};
 use tracing::Instrument;
 
 use super::PodId;
+use super::state::PodStates;
 
 /// A pod's wish as the worker sees it.
 #[derive(Debug, Clone)]
@@ -47,6 +48,8 @@ struct Worker {
 pub struct PodWorkers<S> {
     syncer: Arc<S>,
     workers: Arc<Mutex<HashMap<String, Worker>>>,
+    /// The node's per-pod state: a pod is forgotten in it as its worker ends.
+    states: PodStates,
 }
 
 impl<S> Clone for PodWorkers<S> {
@@ -54,6 +57,7 @@ impl<S> Clone for PodWorkers<S> {
         Self {
             syncer: self.syncer.clone(),
             workers: self.workers.clone(),
+            states: self.states.clone(),
         }
     }
 }
@@ -92,11 +96,13 @@ async fn shorter_grace(rx: &mut watch::Receiver<PodWork>, grace: i64) {
 }
 
 impl<S: PodSyncer> PodWorkers<S> {
-    /// Workers that sync pods with `syncer`.
-    pub fn new(syncer: Arc<S>) -> Self {
+    /// Workers that sync pods with `syncer`, forgetting a pod in `states` once its
+    /// worker ends.
+    pub fn new(syncer: Arc<S>, states: PodStates) -> Self {
         Self {
             syncer,
             workers: Arc::default(),
+            states,
         }
     }
 
@@ -241,7 +247,10 @@ impl<S: PodSyncer> PodWorkers<S> {
                 }
             }
         }
-        // The worker ends only after its pod is gone; new work that raced in starts anew.
+        // The worker ends only after its pod is gone: what the node remembers of the pod
+        // goes with it, in every module at once. New work that raced in starts anew (and
+        // its worker forgets the pod again when it ends).
+        self.states.forget(&uid);
         let raced = {
             let mut workers = self.lock();
             workers.remove(&uid);
@@ -295,7 +304,7 @@ mod tests {
     #[tokio::test]
     async fn one_sync_at_a_time_per_pod_with_updates_coalesced() {
         let syncer = Arc::new(Recorder::default());
-        let workers = PodWorkers::new(syncer.clone());
+        let workers = PodWorkers::new(syncer.clone(), PodStates::default());
         workers.update("u", PodWork::Sync(Arc::new(pod("v1", &[("c", "v1")]))));
         // While v1 syncs, two more updates arrive: only the newest is synced after it.
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -307,10 +316,42 @@ mod tests {
         assert_eq!(*syncer.syncs.lock().unwrap(), ["sync v1", "sync v3"]);
     }
 
+    /// The pod's state is forgotten when its worker ends, not while it runs.
+    #[tokio::test]
+    async fn a_pods_state_is_forgotten_when_its_worker_ends() {
+        let states = PodStates::default();
+        let held = states.map::<u32>("test state");
+        let workers = PodWorkers::new(Arc::new(Recorder::default()), states.clone());
+        for uid in ["u", "v"] {
+            held.lock().insert(uid.into(), 1);
+            workers.update(uid, PodWork::Sync(Arc::new(pod(uid, &[("c", "x")]))));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(states.holding("u"), ["test state"], "kept while it runs");
+        let id = PodId {
+            uid: "u".into(),
+            namespace: "default".into(),
+            name: "u".into(),
+        };
+        workers.update("u", PodWork::Remove(id));
+        for _ in 0..100 {
+            if workers.uids() == ["v"] {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(workers.uids(), ["v"]);
+        assert!(
+            states.holding("u").is_empty(),
+            "forgotten as its worker ended"
+        );
+        assert_eq!(states.holding("v"), ["test state"]);
+    }
+
     #[tokio::test]
     async fn a_status_only_update_syncs_nothing_but_the_next_sync_sees_it() {
         let syncer = Arc::new(Recorder::default());
-        let workers = PodWorkers::new(syncer.clone());
+        let workers = PodWorkers::new(syncer.clone(), PodStates::default());
         workers.update("u", PodWork::Sync(Arc::new(pod("v1", &[("c", "x")]))));
         tokio::time::sleep(Duration::from_millis(50)).await;
         // Same spec, labels, annotations and deletion: the name stands in for the newer
@@ -326,7 +367,7 @@ mod tests {
     #[tokio::test]
     async fn pods_sync_in_parallel_and_removed_workers_end() {
         let syncer = Arc::new(Recorder::default());
-        let workers = PodWorkers::new(syncer.clone());
+        let workers = PodWorkers::new(syncer.clone(), PodStates::default());
         for uid in ["a", "b", "c"] {
             workers.update(uid, PodWork::Sync(Arc::new(pod(uid, &[("c", "x")]))));
         }
@@ -346,7 +387,7 @@ mod tests {
     #[tokio::test]
     async fn a_relist_removes_the_pods_it_no_longer_has() {
         let syncer = Arc::new(Recorder::default());
-        let workers = PodWorkers::new(syncer.clone());
+        let workers = PodWorkers::new(syncer.clone(), PodStates::default());
         for uid in ["a", "b"] {
             workers.update(uid, PodWork::Sync(Arc::new(pod(uid, &[("c", "x")]))));
         }
@@ -387,7 +428,7 @@ mod tests {
     #[tokio::test]
     async fn a_shorter_grace_period_shortens_a_termination_under_way() {
         let syncer = Arc::new(Terminator::default());
-        let workers = PodWorkers::new(syncer.clone());
+        let workers = PodWorkers::new(syncer.clone(), PodStates::default());
         workers.update("u", PodWork::Sync(deleted(30)));
         tokio::time::sleep(Duration::from_millis(50)).await;
         // A longer one changes nothing; a shorter one restarts the termination with it.

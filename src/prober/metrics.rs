@@ -57,6 +57,12 @@ pub fn forget_pod(uid: &str) {
     registry().retain(|(u, _, _), _| u != uid);
 }
 
+/// Whether any entry of the pod is kept.
+#[must_use]
+pub fn holds(uid: &str) -> bool {
+    registry().keys().any(|(u, _, _)| u == uid)
+}
+
 /// Appends the metric's samples, as `(labels, value)`, for the exposition.
 pub fn samples(mut emit: impl FnMut(&[(&str, &str)], u64)) {
     for ((_, container, kind), c) in registry().iter() {

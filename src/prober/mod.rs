@@ -21,6 +21,7 @@ use crate::events::EventRecorder;
 use crate::kuberuntime::runtime_status::primary_ip;
 use crate::kuberuntime::{PodRuntimeStatus, RunState};
 use crate::pod::PodId;
+use crate::pod::state::ForgetPod;
 pub use results::{ProbeKind, Results};
 
 /// Wakes the pod worker of a pod UID (its result changed).
@@ -107,7 +108,7 @@ impl<C: Cri + Clone> ProberManager<C> {
                 c.name == h.container && *k == h.kind && s.id == h.container_id
             });
             if !keep {
-                self.stop(h, id);
+                self.stop(h, &id.uid);
             }
             keep
         });
@@ -149,20 +150,31 @@ impl<C: Cri + Clone> ProberManager<C> {
         }
     }
 
-    /// Stops every worker of a pod that is gone, and forgets its results and metrics.
-    pub fn remove_pod(&self, id: &PodId) {
-        if let Some(handles) = lock(&self.workers).remove(&id.uid) {
-            for h in &handles {
-                self.stop(h, id);
-            }
-        }
-        metrics::forget_pod(&id.uid);
-    }
-
-    fn stop(&self, h: &WorkerHandle, id: &PodId) {
+    fn stop(&self, h: &WorkerHandle, uid: &str) {
         h.stopped.store(true, Ordering::Release);
         h.task.abort();
         self.shared.results.remove(&h.container_id, h.kind);
-        tracing::debug!(pod = %id, container = %h.container, kind = h.kind.as_str(), "probe worker stopped");
+        tracing::debug!(pod_uid = uid, container = %h.container, kind = h.kind.as_str(), "probe worker stopped");
+    }
+}
+
+/// A pod's probe workers, their results and their metrics.
+impl<C: Cri + Clone> ForgetPod for ProberManager<C> {
+    fn name(&self) -> &'static str {
+        "prober"
+    }
+
+    fn holds(&self, uid: &str) -> bool {
+        lock(&self.workers).contains_key(uid) || metrics::holds(uid)
+    }
+
+    /// Stops every worker of the pod, and forgets its results and metrics.
+    fn forget(&self, uid: &str) {
+        if let Some(handles) = lock(&self.workers).remove(uid) {
+            for h in &handles {
+                self.stop(h, uid);
+            }
+        }
+        metrics::forget_pod(uid);
     }
 }

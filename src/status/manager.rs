@@ -16,6 +16,7 @@ use kube::api::{Api, Patch, PatchParams};
 use tracing::Instrument;
 
 use crate::pod::PodId;
+use crate::pod::state::ForgetPod;
 
 /// How many status patches are in flight at once.
 const PARALLEL_PATCHES: usize = 16;
@@ -234,14 +235,6 @@ impl StatusManager {
         self.lock().pods.get(uid).map(|e| e.status.clone())
     }
 
-    /// Forgets a pod that is gone.
-    pub fn forget(&self, uid: &str) {
-        let mut state = self.lock();
-        state.pods.remove(uid);
-        state.dirty.remove(uid);
-        state.statics.remove(uid);
-    }
-
     /// Patches the pod's status (a static pod's, its mirror pod's); `false` when there is
     /// nowhere to send it yet.
     async fn patch(&self, id: &PodId, status: &PodStatus) -> Result<bool, StatusError> {
@@ -301,7 +294,6 @@ impl StatusManager {
     pub async fn delete_pod(&self, id: &PodId) -> Result<(), StatusError> {
         if self.lock().statics.contains_key(&id.uid) {
             // A static pod goes with its file; its mirror pod is deleted as an orphan.
-            self.forget(&id.uid);
             return Ok(());
         }
         let deleted = crate::pod::delete_now(&self.client, id)
@@ -313,7 +305,6 @@ impl StatusManager {
         if deleted {
             tracing::info!(pod = %id, "pod deleted from the API");
         }
-        self.forget(&id.uid);
         Ok(())
     }
 
@@ -391,6 +382,27 @@ impl StatusManager {
                 }
             }
         }
+    }
+}
+
+/// The statuses of a pod, dirty or sent, and its mirror pod when static (the kubelet's
+/// `RemoveOrphanedStatuses`). Until then a pod deleted from the API keeps its status:
+/// a retried termination finds it.
+impl ForgetPod for StatusManager {
+    fn name(&self) -> &'static str {
+        "status manager"
+    }
+
+    fn holds(&self, uid: &str) -> bool {
+        let state = self.lock();
+        state.pods.contains_key(uid) || state.dirty.contains(uid) || state.statics.contains_key(uid)
+    }
+
+    fn forget(&self, uid: &str) {
+        let mut state = self.lock();
+        state.pods.remove(uid);
+        state.dirty.remove(uid);
+        state.statics.remove(uid);
     }
 }
 
@@ -688,6 +700,10 @@ mod tests {
         let sent = requests.load(Ordering::SeqCst);
         manager.delete_pod(&id).await.unwrap();
         assert_eq!(requests.load(Ordering::SeqCst), sent);
+        // Its status is forgotten with the rest of the pod's state, when its worker ends.
+        assert!(manager.holds("static"));
+        manager.forget("static");
+        assert!(!manager.holds("static"));
         assert!(manager.get("static").is_none());
     }
 

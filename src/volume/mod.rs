@@ -62,6 +62,7 @@ pub use error::{Result, VolumeError};
 pub use mounter::{LinuxMounter, Mounter};
 pub use set_ups::{Mounted, SetUps};
 
+use crate::pod::state::ForgetPod;
 use crate::watch_manager::CacheError;
 
 use crate::resources::Quantity;
@@ -268,6 +269,38 @@ pub struct VolumeManager<A = KubeVolumeApi, M = LinuxMounter> {
     mounter: Arc<M>,
     allocatable: BTreeMap<String, ApiQuantity>,
     tokens: TokenManager,
+}
+
+/// The service account tokens of a pod, cached across its volume set-ups.
+impl<A: Send + Sync, M: Send + Sync> ForgetPod for VolumeManager<A, M> {
+    fn name(&self) -> &'static str {
+        "service account tokens"
+    }
+
+    fn holds(&self, uid: &str) -> bool {
+        self.tokens.holds_pod(uid)
+    }
+
+    fn forget(&self, uid: &str) {
+        self.tokens.forget_pod(uid);
+    }
+}
+
+#[cfg(test)]
+impl<A, M> VolumeManager<A, M> {
+    /// Caches a token of pod `id` through `api`, as the set-up of a projected service
+    /// account token does (for tests whose manager reaches no API).
+    pub(crate) async fn request_token(&self, api: &impl VolumeApi, id: &crate::pod::PodId) {
+        let key = TokenKey {
+            namespace: id.namespace.clone(),
+            service_account: "default".into(),
+            audience: None,
+            expiration_seconds: DEFAULT_EXPIRATION_SECONDS,
+            pod_name: id.name.clone(),
+            pod_uid: id.uid.clone(),
+        };
+        self.tokens.token(api, &key).await.expect("a token");
+    }
 }
 
 impl<A, M> std::fmt::Debug for VolumeManager<A, M> {
@@ -846,7 +879,6 @@ impl<A: VolumeApi, M: Mounter> VolumeManager<A, M> {
             pod: pod_uid.to_owned(),
             reason,
         })?;
-        self.tokens.forget_pod(pod_uid);
         let pod_dir = self.pod_dir(pod_uid);
         let mounter = Arc::clone(&self.mounter);
         let span = tracing::info_span!("volumes_teardown", pod_uid = %pod_uid);

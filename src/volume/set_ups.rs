@@ -10,6 +10,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::{PodVolumes, VolumeError};
+use crate::pod::state::ForgetPod;
 
 /// The last set-up of each pod's volumes, keyed by pod UID; `K` is what the volumes show
 /// of the pod (compared to decide whether they must be set up again).
@@ -105,9 +106,19 @@ impl<K: PartialEq> SetUps<K> {
             },
         }
     }
+}
 
-    /// Forgets pod `uid` (its volumes were torn down).
-    pub fn forget(&self, uid: &str) {
+/// The pod's last set-up (its volumes are torn down by then).
+impl<K: PartialEq + Send> ForgetPod for SetUps<K> {
+    fn name(&self) -> &'static str {
+        "volume set-ups"
+    }
+
+    fn holds(&self, uid: &str) -> bool {
+        self.pods().contains_key(uid)
+    }
+
+    fn forget(&self, uid: &str) {
         self.pods().remove(uid);
     }
 }

@@ -396,10 +396,16 @@ async fn projected_volumes_merge_all_sources_and_a_bound_token() {
     assert_eq!(vault.spec.audiences, ["vault"]);
     assert_eq!(vault.spec.expiration_seconds, Some(3600));
 
-    // A resync reuses the tokens; after teardown the pod's tokens are forgotten.
+    // A resync reuses the tokens; once the pod is gone its tokens are forgotten.
     f.manager.setup(&pod).await.expect("setup again");
     assert_eq!(f.api.token_requests().len(), 2);
     f.manager.teardown(UID).await.expect("teardown");
+    assert!(
+        f.manager.holds(UID),
+        "teardown leaves the forgetting to the pod's owner"
+    );
+    f.manager.forget(UID);
+    assert!(!f.manager.holds(UID));
     f.manager.setup(&pod).await.expect("setup after teardown");
     assert_eq!(f.api.token_requests().len(), 4);
 }

@@ -129,6 +129,11 @@ impl TokenManager {
         self.lock().retain(|key, _| key.pod_uid != pod_uid);
     }
 
+    /// Whether a token of the pod is cached.
+    pub(super) fn holds_pod(&self, pod_uid: &str) -> bool {
+        self.lock().keys().any(|key| key.pod_uid == pod_uid)
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<TokenKey, CachedToken>> {
         self.cache.lock().unwrap_or_else(PoisonError::into_inner)
     }
