@@ -545,7 +545,15 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
     let sysctls = SysctlWhitelist::new(&config.allowed_unsafe_sysctls)?;
     // The systemd driver connects now: a host without systemd stops here.
     let cgroup_driver = crate::cm::HostDriver::connect(config.cgroup_driver).await?;
-    let rotating = client_certificate(&config).await?;
+    // The bootstrap waits (up to an hour) for its CSR; a stop ends the wait, and the key it
+    // keeps under --cert-dir lets the next start ask again under the same CSR.
+    let rotating = tokio::select! {
+        rotating = client_certificate(&config) => rotating?,
+        () = cancel.cancelled() => {
+            tracing::info!("stopped while waiting for the client certificate");
+            return Ok(());
+        }
+    };
     let identity = rotating.as_ref().map(|(identity, _)| identity);
     let kube_config = kube_config(&config.kubeconfig).await?;
     let client = client_for(
