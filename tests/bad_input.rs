@@ -17,7 +17,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::case::{Case, get, running};
-use common::pods::{events_of, pods_api};
+use common::pods::{event_with_reason, events_of, pods_api};
 use common::{TestRuntimeClass, eventually, kube_client, node_name};
 use k8s_openapi::api::core::v1::{ConfigMap, ContainerStatus, Node, Pod, Secret};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
@@ -1093,17 +1093,7 @@ async fn a_pod_name_too_long_for_its_log_directory_fails_the_sandbox_and_deletes
         "Failed to create pod sandbox: mkdir {}: file name too long",
         dir.display()
     );
-    let event = eventually(
-        "the FailedCreatePodSandBox event",
-        Duration::from_secs(60),
-        || async {
-            events_of(&name)
-                .await
-                .into_iter()
-                .find(|e| e.reason.as_deref() == Some("FailedCreatePodSandBox"))
-        },
-    )
-    .await;
+    let event = event_with_reason(&name, "FailedCreatePodSandBox", Duration::from_secs(60)).await;
     assert_eq!(
         event.message.as_deref(),
         Some(want.as_str()),

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use common::case::{Case, get, phase, root_dir, running};
 use common::leaks::NodeNetwork;
-use common::pods::{events_of, pods_api, sandboxes_of, sleeper};
+use common::pods::{event_with_reason, pods_api, sandboxes_of, sleeper};
 use common::{eventually, state_dir};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::DeleteParams;
@@ -366,17 +366,7 @@ async fn a_hanging_cni_plugin_times_out_is_retried_and_stalls_no_other_pod() {
     );
 
     // The plugin gets 60 s; then the pod gets the kubelet's event with the reason.
-    let failed = eventually(
-        "FailedCreatePodSandBox",
-        Duration::from_secs(90),
-        || async {
-            events_of(&hung)
-                .await
-                .into_iter()
-                .find(|e| e.reason.as_deref() == Some("FailedCreatePodSandBox"))
-        },
-    )
-    .await;
+    let failed = event_with_reason(&hung, "FailedCreatePodSandBox", Duration::from_secs(90)).await;
     let timed_out = hang_began.elapsed();
     let message = failed.message.unwrap_or_default();
     assert!(

@@ -15,23 +15,13 @@ mod common;
 use std::time::Duration;
 
 use common::case::{Case, failed, get, reason_and_message, running};
-use common::pods::{events_of, running_containers_of, sleeper};
+use common::pods::{event_with_reason, events_of, running_containers_of, sleeper};
 use common::{eventually, meminfo, node_condition};
 use k8s_openapi::api::core::v1::Event;
 
 /// The pod's `Evicted` event, once published.
 async fn evicted_event(name: &str) -> Event {
-    eventually(
-        &format!("the Evicted event of {name}"),
-        Duration::from_secs(20),
-        || async {
-            events_of(name)
-                .await
-                .into_iter()
-                .find(|e| e.reason.as_deref() == Some("Evicted"))
-        },
-    )
-    .await
+    event_with_reason(name, "Evicted", Duration::from_secs(20)).await
 }
 
 /// A Guaranteed pod of 64Mi.
@@ -186,17 +176,7 @@ async fn a_terminating_pod_is_still_an_eviction_candidate() {
 
     let threshold = always_met_memory_threshold();
     case.start_agent(&["--eviction-hard", &format!("memory.available<{threshold}")]);
-    let event = eventually(
-        "the Evicted event of the terminating pod",
-        Duration::from_secs(60),
-        || async {
-            events_of(&terminating)
-                .await
-                .into_iter()
-                .find(|e| e.reason.as_deref() == Some("Evicted"))
-        },
-    )
-    .await;
+    let event = event_with_reason(&terminating, "Evicted", Duration::from_secs(60)).await;
     assert_eq!(event.type_.as_deref(), Some("Warning"));
     assert_eq!(
         event.message.as_deref(),

@@ -11,7 +11,7 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use rkubelet::cri::{Cri, CriClient, api};
 
 use super::leaks::{self, Recorder};
-use super::{API_RETRY, cleanup_blocking, cri, kube_client, retrying};
+use super::{API_RETRY, cleanup_blocking, cri, eventually, kube_client, retrying};
 
 /// The pods API of the `default` namespace, as the cluster admin.
 pub async fn pods_api() -> Api<Pod> {
@@ -161,6 +161,22 @@ pub async fn events_of(name: &str) -> Vec<Event> {
     })
     .await
     .items
+}
+
+/// The first event about the pod named `name` with `reason`, once published; fails the
+/// test after `timeout`.
+pub async fn event_with_reason(name: &str, reason: &str, timeout: Duration) -> Event {
+    eventually(
+        &format!("the {reason} event of {name}"),
+        timeout,
+        || async {
+            events_of(name)
+                .await
+                .into_iter()
+                .find(|e| e.reason.as_deref() == Some(reason))
+        },
+    )
+    .await
 }
 
 /// The messages of the events about the pod named `name` with `reason`, oldest first.
