@@ -7,6 +7,7 @@
 //! at most 4,096 events). A pod that is gone can have no repeats: what is remembered of its
 //! events is dropped then, so that churning pods do not keep the memory full.
 
+use crate::lock::lock;
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -202,10 +203,6 @@ impl ForgetPod for EventRecorder {
             );
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// How long a published event is remembered for aggregation (the kubelet's event

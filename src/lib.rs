@@ -27,6 +27,7 @@ pub mod kubelet;
 pub mod kubeletconfig;
 pub mod kuberuntime;
 pub mod lifecycle;
+pub mod lock;
 pub mod node;
 pub mod observability;
 pub mod pleg;

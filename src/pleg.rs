@@ -91,10 +91,7 @@ impl Pleg {
     /// The pods the runtime held at the last relist.
     #[must_use]
     pub fn pods(&self) -> HashMap<String, PodId> {
-        let last = self
-            .last
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let last = crate::lock::lock(&self.last);
         last.1
             .pods
             .iter()
@@ -107,10 +104,7 @@ impl Pleg {
     /// # Errors
     /// The kubelet's message when the last relist is too old.
     pub fn healthy(&self) -> Result<(), String> {
-        let last = self
-            .last
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let last = crate::lock::lock(&self.last);
         match last.0 {
             Some(at) if at.elapsed() <= RELIST_THRESHOLD => Ok(()),
             Some(at) => Err(format!(
@@ -144,10 +138,7 @@ impl Pleg {
                 }
             };
             let uids = {
-                let mut last = self
-                    .last
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                let mut last = crate::lock::lock(&self.last);
                 let uids = changed(&last.1, &new);
                 *last = (Some(Instant::now()), new);
                 uids

@@ -206,9 +206,7 @@ impl Timelines {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        crate::lock::lock(&self.state)
     }
 
     /// A pod seen for the first time (`pod` is `namespace/name`) starts its timeline; a

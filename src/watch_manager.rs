@@ -13,6 +13,7 @@
 //!   rewritten at once rather than at the next periodic sync.
 //! - An object marked `immutable` is not watched further once read.
 
+use crate::lock::lock;
 use std::collections::{HashMap, HashSet};
 use std::fmt::Debug;
 use std::sync::{Arc, Mutex};
@@ -104,10 +105,6 @@ impl<K: Referenced> Debug for ObjectCache<K> {
             .field("resource", &K::RESOURCE)
             .finish_non_exhaustive()
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl<K: Referenced + Send + Sync + 'static> ObjectCache<K> {

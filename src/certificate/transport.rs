@@ -49,10 +49,7 @@ impl ClientIdentity {
     /// with the certificate before.
     pub fn set(&self, cert: &ServingCertificate) {
         let old = std::mem::replace(
-            &mut *self
-                .current
-                .write()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
+            &mut *crate::lock::write(&self.current),
             Generation {
                 key: cert.key.clone(),
                 closed: CancellationToken::new(),
@@ -64,11 +61,7 @@ impl ClientIdentity {
 
     /// The token cancelled when the current certificate is replaced.
     fn generation(&self) -> CancellationToken {
-        self.current
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .closed
-            .clone()
+        crate::lock::read(&self.current).closed.clone()
     }
 }
 
@@ -78,13 +71,7 @@ impl ResolvesClientCert for ClientIdentity {
         _root_hint_subjects: &[&[u8]],
         _sigschemes: &[rustls::SignatureScheme],
     ) -> Option<Arc<CertifiedKey>> {
-        Some(
-            self.current
-                .read()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .key
-                .clone(),
-        )
+        Some(crate::lock::read(&self.current).key.clone())
     }
 
     fn has_certs(&self) -> bool {

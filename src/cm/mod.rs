@@ -19,6 +19,7 @@ mod resource_config;
 mod runtime_driver;
 pub mod systemd;
 
+use crate::lock::lock;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -209,10 +210,6 @@ impl std::fmt::Debug for ContainerManager {
             .field("qos", &self.qos)
             .finish_non_exhaustive()
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl ContainerManager {

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::str::FromStr;
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -201,7 +201,7 @@ pub(super) struct Deleted(Mutex<HashMap<(String, String), Instant>>);
 
 impl Deleted {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Instant>> {
-        let mut map = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut map = crate::lock::lock(&self.0);
         map.retain(|_, at| at.elapsed() < DELETED_MEMORY);
         map
     }
@@ -227,7 +227,7 @@ impl Deleted {
 impl<E> Cni<E> {
     /// Whether an operation on this container is under way.
     pub(super) fn in_flight(&self, container_id: &str) -> bool {
-        let locks = self.locks.lock().unwrap_or_else(PoisonError::into_inner);
+        let locks = crate::lock::lock(&self.locks);
         locks
             .get(container_id)
             .is_some_and(|m| m.strong_count() > 0)
@@ -654,7 +654,7 @@ impl<E: PluginExec> Cni<E> {
     /// Serialises operations on one container id.
     async fn lock(&self, container_id: &str) -> tokio::sync::OwnedMutexGuard<()> {
         let mutex = {
-            let mut locks = self.locks.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut locks = crate::lock::lock(&self.locks);
             locks.retain(|_, m| m.strong_count() > 0);
             if let Some(m) = locks.get(container_id).and_then(Weak::upgrade) {
                 m

@@ -25,9 +25,7 @@ pub(super) struct Unlisted(Mutex<HashMap<(String, String), Instant>>);
 
 impl Unlisted {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Instant>> {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        crate::lock::lock(&self.0)
     }
 }
 

@@ -5,7 +5,7 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hyper_util::rt::TokioIo;
@@ -86,7 +86,7 @@ struct Creations {
 
 impl Creations {
     fn started(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Instant>> {
-        self.started.lock().unwrap_or_else(PoisonError::into_inner)
+        crate::lock::lock(&self.started)
     }
 }
 

@@ -218,17 +218,13 @@ impl ImageManager {
     }
 
     fn lock_backoff(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Backoff>> {
-        self.backoff
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        crate::lock::lock(&self.backoff)
     }
 
     fn lock_in_flight(
         &self,
     ) -> std::sync::MutexGuard<'_, HashMap<String, Arc<tokio::sync::Mutex<()>>>> {
-        self.in_flight
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        crate::lock::lock(&self.in_flight)
     }
 }
 

@@ -348,7 +348,7 @@ impl<C: Cri> RuntimeManager<C> {
 
     fn crash_backoff_wait(&self, id: &PodId, container: &Container) -> Option<Duration> {
         let now = Instant::now();
-        let mut all = lock_backoffs(&self.crash_backoff);
+        let mut all = crate::lock::lock(&self.crash_backoff);
         let entry = all
             .entry((id.uid.clone(), container.name.clone()))
             .or_insert_with(|| Backoff::new(CRASH_BACKOFF.0, CRASH_BACKOFF.1));
@@ -887,21 +887,15 @@ impl<C: Cri> ForgetPod for RuntimeManager<C> {
 
     fn holds(&self, uid: &str) -> bool {
         self.images.holds_pod(uid)
-            || lock_backoffs(&self.crash_backoff)
+            || crate::lock::lock(&self.crash_backoff)
                 .keys()
                 .any(|(pod, _)| pod == uid)
     }
 
     fn forget(&self, uid: &str) {
         self.images.forget_pod(uid);
-        lock_backoffs(&self.crash_backoff).retain(|(pod, _), _| pod != uid);
+        crate::lock::lock(&self.crash_backoff).retain(|(pod, _), _| pod != uid);
     }
-}
-
-fn lock_backoffs(
-    m: &Mutex<HashMap<(String, String), Backoff>>,
-) -> std::sync::MutexGuard<'_, HashMap<(String, String), Backoff>> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 #[cfg(test)]

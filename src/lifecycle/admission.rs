@@ -658,9 +658,7 @@ impl PodAdmitter {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Admitted> {
-        self.admitted
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        crate::lock::lock(&self.admitted)
     }
 
     /// Decides a pod at its first sighting, against the admitted pods that have not

@@ -72,9 +72,7 @@ impl StaticPods {
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, Arc<Pod>>> {
-        self.pods
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        crate::lock::read(&self.pods)
     }
 
     /// The static pods.
@@ -504,11 +502,7 @@ impl<S: PodSyncer, A: PodAdmission> Feeder<S, A> {
             .filter_map(|p| Some((p.metadata.uid.clone()?, p)))
             .collect();
         let (added, gone) = {
-            let mut pods = self
-                .statics
-                .pods
-                .write()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut pods = crate::lock::write(&self.statics.pods);
             let gone: Vec<Arc<Pod>> = pods
                 .iter()
                 .filter(|(uid, _)| !listed.contains_key(*uid))

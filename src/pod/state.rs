@@ -10,7 +10,7 @@
 //! registered as it is made, it cannot be left out of the forgetting.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Per-pod state of one module, forgotten when the pod is gone.
 pub trait ForgetPod: Send + Sync {
@@ -36,18 +36,12 @@ impl std::fmt::Debug for PodStates {
 
 impl PodStates {
     fn states(&self) -> Vec<Arc<dyn ForgetPod>> {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        crate::lock::lock(&self.0).clone()
     }
 
     /// Registers a module's per-pod state; `state` is returned for the module to keep.
     pub fn register<S: ForgetPod + 'static>(&self, state: Arc<S>) -> Arc<S> {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(state.clone());
+        crate::lock::lock(&self.0).push(state.clone());
         state
     }
 
@@ -94,7 +88,7 @@ pub struct PodMap<V> {
 impl<V> PodMap<V> {
     /// The map, locked.
     pub fn lock(&self) -> MutexGuard<'_, HashMap<String, V>> {
-        self.pods.lock().unwrap_or_else(PoisonError::into_inner)
+        crate::lock::lock(&self.pods)
     }
 }
 

@@ -107,9 +107,7 @@ impl<S: PodSyncer> PodWorkers<S> {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Worker>> {
-        self.workers
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        crate::lock::lock(&self.workers)
     }
 
     /// Hands new work to a pod's worker, starting the worker if it has none.

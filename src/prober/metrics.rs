@@ -34,9 +34,7 @@ type Key = (String, String, ProbeKind);
 static REGISTRY: LazyLock<Mutex<BTreeMap<Key, Arc<Counters>>>> = LazyLock::new(Mutex::default);
 
 fn registry() -> std::sync::MutexGuard<'static, BTreeMap<Key, Arc<Counters>>> {
-    REGISTRY
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
+    crate::lock::lock(&REGISTRY)
 }
 
 /// The counters of the pod's container's probe of `kind` (kept across restarts).

@@ -9,6 +9,7 @@ pub mod results;
 mod run;
 mod worker;
 
+use crate::lock::lock;
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -42,10 +43,6 @@ pub struct ProberManager<C> {
     workers: Mutex<HashMap<String, Vec<WorkerHandle>>>,
     /// The node's IP: a pod on the host's network is probed there.
     host_ip: Option<IpAddr>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// The container's probe of a kind, if it has one.

@@ -53,9 +53,7 @@ pub struct Results {
 
 impl Results {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, [Option<ProbeResult>; 3]>> {
-        self.by_container
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        crate::lock::lock(&self.by_container)
     }
 
     /// The latest result of the container's probe of `kind`, if it has one.

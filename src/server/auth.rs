@@ -244,10 +244,7 @@ impl<K: Eq + Hash, V: Clone> TtlCache<K, V> {
     }
 
     fn get(&self, key: &K) -> Option<V> {
-        let entries = self
-            .entries
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let entries = crate::lock::lock(&self.entries);
         entries
             .get(key)
             .filter(|(_, until)| Instant::now() < *until)
@@ -255,10 +252,7 @@ impl<K: Eq + Hash, V: Clone> TtlCache<K, V> {
     }
 
     fn insert(&self, key: K, value: V, ttl: Duration) {
-        let mut entries = self
-            .entries
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut entries = crate::lock::lock(&self.entries);
         if entries.len() >= CACHE_MAX {
             let now = Instant::now();
             entries.retain(|_, (_, until)| now < *until);

@@ -138,9 +138,7 @@ impl Budget {
     }
 
     fn peers(&self) -> std::sync::MutexGuard<'_, HashMap<IpAddr, Arc<Peer>>> {
-        self.peers
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        crate::lock::lock(&self.peers)
     }
 
     #[cfg(test)]
@@ -212,10 +210,7 @@ impl Connection {
     /// # Errors
     /// [`Busy`]: the authenticated budget is spent.
     pub fn authenticated(&self) -> Result<(), Busy> {
-        let mut stage = self
-            .stage
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut stage = crate::lock::lock(&self.stage);
         if matches!(*stage, Stage::Pending { .. }) {
             let slot = self
                 .budget

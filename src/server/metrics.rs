@@ -15,9 +15,10 @@
 //! The recorders are process-wide (like the kubelet's registry), so that the CRI client and
 //! the pod workers record with one call and no plumbing.
 
+use crate::lock::lock;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::sync::{LazyLock, Mutex, MutexGuard, PoisonError};
+use std::sync::{LazyLock, Mutex};
 use std::time::Duration;
 
 /// Buckets of `kubelet_pod_start_duration_seconds`, as in the kubelet.
@@ -230,10 +231,6 @@ impl Default for Metrics {
             http: Mutex::default(),
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Metrics {

@@ -167,12 +167,7 @@ impl StatsProvider {
         at: i64,
         usage: u64,
     ) -> CpuStats {
-        let previous = self
-            .previous
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(key)
-            .copied();
+        let previous = crate::lock::lock(&self.previous).get(key).copied();
         seen.insert(key.to_owned(), (at, usage));
         let rate = previous.and_then(|(t0, u0)| {
             let dt = u64::try_from(at - t0).ok().filter(|dt| *dt > 0)?;
@@ -282,10 +277,7 @@ impl StatsProvider {
         }
 
         let node = self.node_stats(node_name, machine, now, &mut seen).await;
-        *self
-            .previous
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = seen;
+        *crate::lock::lock(&self.previous) = seen;
         Ok(Summary {
             node,
             pods: pods.into_values().collect(),

@@ -114,36 +114,24 @@ pub struct CertStore {
 impl CertStore {
     /// Serves `cert` from the next handshake on.
     pub fn set(&self, cert: ServingCertificate) {
-        *self
-            .current
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(cert);
+        *crate::lock::write(&self.current) = Some(cert);
     }
 
     /// Serves `cert` to clients that send no server name (connect by IP), as Go's TLS
     /// serves its static certificate beside a `GetCertificate` callback.
     pub fn set_without_sni(&self, cert: ServingCertificate) {
-        *self
-            .without_sni
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(cert);
+        *crate::lock::write(&self.without_sni) = Some(cert);
     }
 
     /// The certificate for a client that sent no server name, if one is set apart.
     fn for_no_sni(&self) -> Option<ServingCertificate> {
-        self.without_sni
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+        crate::lock::read(&self.without_sni).clone()
     }
 
     /// The certificate served now.
     #[must_use]
     pub fn current(&self) -> Option<ServingCertificate> {
-        self.current
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+        crate::lock::read(&self.current).clone()
     }
 }
 

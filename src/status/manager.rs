@@ -106,9 +106,7 @@ impl StatusManager {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        crate::lock::lock(&self.state)
     }
 
     /// Records the newest status of a pod; it is sent soon if it differs from the last

@@ -45,9 +45,7 @@ impl<K: PartialEq> SetUps<K> {
     }
 
     fn pods(&self) -> std::sync::MutexGuard<'_, HashMap<String, SetUp<K>>> {
-        self.pods
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        crate::lock::lock(&self.pods)
     }
 
     /// The volumes of pod `uid` showing `key`: as last set up when that is recent and

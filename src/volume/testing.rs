@@ -2,11 +2,12 @@
 //! calls) and a self-removing temporary directory. Compiled for tests only; the pod
 //! worker's unit tests may use them too.
 
+use crate::lock::lock;
 use crate::watch_manager::CacheError;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::ByteString;
@@ -17,10 +18,6 @@ use k8s_openapi::jiff::Timestamp;
 
 use super::api::VolumeApi;
 use super::mounter::Mounter;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
 
 /// A group the test process may give its files: any as root (one it is not in, so that
 /// the change shows), else its own.

@@ -4,7 +4,7 @@
 //! each; the first `setup` after that gets a new token and rewrites the file.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
@@ -135,7 +135,7 @@ impl TokenManager {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<TokenKey, CachedToken>> {
-        self.cache.lock().unwrap_or_else(PoisonError::into_inner)
+        crate::lock::lock(&self.cache)
     }
 }
 

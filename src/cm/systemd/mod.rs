@@ -305,10 +305,7 @@ impl<F: CgroupFs, B: SystemdBus + ?Sized> SystemdManager<F, B> {
 
     /// What systemd last took for `unit`: `Some(settings)` records them, `None` forgets.
     fn remember(&self, unit: &str, settings: Option<Vec<Property>>) {
-        let mut known = self
-            .settings
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut known = crate::lock::lock(&self.settings);
         match settings {
             Some(settings) => known.insert(unit.to_owned(), settings),
             None => known.remove(unit),
@@ -317,9 +314,7 @@ impl<F: CgroupFs, B: SystemdBus + ?Sized> SystemdManager<F, B> {
 
     /// Whether systemd last took exactly `settings` for `unit`.
     fn holds(&self, unit: &str, settings: &[Property]) -> bool {
-        self.settings
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        crate::lock::lock(&self.settings)
             .get(unit)
             .is_some_and(|known| known == settings)
     }
