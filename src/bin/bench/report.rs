@@ -1,0 +1,787 @@
+//! The `report` sub-command: a directory of the scenarios' JSON results (repeated runs
+//! merged into medians) as one Markdown report with the goals checked, per-step breakdowns
+//! from rkubelet's timelines or spans, and gnuplot data. It reads results as JSON only: it
+//! knows no scenario's code, no API server, no CRI and no `/proc`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use k8s_openapi::jiff::Timestamp;
+use serde_json::{Value, json};
+
+#[derive(Debug, clap::Args)]
+pub struct ReportArgs {
+    /// The directory of `*.json` results; the report is written there.
+    dir: PathBuf,
+    /// A line on the machine and date, for the table's heading.
+    #[arg(long, default_value = "")]
+    machine: String,
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss
+    )]
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil().max(1.0) as usize;
+    sorted[rank.min(sorted.len()) - 1]
+}
+
+fn latencies(v: &Value, key: &str) -> Vec<f64> {
+    let mut all: Vec<f64> = v[key]
+        .as_array()
+        .map(|a| a.iter().filter_map(Value::as_f64).collect())
+        .unwrap_or_default();
+    all.sort_by(f64::total_cmp);
+    all
+}
+
+/// The median of some values (the mean of the middle two for an even count).
+fn median(values: &[f64]) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => f64::midpoint(v[n / 2 - 1], v[n / 2]),
+    }
+}
+
+/// Repeated runs of one scenario (same kind, agent, pod count and concurrency) as one
+/// result: `all_ready` and `all_gone` are the medians of the runs, with their ranges;
+/// the per-pod latencies of all runs are pooled; the windows are those of the run
+/// closest to the median, for the per-step breakdown. The footprint of a scenario that
+/// measured one (`probes`, a burst on several nodes) is the median of its runs', each
+/// node agent's too. Footprints are kept as they are.
+fn merge_runs(results: Vec<Value>) -> Vec<Value> {
+    let mut groups: BTreeMap<String, Vec<Value>> = BTreeMap::new();
+    let mut merged = Vec::new();
+    for r in results {
+        if r["kind"] == "footprint" {
+            merged.push(r);
+            continue;
+        }
+        let key = format!(
+            "{}|{}|{}|{}",
+            r["kind"], r["agent"], r["count"], r["concurrency"]
+        );
+        groups.entry(key).or_default().push(r);
+    }
+    for runs in groups.into_values() {
+        let of = |key: &str| -> Vec<f64> { runs.iter().filter_map(|r| r[key].as_f64()).collect() };
+        let pooled = |key: &str| -> Vec<Value> {
+            runs.iter()
+                .filter_map(|r| r[key].as_array())
+                .flatten()
+                .cloned()
+                .collect()
+        };
+        let (ready, gone) = (of("all_ready"), of("all_gone"));
+        let mid = median(&ready);
+        let range = |v: &[f64]| {
+            json!([
+                v.iter().copied().reduce(f64::min),
+                v.iter().copied().reduce(f64::max)
+            ])
+        };
+        let Some(typical) = runs
+            .iter()
+            .min_by(|a, b| {
+                let d = |r: &Value| (r["all_ready"].as_f64().unwrap_or(f64::NAN) - mid).abs();
+                d(a).total_cmp(&d(b))
+            })
+            .cloned()
+        else {
+            continue;
+        };
+        let mut m = typical;
+        m["runs"] = json!(runs.len());
+        m["all_ready"] = json!(mid);
+        m["all_gone"] = json!(median(&gone));
+        m["all_ready_range"] = range(&ready);
+        m["all_gone_range"] = range(&gone);
+        m["ready"] = json!(pooled("ready"));
+        m["running"] = json!(pooled("running"));
+        let usage = [
+            "cpu_startup_seconds",
+            "cpu_seconds",
+            "rss_max_mb",
+            "rss_mean_mb",
+        ];
+        for key in usage {
+            let values = of(key);
+            if !values.is_empty() {
+                m[key] = json!(median(&values));
+            }
+        }
+        if let Some(agents) = m["agents"].as_array_mut() {
+            for (i, agent) in agents.iter_mut().enumerate() {
+                for key in usage {
+                    let values: Vec<f64> = runs
+                        .iter()
+                        .filter_map(|r| r["agents"][i][key].as_f64())
+                        .collect();
+                    agent[key] = json!(median(&values));
+                }
+            }
+        }
+        merged.push(m);
+    }
+    merged
+}
+
+/// `12.34 s`, and the range of the runs when there were several.
+fn wall(r: &Value, key: &str) -> String {
+    let value = r[key].as_f64().unwrap_or(f64::NAN);
+    let range = &r[format!("{key}_range")];
+    match (range[0].as_f64(), range[1].as_f64()) {
+        (Some(lo), Some(hi)) if r["runs"].as_u64().unwrap_or(1) > 1 => {
+            format!("{value:.2} s ({lo:.2}–{hi:.2})")
+        }
+        _ => format!("{value:.2} s"),
+    }
+}
+
+/// A closed span's wall time (busy + idle) from a `--log-span-timings` JSON line, in
+/// seconds.
+fn span_seconds(line: &Value) -> Option<f64> {
+    let parse = |key: &str| -> Option<f64> {
+        let v = line[key].as_str()?;
+        let (number, scale) = [("ns", 1e-9), ("µs", 1e-6), ("ms", 1e-3), ("s", 1.0)]
+            .into_iter()
+            .find_map(|(unit, scale)| v.strip_suffix(unit).map(|n| (n, scale)))?;
+        Some(number.parse::<f64>().ok()? * scale)
+    };
+    Some(parse("time.busy")? + parse("time.idle")?)
+}
+
+/// The step a closed span stands for: its name, with the RPC or plugin and command.
+fn step_name(line: &Value) -> Option<String> {
+    let span = &line["span"];
+    // A pod's root span lives as long as its worker, and waits are not work.
+    let name = span["name"]
+        .as_str()
+        .filter(|n| ![rkubelet::timeline::POD_SPAN, rkubelet::timeline::WAIT_SPAN].contains(n))?;
+    let detail: Vec<&str> = ["rpc", "plugin", "command"]
+        .iter()
+        .filter_map(|k| span[*k].as_str())
+        .collect();
+    Some(if detail.is_empty() {
+        name.to_owned()
+    } else {
+        format!("{name} {}", detail.join(" "))
+    })
+}
+
+/// The wall times of every step of an agent's log (JSON, `--log-span-timings`) whose span
+/// closed within `window` (two RFC 3339 timestamps).
+fn breakdown(log: &Path, window: &Value) -> anyhow::Result<BTreeMap<String, Vec<f64>>> {
+    let bound = |i: usize| -> anyhow::Result<Timestamp> {
+        Ok(window[i].as_str().context("window bound")?.parse()?)
+    };
+    let (from, to) = (bound(0)?, bound(1)?);
+    let mut steps: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    for line in std::fs::read_to_string(log)?.lines() {
+        let Ok(line) = serde_json::from_str::<Value>(line) else {
+            continue;
+        };
+        if line["message"] != "close" {
+            continue;
+        }
+        let at: Option<Timestamp> = line["timestamp"].as_str().and_then(|t| t.parse().ok());
+        if !at.is_some_and(|at| from <= at && at <= to) {
+            continue;
+        }
+        if let (Some(step), Some(secs)) = (step_name(&line), span_seconds(&line)) {
+            steps.entry(step).or_default().push(secs);
+        }
+    }
+    for v in steps.values_mut() {
+        v.sort_by(f64::total_cmp);
+    }
+    Ok(steps)
+}
+
+/// The steps of a run's `startup.steps`, each one's durations sorted.
+fn timeline_steps(steps: &serde_json::Map<String, Value>) -> BTreeMap<String, Vec<f64>> {
+    steps
+        .iter()
+        .map(|(step, v)| {
+            let mut d: Vec<f64> = v
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_f64)
+                .collect();
+            d.sort_by(f64::total_cmp);
+            (step.clone(), d)
+        })
+        .collect()
+}
+
+/// The result of `kind` for `agent` with `count` pods (`state`, for footprints), its runs
+/// merged.
+fn find<'a>(
+    results: &'a [Value],
+    kind: &str,
+    agent: &str,
+    key: (&str, Value),
+) -> Option<&'a Value> {
+    results
+        .iter()
+        .find(|r| r["kind"] == kind && r["agent"] == agent && r[key.0] == key.1)
+}
+
+/// Markdown: the benchmark's goals checked against this run (medians of repeated runs),
+/// for every rkubelet agent. Deletion is bounded by the floor's teardown + 2 s: the goal
+/// adds the pods' grace period, but the bench pods exit at once on SIGTERM, so their 30 s
+/// would only hide the agent's own time.
+fn goals_table(results: &[Value]) -> String {
+    let mut agents: Vec<&str> = results
+        .iter()
+        .filter(|r| r["kind"] == "burst" || r["kind"] == "probes")
+        .filter_map(|r| r["agent"].as_str())
+        .filter(|a| a.starts_with("rkubelet"))
+        .collect();
+    agents.sort_unstable();
+    agents.dedup();
+    if agents.is_empty() {
+        return String::new();
+    }
+    let kubelet_idle_cpu = results
+        .iter()
+        .filter(|r| r["kind"] == "footprint" && r["state"] == "idle")
+        .filter(|r| {
+            r["agent"]
+                .as_str()
+                .is_some_and(|a| a.starts_with("kubelet"))
+        })
+        .filter_map(|r| r["cpu_seconds"].as_f64())
+        .reduce(f64::min);
+    let floor = |count: u64, key: &str| {
+        find(results, "floor", "CRI floor", ("count", json!(count))).and_then(|r| r[key].as_f64())
+    };
+    let mut md = String::from("\n| goal | agent | measured | bound | |\n|---|---|---|---|---|\n");
+    let mut row =
+        |goal: &str, agent: &str, measured: Option<f64>, bound: Option<f64>, how: String| {
+            let (Some(measured), Some(bound)) = (measured, bound) else {
+                md.push_str(&format!("| {goal} | {agent} | — | — | not measured |\n"));
+                return;
+            };
+            let verdict = if measured <= bound {
+                "met".to_owned()
+            } else {
+                format!("missed by {:.2}", measured - bound)
+            };
+            md.push_str(&format!(
+                "| {goal} | {agent} | {measured:.2} | {bound:.2} ({how}) | {verdict} |\n"
+            ));
+        };
+    for agent in agents {
+        if let Some(probes) = results
+            .iter()
+            .find(|r| r["kind"] == "probes" && r["agent"] == agent)
+        {
+            let kubelet = kubelet_probes_cpu(results, probes);
+            row(
+                &format!(
+                    "CPU seconds, {} pods with probes (period 1 s), {} s",
+                    probes["count"], probes["seconds"]
+                ),
+                agent,
+                probes["cpu_seconds"].as_f64(),
+                kubelet.map(|c| c / 3.0),
+                "1/3 of the kubelet's".into(),
+            );
+        }
+        if !results
+            .iter()
+            .any(|r| r["kind"] == "burst" && r["agent"] == agent)
+        {
+            continue;
+        }
+        let burst = |count: u64, key: &str| {
+            find(results, "burst", agent, ("count", json!(count))).and_then(|r| r[key].as_f64())
+        };
+        row(
+            "1 pod, create → Ready (s)",
+            agent,
+            burst(1, "all_ready"),
+            Some(0.5),
+            "0.5 s".into(),
+        );
+        for (count, factor) in [(30, 1.5), (100, 1.3)] {
+            let bound = floor(count, "all_ready").map(|f| f * factor);
+            let ratio = burst(count, "all_ready")
+                .zip(floor(count, "all_ready"))
+                .map_or(String::new(), |(b, f)| format!("{:.2} × floor", b / f));
+            row(
+                &format!("{count} pods, all Ready (s)"),
+                agent,
+                burst(count, "all_ready"),
+                bound,
+                format!("{factor} × floor; measured {ratio}"),
+            );
+        }
+        for count in [30, 100] {
+            row(
+                &format!("{count} pods deleted, all gone (s)"),
+                agent,
+                burst(count, "all_gone"),
+                floor(count, "all_gone").map(|f| f + 2.0),
+                "floor's teardown + 2 s".into(),
+            );
+        }
+        let steady = find(results, "footprint", agent, ("state", json!("100 pods")));
+        // The footprint's MB are whole and rounded down: 24 is the last one under 25.
+        row(
+            "resident memory with 100 pods, max (MB)",
+            agent,
+            steady.and_then(|r| r["rss_max_mb"].as_f64()),
+            Some(24.0),
+            "under 25 MB; whole MB, rounded down".into(),
+        );
+        let idle = find(results, "footprint", agent, ("state", json!("idle")));
+        row(
+            "CPU seconds idle, per 60 s",
+            agent,
+            idle.and_then(|r| r["cpu_seconds"].as_f64()),
+            kubelet_idle_cpu.map(|c| c / 5.0),
+            "1/5 of the kubelet's".into(),
+        );
+    }
+    md
+}
+
+/// The kubelet's CPU seconds in the probes scenario of `probes` (same pod count and
+/// window): the least of its variants, as for the idle footprint.
+fn kubelet_probes_cpu(results: &[Value], probes: &Value) -> Option<f64> {
+    results
+        .iter()
+        .filter(|r| r["kind"] == "probes" && r["count"] == probes["count"])
+        .filter(|r| r["seconds"] == probes["seconds"])
+        .filter(|r| {
+            r["agent"]
+                .as_str()
+                .is_some_and(|a| a.starts_with("kubelet"))
+        })
+        .filter_map(|r| r["cpu_seconds"].as_f64())
+        .reduce(f64::min)
+}
+
+/// Markdown: each agent's CPU seconds and resident memory while its pods' probes ran.
+fn probes_table(results: &[Value]) -> String {
+    let mut rows: Vec<&Value> = results.iter().filter(|r| r["kind"] == "probes").collect();
+    if rows.is_empty() {
+        return String::new();
+    }
+    rows.sort_by_key(|r| (r["count"].as_u64(), r["agent"].as_str()));
+    let mut md = String::from(
+        "\n| scenario | agent | runs | CPU seconds | resident memory (max / mean) |\n|---|---|---|---|---|\n",
+    );
+    for r in rows {
+        // Medians of whole MB may end in .5; a whole number prints without a fraction.
+        let mb = |key: &str| r[key].as_f64().unwrap_or(f64::NAN);
+        md.push_str(&format!(
+            "| {} pods with probes (period 1 s), {} s | {} | {} | {:.2} s | {} / {} MB |\n",
+            r["count"],
+            r["seconds"],
+            r["agent"].as_str().unwrap_or_default(),
+            r["runs"],
+            mb("cpu_seconds"),
+            mb("rss_max_mb"),
+            mb("rss_mean_mb"),
+        ));
+    }
+    md
+}
+
+/// Markdown: bursts on several nodes at once, each node with its own agent: the pods'
+/// start-up, and the agents' CPU seconds (their sum, and each node's) and resident memory.
+fn nodes_table(results: &[Value]) -> String {
+    let mut rows: Vec<&Value> = results.iter().filter(|r| r["kind"] == "nodes").collect();
+    if rows.is_empty() {
+        return String::new();
+    }
+    rows.sort_by_key(|r| (r["count"].as_u64(), r["agent"].as_str()));
+    let mut md = String::from(concat!(
+        "\n| scenario | agent | runs | Ready p50 | p90 | max | all Ready | all gone after delete ",
+        "| agent CPU s, create → all Ready: sum (per node) | agent CPU s, create → all gone: sum ",
+        "| agent resident memory, max / mean (per node max) |\n",
+        "|---|---|---|---|---|---|---|---|---|---|---|\n",
+    ));
+    for r in rows {
+        let ready = latencies(r, "ready");
+        let agents = r["agents"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        let each = |key: &str, digits: usize| {
+            agents
+                .iter()
+                .map(|a| format!("{:.digits$}", a[key].as_f64().unwrap_or(f64::NAN)))
+                .collect::<Vec<_>>()
+                .join(" / ")
+        };
+        let number = |key: &str| r[key].as_f64().unwrap_or(f64::NAN);
+        md.push_str(&format!(
+            "| {} × {} pods at once | {} | {} | {:.2} | {:.2} | {:.2} | {} | {} | {:.2} ({}) | {:.2} | {:.0} / {:.0} MB ({}) |\n",
+            r["nodes"].as_array().map_or(0, Vec::len),
+            r["count"],
+            r["agent"].as_str().unwrap_or_default(),
+            r["runs"],
+            percentile(&ready, 50.0),
+            percentile(&ready, 90.0),
+            percentile(&ready, 100.0),
+            wall(r, "all_ready"),
+            wall(r, "all_gone"),
+            number("cpu_startup_seconds"),
+            each("cpu_startup_seconds", 2),
+            number("cpu_seconds"),
+            number("rss_max_mb"),
+            number("rss_mean_mb"),
+            each("rss_max_mb", 0),
+        ));
+    }
+    md
+}
+
+/// Markdown: the agents' reads of Secrets and ConfigMaps in the sources scenario.
+fn sources_table(results: &[Value]) -> String {
+    let rows: Vec<&Value> = results.iter().filter(|r| r["kind"] == "sources").collect();
+    if rows.is_empty() {
+        return String::new();
+    }
+    let mut md = String::from(
+        "\n| scenario | agent | reads of Secrets and ConfigMaps (audit log) | per pod |\n|---|---|---|---|\n",
+    );
+    for r in rows {
+        let reads = r["reads"].as_object().map(|m| {
+            m.iter()
+                .map(|(k, v)| format!("{v} {k}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        });
+        md.push_str(&format!(
+            "| {} pods using one Secret and one ConfigMap (env and volumes) | {} | {} | {} |\n",
+            r["count"],
+            r["agent"].as_str().unwrap_or_default(),
+            reads
+                .filter(|r| !r.is_empty())
+                .unwrap_or_else(|| "none".into()),
+            r["reads_per_pod"],
+        ));
+    }
+    md
+}
+
+/// Markdown: where an rkubelet burst's time went, per step, from the agent's own spans.
+fn breakdown_tables(dir: &Path, rows: &[&Value]) -> anyhow::Result<String> {
+    let mut md = String::new();
+    let largest = rows
+        .iter()
+        .filter(|r| r["kind"] == "burst")
+        .filter_map(|r| r["count"].as_u64())
+        .max();
+    for r in rows
+        .iter()
+        .filter(|r| r["kind"] == "burst" && r["count"].as_u64() == largest)
+    {
+        let agent = r["agent"].as_str().unwrap_or_default();
+        let log = dir.join(format!("{agent}.log"));
+        let Some(windows) = r["windows"].as_object().filter(|_| log.exists()) else {
+            continue;
+        };
+        for (phase, window) in windows {
+            // The start-up from the agent's timelines of the run's pods, when it has them;
+            // otherwise (and the deletion) from the spans in its log.
+            let timelines = r["startup"]["steps"]
+                .as_object()
+                .filter(|_| phase == "start-up");
+            let (steps, source) = match timelines {
+                Some(steps) => (timeline_steps(steps), "its pods' timelines"),
+                None => (breakdown(&log, window)?, "its spans"),
+            };
+            if steps.is_empty() {
+                continue;
+            }
+            md.push_str(&format!(
+                "\n**{agent}, {} pods, {phase}: per step, from {source}** (seconds; a step's calls overlap across pods)\n\n",
+                r["count"]
+            ));
+            if let Some(ready) = r["startup"]["seen_to_ready"]
+                .as_array()
+                .filter(|_| timelines.is_some())
+            {
+                let mut ready: Vec<f64> = ready.iter().filter_map(Value::as_f64).collect();
+                ready.sort_by(f64::total_cmp);
+                md.push_str(&format!(
+                    "Each pod from seen by the agent to Ready acknowledged by the API: p50 {:.3} s, p90 {:.3} s, max {:.3} s ({} pods).\n\n",
+                    percentile(&ready, 50.0),
+                    percentile(&ready, 90.0),
+                    percentile(&ready, 100.0),
+                    ready.len()
+                ));
+            }
+            md.push_str("| step | calls | p50 | p90 | max | sum |\n|---|---|---|---|---|---|\n");
+            let mut by_sum: Vec<(&String, &Vec<f64>)> = steps.iter().collect();
+            by_sum.sort_by(|a, b| b.1.iter().sum::<f64>().total_cmp(&a.1.iter().sum::<f64>()));
+            for (step, v) in by_sum {
+                md.push_str(&format!(
+                    "| {step} | {} | {:.3} | {:.3} | {:.3} | {:.1} |\n",
+                    v.len(),
+                    percentile(v, 50.0),
+                    percentile(v, 90.0),
+                    percentile(v, 100.0),
+                    v.iter().sum::<f64>(),
+                ));
+            }
+        }
+    }
+    Ok(md)
+}
+
+pub fn report(args: &ReportArgs) -> anyhow::Result<Value> {
+    let mut results = Vec::new();
+    for entry in std::fs::read_dir(&args.dir)? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "json") {
+            for line in std::fs::read_to_string(&path)?
+                .lines()
+                .filter(|l| !l.trim().is_empty())
+            {
+                results.push(
+                    serde_json::from_str::<Value>(line)
+                        .with_context(|| format!("{}", path.display()))?,
+                );
+            }
+        }
+    }
+    let results = merge_runs(results);
+    let mut md = String::new();
+    md.push_str(&format!("### Benchmark {}\n\n", args.machine));
+    md.push_str("Where a scenario ran several times, `all Ready` and `all gone` are the medians of the runs (their range in brackets) and the percentiles pool the pods of all runs.\n\n");
+    let mut rows: Vec<&Value> = results
+        .iter()
+        .filter(|r| r["kind"] != "footprint" && r["kind"] != "nodes")
+        .collect();
+    rows.sort_by_key(|r| {
+        (
+            r["kind"].as_str().unwrap_or_default().to_owned(),
+            r["count"].as_u64().unwrap_or(0),
+            r["agent"].as_str().unwrap_or_default().to_owned(),
+        )
+    });
+    if !rows.is_empty() {
+        md.push_str("| scenario | agent | pods | runs | Ready p50 | p90 | p99 | max | Running p50 | all Ready | all gone after delete |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+    }
+    let mut plot: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    for r in results.iter().filter(|r| r["kind"] == "nodes") {
+        let nodes = r["nodes"].as_array().map_or(0, Vec::len);
+        let agent = r["agent"].as_str().unwrap_or_default();
+        plot.insert(
+            format!("{nodes} nodes {agent} x{}", r["count"]),
+            latencies(r, "ready"),
+        );
+    }
+    for r in &rows {
+        let ready = latencies(r, "ready");
+        let running = latencies(r, "running");
+        let scenario = match r["kind"].as_str() {
+            Some("floor") => format!("CRI floor (concurrency {})", r["concurrency"]),
+            Some(kind) => kind.to_owned(),
+            None => String::new(),
+        };
+        md.push_str(&format!(
+            "| {scenario} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {} | {} |\n",
+            r["agent"].as_str().unwrap_or_default(),
+            r["count"],
+            r["runs"],
+            percentile(&ready, 50.0),
+            percentile(&ready, 90.0),
+            percentile(&ready, 99.0),
+            percentile(&ready, 100.0),
+            if running.is_empty() {
+                "—".to_owned()
+            } else {
+                format!("{:.2}", percentile(&running, 50.0))
+            },
+            wall(r, "all_ready"),
+            wall(r, "all_gone"),
+        ));
+        if r["count"].as_u64() == Some(100) || r["count"].as_u64() == Some(30) {
+            plot.insert(
+                format!(
+                    "{} {} x{}",
+                    scenario,
+                    r["agent"].as_str().unwrap_or_default(),
+                    r["count"]
+                ),
+                ready,
+            );
+        }
+    }
+    if results.iter().any(|r| r["kind"] == "footprint") {
+        md.push_str("\n| agent | state | resident memory (max / mean) | CPU seconds over the window |\n|---|---|---|---|\n");
+    }
+    for r in results.iter().filter(|r| r["kind"] == "footprint") {
+        md.push_str(&format!(
+            "| {} | {} | {} / {} MB | {:.2} s in {} s |\n",
+            r["agent"].as_str().unwrap_or_default(),
+            r["state"].as_str().unwrap_or_default(),
+            r["rss_max_mb"],
+            r["rss_mean_mb"],
+            r["cpu_seconds"].as_f64().unwrap_or(f64::NAN),
+            r["seconds"],
+        ));
+    }
+    md.push_str(&probes_table(&results));
+    md.push_str(&nodes_table(&results));
+    md.push_str(&sources_table(&results));
+    md.push_str(&goals_table(&results));
+    md.push_str(&breakdown_tables(&args.dir, &rows)?);
+    std::fs::write(args.dir.join("report.md"), &md)?;
+    // Plot data: one column pair (rank fraction, seconds) per series, for gnuplot.
+    let mut data = String::new();
+    for (name, values) in &plot {
+        data.push_str(&format!("\"{name}\"\n"));
+        for (i, v) in values.iter().enumerate() {
+            #[allow(clippy::cast_precision_loss)]
+            let fraction = (i + 1) as f64 / values.len() as f64;
+            data.push_str(&format!("{v} {fraction}\n"));
+        }
+        data.push_str("\n\n");
+    }
+    std::fs::write(args.dir.join("latency.dat"), data)?;
+    Ok(json!({ "kind": "report", "rows": rows.len(), "series": plot.len() }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_of_odd_and_even_counts() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert!(median(&[]).is_nan());
+    }
+
+    #[test]
+    fn repeated_runs_merge_into_medians_with_pooled_latencies() {
+        let run = |ready: f64, gone: f64, pods: &[f64]| {
+            json!({"kind": "burst", "agent": "rkubelet", "count": 2, "all_ready": ready,
+                   "all_gone": gone, "ready": pods, "running": pods, "windows": {"w": ready}})
+        };
+        let footprint = json!({"kind": "footprint", "agent": "rkubelet", "state": "idle"});
+        let merged = merge_runs(vec![
+            run(3.0, 2.0, &[1.0, 3.0]),
+            footprint.clone(),
+            run(1.0, 5.0, &[0.5, 1.0]),
+            run(2.0, 4.0, &[1.5, 2.0]),
+        ]);
+        assert_eq!(merged.len(), 2);
+        assert!(merged.contains(&footprint));
+        let burst = merged.iter().find(|r| r["kind"] == "burst").unwrap();
+        assert_eq!(burst["runs"], 3);
+        assert_eq!(burst["all_ready"], 2.0);
+        assert_eq!(burst["all_gone"], 4.0);
+        assert_eq!(burst["all_ready_range"], json!([1.0, 3.0]));
+        assert_eq!(burst["ready"].as_array().unwrap().len(), 6);
+        // The breakdown reads the windows of the run closest to the median.
+        assert_eq!(burst["windows"]["w"], 2.0);
+        assert_eq!(wall(burst, "all_ready"), "2.00 s (1.00–3.00)");
+    }
+
+    fn probes_run(agent: &str, cpu: f64, rss: u64) -> Value {
+        json!({"kind": "probes", "agent": agent, "count": 100, "seconds": 60,
+               "all_ready": 10.0, "all_gone": 5.0, "ready": [1.0], "running": [0.5],
+               "cpu_seconds": cpu, "rss_max_mb": rss, "rss_mean_mb": rss})
+    }
+
+    #[test]
+    fn bursts_on_several_nodes_merge_each_agents_usage_into_medians() {
+        let run = |ready: f64, cpu: [f64; 2], rss: [u64; 2]| {
+            let agent = |i: usize| {
+                json!({"node": format!("n{i}"), "cpu_startup_seconds": cpu[i] / 2.0,
+                       "cpu_seconds": cpu[i], "rss_max_mb": rss[i], "rss_mean_mb": rss[i] - 1})
+            };
+            json!({"kind": "nodes", "agent": "rkubelet", "count": 2, "nodes": ["n0", "n1"],
+                   "all_ready": ready, "all_gone": 1.0, "ready": [ready], "running": [ready],
+                   "cpu_startup_seconds": (cpu[0] + cpu[1]) / 2.0, "cpu_seconds": cpu[0] + cpu[1],
+                   "rss_max_mb": rss[0].max(rss[1]), "rss_mean_mb": 1.0,
+                   "agents": [agent(0), agent(1)]})
+        };
+        let merged = merge_runs(vec![
+            run(3.0, [1.0, 4.0], [20, 30]),
+            run(1.0, [2.0, 2.0], [22, 31]),
+            run(2.0, [3.0, 6.0], [21, 29]),
+        ]);
+        assert_eq!(merged.len(), 1);
+        let m = &merged[0];
+        assert_eq!(m["cpu_seconds"], 5.0);
+        assert_eq!(m["agents"][0]["cpu_seconds"], 2.0);
+        assert_eq!(m["agents"][1]["cpu_seconds"], 4.0);
+        assert_eq!(m["agents"][1]["rss_max_mb"], 30.0);
+        assert_eq!(m["agents"][0]["node"], "n0");
+        let table = nodes_table(&merged);
+        assert!(
+            table.contains(
+                "| 2 × 2 pods at once | rkubelet | 3 | 2.00 | 3.00 | 3.00 | 2.00 s (1.00–3.00) | 1.00 s (1.00–1.00) \
+                 | 2.50 (1.00 / 2.00) | 5.00 | 30 / 1 MB (21 / 30) |"
+            ),
+            "{table}"
+        );
+        assert!(nodes_table(&[]).is_empty());
+        // The goals are single-node ones: none for a multi-node burst.
+        assert!(goals_table(&merged).is_empty());
+    }
+
+    #[test]
+    fn probes_runs_merge_into_median_footprints() {
+        let merged = merge_runs(vec![
+            probes_run("rkubelet", 3.0, 20),
+            probes_run("rkubelet", 1.0, 21),
+            probes_run("rkubelet", 2.0, 30),
+        ]);
+        assert_eq!(merged.len(), 1);
+        assert_eq!(merged[0]["runs"], 3);
+        assert_eq!(merged[0]["cpu_seconds"], 2.0);
+        assert_eq!(merged[0]["rss_max_mb"], 21.0);
+    }
+
+    #[test]
+    fn probes_table_and_goal_compare_with_the_kubelets_least_cpu() {
+        let results = merge_runs(vec![
+            probes_run("rkubelet", 4.5, 20),
+            probes_run("kubelet QPS 5", 15.0, 90),
+            probes_run("kubelet QPS 50", 12.0, 88),
+        ]);
+        let table = probes_table(&results);
+        assert!(table.contains(
+            "| 100 pods with probes (period 1 s), 60 s | rkubelet | 1 | 4.50 s | 20 / 20 MB |"
+        ));
+        assert!(table.contains("| kubelet QPS 50 | 1 | 12.00 s | 88 / 88 MB |"));
+        let goals = goals_table(&results);
+        // Only the probe goal: no burst ran, and the kubelets are not rkubelet agents.
+        assert_eq!(goals.lines().filter(|l| l.starts_with("| CPU")).count(), 1);
+        assert!(goals.contains(
+            "| CPU seconds, 100 pods with probes (period 1 s), 60 s | rkubelet | 4.50 | 4.00 (1/3 of the kubelet's) | missed by 0.50 |"
+        ));
+        assert!(!goals.contains("create → Ready"));
+        let within = merge_runs(vec![
+            probes_run("rkubelet", 3.9, 20),
+            probes_run("kubelet QPS 50", 12.0, 88),
+        ]);
+        assert!(goals_table(&within).contains("| 3.90 | 4.00 (1/3 of the kubelet's) | met |"));
+        // Without a kubelet run of the same size, there is nothing to compare with.
+        let alone = merge_runs(vec![probes_run("rkubelet", 3.9, 20)]);
+        assert!(goals_table(&alone).contains("| rkubelet | — | — | not measured |"));
+        assert!(probes_table(&[]).is_empty());
+    }
+}
