@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use rkubelet::lock::lock;
 use serde_json::{Value, json};
 
 use crate::pods::{ApiArgs, bound_pods, container, timings_json};
@@ -70,9 +71,7 @@ impl AgentUsage {
                         .iter()
                         .map(|pid| sample(*pid).ok().map(|s| s.0))
                         .collect();
-                    let mut rss = rss
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    let mut rss = lock(&rss);
                     for (agg, kb) in rss.iter_mut().zip(now) {
                         if let Some(kb) = kb {
                             *agg = (agg.0.max(kb), agg.1 + kb, agg.2 + 1);
@@ -104,11 +103,7 @@ impl AgentUsage {
     fn finish(self, nodes: &[String], startup: &Value) -> anyhow::Result<Value> {
         let cpu = self.cpu_seconds()?;
         self.sampler.abort();
-        let rss = self
-            .rss
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone();
+        let rss = lock(&self.rss).clone();
         let agents: Vec<Value> = nodes
             .iter()
             .zip(cpu)
