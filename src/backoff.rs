@@ -24,15 +24,6 @@ impl Backoff {
         }
     }
 
-    /// Image pulls: 10 s doubling to 5 min.
-    #[must_use]
-    pub fn image_pull() -> Self {
-        Self::new(
-            crate::images::IMAGE_BACKOFF.0,
-            crate::images::IMAGE_BACKOFF.1,
-        )
-    }
-
     /// Records a failure at `now`; returns how long to wait.
     pub fn failed(&mut self, now: Instant) -> Duration {
         let next = self.current.map_or(self.initial, |d| (d * 2).min(self.max));

@@ -176,7 +176,7 @@ impl ImageManager {
                 Err(error) => {
                     self.lock_backoff()
                         .entry(key)
-                        .or_insert_with(Backoff::image_pull)
+                        .or_insert_with(|| Backoff::new(IMAGE_BACKOFF.0, IMAGE_BACKOFF.1))
                         .failed(Instant::now());
                     let message = format!("Failed to pull image {image:?}: {error}");
                     events.warning(pod, name, "Failed", message);
