@@ -45,7 +45,7 @@ impl std::fmt::Debug for ServiceLister {
 impl ServiceLister {
     /// Starts the watch; returns the lister and the task that keeps it current until the
     /// process ends. Watch errors are retried as the kubelet's reflector does
-    /// ([`crate::kubeclient::WatchRetry`]).
+    /// ([`crate::backoff::WatchRetry`]).
     pub fn start(client: kube::Client) -> (Self, impl Future<Output = ()> + Send + use<>) {
         let api: kube::Api<Service> = kube::Api::all(client);
         let (store, writer) = reflector::store();
@@ -58,7 +58,7 @@ impl ServiceLister {
             .reflect(writer);
         let feed = async move {
             let mut stream = std::pin::pin!(stream);
-            let mut retry = crate::kubeclient::WatchRetry::default();
+            let mut retry = crate::backoff::WatchRetry::default();
             loop {
                 match stream.try_next().await {
                     Ok(Some(Event::InitDone)) => {

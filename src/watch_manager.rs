@@ -224,7 +224,7 @@ impl<K: Referenced + Send + Sync + 'static> ObjectCache<K> {
         let task = tokio::spawn(async move {
             let stream = watcher::watcher(api, config);
             let mut stream = std::pin::pin!(stream);
-            let mut retry = crate::kubeclient::WatchRetry::default();
+            let mut retry = crate::backoff::WatchRetry::default();
             // The objects of a (re)list, published when it is complete.
             let mut listing: Option<Arc<K>> = None;
             loop {
