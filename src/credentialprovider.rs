@@ -380,7 +380,7 @@ pub fn repository(image: &str) -> String {
         Some(i) if !name[i..].contains('/') => &name[..i],
         _ => name,
     };
-    let (domain, path) = crate::images::reference::split_docker_domain(name);
+    let (domain, path) = crate::image_reference::split_docker_domain(name);
     format!("{domain}/{path}")
 }
 

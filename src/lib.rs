@@ -20,6 +20,7 @@ pub mod errno;
 pub mod events;
 pub mod eviction;
 pub mod fault;
+pub mod image_reference;
 pub mod images;
 pub mod inspect;
 pub mod kubeclient;

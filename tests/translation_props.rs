@@ -578,7 +578,7 @@ fn check(pod: &Pod, restart_count: u32, image_user: ImageUser) -> Result<(), Tes
     for container in all {
         let _ = container_hash(container);
         let _ =
-            rkubelet::images::reference::validate(container.image.as_deref().unwrap_or_default());
+            rkubelet::image_reference::validate(container.image.as_deref().unwrap_or_default());
         let hooks = container
             .lifecycle
             .iter()

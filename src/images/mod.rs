@@ -3,10 +3,9 @@
 //! one pull at a time per image (pods that need the same image wait for the same pull).
 //! A pull uses the pod's image pull secrets: each credential that matches the image's
 //! repository is tried in turn (the kubelet's `PullImage`), else the pull is anonymous.
-//! A reference that does not parse ([`reference`]) never reaches the runtime.
+//! A reference that does not parse ([`crate::image_reference`]) never reaches the runtime.
 
 pub mod gc;
-pub mod reference;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -91,7 +90,7 @@ impl ImageManager {
         events: &EventRecorder,
     ) -> Result<Option<String>, ImageError> {
         let image = image_of(container)?;
-        if let Err(e) = reference::validate(&image) {
+        if let Err(e) = crate::image_reference::validate(&image) {
             let message = format!(
                 "Failed to apply default image tag {image:?}: couldn't parse image reference {image:?}: {e}"
             );
