@@ -615,7 +615,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
     // The PLEG runs before the node registers, so the first status it reports is Ready.
     // Its wake-ups reach the pod workers once they exist.
     let workers_cell: Arc<OnceLock<PodWorkers<Kubelet<CriClient>>>> = Arc::default();
-    let wake: crate::watch_manager::Wake = Arc::new({
+    let wake: crate::pod::state::Wake = Arc::new({
         let cell = workers_cell.clone();
         move |uid: &str| {
             if let Some(workers) = cell.get() {

@@ -29,7 +29,7 @@ use kube::runtime::watcher::{self, Event};
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
-use crate::pod::state::ForgetPod;
+use crate::pod::state::{ForgetPod, Wake};
 
 /// How long a read waits for an object's first list (the kubelet's one second).
 const SYNC_WAIT: Duration = Duration::from_secs(1);
@@ -52,8 +52,6 @@ pub enum CacheError {
         resource: &'static str,
     },
 }
-
-pub use crate::prober::Wake;
 
 /// An object as its watch last saw it: `None` until the first list, then whether it
 /// exists.

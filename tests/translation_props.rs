@@ -577,8 +577,7 @@ fn check(pod: &Pod, restart_count: u32, image_user: ImageUser) -> Result<(), Tes
         .chain(&spec.containers);
     for container in all {
         let _ = container_hash(container);
-        let _ =
-            rkubelet::image_reference::validate(container.image.as_deref().unwrap_or_default());
+        let _ = rkubelet::image_reference::validate(container.image.as_deref().unwrap_or_default());
         let hooks = container
             .lifecycle
             .iter()

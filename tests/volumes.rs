@@ -21,8 +21,9 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenReview, TokenReviewSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use rkubelet::pod::state::Wake;
 use rkubelet::volume::{KubeVolumeApi, LinuxMounter, VolumeApi, VolumeError, VolumeManager};
-use rkubelet::watch_manager::{CacheError, SourceCaches, Wake};
+use rkubelet::watch_manager::{CacheError, SourceCaches};
 use serde_json::json;
 
 /// A scratch `--root-dir` under the temp dir. On drop, whatever is still mounted under it

@@ -22,11 +22,8 @@ use crate::events::EventRecorder;
 use crate::kuberuntime::runtime_status::primary_ip;
 use crate::kuberuntime::{PodRuntimeStatus, RunState};
 use crate::pod::PodId;
-use crate::pod::state::ForgetPod;
+use crate::pod::state::{ForgetPod, Wake};
 pub use results::{ProbeKind, Results};
-
-/// Wakes the pod worker of a pod UID (its result changed).
-pub type Wake = Arc<dyn Fn(&str) + Send + Sync>;
 
 /// One probe worker: which container instance it probes, and its task.
 struct WorkerHandle {

@@ -12,10 +12,11 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tracing::Instrument;
 
 use super::run::Check;
-use super::{ProbeKind, Results, Wake, metrics};
+use super::{ProbeKind, Results, metrics};
 use crate::cri::Cri;
 use crate::events::EventRecorder;
 use crate::pod::PodId;
+use crate::pod::state::Wake;
 use crate::probe::{Outcome, ProbeResult};
 
 /// Errored probes are tried this many times before the period ends (the kubelet's
