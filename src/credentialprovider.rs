@@ -11,7 +11,7 @@ use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD};
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use serde::Deserialize;
 
-use crate::volume::VolumeApi;
+use crate::watch_manager::PodObjects;
 
 /// The secret type holding a `~/.docker/config.json` under `.dockerconfigjson`.
 pub const DOCKER_CONFIG_JSON: &str = "kubernetes.io/dockerconfigjson";
@@ -174,7 +174,7 @@ impl Keyring {
 /// The pod's image pull secrets that can be read (the kubelet's
 /// `getPullSecretsForPod`): one that is missing or unreadable is logged and left out, and
 /// the pull goes on without it.
-pub async fn pod_pull_secrets<A: VolumeApi>(api: &A, pod: &Pod) -> Vec<Secret> {
+pub async fn pod_pull_secrets<A: PodObjects>(api: &A, pod: &Pod) -> Vec<Secret> {
     let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
     let refs = pod
         .spec
@@ -553,7 +553,7 @@ mod tests {
 
     #[tokio::test]
     async fn missing_and_forbidden_pull_secrets_are_left_out() {
-        use crate::volume::testing::FakeApi;
+        use crate::watch_manager::testing::FakeApi;
         let api = FakeApi::default()
             .with_secret("ns", "present", &[("k", "v")])
             .with_secret("other", "elsewhere", &[("k", "v")])

@@ -33,7 +33,8 @@ use crate::pod::workers::{Next, PodSyncer, PodWork, PodWorkers};
 use crate::pod::{PodId, source::PodStore};
 use crate::prober::ProberManager;
 use crate::status::{StatusInputs, StatusManager, generate_pod_status};
-use crate::volume::{KubeVolumeApi, LinuxMounter, PodVolumes, SetUps, VolumeError, VolumeManager};
+use crate::volume::{LinuxMounter, PodVolumes, SetUps, VolumeError, VolumeManager};
+use crate::watch_manager::KubePodObjects;
 
 /// How often a running pod is synced when nothing happens (the kubelet's
 /// `--sync-frequency`). Changes in the runtime wake it at once through the PLEG.
@@ -66,7 +67,7 @@ pub struct SyncSettings {
 pub struct Kubelet<C> {
     settings: SyncSettings,
     runtime: Arc<RuntimeManager<C>>,
-    volumes: Arc<VolumeManager<KubeVolumeApi, LinuxMounter>>,
+    volumes: Arc<VolumeManager<KubePodObjects, LinuxMounter>>,
     status: StatusManager,
     admission: Arc<PodAdmitter>,
     /// The owner of the per-pod state below and of the managers'.
@@ -118,7 +119,7 @@ impl<C: Cri + Clone> Kubelet<C> {
     pub fn new(
         settings: SyncSettings,
         runtime: RuntimeManager<C>,
-        volumes: VolumeManager<KubeVolumeApi, LinuxMounter>,
+        volumes: VolumeManager<KubePodObjects, LinuxMounter>,
         status: StatusManager,
         admission: PodAdmitter,
         wake: Wake,
@@ -754,7 +755,7 @@ mod tests {
     use crate::events::EventRecorder;
     use crate::kuberuntime::runtime_status::testing::{container, sandbox};
     use crate::kuberuntime::sandbox::SandboxSettings;
-    use crate::volume::KubeVolumeApi;
+    use crate::watch_manager::KubePodObjects;
     use crate::watch_manager::SourceCaches;
 
     /// A runtime that answers every call `Unimplemented`.
@@ -785,7 +786,7 @@ mod tests {
             RuntimeManager::new(NoRuntime, SandboxSettings::default(), None, events, 1),
             VolumeManager::new(
                 root.path().to_owned(),
-                KubeVolumeApi::new(client.clone(), caches.clone()),
+                KubePodObjects::new(client.clone(), caches.clone()),
                 LinuxMounter,
             ),
             StatusManager::new(client.clone()),
@@ -823,7 +824,7 @@ mod tests {
         kubelet.admit(pod);
         let volumes = kubelet.pod_volumes(pod, &id).await.unwrap();
         // A projected token would need a mount: the token alone is requested.
-        let api = crate::volume::testing::FakeApi::default();
+        let api = crate::watch_manager::testing::FakeApi::default();
         kubelet.volumes.request_token(&api, &id).await;
         let running = PodRuntimeStatus {
             sandboxes: vec![sandbox("s1", 0, true)],

@@ -12,6 +12,14 @@
 //! - A change to a watched object wakes the pods that reference it, so their volumes are
 //!   rewritten at once rather than at the next periodic sync.
 //! - An object marked `immutable` is not watched further once read.
+//!
+//! Volumes and image pull credentials read these objects (and request service account
+//! tokens) through one narrow trait, [`PodObjects`]. Knows no pod worker, prober, volume
+//! or image: pods register what they reference, and hand in a [`Wake`] for changes.
+
+mod objects;
+#[cfg(test)]
+pub(crate) mod testing;
 
 use crate::lock::lock;
 use std::collections::{HashMap, HashSet};
@@ -30,6 +38,8 @@ use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
 use crate::pod::state::{ForgetPod, Wake};
+
+pub use objects::{KubePodObjects, PodObjects};
 
 /// How long a read waits for an object's first list (the kubelet's one second).
 const SYNC_WAIT: Duration = Duration::from_secs(1);
