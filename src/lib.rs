@@ -19,6 +19,7 @@ pub mod envvars;
 pub mod errno;
 pub mod events;
 pub mod eviction;
+pub mod expansion;
 pub mod fault;
 pub mod image_reference;
 pub mod images;

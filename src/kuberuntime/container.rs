@@ -10,11 +10,12 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 
-use super::env::{EnvSources, expand};
+use super::env::EnvSources;
 use super::labels;
 use super::security_context::{self, ImageUser, NonRootError};
 use crate::cm::{QUOTA_PERIOD, milli_cpu_to_quota, milli_cpu_to_shares};
 use crate::cri::api;
+use crate::expansion::expand;
 use crate::pod::PodId;
 use crate::resources::Quantity;
 

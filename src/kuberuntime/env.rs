@@ -17,6 +17,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity as ApiQuantity;
 use super::container::{ConfigError, ContainerContext};
 use crate::cri::api;
 use crate::envvars::ServiceLister;
+use crate::expansion::expand;
 use crate::resources::container_resource_value;
 use crate::watch_manager::{ObjectCache, Referenced, SourceCaches};
 
@@ -111,40 +112,6 @@ async fn read_all<K: Referenced + Send + Sync + 'static>(
         (name, got)
     });
     futures::future::join_all(reads).await.into_iter().collect()
-}
-
-/// Expands `$(VAR)` references with the kubelet's rules: a defined variable is replaced,
-/// an undefined one is left as written, and `$$` stands for a literal `$`.
-#[must_use]
-pub fn expand(input: &str, mut lookup: impl FnMut(&str) -> Option<String>) -> String {
-    let mut out = String::with_capacity(input.len());
-    let mut rest = input;
-    while let Some(pos) = rest.find('$') {
-        out.push_str(&rest[..pos]);
-        let after = &rest[pos + 1..];
-        if let Some(tail) = after.strip_prefix('$') {
-            out.push('$');
-            rest = tail;
-        } else if let Some(inner) = after.strip_prefix('(')
-            && let Some(end) = inner.find(')')
-        {
-            let name = &inner[..end];
-            match lookup(name) {
-                Some(value) => out.push_str(&value),
-                None => {
-                    out.push_str("$(");
-                    out.push_str(name);
-                    out.push(')');
-                }
-            }
-            rest = &inner[end + 1..];
-        } else {
-            out.push('$');
-            rest = after;
-        }
-    }
-    out.push_str(rest);
-    out
 }
 
 /// A `fieldRef` value (the kubelet's `podFieldSelectorRuntimeValue`).
@@ -515,14 +482,6 @@ mod tests {
             .iter()
             .map(|kv| (kv.key.as_str(), kv.value.as_str()))
             .collect()
-    }
-
-    #[test]
-    fn expansion_follows_the_kubelet_rules() {
-        let vars = HashMap::from([("A", "x")]);
-        let lookup = |n: &str| vars.get(n).map(|v| (*v).to_owned());
-        assert_eq!(expand("$(A)-$(B)-$$(A)-$-$(", lookup), "x-$(B)-$(A)-$-$(");
-        assert_eq!(expand("plain", lookup), "plain");
     }
 
     #[test]
