@@ -9,45 +9,16 @@
 //! watch-based caches), so making the environment is a pure function.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Container, EnvVar, Pod, Secret};
+use k8s_openapi::api::core::v1::{Container, EnvVar, Pod, Secret};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as ApiQuantity;
 
-use super::container::{ConfigError, ContainerContext};
+use super::context::{ConfigError, ContainerContext, EnvSources, Lookup};
 use crate::cri::api;
 use crate::envvars::ServiceLister;
 use crate::expansion::expand;
 use crate::resources::container_resource_value;
 use crate::watch_manager::{ObjectCache, Referenced, SourceCaches};
-
-/// What a lookup in a cache gave: the object, not found (`None`), or why it failed.
-type Lookup<K> = Result<Option<Arc<K>>, String>;
-
-/// The objects a pod's environment is made from, read before its containers start.
-#[derive(Debug)]
-pub struct EnvSources {
-    /// The Secrets the pod's containers reference, by name.
-    pub secrets: HashMap<String, Lookup<Secret>>,
-    /// The ConfigMaps the pod's containers reference, by name.
-    pub config_maps: HashMap<String, Lookup<ConfigMap>>,
-    /// The service variables of the pod, or why they are not known.
-    pub services: Result<BTreeMap<String, String>, String>,
-    /// The node's allocatable resources: the values of unset limits.
-    pub allocatable: BTreeMap<String, ApiQuantity>,
-}
-
-impl Default for EnvSources {
-    /// No objects, and no services (known to be none).
-    fn default() -> Self {
-        Self {
-            secrets: HashMap::new(),
-            config_maps: HashMap::new(),
-            services: Ok(BTreeMap::new()),
-            allocatable: BTreeMap::new(),
-        }
-    }
-}
 
 /// Reads the environment sources of pods: the Secret and ConfigMap caches, the Services.
 #[derive(Debug, Clone)]
@@ -403,6 +374,8 @@ mod tests {
     use super::*;
     use crate::pod::testing::pod;
     use k8s_openapi::ByteString;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use std::sync::Arc;
 
     fn container(env: serde_json::Value, env_from: serde_json::Value) -> Container {
         serde_json::from_value(serde_json::json!({

@@ -4,6 +4,7 @@
 
 pub mod actions;
 pub mod container;
+pub mod context;
 pub mod env;
 pub mod gc;
 pub mod labels;
