@@ -32,7 +32,7 @@ use crate::images::ImageManager;
 use crate::lifecycle::handlers::run_hook;
 use crate::pod::PodId;
 use crate::pod::state::ForgetPod;
-use crate::prober::Results;
+use crate::probe::results::Results;
 use crate::volume::PodVolumes;
 
 /// Crashing containers wait 10 s, doubling to 5 min, before they are started again.

@@ -5,7 +5,6 @@
 //! from it to restart containers; the prober itself never writes status nor kills.
 
 pub mod metrics;
-pub mod results;
 mod run;
 mod worker;
 
@@ -23,7 +22,7 @@ use crate::kuberuntime::runtime_status::primary_ip;
 use crate::kuberuntime::{PodRuntimeStatus, RunState};
 use crate::pod::PodId;
 use crate::pod::state::{ForgetPod, Wake};
-pub use results::{ProbeKind, Results};
+use crate::probe::results::{ProbeKind, Results};
 
 /// One probe worker: which container instance it probes, and its task.
 struct WorkerHandle {
