@@ -3,6 +3,7 @@
 //! legacy `kubernetes.io/dockercfg`), whose entries are matched to the repository being
 //! pulled: host globs label by label, the same port, a path prefix, most specific entry
 //! first, and `index.docker.io` for images of Docker Hub.
+//! Knows no image manager, runtime or volume: Secrets come through `watch_manager::PodObjects`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 

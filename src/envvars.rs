@@ -3,6 +3,7 @@
 //! pod's containers get `<SVC>_SERVICE_HOST`, `<SVC>_SERVICE_PORT[_<PORT>]` and the
 //! docker-link style `<SVC>_PORT...` variables for the Services of their namespace (when
 //! `enableServiceLinks` is not false) and for the `kubernetes` Service of `default`.
+//! Knows no pod, container or API client set-up: only Services and their variables.
 
 use std::collections::BTreeMap;
 use std::future::Future;

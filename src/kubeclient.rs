@@ -6,6 +6,7 @@
 //! response and its body, as Go's `http.Client.Timeout`), so a stalled connection cannot
 //! hold a status patch forever. A kubeconfig `proxy-url` is refused (the client dials the
 //! server directly).
+//! Knows no API object, watch or module that uses the client (its retry is `backoff`'s).
 
 use std::future::Future;
 use std::pin::Pin;

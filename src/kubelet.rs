@@ -5,6 +5,7 @@
 //! pull/env_sources/create/start`.
 //! Pods are admitted (or rejected, ending Failed) before their first sync, and a running
 //! pod past its `activeDeadlineSeconds` ends Failed; both rules live in [`crate::lifecycle`].
+//! Knows no server, node agent or start-up wiring (`app` builds it); keep it to the sync itself.
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;

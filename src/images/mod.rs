@@ -4,6 +4,7 @@
 //! A pull uses the pod's image pull secrets: each credential that matches the image's
 //! repository is tried in turn (the kubelet's `PullImage`), else the pull is anonymous.
 //! A reference that does not parse ([`crate::image_reference`]) never reaches the runtime.
+//! Knows no pod worker, runtime manager (`kuberuntime`), volume or API cache.
 
 pub mod gc;
 

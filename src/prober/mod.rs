@@ -3,6 +3,7 @@
 //! latest result in a [`Results`] cache keyed by container id. The status generator reads
 //! readiness and startup from it, the runtime manager reads liveness and startup failures
 //! from it to restart containers; the prober itself never writes status nor kills.
+//! Knows no pod worker (it wakes one through `pod::state::Wake`) and no status manager.
 
 pub mod metrics;
 mod run;

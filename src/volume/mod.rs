@@ -25,9 +25,10 @@
 //! Every other volume type is refused with [`VolumeError::Unsupported`].
 //!
 //! The two boundaries are traits: [`PodObjects`] (the API server, read through the node's
-//! caches; [`KubePodObjects`]) and
-//! [`Mounter`] (tmpfs and bind mounts, the mount table; [`LinuxMounter`]). File system work runs
-//! on blocking threads, never on the async runtime.
+//! caches; [`KubePodObjects`]) and [`Mounter`] (tmpfs and bind mounts, the mount table;
+//! [`LinuxMounter`]). File system work runs on blocking threads, never on the async runtime.
+//!
+//! Knows no runtime (`kuberuntime`), pod worker, prober or image.
 
 mod atomic_writer;
 mod downward_api;
