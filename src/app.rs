@@ -39,8 +39,8 @@ use crate::pod::workers::PodWorkers;
 use crate::resources::Quantity;
 use crate::server::tls::ServingCertificate;
 use crate::status::StatusManager;
-use crate::volume::{KubeVolumeApi, LinuxMounter, VolumeManager};
-use crate::watch_manager::SourceCaches;
+use crate::volume::{LinuxMounter, VolumeManager};
+use crate::watch_manager::{KubePodObjects, SourceCaches};
 
 /// Who runs the CNI plugins for pod sandboxes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -615,7 +615,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
     // The PLEG runs before the node registers, so the first status it reports is Ready.
     // Its wake-ups reach the pod workers once they exist.
     let workers_cell: Arc<OnceLock<PodWorkers<Kubelet<CriClient>>>> = Arc::default();
-    let wake: crate::watch_manager::Wake = Arc::new({
+    let wake: crate::pod::state::Wake = Arc::new({
         let cell = workers_cell.clone();
         move |uid: &str| {
             if let Some(workers) = cell.get() {
@@ -697,7 +697,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
     let env_sources = EnvSourceReader::new(caches.clone(), services, allocatable.clone());
     let volumes = VolumeManager::new(
         config.root_dir.clone(),
-        KubeVolumeApi::new(client.clone(), caches),
+        KubePodObjects::new(client.clone(), caches),
         LinuxMounter,
     )
     .with_node_allocatable(allocatable);

@@ -1,5 +1,7 @@
-//! Exponential back-off per key, as the kubelet's `flowcontrol.Backoff`: a failure waits
-//! `initial`, each further failure doubles the wait up to `max`.
+//! Back-off policies: exponential back-off per key, as the kubelet's `flowcontrol.Backoff`
+//! (a failure waits `initial`, each further failure doubles the wait up to `max`), and
+//! [`WatchRetry`], the pause before a failed watch is tried again (client-go's reflector).
+//! Knows nothing of what is retried: no image, pod, API object or client.
 
 use std::time::{Duration, Instant};
 
@@ -22,15 +24,6 @@ impl Backoff {
             current: None,
             until: None,
         }
-    }
-
-    /// Image pulls: 10 s doubling to 5 min.
-    #[must_use]
-    pub fn image_pull() -> Self {
-        Self::new(
-            crate::images::IMAGE_BACKOFF.0,
-            crate::images::IMAGE_BACKOFF.1,
-        )
     }
 
     /// Records a failure at `now`; returns how long to wait.
@@ -67,6 +60,91 @@ pub fn random_fraction() -> f64 {
         return 0.5;
     }
     f64::from(u32::from_le_bytes(bytes)) / (f64::from(u32::MAX) + 1.0)
+}
+
+/// The pause before a failed watch is tried again, as client-go's reflector waits: two
+/// back-offs, one for a refused connection (the API server is restarting: the watch is
+/// resumed where it was, not relisted) and one for every other failure, each from 800 ms
+/// doubling to 30 s and started over after 2 min without a failure, each wait stretched by
+/// up to as much again at random (jitter 1.0), so that the node's watches do not all come
+/// back in the same instant.
+#[derive(Debug, Default)]
+pub struct WatchRetry {
+    refused: RetryBackoff,
+    other: RetryBackoff,
+}
+
+/// See [`WatchRetry`].
+const WATCH_BACKOFF: (Duration, Duration) = (Duration::from_millis(800), Duration::from_secs(30));
+const WATCH_BACKOFF_RESET: Duration = Duration::from_secs(120);
+
+/// One of client-go's `ExponentialBackoffManager`s as the reflector makes them.
+#[derive(Debug)]
+struct RetryBackoff {
+    backoff: Backoff,
+    last_failure: Option<Instant>,
+}
+
+impl Default for RetryBackoff {
+    fn default() -> Self {
+        Self {
+            backoff: Backoff::new(WATCH_BACKOFF.0, WATCH_BACKOFF.1),
+            last_failure: None,
+        }
+    }
+}
+
+impl RetryBackoff {
+    fn failed(&mut self, now: Instant) -> Duration {
+        if self
+            .last_failure
+            .is_some_and(|at| now.saturating_duration_since(at) >= WATCH_BACKOFF_RESET)
+        {
+            *self = Self::default();
+        }
+        self.last_failure = Some(now);
+        self.backoff.failed(now)
+    }
+}
+
+impl WatchRetry {
+    /// The wait [`Self::after`] gives for `error` now, with its jitter, to be awaited.
+    pub fn pause(&mut self, error: &(dyn std::error::Error + 'static)) -> tokio::time::Sleep {
+        let base = self.after(error, Instant::now());
+        tokio::time::sleep(jittered(base, random_fraction()))
+    }
+
+    /// How long to wait after `error` at `now`, before jitter.
+    pub(crate) fn after(
+        &mut self,
+        error: &(dyn std::error::Error + 'static),
+        now: Instant,
+    ) -> Duration {
+        if connection_refused(error) {
+            self.refused.failed(now)
+        } else {
+            self.other.failed(now)
+        }
+    }
+}
+
+/// `base` stretched by `fraction` (in [0, 1)) of itself, as `wait.Jitter(base, 1.0)`.
+pub(crate) fn jittered(base: Duration, fraction: f64) -> Duration {
+    base + base.mul_f64(fraction.clamp(0.0, 1.0))
+}
+
+/// Whether `error` (or an error it wraps) is a refused TCP connection.
+fn connection_refused(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(error);
+    while let Some(e) = next {
+        if e.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused)
+        {
+            return true;
+        }
+        next = e.source();
+    }
+    false
 }
 
 #[cfg(test)]

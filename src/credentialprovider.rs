@@ -3,6 +3,7 @@
 //! legacy `kubernetes.io/dockercfg`), whose entries are matched to the repository being
 //! pulled: host globs label by label, the same port, a path prefix, most specific entry
 //! first, and `index.docker.io` for images of Docker Hub.
+//! Knows no image manager, runtime or volume: Secrets come through `watch_manager::PodObjects`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -11,7 +12,7 @@ use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD};
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use serde::Deserialize;
 
-use crate::volume::VolumeApi;
+use crate::watch_manager::PodObjects;
 
 /// The secret type holding a `~/.docker/config.json` under `.dockerconfigjson`.
 pub const DOCKER_CONFIG_JSON: &str = "kubernetes.io/dockerconfigjson";
@@ -174,7 +175,7 @@ impl Keyring {
 /// The pod's image pull secrets that can be read (the kubelet's
 /// `getPullSecretsForPod`): one that is missing or unreadable is logged and left out, and
 /// the pull goes on without it.
-pub async fn pod_pull_secrets<A: VolumeApi>(api: &A, pod: &Pod) -> Vec<Secret> {
+pub async fn pod_pull_secrets<A: PodObjects>(api: &A, pod: &Pod) -> Vec<Secret> {
     let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
     let refs = pod
         .spec
@@ -380,7 +381,7 @@ pub fn repository(image: &str) -> String {
         Some(i) if !name[i..].contains('/') => &name[..i],
         _ => name,
     };
-    let (domain, path) = crate::images::reference::split_docker_domain(name);
+    let (domain, path) = crate::image_reference::split_docker_domain(name);
     format!("{domain}/{path}")
 }
 
@@ -553,7 +554,7 @@ mod tests {
 
     #[tokio::test]
     async fn missing_and_forbidden_pull_secrets_are_left_out() {
-        use crate::volume::testing::FakeApi;
+        use crate::watch_manager::testing::FakeApi;
         let api = FakeApi::default()
             .with_secret("ns", "present", &[("k", "v")])
             .with_secret("other", "elsewhere", &[("k", "v")])

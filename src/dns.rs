@@ -4,6 +4,7 @@
 //! `--cluster-domain` and `--resolv-conf`, with the pod's `dnsConfig` on top, cut to the
 //! resolver's limits (3 nameservers, 6 search domains of 256 characters in all) with a
 //! `DNSConfigForming` event.
+//! Knows no runtime call or pod worker: it only builds the sandbox's DNS config.
 
 use std::net::IpAddr;
 

@@ -3,6 +3,7 @@
 //! pod's containers get `<SVC>_SERVICE_HOST`, `<SVC>_SERVICE_PORT[_<PORT>]` and the
 //! docker-link style `<SVC>_PORT...` variables for the Services of their namespace (when
 //! `enableServiceLinks` is not false) and for the `kubernetes` Service of `default`.
+//! Knows no pod, container or API client set-up: only Services and their variables.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -45,7 +46,7 @@ impl std::fmt::Debug for ServiceLister {
 impl ServiceLister {
     /// Starts the watch; returns the lister and the task that keeps it current until the
     /// process ends. Watch errors are retried as the kubelet's reflector does
-    /// ([`crate::kubeclient::WatchRetry`]).
+    /// ([`crate::backoff::WatchRetry`]).
     pub fn start(client: kube::Client) -> (Self, impl Future<Output = ()> + Send + use<>) {
         let api: kube::Api<Service> = kube::Api::all(client);
         let (store, writer) = reflector::store();
@@ -58,7 +59,7 @@ impl ServiceLister {
             .reflect(writer);
         let feed = async move {
             let mut stream = std::pin::pin!(stream);
-            let mut retry = crate::kubeclient::WatchRetry::default();
+            let mut retry = crate::backoff::WatchRetry::default();
             loop {
                 match stream.try_next().await {
                     Ok(Some(Event::InitDone)) => {

@@ -5,6 +5,7 @@
 //! pull/env_sources/create/start`.
 //! Pods are admitted (or rejected, ending Failed) before their first sync, and a running
 //! pod past its `activeDeadlineSeconds` ends Failed; both rules live in [`crate::lifecycle`].
+//! Knows no server, node agent or start-up wiring (`app` builds it); keep it to the sync itself.
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
@@ -28,12 +29,13 @@ use crate::kuberuntime::{
 use crate::lifecycle::active_deadline;
 use crate::lifecycle::admission::{PodAdmitter, rejected_status};
 use crate::pod::source::PodAdmission;
-use crate::pod::state::{ForgetPod, PodMap, PodStates};
+use crate::pod::state::{ForgetPod, PodMap, PodStates, Wake};
 use crate::pod::workers::{Next, PodSyncer, PodWork, PodWorkers};
 use crate::pod::{PodId, source::PodStore};
-use crate::prober::{ProberManager, Wake};
+use crate::prober::ProberManager;
 use crate::status::{StatusInputs, StatusManager, generate_pod_status};
-use crate::volume::{KubeVolumeApi, LinuxMounter, PodVolumes, SetUps, VolumeError, VolumeManager};
+use crate::volume::{LinuxMounter, PodVolumes, SetUps, VolumeError, VolumeManager};
+use crate::watch_manager::KubePodObjects;
 
 /// How often a running pod is synced when nothing happens (the kubelet's
 /// `--sync-frequency`). Changes in the runtime wake it at once through the PLEG.
@@ -66,7 +68,7 @@ pub struct SyncSettings {
 pub struct Kubelet<C> {
     settings: SyncSettings,
     runtime: Arc<RuntimeManager<C>>,
-    volumes: Arc<VolumeManager<KubeVolumeApi, LinuxMounter>>,
+    volumes: Arc<VolumeManager<KubePodObjects, LinuxMounter>>,
     status: StatusManager,
     admission: Arc<PodAdmitter>,
     /// The owner of the per-pod state below and of the managers'.
@@ -118,7 +120,7 @@ impl<C: Cri + Clone> Kubelet<C> {
     pub fn new(
         settings: SyncSettings,
         runtime: RuntimeManager<C>,
-        volumes: VolumeManager<KubeVolumeApi, LinuxMounter>,
+        volumes: VolumeManager<KubePodObjects, LinuxMounter>,
         status: StatusManager,
         admission: PodAdmitter,
         wake: Wake,
@@ -754,7 +756,7 @@ mod tests {
     use crate::events::EventRecorder;
     use crate::kuberuntime::runtime_status::testing::{container, sandbox};
     use crate::kuberuntime::sandbox::SandboxSettings;
-    use crate::volume::KubeVolumeApi;
+    use crate::watch_manager::KubePodObjects;
     use crate::watch_manager::SourceCaches;
 
     /// A runtime that answers every call `Unimplemented`.
@@ -785,7 +787,7 @@ mod tests {
             RuntimeManager::new(NoRuntime, SandboxSettings::default(), None, events, 1),
             VolumeManager::new(
                 root.path().to_owned(),
-                KubeVolumeApi::new(client.clone(), caches.clone()),
+                KubePodObjects::new(client.clone(), caches.clone()),
                 LinuxMounter,
             ),
             StatusManager::new(client.clone()),
@@ -823,7 +825,7 @@ mod tests {
         kubelet.admit(pod);
         let volumes = kubelet.pod_volumes(pod, &id).await.unwrap();
         // A projected token would need a mount: the token alone is requested.
-        let api = crate::volume::testing::FakeApi::default();
+        let api = crate::watch_manager::testing::FakeApi::default();
         kubelet.volumes.request_token(&api, &id).await;
         let running = PodRuntimeStatus {
             sandboxes: vec![sandbox("s1", 0, true)],

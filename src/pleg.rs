@@ -3,6 +3,7 @@
 //! runtime state changed — a container that exits is noticed within about a second.
 //! It also knows which pods the runtime holds, for finding orphans, and reports its own
 //! health to the node's Ready condition.
+//! Knows no pod worker (it calls back with a pod UID), prober or status manager.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};

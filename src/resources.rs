@@ -1,5 +1,7 @@
 //! Compute resources: Kubernetes quantities (`500m`, `64Mi`, `1G`), parsed exactly as
-//! `resource.Quantity` does (their cgroup settings are [`crate::cm`]'s), the pod's QoS class, and the values the downward API exposes (`resourceFieldRef`).
+//! `resource.Quantity` does (their cgroup settings are [`crate::cm`]'s), the pod's QoS
+//! class, and the values the downward API exposes (`resourceFieldRef`).
+//! Knows no other module of the agent: vocabulary only.
 
 use std::collections::BTreeMap;
 

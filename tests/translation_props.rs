@@ -25,8 +25,9 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use proptest::prelude::*;
 use rkubelet::cm::{QosContainers, cgroup_parent, resource_config_for_pod};
 use rkubelet::dns::{Configurer, HostDns};
-use rkubelet::kuberuntime::container::{ContainerContext, container_config, container_hash};
-use rkubelet::kuberuntime::env::{EnvSources, environment};
+use rkubelet::kuberuntime::container::{container_config, container_hash};
+use rkubelet::kuberuntime::context::{ContainerContext, EnvSources};
+use rkubelet::kuberuntime::env::environment;
 use rkubelet::kuberuntime::labels;
 use rkubelet::kuberuntime::sandbox::{SandboxSettings, sandbox_config};
 use rkubelet::kuberuntime::security_context::{ImageUser, verify_run_as_non_root};
@@ -577,8 +578,7 @@ fn check(pod: &Pod, restart_count: u32, image_user: ImageUser) -> Result<(), Tes
         .chain(&spec.containers);
     for container in all {
         let _ = container_hash(container);
-        let _ =
-            rkubelet::images::reference::validate(container.image.as_deref().unwrap_or_default());
+        let _ = rkubelet::image_reference::validate(container.image.as_deref().unwrap_or_default());
         let hooks = container
             .lifecycle
             .iter()

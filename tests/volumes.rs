@@ -21,8 +21,9 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenReview, TokenReviewSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use rkubelet::volume::{KubeVolumeApi, LinuxMounter, VolumeApi, VolumeError, VolumeManager};
-use rkubelet::watch_manager::{CacheError, SourceCaches, Wake};
+use rkubelet::pod::state::Wake;
+use rkubelet::volume::{LinuxMounter, VolumeError, VolumeManager};
+use rkubelet::watch_manager::{CacheError, KubePodObjects, PodObjects, SourceCaches};
 use serde_json::json;
 
 /// A scratch `--root-dir` under the temp dir. On drop, whatever is still mounted under it
@@ -97,7 +98,7 @@ fn mode(path: &Path) -> u32 {
 /// An API server with one secret, for the root-only test.
 struct OneSecret;
 
-impl VolumeApi for OneSecret {
+impl PodObjects for OneSecret {
     async fn get_secret(&self, _namespace: &str, name: &str) -> Result<Option<Secret>, CacheError> {
         Ok((name == "db").then(|| Secret {
             data: Some(BTreeMap::from([
@@ -303,7 +304,7 @@ async fn node_scenario(objects: &Objects, root: &Path) {
     let wake: Wake = std::sync::Arc::new(|_: &str| {});
     let caches = SourceCaches::new(&node, &wake);
     caches.register(&uid, &pod);
-    let api = KubeVolumeApi::new(node.clone(), caches.clone());
+    let api = KubePodObjects::new(node.clone(), caches.clone());
     let manager = VolumeManager::new(root, api, LinuxMounter);
     let volumes = setup_with_retry(&manager, &pod).await;
 
@@ -417,7 +418,7 @@ async fn create_pod(pods: &Api<Pod>, pod: &Pod) -> Pod {
 /// Sets the pod's volumes up, retrying while the Node authorizer's graph (fed by an
 /// informer) has not seen the new pod yet.
 async fn setup_with_retry(
-    manager: &VolumeManager<KubeVolumeApi, LinuxMounter>,
+    manager: &VolumeManager<KubePodObjects, LinuxMounter>,
     pod: &Pod,
 ) -> rkubelet::volume::PodVolumes {
     let deadline = Instant::now() + Duration::from_secs(20);

@@ -235,7 +235,7 @@ pub async fn request_client_certificate<A: CsrApi>(
     let request = template.object(Some(name.clone()), template.request(&key)?);
     tracing::info!(csr = %name, key = %key_path.display(), "waiting for the client certificate to be issued");
     let deadline = tokio::time::Instant::now() + wait;
-    let mut retry = crate::kubeclient::WatchRetry::default();
+    let mut retry = crate::backoff::WatchRetry::default();
     let issued = loop {
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         match request_certificate(api, &request, &key, left).await {

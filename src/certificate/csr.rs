@@ -326,7 +326,7 @@ fn compatible(
 /// Waits for the CSR `name` (with `uid`, when known) to be issued, as client-go's
 /// `WaitForCertificate` with its informer: reads it, then watches it from what was read.
 /// A failed read or watch (the API server restarting, a request timing out, a watch too
-/// old) is retried after the reflector's back-off ([`crate::kubeclient::WatchRetry`]); it
+/// old) is retried after the reflector's back-off ([`crate::backoff::WatchRetry`]); it
 /// never ends the wait.
 ///
 /// # Errors
@@ -336,7 +336,7 @@ async fn wait_for_certificate<A: CsrApi>(
     name: &str,
     uid: Option<&str>,
 ) -> Result<Vec<u8>, CsrError> {
-    let mut retry = crate::kubeclient::WatchRetry::default();
+    let mut retry = crate::backoff::WatchRetry::default();
     loop {
         let opened = tokio::time::Instant::now();
         match read_and_watch(api, name, uid).await {

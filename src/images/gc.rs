@@ -17,7 +17,6 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::Mutex;
 
 use crate::cri::{Cri, CriError, api};
-use crate::kuberuntime::gc::run_periodically;
 use crate::node::{ContainerRuntime, FsStats, LinuxMachine, MachineInfo};
 
 /// How often the collector runs (the kubelet's `ImageGCPeriod`).
@@ -469,6 +468,42 @@ impl<C: Cri, F: ImageFs> ImageGc<C, F> {
             },
         )
         .await;
+    }
+}
+
+/// Runs `collect` now and every `period` until `cancel`, logging as the kubelet's
+/// garbage collection loops do: an error for each failure (`"<what> garbage collection
+/// failed"` and `failure(repeated)`), the first success after a failure at info level,
+/// the others at debug level. The image and the container garbage collectors both run in it.
+pub async fn run_periodically<F, Fut, E>(
+    what: &str,
+    period: Duration,
+    cancel: &tokio_util::sync::CancellationToken,
+    failure: fn(bool) -> &'static str,
+    mut collect: F,
+) where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<(), E>>,
+    E: std::fmt::Display,
+{
+    let mut ticker = tokio::time::interval(period);
+    let mut failed = false;
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            _ = ticker.tick() => {}
+        }
+        match collect().await {
+            Err(e) => {
+                tracing::error!(error = %e, "{what} garbage collection failed{}", failure(failed));
+                failed = true;
+            }
+            Ok(()) if failed => {
+                tracing::info!("{what} garbage collection succeeded");
+                failed = false;
+            }
+            Ok(()) => tracing::debug!("{what} garbage collection succeeded"),
+        }
     }
 }
 

@@ -3,10 +3,10 @@
 //! one pull at a time per image (pods that need the same image wait for the same pull).
 //! A pull uses the pod's image pull secrets: each credential that matches the image's
 //! repository is tried in turn (the kubelet's `PullImage`), else the pull is anonymous.
-//! A reference that does not parse ([`reference`]) never reaches the runtime.
+//! A reference that does not parse ([`crate::image_reference`]) never reaches the runtime.
+//! Knows no pod worker, runtime manager (`kuberuntime`), volume or API cache.
 
 pub mod gc;
-pub mod reference;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -91,7 +91,7 @@ impl ImageManager {
         events: &EventRecorder,
     ) -> Result<Option<String>, ImageError> {
         let image = image_of(container)?;
-        if let Err(e) = reference::validate(&image) {
+        if let Err(e) = crate::image_reference::validate(&image) {
             let message = format!(
                 "Failed to apply default image tag {image:?}: couldn't parse image reference {image:?}: {e}"
             );
@@ -176,7 +176,7 @@ impl ImageManager {
                 Err(error) => {
                     self.lock_backoff()
                         .entry(key)
-                        .or_insert_with(Backoff::image_pull)
+                        .or_insert_with(|| Backoff::new(IMAGE_BACKOFF.0, IMAGE_BACKOFF.1))
                         .failed(Instant::now());
                     let message = format!("Failed to pull image {image:?}: {error}");
                     events.warning(pod, name, "Failed", message);

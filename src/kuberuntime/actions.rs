@@ -5,7 +5,7 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 
 use super::container::container_hash;
 use super::runtime_status::{ContainerState, PodRuntimeStatus, RunState};
-use crate::prober::{ProbeKind, Results};
+use crate::probe::results::{ProbeKind, Results};
 
 /// The actions of one sync.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

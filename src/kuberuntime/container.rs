@@ -4,87 +4,18 @@
 //! Linux security context.
 
 use std::collections::HashMap;
-use std::net::IpAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 
-use super::env::{EnvSources, expand};
+use super::context::{ConfigError, ContainerContext};
 use super::labels;
-use super::security_context::{self, ImageUser, NonRootError};
+use super::security_context;
 use crate::cm::{QUOTA_PERIOD, milli_cpu_to_quota, milli_cpu_to_shares};
 use crate::cri::api;
+use crate::expansion::expand;
 use crate::pod::PodId;
 use crate::resources::Quantity;
-
-/// Why a container config could not be made (the kubelet's `CreateContainerConfigError`).
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum ConfigError {
-    /// A field the agent does not support yet.
-    #[error("container {container}: {what} is not supported by rkubelet yet")]
-    Unsupported {
-        /// The container.
-        container: String,
-        /// The field.
-        what: String,
-    },
-    /// A field reference that cannot be resolved.
-    #[error("container {container}: env {var}: {reason}")]
-    BadEnv {
-        /// The container.
-        container: String,
-        /// The variable.
-        var: String,
-        /// What is wrong.
-        reason: String,
-    },
-    /// A Secret, ConfigMap or the Services could not be read, or lack a key; the text is
-    /// the kubelet's.
-    #[error("{0}")]
-    Source(String),
-    /// `runAsNonRoot` cannot be honoured.
-    #[error(transparent)]
-    NonRoot(#[from] NonRootError),
-    /// The runtime could not say which user the image runs as.
-    #[error("{0}")]
-    ImageUser(String),
-    /// A resource quantity that does not parse.
-    #[error("container {container}: {reason}")]
-    BadResource {
-        /// The container.
-        container: String,
-        /// What is wrong.
-        reason: String,
-    },
-}
-
-/// What a container's config depends on besides its spec: facts known once the sandbox
-/// runs, and host paths prepared by the worker.
-#[derive(Debug, Clone, Default)]
-pub struct ContainerContext {
-    /// The pod's IPs, first the primary one.
-    pub pod_ips: Vec<IpAddr>,
-    /// The node's IP (`status.hostIP`).
-    pub host_ip: Option<IpAddr>,
-    /// The node's name (`spec.nodeName`).
-    pub node_name: String,
-    /// The container's mounts: volume mounts resolved to host paths, plus the kubelet's
-    /// own files (`/etc/hosts`, `/dev/termination-log`).
-    pub mounts: Vec<api::Mount>,
-    /// How many times the container was restarted: its `attempt` and log file name.
-    pub restart_count: u32,
-    /// The image reference the runtime resolved (`PullImage`/`ImageStatus`).
-    pub image_ref: String,
-    /// The Secrets, ConfigMaps and Services the environment is made from.
-    pub sources: Arc<EnvSources>,
-    /// The user the image runs as (`ImageStatus`).
-    pub image_user: ImageUser,
-    /// Where the node's `Localhost` seccomp profiles live (`<root-dir>/seccomp`).
-    pub seccomp_profile_root: PathBuf,
-    /// The node's memory capacity in bytes, for the container's OOM score.
-    pub memory_capacity: u64,
-}
 
 /// FNV-1a, 64 bits: a stable hash of the container spec, so a changed spec is noticed
 /// across agent restarts (the kubelet's `io.kubernetes.container.hash`).

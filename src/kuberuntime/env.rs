@@ -9,44 +9,16 @@
 //! watch-based caches), so making the environment is a pure function.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Container, EnvVar, Pod, Secret};
+use k8s_openapi::api::core::v1::{Container, EnvVar, Pod, Secret};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as ApiQuantity;
 
-use super::container::{ConfigError, ContainerContext};
+use super::context::{ConfigError, ContainerContext, EnvSources, Lookup};
 use crate::cri::api;
 use crate::envvars::ServiceLister;
+use crate::expansion::expand;
 use crate::resources::container_resource_value;
 use crate::watch_manager::{ObjectCache, Referenced, SourceCaches};
-
-/// What a lookup in a cache gave: the object, not found (`None`), or why it failed.
-type Lookup<K> = Result<Option<Arc<K>>, String>;
-
-/// The objects a pod's environment is made from, read before its containers start.
-#[derive(Debug)]
-pub struct EnvSources {
-    /// The Secrets the pod's containers reference, by name.
-    pub secrets: HashMap<String, Lookup<Secret>>,
-    /// The ConfigMaps the pod's containers reference, by name.
-    pub config_maps: HashMap<String, Lookup<ConfigMap>>,
-    /// The service variables of the pod, or why they are not known.
-    pub services: Result<BTreeMap<String, String>, String>,
-    /// The node's allocatable resources: the values of unset limits.
-    pub allocatable: BTreeMap<String, ApiQuantity>,
-}
-
-impl Default for EnvSources {
-    /// No objects, and no services (known to be none).
-    fn default() -> Self {
-        Self {
-            secrets: HashMap::new(),
-            config_maps: HashMap::new(),
-            services: Ok(BTreeMap::new()),
-            allocatable: BTreeMap::new(),
-        }
-    }
-}
 
 /// Reads the environment sources of pods: the Secret and ConfigMap caches, the Services.
 #[derive(Debug, Clone)]
@@ -111,40 +83,6 @@ async fn read_all<K: Referenced + Send + Sync + 'static>(
         (name, got)
     });
     futures::future::join_all(reads).await.into_iter().collect()
-}
-
-/// Expands `$(VAR)` references with the kubelet's rules: a defined variable is replaced,
-/// an undefined one is left as written, and `$$` stands for a literal `$`.
-#[must_use]
-pub fn expand(input: &str, mut lookup: impl FnMut(&str) -> Option<String>) -> String {
-    let mut out = String::with_capacity(input.len());
-    let mut rest = input;
-    while let Some(pos) = rest.find('$') {
-        out.push_str(&rest[..pos]);
-        let after = &rest[pos + 1..];
-        if let Some(tail) = after.strip_prefix('$') {
-            out.push('$');
-            rest = tail;
-        } else if let Some(inner) = after.strip_prefix('(')
-            && let Some(end) = inner.find(')')
-        {
-            let name = &inner[..end];
-            match lookup(name) {
-                Some(value) => out.push_str(&value),
-                None => {
-                    out.push_str("$(");
-                    out.push_str(name);
-                    out.push(')');
-                }
-            }
-            rest = &inner[end + 1..];
-        } else {
-            out.push('$');
-            rest = after;
-        }
-    }
-    out.push_str(rest);
-    out
 }
 
 /// A `fieldRef` value (the kubelet's `podFieldSelectorRuntimeValue`).
@@ -436,6 +374,8 @@ mod tests {
     use super::*;
     use crate::pod::testing::pod;
     use k8s_openapi::ByteString;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use std::sync::Arc;
 
     fn container(env: serde_json::Value, env_from: serde_json::Value) -> Container {
         serde_json::from_value(serde_json::json!({
@@ -515,14 +455,6 @@ mod tests {
             .iter()
             .map(|kv| (kv.key.as_str(), kv.value.as_str()))
             .collect()
-    }
-
-    #[test]
-    fn expansion_follows_the_kubelet_rules() {
-        let vars = HashMap::from([("A", "x")]);
-        let lookup = |n: &str| vars.get(n).map(|v| (*v).to_owned());
-        assert_eq!(expand("$(A)-$(B)-$$(A)-$-$(", lookup), "x-$(B)-$(A)-$-$(");
-        assert_eq!(expand("plain", lookup), "plain");
     }
 
     #[test]

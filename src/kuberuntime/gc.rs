@@ -13,6 +13,7 @@ use std::time::{Duration, SystemTime};
 
 use super::labels;
 use crate::cri::{Cri, CriError, api, ok_if_not_found};
+use crate::images::gc::run_periodically;
 
 /// How often the collector runs (the kubelet's `ContainerGCPeriod`).
 pub const CONTAINER_GC_PERIOD: Duration = Duration::from_secs(60);
@@ -249,42 +250,6 @@ impl<C: Cri> crate::eviction::NodeReclaimer for Arc<ContainerGc<C>> {
             Err(e) => {
                 tracing::warn!(error = %e, signal = signal.name(), "container GC could not free disk");
             }
-        }
-    }
-}
-
-/// Runs `collect` now and every `period` until `cancel`, logging as the kubelet's
-/// garbage collection loops do: an error for each failure (`"<what> garbage collection
-/// failed"` and `failure(repeated)`), the first success after a failure at info level,
-/// the others at debug level.
-pub async fn run_periodically<F, Fut, E>(
-    what: &str,
-    period: Duration,
-    cancel: &tokio_util::sync::CancellationToken,
-    failure: fn(bool) -> &'static str,
-    mut collect: F,
-) where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<(), E>>,
-    E: std::fmt::Display,
-{
-    let mut ticker = tokio::time::interval(period);
-    let mut failed = false;
-    loop {
-        tokio::select! {
-            () = cancel.cancelled() => return,
-            _ = ticker.tick() => {}
-        }
-        match collect().await {
-            Err(e) => {
-                tracing::error!(error = %e, "{what} garbage collection failed{}", failure(failed));
-                failed = true;
-            }
-            Ok(()) if failed => {
-                tracing::info!("{what} garbage collection succeeded");
-                failed = false;
-            }
-            Ok(()) => tracing::debug!("{what} garbage collection succeeded"),
         }
     }
 }

@@ -18,8 +18,9 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::Instrument;
 
 use super::actions::{PodActions, compute_pod_actions};
-use super::container::{ConfigError, ContainerContext, container_config};
-use super::env::{EnvSourceReader, EnvSources, environment};
+use super::container::container_config;
+use super::context::{ConfigError, ContainerContext, EnvSources};
+use super::env::{EnvSourceReader, environment};
 use super::names;
 use super::runtime_status::{PodRuntimeStatus, RunState, pod_ips, primary_ip};
 use super::sandbox::{SandboxSettings, pod_log_dir, sandbox_config};
@@ -31,7 +32,7 @@ use crate::images::ImageManager;
 use crate::lifecycle::handlers::run_hook;
 use crate::pod::PodId;
 use crate::pod::state::ForgetPod;
-use crate::prober::Results;
+use crate::probe::results::Results;
 use crate::volume::PodVolumes;
 
 /// Crashing containers wait 10 s, doubling to 5 min, before they are started again.

@@ -1,9 +1,11 @@
 //! The kubelet's `kuberuntime`: translates between the Pod API and the Container Runtime
 //! Interface. It builds sandbox and container configs from a PodSpec, reads a pod's state
 //! back from the runtime, decides what to start and stop, and carries that out over CRI.
+//! Knows no pod worker, prober or status manager: it is told what to run and reports what runs.
 
 pub mod actions;
 pub mod container;
+pub mod context;
 pub mod env;
 pub mod gc;
 pub mod labels;

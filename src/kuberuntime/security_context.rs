@@ -669,7 +669,8 @@ mod tests {
 
     #[test]
     fn no_container_config_for_a_root_image_under_run_as_non_root() {
-        use crate::kuberuntime::container::{ConfigError, ContainerContext, container_config};
+        use crate::kuberuntime::container::container_config;
+        use crate::kuberuntime::context::{ConfigError, ContainerContext};
         let p = web(
             PodSecurityContext {
                 run_as_non_root: Some(true),

@@ -25,7 +25,7 @@ pub fn node_lister(
 /// Starts a watch of the Nodes `config` selects; returns the store and the task that keeps
 /// it current until the process ends, calling `changed` after every event it reflected.
 /// Watch errors are retried as the kubelet's reflector does
-/// ([`crate::kubeclient::WatchRetry`]).
+/// ([`crate::backoff::WatchRetry`]).
 pub fn nodes_lister<F: Fn() + Send + 'static>(
     client: kube::Client,
     config: watcher::Config,
@@ -40,7 +40,7 @@ pub fn nodes_lister<F: Fn() + Send + 'static>(
         .reflect(writer);
     let feed = async move {
         let mut stream = std::pin::pin!(stream);
-        let mut retry = crate::kubeclient::WatchRetry::default();
+        let mut retry = crate::backoff::WatchRetry::default();
         loop {
             match stream.try_next().await {
                 Ok(Some(_)) => changed(),

@@ -104,7 +104,7 @@ pub fn start<S: PodSyncer, A: PodAdmission>(
     };
     let feed = async move {
         let mut stream = std::pin::pin!(stream);
-        let mut retry = crate::kubeclient::WatchRetry::default();
+        let mut retry = crate::backoff::WatchRetry::default();
         loop {
             match stream.try_next().await {
                 Ok(Some(event)) => feeder.handle(event),

@@ -22,6 +22,11 @@ pub trait ForgetPod: Send + Sync {
     fn forget(&self, uid: &str);
 }
 
+/// Wakes the pod worker of a pod UID: what a module that learns something new about a pod
+/// (a probe result changed, a referenced Secret changed) is given to call, so it never
+/// knows the pod workers.
+pub type Wake = Arc<dyn Fn(&str) + Send + Sync>;
+
 /// The per-pod state of the node: every registered module's. Cheap to clone.
 #[derive(Clone, Default)]
 pub struct PodStates(Arc<Mutex<Vec<Arc<dyn ForgetPod>>>>);

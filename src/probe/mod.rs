@@ -1,10 +1,11 @@
 //! Probe primitives, as the kubelet's `pkg/probe`: one check of a container by running a
 //! command in it ([`exec`]), an HTTP GET against it ([`http`]) or a TCP connect to it
 //! ([`tcp`]). Each answers a [`Outcome`]; the prober (and lifecycle hooks) decide what to
-//! do with it.
+//! do with it. The latest result of each container's probes is kept in [`results`].
 
 pub mod exec;
 pub mod http;
+pub mod results;
 pub mod tcp;
 
 use k8s_openapi::api::core::v1::Container;

@@ -6,9 +6,9 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 
-use super::ProbeKind;
 use crate::pod::PodId;
 use crate::probe::ProbeResult;
+use crate::probe::results::ProbeKind;
 
 /// The counts of one container's probe of one kind.
 #[derive(Debug)]

@@ -3,9 +3,9 @@
 //! latest result in a [`Results`] cache keyed by container id. The status generator reads
 //! readiness and startup from it, the runtime manager reads liveness and startup failures
 //! from it to restart containers; the prober itself never writes status nor kills.
+//! Knows no pod worker (it wakes one through `pod::state::Wake`) and no status manager.
 
 pub mod metrics;
-pub mod results;
 mod run;
 mod worker;
 
@@ -22,11 +22,8 @@ use crate::events::EventRecorder;
 use crate::kuberuntime::runtime_status::primary_ip;
 use crate::kuberuntime::{PodRuntimeStatus, RunState};
 use crate::pod::PodId;
-use crate::pod::state::ForgetPod;
-pub use results::{ProbeKind, Results};
-
-/// Wakes the pod worker of a pod UID (its result changed).
-pub type Wake = Arc<dyn Fn(&str) + Send + Sync>;
+use crate::pod::state::{ForgetPod, Wake};
+use crate::probe::results::{ProbeKind, Results};
 
 /// One probe worker: which container instance it probes, and its task.
 struct WorkerHandle {

@@ -11,11 +11,13 @@ use k8s_openapi::api::core::v1::{Container, Probe};
 use tokio::time::{Instant, MissedTickBehavior};
 use tracing::Instrument;
 
+use super::metrics;
 use super::run::Check;
-use super::{ProbeKind, Results, Wake, metrics};
 use crate::cri::Cri;
 use crate::events::EventRecorder;
 use crate::pod::PodId;
+use crate::pod::state::Wake;
+use crate::probe::results::{ProbeKind, Results};
 use crate::probe::{Outcome, ProbeResult};
 
 /// Errored probes are tried this many times before the period ends (the kubelet's

@@ -16,7 +16,7 @@ use crate::kuberuntime::actions::should_restart;
 use crate::kuberuntime::runtime_status::{ContainerState as RuntimeContainer, pod_ips};
 use crate::kuberuntime::{PodRuntimeStatus, RunState, Waiting};
 use crate::probe::ProbeResult;
-use crate::prober::{ProbeKind, Results};
+use crate::probe::results::{ProbeKind, Results};
 
 /// Whether the running container `id` passes its probe of `kind` (`has` says whether the
 /// container has that probe; without one, a running container passes).

@@ -24,11 +24,12 @@
 //!
 //! Every other volume type is refused with [`VolumeError::Unsupported`].
 //!
-//! The two boundaries are traits: [`VolumeApi`] (the API server; [`KubeVolumeApi`]) and
-//! [`Mounter`] (tmpfs and bind mounts, the mount table; [`LinuxMounter`]). File system work runs
-//! on blocking threads, never on the async runtime.
+//! The two boundaries are traits: [`PodObjects`] (the API server, read through the node's
+//! caches; [`KubePodObjects`]) and [`Mounter`] (tmpfs and bind mounts, the mount table;
+//! [`LinuxMounter`]). File system work runs on blocking threads, never on the async runtime.
+//!
+//! Knows no runtime (`kuberuntime`), pod worker, prober or image.
 
-mod api;
 mod atomic_writer;
 mod downward_api;
 mod error;
@@ -57,7 +58,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as ApiQuantity;
 use tracing::Instrument;
 
-pub use api::{KubeVolumeApi, VolumeApi};
+use crate::watch_manager::{KubePodObjects, PodObjects};
 pub use error::{Result, VolumeError};
 pub use mounter::{LinuxMounter, Mounter};
 pub use set_ups::{Mounted, SetUps};
@@ -263,7 +264,7 @@ impl PodVolumes {
 
 /// Sets up and tears down the volumes of the pods of this node. Share one per node
 /// (behind an `Arc`): it caches service account tokens across pods.
-pub struct VolumeManager<A = KubeVolumeApi, M = LinuxMounter> {
+pub struct VolumeManager<A = KubePodObjects, M = LinuxMounter> {
     root_dir: PathBuf,
     api: A,
     mounter: Arc<M>,
@@ -290,7 +291,7 @@ impl<A: Send + Sync, M: Send + Sync> ForgetPod for VolumeManager<A, M> {
 impl<A, M> VolumeManager<A, M> {
     /// Caches a token of pod `id` through `api`, as the set-up of a projected service
     /// account token does (for tests whose manager reaches no API).
-    pub(crate) async fn request_token(&self, api: &impl VolumeApi, id: &crate::pod::PodId) {
+    pub(crate) async fn request_token(&self, api: &impl PodObjects, id: &crate::pod::PodId) {
         let key = TokenKey {
             namespace: id.namespace.clone(),
             service_account: "default".into(),
@@ -423,7 +424,7 @@ fn api_error<'a>(
     }
 }
 
-impl<A: VolumeApi, M: Mounter> VolumeManager<A, M> {
+impl<A: PodObjects, M: Mounter> VolumeManager<A, M> {
     /// A manager keeping pod directories under `root_dir` (the kubelet's `--root-dir`).
     #[must_use]
     pub fn new(root_dir: impl Into<PathBuf>, api: A, mounter: M) -> Self {

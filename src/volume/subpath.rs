@@ -32,7 +32,7 @@ const BIND_FILE_MODE: u32 = 0o640;
 /// `ExpandContainerVolumeMounts`): every referenced variable must be set and not empty.
 pub(super) fn expand(expr: &str, env: &HashMap<String, String>) -> Result<String, String> {
     let mut missing = std::collections::BTreeSet::new();
-    let expanded = crate::kuberuntime::env::expand(expr, |name| {
+    let expanded = crate::expansion::expand(expr, |name| {
         let value = env.get(name).cloned().unwrap_or_default();
         if value.is_empty() {
             missing.insert(name.to_owned());

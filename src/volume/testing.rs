@@ -1,22 +1,13 @@
-//! Test doubles of the module's boundaries (a fake API server and a mounter that records
-//! calls) and a self-removing temporary directory. Compiled for tests only; the pod
-//! worker's unit tests may use them too.
+//! Test doubles of the module's boundary (a mounter that records calls) and a
+//! self-removing temporary directory. Compiled for tests only; the pod worker's unit tests
+//! may use them too. The fake API server is [`crate::watch_manager::testing::FakeApi`].
 
 use crate::lock::lock;
-use crate::watch_manager::CacheError;
-use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use k8s_openapi::ByteString;
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestStatus};
-use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
-use k8s_openapi::jiff::Timestamp;
-
-use super::api::VolumeApi;
 use super::mounter::Mounter;
 
 /// A group the test process may give its files: any as root (one it is not in, so that
@@ -57,140 +48,6 @@ impl TempDir {
 impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// An API server holding a few secrets and config maps; some names answer 403. Clones
-/// share their state.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct FakeApi {
-    inner: Arc<FakeApiState>,
-}
-
-#[derive(Debug, Default)]
-struct FakeApiState {
-    secrets: Mutex<HashMap<(String, String), Secret>>,
-    config_maps: Mutex<HashMap<(String, String), ConfigMap>>,
-    forbidden: Mutex<HashSet<String>>,
-    token_requests: Mutex<Vec<(String, String, TokenRequest)>>,
-}
-
-fn meta(namespace: &str, name: &str) -> ObjectMeta {
-    ObjectMeta {
-        namespace: Some(namespace.into()),
-        name: Some(name.into()),
-        ..ObjectMeta::default()
-    }
-}
-
-/// What the cache answers for an object whose watch is refused: it never syncs.
-fn forbidden(resource: &'static str) -> CacheError {
-    CacheError::NotSynced { resource }
-}
-
-impl FakeApi {
-    pub(crate) fn with_secret(self, namespace: &str, name: &str, data: &[(&str, &str)]) -> Self {
-        let data: BTreeMap<_, _> = data
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), ByteString(v.as_bytes().to_vec())))
-            .collect();
-        lock(&self.inner.secrets).insert(
-            (namespace.into(), name.into()),
-            Secret {
-                metadata: meta(namespace, name),
-                data: Some(data),
-                ..Secret::default()
-            },
-        );
-        self
-    }
-
-    pub(crate) fn with_config_map(
-        self,
-        namespace: &str,
-        name: &str,
-        data: &[(&str, &str)],
-        binary_data: &[(&str, &[u8])],
-    ) -> Self {
-        let data = data
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect();
-        let binary_data = binary_data
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), ByteString(v.to_vec())))
-            .collect();
-        lock(&self.inner.config_maps).insert(
-            (namespace.into(), name.into()),
-            ConfigMap {
-                metadata: meta(namespace, name),
-                data: Some(data),
-                binary_data: Some(binary_data),
-                ..ConfigMap::default()
-            },
-        );
-        self
-    }
-
-    /// Every read of an object of this name fails as for a watch the API server refuses.
-    pub(crate) fn forbid(self, name: &str) -> Self {
-        lock(&self.inner.forbidden).insert(name.into());
-        self
-    }
-
-    /// The token requests made so far: namespace, service account, request.
-    pub(crate) fn token_requests(&self) -> Vec<(String, String, TokenRequest)> {
-        lock(&self.inner.token_requests).clone()
-    }
-
-    fn check(&self, name: &str, resource: &'static str) -> Result<(), CacheError> {
-        if lock(&self.inner.forbidden).contains(name) {
-            Err(forbidden(resource))
-        } else {
-            Ok(())
-        }
-    }
-}
-
-impl VolumeApi for FakeApi {
-    async fn get_secret(&self, namespace: &str, name: &str) -> Result<Option<Secret>, CacheError> {
-        self.check(name, "secret")?;
-        Ok(lock(&self.inner.secrets)
-            .get(&(namespace.into(), name.into()))
-            .cloned())
-    }
-
-    async fn get_config_map(
-        &self,
-        namespace: &str,
-        name: &str,
-    ) -> Result<Option<ConfigMap>, CacheError> {
-        self.check(name, "configmap")?;
-        Ok(lock(&self.inner.config_maps)
-            .get(&(namespace.into(), name.into()))
-            .cloned())
-    }
-
-    async fn create_token(
-        &self,
-        namespace: &str,
-        service_account: &str,
-        request: &TokenRequest,
-    ) -> kube::Result<TokenRequest> {
-        let mut requests = lock(&self.inner.token_requests);
-        requests.push((namespace.into(), service_account.into(), request.clone()));
-        let seconds = request.spec.expiration_seconds.unwrap_or(3600);
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_secs();
-        let expires = i64::try_from(now).unwrap_or(0).saturating_add(seconds);
-        let mut response = request.clone();
-        response.status = Some(TokenRequestStatus {
-            token: format!("token-{}-{service_account}", requests.len()),
-            expiration_timestamp: Time(Timestamp::from_second(expires).expect("in range")),
-        });
-        Ok(response)
     }
 }
 

@@ -7,8 +7,9 @@ use std::os::unix::fs::{MetadataExt, symlink};
 use k8s_openapi::api::core::v1::{Container, Pod};
 use serde_json::json;
 
-use super::testing::{self, FakeApi, FakeMounter, MountCall, TempDir};
+use super::testing::{self, FakeMounter, MountCall, TempDir};
 use super::*;
+use crate::watch_manager::testing::FakeApi;
 
 const UID: &str = "5c1f-uid";
 

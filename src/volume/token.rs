@@ -9,7 +9,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 
-use super::api::VolumeApi;
+use crate::watch_manager::PodObjects;
 
 /// Token lifetime when the projection sets none (the API's default).
 pub(super) const DEFAULT_EXPIRATION_SECONDS: i64 = 3600;
@@ -79,7 +79,7 @@ impl TokenManager {
     }
 
     /// The token for `key`: the cached one while fresh, else a new one from the API.
-    pub(super) async fn token<A: VolumeApi>(
+    pub(super) async fn token<A: PodObjects>(
         &self,
         api: &A,
         key: &TokenKey,
@@ -156,8 +156,8 @@ fn unix_now() -> i64 {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::FakeApi;
     use super::*;
+    use crate::watch_manager::testing::FakeApi;
 
     fn key(uid: &str) -> TokenKey {
         TokenKey {

@@ -1,7 +1,8 @@
 //! Image references as the kubelet reads them before it asks the runtime for an image
 //! (`applyDefaultImageTag`, i.e. the Docker reference grammar's `ParseNormalizedNamed`):
 //! a reference that does not parse never reaches the runtime, and the container waits
-//! with `InvalidImageName` and the grammar's own error text.
+//! with `InvalidImageName` and the grammar's own error text. Shared vocabulary of the image
+//! manager and the credential keyring (the kubelet's `pkg/util/parsers`): knows neither.
 
 /// Longest repository name (domain and path), in characters.
 const NAME_TOTAL_LENGTH_MAX: usize = 255;

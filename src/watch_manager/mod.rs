@@ -12,6 +12,14 @@
 //! - A change to a watched object wakes the pods that reference it, so their volumes are
 //!   rewritten at once rather than at the next periodic sync.
 //! - An object marked `immutable` is not watched further once read.
+//!
+//! Volumes and image pull credentials read these objects (and request service account
+//! tokens) through one narrow trait, [`PodObjects`]. Knows no pod worker, prober, volume
+//! or image: pods register what they reference, and hand in a [`Wake`] for changes.
+
+mod objects;
+#[cfg(test)]
+pub(crate) mod testing;
 
 use crate::lock::lock;
 use std::collections::{HashMap, HashSet};
@@ -29,7 +37,9 @@ use kube::runtime::watcher::{self, Event};
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
-use crate::pod::state::ForgetPod;
+use crate::pod::state::{ForgetPod, Wake};
+
+pub use objects::{KubePodObjects, PodObjects};
 
 /// How long a read waits for an object's first list (the kubelet's one second).
 const SYNC_WAIT: Duration = Duration::from_secs(1);
@@ -52,8 +62,6 @@ pub enum CacheError {
         resource: &'static str,
     },
 }
-
-pub use crate::prober::Wake;
 
 /// An object as its watch last saw it: `None` until the first list, then whether it
 /// exists.
@@ -224,7 +232,7 @@ impl<K: Referenced + Send + Sync + 'static> ObjectCache<K> {
         let task = tokio::spawn(async move {
             let stream = watcher::watcher(api, config);
             let mut stream = std::pin::pin!(stream);
-            let mut retry = crate::kubeclient::WatchRetry::default();
+            let mut retry = crate::backoff::WatchRetry::default();
             // The objects of a (re)list, published when it is complete.
             let mut listing: Option<Arc<K>> = None;
             loop {

@@ -1,11 +1,13 @@
 //! The probe results cache (the kubelet's `prober/results`): the latest result of each
 //! probe kind per container id. Readers (status, runtime manager) never wait on probes.
+//! It lives beside the probe result, below the prober: the prober's workers write it, and
+//! its readers know no prober.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::probe::ProbeResult;
+use super::ProbeResult;
 
 /// Liveness, readiness or startup.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

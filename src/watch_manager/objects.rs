@@ -1,6 +1,7 @@
-//! The API boundary of the volume manager: the Secrets and ConfigMaps it reads (from the
-//! node's watch-based caches) and the tokens it requests, behind a trait so the volume
-//! logic is tested without a cluster.
+//! The one narrow read boundary of the API objects pods reference: the Secrets and
+//! ConfigMaps (from the node's watch-based caches) and the service account tokens that the
+//! volume manager and the image pull credentials read, behind a trait so their logic is
+//! tested without a cluster.
 //!
 //! With the node's own identity the Node authorizer allows these reads (a list and watch on
 //! `metadata.name`) and token requests only for objects that pods bound to this node
@@ -12,10 +13,10 @@ use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, ServiceAccount};
 use kube::api::{Api, PostParams};
 
-use crate::watch_manager::{CacheError, SourceCaches};
+use super::{CacheError, SourceCaches};
 
-/// The reads and the one write the volume manager needs.
-pub trait VolumeApi: Send + Sync + 'static {
+/// The reads and the one write (a token request) that volumes and image pulls need.
+pub trait PodObjects: Send + Sync + 'static {
     /// The Secret `namespace/name` as its watch last saw it; `None` when it does not exist.
     fn get_secret(
         &self,
@@ -41,15 +42,15 @@ pub trait VolumeApi: Send + Sync + 'static {
     ) -> impl Future<Output = kube::Result<TokenRequest>> + Send;
 }
 
-/// [`VolumeApi`] over the node's watch-based Secret and ConfigMap caches, and a
+/// [`PodObjects`] over the node's watch-based Secret and ConfigMap caches, and a
 /// [`kube::Client`] (normally with the node's identity) for tokens.
 #[derive(Clone)]
-pub struct KubeVolumeApi {
+pub struct KubePodObjects {
     client: kube::Client,
     caches: SourceCaches,
 }
 
-impl KubeVolumeApi {
+impl KubePodObjects {
     /// Secrets and ConfigMaps come from `caches`, tokens through `client`.
     #[must_use]
     pub fn new(client: kube::Client, caches: SourceCaches) -> Self {
@@ -57,13 +58,13 @@ impl KubeVolumeApi {
     }
 }
 
-impl std::fmt::Debug for KubeVolumeApi {
+impl std::fmt::Debug for KubePodObjects {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("KubeVolumeApi").finish_non_exhaustive()
+        f.debug_struct("KubePodObjects").finish_non_exhaustive()
     }
 }
 
-impl VolumeApi for KubeVolumeApi {
+impl PodObjects for KubePodObjects {
     async fn get_secret(&self, namespace: &str, name: &str) -> Result<Option<Secret>, CacheError> {
         let got = self.caches.secrets.get(namespace, name).await?;
         Ok(got.as_deref().cloned())
