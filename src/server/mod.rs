@@ -10,6 +10,7 @@
 //! | `/exec/{ns}/{pod}[/{uid}]/{container}` | exec through CRI ([`streaming`]) | `nodes/proxy` |
 //! | `/attach/{ns}/{pod}[/{uid}]/{container}` | attach through CRI | `nodes/proxy` |
 //! | `/portForward/{ns}/{pod}[/{uid}]` | port-forward through CRI | `nodes/proxy` |
+//! | `/configz` | the running KubeletConfiguration ([`configz`]) | `nodes/proxy` |
 //! | `/metrics` | Prometheus text ([`metrics`]) | `nodes/metrics` |
 //! | `/stats/summary` | CPU and memory of node and pods ([`stats`]) | `nodes/stats` |
 //! | `/debug/timeline[/{ns}/{pod}]` | pods' start-up timelines ([`debug`]) | `nodes/proxy` |
@@ -24,6 +25,7 @@
 
 pub mod auth;
 pub mod certificate;
+pub mod configz;
 pub mod connections;
 pub mod debug;
 pub mod logs;
@@ -129,6 +131,8 @@ pub struct ServerConfig {
     pub node_name: String,
     /// The node's IP (a SAN of a requested certificate).
     pub node_ip: IpAddr,
+    /// The running configuration, served on `/configz`.
+    pub configuration: serde_json::Value,
 }
 
 /// Start-up failures of the server.
@@ -221,6 +225,7 @@ fn route(path: &str) -> &'static str {
     let first = path.trim_start_matches('/').split('/').next().unwrap_or("");
     match first {
         "healthz" => "/healthz",
+        "configz" => "/configz",
         "pods" => "/pods",
         "metrics" => "/metrics",
         "stats" => "/stats",
@@ -293,6 +298,7 @@ struct Server {
     stats: stats::StatsProvider,
     timelines: Arc<Timelines>,
     statuses: StatusManager,
+    configz: configz::Configz,
 }
 
 impl Server {
@@ -347,6 +353,7 @@ impl Server {
         let stream = get || *req.method() == hyper::Method::POST;
         match segments.as_slice() {
             ["healthz"] if get => text(StatusCode::OK, "ok"),
+            ["configz"] if get => self.configz.serve(),
             ["pods"] | ["pods", ""] if get => self.pods_list(),
             ["metrics"] if get => self.metrics().await,
             ["stats", "summary"] if get => self.summary().await,
@@ -754,6 +761,7 @@ pub async fn start(
         stats: stats::StatsProvider::default(),
         timelines,
         statuses,
+        configz: configz::Configz::new(config.configuration),
     });
     tracing::info!(%address, "kubelet API serving");
     tokio::spawn(serve_tls(listener, acceptor, server, cancel.clone()));
