@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use common::case::{Case, running};
-use common::pods::exec_in;
+use common::pods::{exec_in, sleeper};
 use common::{eventually, kube_client, kubectl, node_name, state_dir, unique};
 use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::{Node, ServiceAccount};
@@ -200,6 +200,7 @@ impl ContainerCgroup {
 /// `value` lies within 5 % of the range the cgroup read around it.
 fn within_5_percent(what: &str, value: f64, before: f64, after: f64) {
     let (low, high) = (before.min(after) * 0.95, before.max(after) * 1.05);
+    eprintln!("{what}: {value} served, the cgroup's {before}..{after}");
     assert!(
         (low..=high).contains(&value),
         "{what}: {value} not within 5 % of the cgroup's {before}..{after}"
@@ -213,22 +214,16 @@ async fn resource_metrics_of_a_pod_holding_64_mib_and_burning_cpu_match_its_cgro
     let name = case
         .create(
             "burn",
-            json!({
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {},
-                "spec": {
-                    "terminationGracePeriodSeconds": 1,
-                    "volumes": [{"name": "mem", "emptyDir": {"medium": "Memory"}}],
-                    "containers": [{
-                        "name": "burn",
-                        "image": "busybox",
-                        "command": ["sh", "-c",
-                            "dd if=/dev/zero of=/mem/fill bs=1M count=64 && touch /mem/held && while :; do :; done"],
-                        "volumeMounts": [{"name": "mem", "mountPath": "/mem"}],
-                    }],
-                },
-            }),
+            sleeper(json!({
+                "volumes": [{"name": "mem", "emptyDir": {"medium": "Memory"}}],
+                "containers": [{
+                    "name": "burn",
+                    "image": "busybox",
+                    "command": ["sh", "-c",
+                        "dd if=/dev/zero of=/mem/fill bs=1M count=64 && touch /mem/held && while :; do :; done"],
+                    "volumeMounts": [{"name": "mem", "mountPath": "/mem"}],
+                }],
+            })),
         )
         .await;
     let uid = running(&name).await.metadata.uid.expect("uid");
@@ -315,15 +310,7 @@ async fn probe_metrics_count_a_pods_probe_runs_by_result() {
     let name = case
         .create(
             "probed",
-            json!({
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {},
-                "spec": {
-                    "terminationGracePeriodSeconds": 1,
-                    "containers": [container("ok", 0), container("failing", 1)],
-                },
-            }),
+            sleeper(json!({"containers": [container("ok", 0), container("failing", 1)]})),
         )
         .await;
     let uid = running(&name).await.metadata.uid.expect("uid");
@@ -382,7 +369,8 @@ async fn probe_metrics_count_a_pods_probe_runs_by_result() {
     );
 }
 
-/// curl against the node's kubelet API directly; the HTTP code and the body.
+/// curl against the node's kubelet API directly; the HTTP code (`000` while nothing
+/// listens) and the body.
 async fn kubelet_api(path: &str, header: Option<&str>) -> (String, String) {
     let mut cmd = tokio::process::Command::new("curl");
     cmd.args(["-sk", "--max-time", "10", "-w", "\n%{http_code}"]);
@@ -390,7 +378,8 @@ async fn kubelet_api(path: &str, header: Option<&str>) -> (String, String) {
         cmd.args(["-H", h]);
     }
     cmd.arg(format!("https://{}:10250{path}", common::agent::NODE_IP));
-    let out = common::run_ok(cmd, &format!("curl {path}")).await;
+    let out = cmd.output().await.expect("curl runs");
+    let out = String::from_utf8_lossy(&out.stdout);
     let (body, code) = out.rsplit_once('\n').expect("a code after the body");
     (code.to_owned(), body.trim().to_owned())
 }
