@@ -51,7 +51,8 @@
 # (BENCH_AGENTS to change them), without the floor: 100 pods bound to the node, then each
 # endpoint monitoring reads (/metrics, /metrics/resource, /metrics/probes,
 # /metrics/cadvisor, /stats/summary, /configz) fetched BENCH_SCRAPES times (default 20)
-# through the node proxy: time per scrape and the agent's CPU per scrape, e.g.
+# through the node proxy: time per scrape and the agent's CPU per scrape (each endpoint's
+# first answer kept in OUT_DIR/bodies, to compare the agents'), e.g.
 #   BENCH_SCRAPE=1 bash scripts/bench.sh out/scrape
 #
 # For a shorter run: BENCH_AGENTS (default "rkubelet rkubelet-agent-cni kubelet-qps5
@@ -256,7 +257,7 @@ scenarios() { # AGENT NODE
     settle
     log "$agent: 100 pods, each monitoring endpoint scraped $SCRAPES times"
     "$BENCH" scrape --kubeconfig "$KUBECONFIG_ADMIN" --node "$node" --count 100 --agent "$agent" \
-      --pid "$AGENT_PID" --scrapes "$SCRAPES" >>"$OUT/scrape.json"
+      --pid "$AGENT_PID" --scrapes "$SCRAPES" --bodies "$OUT/bodies" >>"$OUT/scrape.json"
   fi
 }
 

@@ -38,14 +38,18 @@ pub struct ScrapeArgs {
     /// The window over which the agent's CPU at rest is measured first, in seconds.
     #[arg(long, default_value_t = 10)]
     idle_seconds: u64,
+    /// A directory to keep each endpoint's first answer in (`<agent>_<path>.txt`), to
+    /// compare the agents' answers.
+    #[arg(long)]
+    bodies: Option<std::path::PathBuf>,
 }
 
-/// One fetch: its wall time in seconds and the body's size, or `None` for a 404.
-async fn fetch(client: &kube::Client, url: &str) -> anyhow::Result<Option<(f64, usize)>> {
+/// One fetch: its wall time in seconds and the body, or `None` for a 404.
+async fn fetch(client: &kube::Client, url: &str) -> anyhow::Result<Option<(f64, String)>> {
     let request = hyper::Request::get(url).body(Vec::new())?;
     let started = Instant::now();
     match client.request_text(request).await {
-        Ok(body) => Ok(Some((seconds(started.elapsed()), body.len()))),
+        Ok(body) => Ok(Some((seconds(started.elapsed()), body))),
         Err(kube::Error::Api(status)) if status.code == 404 => Ok(None),
         Err(e) => Err(e.into()),
     }
@@ -69,10 +73,15 @@ async fn scrape_all(args: &ScrapeArgs) -> anyhow::Result<Value> {
     let mut endpoints = serde_json::Map::new();
     for path in PATHS {
         let url = format!("/api/v1/nodes/{node}/proxy{path}");
-        let Some((_, bytes)) = fetch(&client, &url).await? else {
+        let Some((_, body)) = fetch(&client, &url).await? else {
             endpoints.insert(path.to_owned(), json!({ "served": false }));
             continue;
         };
+        if let Some(dir) = &args.bodies {
+            let name = format!("{}{path}", args.api.agent).replace(['/', ' '], "_");
+            std::fs::create_dir_all(dir)?;
+            std::fs::write(dir.join(format!("{name}.txt")), &body)?;
+        }
         let (_, cpu_before) = sample(args.pid)?;
         let window = Instant::now();
         let mut times = Vec::new();
@@ -90,7 +99,7 @@ async fn scrape_all(args: &ScrapeArgs) -> anyhow::Result<Value> {
             path.to_owned(),
             json!({
                 "served": true,
-                "bytes": bytes,
+                "bytes": body.len(),
                 "scrape_ms_median": ms(median(&mut times)),
                 "scrape_ms_max": ms(times.iter().copied().fold(0.0, f64::max)),
                 "agent_cpu_ms_per_scrape": ms(busy.max(0.0) / n),
