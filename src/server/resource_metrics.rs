@@ -232,6 +232,30 @@ mod tests {
     }
 
     #[test]
+    fn a_prometheus_parser_reads_types_and_timestamps() {
+        let text = render(Some(&summary()));
+        let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_owned())))
+            .expect("Prometheus text");
+        assert_eq!(scrape.samples.len(), 9);
+        let app = scrape
+            .samples
+            .iter()
+            .find(|s| {
+                s.metric == "container_cpu_usage_seconds_total"
+                    && s.labels.get("container") == Some("app")
+            })
+            .expect("the app container's CPU");
+        assert!(
+            matches!(app.value, prometheus_parse::Value::Counter(v) if (v - 2.25).abs() < 1e-9)
+        );
+        assert_eq!(app.timestamp.timestamp_millis(), 1_795_694_400_250);
+        assert_eq!(
+            scrape.docs["scrape_error"],
+            "[ALPHA] 1 if there was an error while getting container metrics, 0 otherwise"
+        );
+    }
+
+    #[test]
     fn a_failed_reading_is_a_scrape_error_alone() {
         assert_eq!(
             render(None),
