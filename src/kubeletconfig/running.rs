@@ -179,8 +179,8 @@ fn json_value(field: &Field, raw: &[String]) -> Option<Value> {
                 .collect(),
         ),
         Form::Map => Value::Object(pairs('=')),
-        // An empty threshold list is written, as the kubelet writes an empty map given.
-        Form::Thresholds => return Some(Value::Object(pairs('<'))),
+        // No thresholds (`--eviction-hard=`) is an empty map, left out as the kubelet's.
+        Form::Thresholds => Value::Object(pairs('<')),
     };
     let zero = match &value {
         Value::String(s) => s.is_empty(),
@@ -277,6 +277,43 @@ mod tests {
         for (d, text) in cases {
             assert_eq!(go_duration(d), text, "{d:?}");
         }
+    }
+
+    #[test]
+    fn flag_values_take_the_kubelets_json_forms() {
+        let field = |form| Field {
+            path: "x",
+            flag: "x",
+            form,
+        };
+        let raw = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        assert_eq!(
+            json_value(&field(Form::Thresholds), &raw(&["memory.available<1Gi"])),
+            Some(serde_json::json!({"memory.available": "1Gi"}))
+        );
+        assert_eq!(
+            json_value(&field(Form::Thresholds), &raw(&[""])),
+            None,
+            "--eviction-hard= is left out, as the kubelet leaves an empty map"
+        );
+        assert_eq!(
+            json_value(&field(Form::Map), &raw(&["cpu=100m,memory=1Gi"])),
+            Some(serde_json::json!({"cpu": "100m", "memory": "1Gi"}))
+        );
+        assert_eq!(
+            json_value(&field(Form::Duration), &raw(&["2m"])),
+            Some(Value::from("2m0s"))
+        );
+        assert_eq!(
+            json_value(&field(Form::List), &raw(&["10.0.0.1", "10.0.0.2"])),
+            Some(serde_json::json!(["10.0.0.1", "10.0.0.2"]))
+        );
+        assert_eq!(json_value(&field(Form::Count), &raw(&["0"])), None);
+        assert_eq!(
+            json_value(&field(Form::Int), &raw(&["0"])),
+            Some(Value::from(0))
+        );
+        assert_eq!(json_value(&field(Form::Text), &raw(&[""])), None);
     }
 
     #[test]

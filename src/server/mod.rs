@@ -375,7 +375,7 @@ impl Server {
             ["pods"] | ["pods", ""] if get => self.pods_list(),
             ["metrics"] if get => self.metrics().await,
             ["metrics", "resource"] if get => self.resource_metrics().await,
-            ["metrics", "probes"] if get => prometheus_text(probe_metrics::scrape().await),
+            ["metrics", "probes"] if get => prometheus_text(probe_metrics::render()),
             ["stats", "summary"] if get => self.summary().await,
             ["containerLogs", ns, pod, container] if get => {
                 self.container_logs(ns, pod, container, &query).await
