@@ -47,10 +47,18 @@
 # e.g.
 #   BENCH_KIND=1 bash scripts/bench.sh out/kind
 #
+# With BENCH_SCRAPE=1, the one scenario is `scrape` for rkubelet and the kubelet (QPS 50)
+# (BENCH_AGENTS to change them), without the floor: 100 pods bound to the node, then each
+# endpoint monitoring reads (/metrics, /metrics/resource, /metrics/probes,
+# /metrics/cadvisor, /stats/summary, /configz) fetched BENCH_SCRAPES times (default 20)
+# through the node proxy: time per scrape and the agent's CPU per scrape (each endpoint's
+# first answer kept in OUT_DIR/bodies, to compare the agents'), e.g.
+#   BENCH_SCRAPE=1 bash scripts/bench.sh out/scrape
+#
 # For a shorter run: BENCH_AGENTS (default "rkubelet rkubelet-agent-cni kubelet-qps5
 # kubelet-qps50"), BENCH_BURSTS (default "1 10 30 100"), BENCH_REPEAT (default 3),
 # BENCH_FLOOR=0 (skip the floor), BENCH_FOOTPRINT_SECONDS (default 60), BENCH_SCENARIOS
-# (default "all", or some of "idle bursts deployments steady probes sources"), e.g.
+# (default "all", or some of "idle bursts deployments steady probes sources scrape"), e.g.
 #   BENCH_SCENARIOS=probes BENCH_AGENTS="rkubelet kubelet-qps50" BENCH_FLOOR=0 bash scripts/bench.sh
 set -euo pipefail
 # shellcheck source=scripts/common.sh
@@ -65,7 +73,14 @@ NODES="${BENCH_NODES:-1}"
 KIND="${BENCH_KIND:-0}"
 [[ $KIND == 0 || ($KIND == 1 && $NODES == 1) ]] || die "BENCH_KIND=1 runs on one host node (BENCH_NODES=1)"
 KIND_NODE=rk-kind1
-if [[ $KIND == 1 ]]; then
+SCRAPE="${BENCH_SCRAPE:-0}"
+[[ $SCRAPE == 0 || ($SCRAPE == 1 && $NODES == 1 && $KIND == 0) ]] || die "BENCH_SCRAPE=1 runs on one host node (BENCH_NODES=1, BENCH_KIND=0)"
+if [[ $SCRAPE == 1 ]]; then
+  BURSTS=()
+  read -ra AGENTS <<<"${BENCH_AGENTS:-rkubelet kubelet-qps50}"
+  BENCH_SCENARIOS=scrape
+  BENCH_FLOOR=0
+elif [[ $KIND == 1 ]]; then
   read -ra BURSTS <<<"${BENCH_BURSTS:-30}"
   AGENTS=()
 elif ((NODES > 1)); then
@@ -77,7 +92,7 @@ else
 fi
 FOOTPRINT_SECONDS="${BENCH_FOOTPRINT_SECONDS:-60}"
 REPEAT="${BENCH_REPEAT:-3}"
-ALL_SCENARIOS="idle bursts deployments steady probes sources"
+ALL_SCENARIOS="idle bursts deployments steady probes sources scrape"
 SCENARIOS="${BENCH_SCENARIOS:-all}"
 [[ $SCENARIOS != all ]] || SCENARIOS=$ALL_SCENARIOS
 for s in $SCENARIOS; do
@@ -85,6 +100,7 @@ for s in $SCENARIOS; do
 done
 want() { [[ " $SCENARIOS " == *" $1 "* ]]; }
 PROBE_PODS=100
+SCRAPES="${BENCH_SCRAPES:-20}"
 SECOND_NODE=rk-node2
 
 # The floor uses containerd's own network, whose config containerd renders from the pod
@@ -236,6 +252,12 @@ scenarios() { # AGENT NODE
     log "$agent: $PROBE_PODS pods with probes every second, $FOOTPRINT_SECONDS s"
     "$BENCH" probes --kubeconfig "$KUBECONFIG_ADMIN" --node "$node" --count "$PROBE_PODS" --agent "$agent" \
       --pid "$AGENT_PID" --seconds "$FOOTPRINT_SECONDS" >>"$OUT/probes.json"
+  fi
+  if want scrape; then
+    settle
+    log "$agent: 100 pods, each monitoring endpoint scraped $SCRAPES times"
+    "$BENCH" scrape --kubeconfig "$KUBECONFIG_ADMIN" --node "$node" --count 100 --agent "$agent" \
+      --pid "$AGENT_PID" --scrapes "$SCRAPES" --bodies "$OUT/bodies" >>"$OUT/scrape.json"
   fi
 }
 

@@ -276,6 +276,7 @@ impl ServerFlags {
         node_name: &str,
         node_ip: IpAddr,
         root_dir: &std::path::Path,
+        configuration: serde_json::Value,
     ) -> Option<ServerConfig> {
         if self.port == 0 {
             return None;
@@ -298,6 +299,7 @@ impl ServerFlags {
             client_ca_file: self.client_ca_file,
             node_name: node_name.to_owned(),
             node_ip,
+            configuration,
         })
     }
 }
@@ -433,7 +435,7 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
         .build()?;
     runtime.block_on(async {
         match command {
-            Command::Run(args) => run_command(*args, timelines).await,
+            Command::Run(args) => run_command(*args, timelines, startup.configuration).await,
             Command::Cri(args) => cri_command(args).await,
             Command::Inspect(args) => inspect_command(args).await,
         }
@@ -443,6 +445,7 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
 async fn run_command(
     args: RunArgs,
     timelines: std::sync::Arc<rkubelet::timeline::Timelines>,
+    configuration: serde_json::Value,
 ) -> anyhow::Result<std::process::ExitCode> {
     let node_name = match args.hostname_override {
         Some(name) => name,
@@ -464,7 +467,9 @@ async fn run_command(
         cert_dir: (args.server.cert_dir.clone()).unwrap_or_else(|| args.root_dir.join("pki")),
         rotate: args.rotate_certificates,
     };
-    let server = args.server.config(&node_name, node_ip, &args.root_dir);
+    let server = args
+        .server
+        .config(&node_name, node_ip, &args.root_dir, configuration);
     let config = app::Config {
         kubeconfig: args.kubeconfig,
         client_certificate,

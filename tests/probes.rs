@@ -1,7 +1,7 @@
 //! Liveness, readiness and startup probes end to end, against the local cluster: exec,
 //! httpGet and tcpSocket probes of busybox containers, restarts on liveness failure with
 //! the kubelet's events, readiness gating the Ready condition, a startup probe holding
-//! both back, an exec probe cut at its timeout, `prober_probe_total` on `/metrics`, and
+//! both back, an exec probe cut at its timeout, `prober_probe_total` on `/metrics/probes`, and
 //! every probe kind of a host-network pod reaching it at the node's IP.
 
 mod common;
@@ -105,14 +105,16 @@ async fn a_failing_liveness_probe_restarts_the_container_with_the_kubelets_event
     let metrics = kubectl(&[
         "get",
         "--raw",
-        &format!("/api/v1/nodes/{}/proxy/metrics", node_name()),
+        &format!("/api/v1/nodes/{}/proxy/metrics/probes", node_name()),
     ])
     .await;
-    let series = format!(
-        "prober_probe_total{{probe_type=\"Liveness\",result=\"failed\",container=\"c\",pod=\"{name}\",namespace=\"default\","
-    );
+    let series =
+        format!("prober_probe_total{{container=\"c\",namespace=\"default\",pod=\"{name}\",");
     assert!(
-        metrics.lines().any(|l| l.starts_with(&series)),
+        metrics
+            .lines()
+            .any(|l| l.starts_with(&series)
+                && l.contains("probe_type=\"Liveness\",result=\"failed\"}")),
         "{series} missing from the metrics"
     );
 }

@@ -10,6 +10,7 @@ use clap::{Arg, ArgMatches, Command};
 
 use super::fields::{self, Note};
 use super::file::{ConfigError, ConfigFile};
+use super::running;
 
 /// A kubelet flag that rkubelet accepts and does not act on.
 #[derive(Debug, Clone, Copy)]
@@ -69,6 +70,9 @@ pub struct Startup {
     pub config_file: Option<PathBuf>,
     /// Fields and flags without effect, file values the command line overrides.
     pub notes: Vec<Note>,
+    /// The running configuration that `/configz` serves ([`running`]); null for the
+    /// commands other than `run`.
+    pub configuration: serde_json::Value,
 }
 
 impl Startup {
@@ -183,7 +187,7 @@ fn given(run: &ArgMatches, id: &str) -> bool {
 /// by its field).
 pub fn parse(cmd: Command, argv: Vec<OsString>) -> Result<(ArgMatches, Startup), ParseError> {
     let mut cmd = cmd.mut_subcommand("run", augment);
-    let (matches, mut argv) = matches_with_implicit_run(&mut cmd, argv)?;
+    let (matches, argv) = matches_with_implicit_run(&mut cmd, argv)?;
     let Some(("run", run)) = matches.subcommand() else {
         return Ok((matches, Startup::default()));
     };
@@ -196,9 +200,26 @@ pub fn parse(cmd: Command, argv: Vec<OsString>) -> Result<(ArgMatches, Startup),
             });
         }
     }
-    let Some(path) = run.get_one::<PathBuf>(CONFIG).cloned() else {
-        return Ok((matches, startup));
+    let matches = match run.get_one::<PathBuf>(CONFIG).cloned() {
+        Some(path) => with_file(&mut cmd, argv, run, path, &mut startup)?,
+        None => matches,
     };
+    if let (Some(("run", run)), Some(run_cmd)) = (matches.subcommand(), cmd.find_subcommand("run"))
+    {
+        startup.configuration = running::configuration(run_cmd, run);
+    }
+    Ok((matches, startup))
+}
+
+/// Parses `argv` again with the values of the file at `path` that the command line
+/// (`run`, as first parsed) did not give.
+fn with_file(
+    cmd: &mut Command,
+    mut argv: Vec<OsString>,
+    run: &ArgMatches,
+    path: PathBuf,
+    startup: &mut Startup,
+) -> Result<ArgMatches, ParseError> {
     let file = ConfigFile::load(&path)?;
     let plan = fields::plan(&file)?;
     let run_cmd = cmd
@@ -229,10 +250,8 @@ pub fn parse(cmd: Command, argv: Vec<OsString>) -> Result<(ArgMatches, Startup),
             .iter()
             .map(|s| OsString::from(format!("--{}={}", s.flag, s.value))),
     );
-    let matches = cmd
-        .try_get_matches_from_mut(&argv)
-        .map_err(|e| blame_file(e, &path, &from_file))?;
-    Ok((matches, startup))
+    cmd.try_get_matches_from_mut(&argv)
+        .map_err(|e| blame_file(e, &path, &from_file))
 }
 
 /// A parse error caused by a value from the file, named by its field.
@@ -425,6 +444,44 @@ mod tests {
                 flag: "cluster-dns"
             }]
         );
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn the_running_configuration_merges_defaults_file_and_flags() {
+        let dir = temp_dir("running");
+        let config = write_config(
+            &dir,
+            "maxPods: 7\nclusterDNS: [10.96.0.10]\ncgroupsPerQOS: false\n\
+             authentication: {x509: {clientCAFile: pki/ca.crt}}\nnodeStatusUpdateFrequency: 20s\n",
+        );
+        let config = config.to_str().unwrap();
+        let (_, startup) = parse(
+            command(),
+            argv(&["--config", config, "--cluster-dns", "10.0.0.1,10.0.0.2"]),
+        )
+        .unwrap();
+        let running = &startup.configuration;
+        // The file's, the command line's over the file's, the flag's default, the
+        // kubelet's default.
+        assert_eq!(running["maxPods"], 7);
+        assert_eq!(running["cgroupsPerQOS"], false);
+        let ca = dir.join("pki/ca.crt").display().to_string();
+        assert_eq!(
+            running["authentication"]["x509"]["clientCAFile"],
+            ca.as_str()
+        );
+        assert_eq!(
+            running["clusterDNS"],
+            serde_json::json!(["10.0.0.1", "10.0.0.2"])
+        );
+        assert_eq!(running["clusterDomain"], "cluster.local");
+        assert_eq!(running["evictionHard"]["memory.available"], "100Mi");
+        // Not implemented: what rkubelet behaves as, the kubelet's default.
+        assert_eq!(running["nodeStatusUpdateFrequency"], "10s");
+        // Not `run`: no configuration.
+        let (_, cri) = parse(command(), argv(&["cri"])).unwrap();
+        assert!(cri.configuration.is_null());
         std::fs::remove_dir_all(dir).unwrap();
     }
 

@@ -8,11 +8,13 @@
 //! way, known but not implemented, unknown), and the implemented ones become flags that
 //! the command line did not give ([`flags`]), parsed by the same flag parsers. Fields and
 //! flags without effect are logged once at start-up, never refused. Flag values in the
-//! kubelet's own syntax (reservations, taints) are parsed in [`values`].
+//! kubelet's own syntax (reservations, taints) are parsed in [`values`]. The merged result,
+//! as a KubeletConfiguration, is [`running`] (served on `/configz`).
 
 pub mod fields;
 pub mod file;
 pub mod flags;
+pub mod running;
 pub mod values;
 
 pub use fields::Note;

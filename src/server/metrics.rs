@@ -116,7 +116,7 @@ fn with<'a>(labels: &[(&'a str, &'a str)], k: &'a str, v: &'a str) -> Vec<(&'a s
 }
 
 /// Go's `%g`-like formatting Prometheus parses: integers without a fraction.
-fn format_float(v: f64) -> String {
+pub(crate) fn format_float(v: f64) -> String {
     if v.is_infinite() {
         if v > 0.0 { "+Inf" } else { "-Inf" }.to_owned()
     } else {
@@ -161,6 +161,18 @@ pub fn escape_label_value(v: &str) -> String {
 }
 
 fn sample(out: &mut String, name: &str, labels: &[(&str, &str)], value: impl std::fmt::Display) {
+    sample_at(out, name, labels, value, None);
+}
+
+/// Writes one sample line, with an explicit timestamp (milliseconds since the epoch) if
+/// given, as the kubelet's collectors with timestamps write theirs.
+pub(crate) fn sample_at(
+    out: &mut String,
+    name: &str,
+    labels: &[(&str, &str)],
+    value: impl std::fmt::Display,
+    timestamp_ms: Option<i64>,
+) {
     out.push_str(name);
     if !labels.is_empty() {
         out.push('{');
@@ -172,10 +184,14 @@ fn sample(out: &mut String, name: &str, labels: &[(&str, &str)], value: impl std
         }
         out.push('}');
     }
-    let _ = writeln!(out, " {value}");
+    let _ = match timestamp_ms {
+        Some(ms) => writeln!(out, " {value} {ms}"),
+        None => writeln!(out, " {value}"),
+    };
 }
 
-fn header(out: &mut String, name: &str, kind: &str, help: &str) {
+/// Writes a family's `# HELP` and `# TYPE` lines.
+pub(crate) fn header(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}");
     let _ = writeln!(out, "# TYPE {name} {kind}");
 }
@@ -289,15 +305,6 @@ impl Metrics {
             "Duration in seconds from the agent seeing a pod for the first time to the pod starting to run.",
         );
         lock(&self.pod_start).render(&mut out, name, &[]);
-
-        let name = "prober_probe_total";
-        header(
-            &mut out,
-            name,
-            "counter",
-            "[ALPHA] Cumulative number of a liveness, readiness or startup probe for a container by result.",
-        );
-        crate::prober::metrics::samples(|labels, value| sample(&mut out, name, labels, value));
 
         let name = "kubelet_pod_worker_duration_seconds";
         header(

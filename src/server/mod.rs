@@ -10,7 +10,10 @@
 //! | `/exec/{ns}/{pod}[/{uid}]/{container}` | exec through CRI ([`streaming`]) | `nodes/proxy` |
 //! | `/attach/{ns}/{pod}[/{uid}]/{container}` | attach through CRI | `nodes/proxy` |
 //! | `/portForward/{ns}/{pod}[/{uid}]` | port-forward through CRI | `nodes/proxy` |
+//! | `/configz` | the running KubeletConfiguration ([`configz`]) | `nodes/proxy` |
 //! | `/metrics` | Prometheus text ([`metrics`]) | `nodes/metrics` |
+//! | `/metrics/resource` | CPU and memory of node, pods, containers ([`resource_metrics`]) | `nodes/metrics` |
+//! | `/metrics/probes` | probe results ([`probe_metrics`]) | `nodes/metrics` |
 //! | `/stats/summary` | CPU and memory of node and pods ([`stats`]) | `nodes/stats` |
 //! | `/debug/timeline[/{ns}/{pod}]` | pods' start-up timelines ([`debug`]) | `nodes/proxy` |
 //! | `/logs/{path}` | the node's `/var/log` ([`syslogs`]) | `nodes/log` |
@@ -24,10 +27,13 @@
 
 pub mod auth;
 pub mod certificate;
+pub mod configz;
 pub mod connections;
 pub mod debug;
 pub mod logs;
 pub mod metrics;
+pub mod probe_metrics;
+pub mod resource_metrics;
 pub mod stats;
 pub mod streaming;
 pub mod syslogs;
@@ -129,6 +135,8 @@ pub struct ServerConfig {
     pub node_name: String,
     /// The node's IP (a SAN of a requested certificate).
     pub node_ip: IpAddr,
+    /// The running configuration, served on `/configz`.
+    pub configuration: serde_json::Value,
 }
 
 /// Start-up failures of the server.
@@ -206,6 +214,14 @@ fn json(value: &impl serde::Serialize) -> Response<Body> {
     }
 }
 
+/// A Prometheus text exposition (format 0.0.4).
+fn prometheus_text(body: String) -> Response<Body> {
+    Response::builder()
+        .header("content-type", "text/plain; version=0.0.4; charset=utf-8")
+        .body(full(body))
+        .unwrap_or_else(|_| Response::new(empty()))
+}
+
 /// A refusal closes its connection: a client that is not let in holds none of the
 /// [`connections`] budget beyond its one answer.
 fn refused(mut response: Response<Body>) -> Response<Body> {
@@ -218,9 +234,16 @@ fn refused(mut response: Response<Body>) -> Response<Body> {
 
 /// The route of a path, as a metrics label.
 fn route(path: &str) -> &'static str {
-    let first = path.trim_start_matches('/').split('/').next().unwrap_or("");
+    let mut parts = path.trim_start_matches('/').split('/');
+    let first = parts.next().unwrap_or("");
+    match (first, parts.next()) {
+        ("metrics", Some("resource")) => return "/metrics/resource",
+        ("metrics", Some("probes")) => return "/metrics/probes",
+        _ => {}
+    }
     match first {
         "healthz" => "/healthz",
+        "configz" => "/configz",
         "pods" => "/pods",
         "metrics" => "/metrics",
         "stats" => "/stats",
@@ -293,6 +316,7 @@ struct Server {
     stats: stats::StatsProvider,
     timelines: Arc<Timelines>,
     statuses: StatusManager,
+    configz: configz::Configz,
 }
 
 impl Server {
@@ -347,8 +371,11 @@ impl Server {
         let stream = get || *req.method() == hyper::Method::POST;
         match segments.as_slice() {
             ["healthz"] if get => text(StatusCode::OK, "ok"),
+            ["configz"] if get => self.configz.serve(),
             ["pods"] | ["pods", ""] if get => self.pods_list(),
             ["metrics"] if get => self.metrics().await,
+            ["metrics", "resource"] if get => self.resource_metrics().await,
+            ["metrics", "probes"] if get => prometheus_text(probe_metrics::render()),
             ["stats", "summary"] if get => self.summary().await,
             ["containerLogs", ns, pod, container] if get => {
                 self.container_logs(ns, pod, container, &query).await
@@ -419,11 +446,18 @@ impl Server {
                 "metrics without running pods and containers: the runtime did not answer"
             );
         }
-        let body = metrics::global().render(&self.node_name, counts.as_ref());
-        Response::builder()
-            .header("content-type", "text/plain; version=0.0.4; charset=utf-8")
-            .body(full(body))
-            .unwrap_or_else(|_| Response::new(empty()))
+        prometheus_text(metrics::global().render(&self.node_name, counts.as_ref()))
+    }
+
+    async fn resource_metrics(&self) -> Response<Body> {
+        let summary = self
+            .stats
+            .summary(&self.node_name, &self.cri, &LinuxMachine)
+            .await;
+        if let Err(e) = &summary {
+            tracing::warn!(error = %e, "resource metrics without the runtime's figures");
+        }
+        prometheus_text(resource_metrics::render(summary.as_ref().ok()))
     }
 
     async fn summary(&self) -> Response<Body> {
@@ -754,6 +788,7 @@ pub async fn start(
         stats: stats::StatsProvider::default(),
         timelines,
         statuses,
+        configz: configz::Configz::new(config.configuration),
     });
     tracing::info!(%address, "kubelet API serving");
     tokio::spawn(serve_tls(listener, acceptor, server, cancel.clone()));
@@ -948,6 +983,9 @@ mod tests {
     fn routes_are_small_label_sets() {
         assert_eq!(route("/containerLogs/ns/p/c"), "/containerLogs");
         assert_eq!(route("/stats/summary"), "/stats");
+        assert_eq!(route("/metrics/resource"), "/metrics/resource");
+        assert_eq!(route("/metrics/probes"), "/metrics/probes");
+        assert_eq!(route("/metrics/other"), "/metrics");
         assert_eq!(route("/anything/else"), "other");
     }
 

@@ -14,6 +14,10 @@
 //! - `probes`: N pods bound to the node, each with a readiness and a liveness probe every
 //!   second (exec, httpGet and tcpSocket, evenly spread), timed until all are Ready; then
 //!   the agent's footprint over a window while the probes run, then deletion.
+//! - `scrape`: N pods bound to the node; each endpoint monitoring reads (`/metrics`,
+//!   `/metrics/resource`, `/metrics/probes`, `/metrics/cadvisor`, `/stats/summary`,
+//!   `/configz`) fetched repeatedly through the node proxy: time per fetch and the agent's
+//!   CPU per fetch.
 //!
 //! This file is the command line only: the sub-commands' declarations and their dispatch,
 //! and the printing of the one JSON object each returns. Each scenario lives in its own
@@ -30,6 +34,7 @@ mod probes;
 mod procfs;
 mod report;
 mod results;
+mod scrape;
 mod settle;
 mod sources;
 
@@ -61,6 +66,9 @@ enum Command {
     /// N pods using one Secret and one ConfigMap in env and volumes: start-up, deletion,
     /// and the agent's reads of them from the API server's audit log.
     Sources(sources::SourcesArgs),
+    /// N pods, then each monitoring endpoint scraped repeatedly: time and agent CPU per
+    /// scrape.
+    Scrape(scrape::ScrapeArgs),
     /// Waits until the machine's CPUs are quiet again after a scenario.
     Settle(settle::SettleArgs),
     /// A Markdown table and plot data from a directory of results.
@@ -83,6 +91,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Footprint(a) => footprint::footprint(a).await?,
         Command::Probes(a) => probes::probes(a).await?,
         Command::Sources(a) => sources::sources(a).await?,
+        Command::Scrape(a) => scrape::scrape(a).await?,
         Command::Settle(a) => settle::settle(&a).await?,
         Command::Report(a) => report::report(&a)?,
     };

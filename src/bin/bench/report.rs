@@ -480,6 +480,44 @@ fn sources_table(results: &[Value]) -> String {
     md
 }
 
+/// Markdown: what each endpoint monitoring reads costs each agent with its pods running:
+/// the median and longest scrape through the node proxy, and the agent's CPU per scrape.
+fn scrape_table(results: &[Value]) -> String {
+    let rows: Vec<&Value> = results.iter().filter(|r| r["kind"] == "scrape").collect();
+    if rows.is_empty() {
+        return String::new();
+    }
+    let mut md = String::from(
+        "\n| endpoint (pods running) | agent | scrape p50 / max | agent CPU per scrape | body |\n|---|---|---|---|---|\n",
+    );
+    for r in rows {
+        let Some(endpoints) = r["endpoints"].as_object() else {
+            continue;
+        };
+        for (path, e) in endpoints {
+            let agent = r["agent"].as_str().unwrap_or_default();
+            if e["served"] != true {
+                md.push_str(&format!(
+                    "| `{path}` ({}) | {agent} | not served | — | — |\n",
+                    r["count"]
+                ));
+                continue;
+            }
+            let ms = |key: &str| e[key].as_f64().unwrap_or(f64::NAN);
+            #[allow(clippy::cast_precision_loss)]
+            let kib = e["bytes"].as_u64().unwrap_or(0) as f64 / 1024.0;
+            md.push_str(&format!(
+                "| `{path}` ({}) | {agent} | {:.1} / {:.1} ms | {:.1} ms | {kib:.1} KiB |\n",
+                r["count"],
+                ms("scrape_ms_median"),
+                ms("scrape_ms_max"),
+                ms("agent_cpu_ms_per_scrape"),
+            ));
+        }
+    }
+    md
+}
+
 /// Markdown: where an rkubelet burst's time went, per step, from the agent's own spans.
 fn breakdown_tables(dir: &Path, rows: &[&Value]) -> anyhow::Result<String> {
     let mut md = String::new();
@@ -643,6 +681,7 @@ pub fn report(args: &ReportArgs) -> anyhow::Result<Value> {
     md.push_str(&probes_table(&results));
     md.push_str(&nodes_table(&results));
     md.push_str(&sources_table(&results));
+    md.push_str(&scrape_table(&results));
     md.push_str(&goals_table(&results));
     md.push_str(&breakdown_tables(&args.dir, &rows)?);
     std::fs::write(args.dir.join("report.md"), &md)?;
@@ -753,6 +792,21 @@ mod tests {
         assert_eq!(merged[0]["runs"], 3);
         assert_eq!(merged[0]["cpu_seconds"], 2.0);
         assert_eq!(merged[0]["rss_max_mb"], 21.0);
+    }
+
+    #[test]
+    fn scrape_table_has_a_row_per_endpoint_and_agent() {
+        let r = json!({"kind": "scrape", "agent": "rkubelet", "count": 100, "endpoints": {
+            "/configz": {"served": true, "bytes": 2048, "scrape_ms_median": 4.25,
+                         "scrape_ms_max": 9.0, "agent_cpu_ms_per_scrape": 0.5},
+            "/metrics/cadvisor": {"served": false},
+        }});
+        assert_eq!(
+            scrape_table(&[r]),
+            "\n| endpoint (pods running) | agent | scrape p50 / max | agent CPU per scrape | body |\n|---|---|---|---|---|\n\
+             | `/configz` (100) | rkubelet | 4.2 / 9.0 ms | 0.5 ms | 2.0 KiB |\n\
+             | `/metrics/cadvisor` (100) | rkubelet | not served | — | — |\n"
+        );
     }
 
     #[test]
