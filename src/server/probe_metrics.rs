@@ -46,7 +46,7 @@ mod tests {
     use super::*;
     use crate::pod::PodId;
     use crate::probe::ProbeResult;
-    use crate::prober::ProbeKind;
+    use crate::probe::results::ProbeKind;
 
     #[test]
     fn probe_counts_with_sorted_labels() {
