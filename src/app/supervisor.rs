@@ -446,202 +446,231 @@ fn panic_message(panic: &(dyn Any + Send)) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use OnFailure::{Ignore, Restart, Stop};
+
+    const MS: Duration = Duration::from_millis(10);
 
     #[derive(Debug, thiserror::Error)]
     #[error("{0}")]
     struct Boom(&'static str);
 
-    type Journal = mpsc::UnboundedSender<String>;
+    /// A log writer that sends what is written.
+    struct Sink(std::sync::mpsc::Sender<Vec<u8>>);
 
-    /// What the tasks wrote, in order.
-    fn read(journal: &mut mpsc::UnboundedReceiver<String>) -> Vec<String> {
-        std::iter::from_fn(|| journal.try_recv().ok()).collect()
+    impl std::io::Write for Sink {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            let _ = self.0.send(buf.to_vec());
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
     }
 
-    /// A task that writes when it starts and when it is asked to stop.
-    fn until_stopped(name: &'static str, journal: &Journal) -> Run<Boom> {
-        Run::again(journal.clone(), move |journal, stop| async move {
-            let _ = journal.send(format!("start {name}"));
-            stop.cancelled().await;
-            let _ = journal.send(format!("stop {name}"));
-        })
+    /// A tree of tasks, what they write when they start and stop, and what it logs (on
+    /// this thread: the tests run on a current-thread runtime).
+    struct Bench {
+        cancel: CancellationToken,
+        tree: Supervisor<Boom>,
+        journal: mpsc::UnboundedSender<String>,
+        written: mpsc::UnboundedReceiver<String>,
+        log: std::sync::mpsc::Receiver<Vec<u8>>,
+        _logging: tracing::subscriber::DefaultGuard,
     }
 
-    /// The log lines written while the returned guard lives (on this thread: the tests
-    /// run on a current-thread runtime).
-    fn capture_logs() -> (
-        tracing::subscriber::DefaultGuard,
-        std::sync::mpsc::Receiver<Vec<u8>>,
-    ) {
-        struct Sink(std::sync::mpsc::Sender<Vec<u8>>);
-        impl std::io::Write for Sink {
-            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-                let _ = self.0.send(buf.to_vec());
-                Ok(buf.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
+    /// How a bench's tree ended: its result, what its tasks wrote, its log.
+    struct Ended {
+        result: Result<(), Failure<Boom>>,
+        written: Vec<String>,
+        log: String,
+    }
+
+    impl Ended {
+        /// Whether one line of the log holds every one of `words`.
+        fn logged(&self, words: &[&str]) -> bool {
+            self.log
+                .lines()
+                .any(|l| words.iter().all(|w| l.contains(w)))
+        }
+    }
+
+    impl Bench {
+        fn new(stop_within: Duration, tasks: Vec<Task>) -> Self {
+            let (sink, log) = std::sync::mpsc::channel();
+            let subscriber = tracing_subscriber::fmt()
+                .with_ansi(false)
+                .with_writer(move || Sink(sink.clone()))
+                .finish();
+            let (journal, written) = mpsc::unbounded_channel();
+            let cancel = CancellationToken::new();
+            Self {
+                tree: Supervisor::new(&cancel, stop_within, tasks),
+                cancel,
+                journal,
+                written,
+                log,
+                _logging: tracing::subscriber::set_default(subscriber),
             }
         }
-        let (tx, rx) = std::sync::mpsc::channel();
-        let subscriber = tracing_subscriber::fmt()
-            .with_ansi(false)
-            .with_writer(move || Sink(tx.clone()))
-            .finish();
-        (tracing::subscriber::set_default(subscriber), rx)
-    }
 
-    fn logs(rx: &std::sync::mpsc::Receiver<Vec<u8>>) -> String {
-        String::from_utf8(rx.try_iter().flatten().collect()).unwrap_or_default()
-    }
+        /// A run that writes when it starts and when it is asked to stop.
+        fn steady(&self, name: &'static str) -> Run<Boom> {
+            Run::again(self.journal.clone(), move |journal, stop| async move {
+                let _ = journal.send(format!("start {name}"));
+                stop.cancelled().await;
+                let _ = journal.send(format!("stop {name}"));
+            })
+        }
 
-    fn tree(tasks: Vec<Task>) -> (CancellationToken, Supervisor<Boom>) {
-        let cancel = CancellationToken::new();
-        let supervisor = Supervisor::new(&cancel, Duration::from_secs(5), tasks);
-        (cancel, supervisor)
+        fn start_steady(&mut self, name: &'static str) {
+            let run = self.steady(name);
+            self.tree.start(name, run).unwrap();
+        }
+
+        /// Waits until the tree stops (asked to with `cancel`, or by a failure).
+        async fn ended(mut self) -> Ended {
+            let result = self.tree.run().await;
+            Ended {
+                result,
+                written: std::iter::from_fn(|| self.written.try_recv().ok()).collect(),
+                log: String::from_utf8(self.log.try_iter().flatten().collect()).unwrap_or_default(),
+            }
+        }
     }
 
     /// Lets the spawned tasks run until they wait.
     async fn settle() {
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(MS * 2).await;
     }
 
     #[tokio::test]
     async fn tasks_start_in_the_declared_order_and_a_cancel_stops_them_in_reverse() {
-        let (journal, mut written) = mpsc::unbounded_channel();
-        let (cancel, mut tree) = tree(vec![
-            Task::new("a", OnFailure::Stop),
-            Task::new("b", OnFailure::Ignore).after(&["a"]),
-            Task::new("c", OnFailure::Stop).after(&["b"]),
-        ]);
+        let mut bench = Bench::new(
+            Duration::from_secs(5),
+            vec![
+                Task::new("a", Stop),
+                Task::new("b", Ignore).after(&["a"]),
+                Task::new("c", Stop).after(&["b"]),
+            ],
+        );
         for name in ["a", "b", "c"] {
-            tree.start(name, until_stopped(name, &journal)).unwrap();
+            bench.start_steady(name);
             settle().await;
         }
-        cancel.cancel();
-        tree.run().await.unwrap();
-        assert_eq!(
-            read(&mut written),
-            [
-                "start a", "start b", "start c", "stop c", "stop b", "stop a"
-            ]
-        );
+        bench.cancel.cancel();
+        let ended = bench.ended().await;
+        assert!(ended.result.is_ok(), "{:?}", ended.result);
+        let order = [
+            "start a", "start b", "start c", "stop c", "stop b", "stop a",
+        ];
+        assert_eq!(ended.written, order);
     }
 
     #[tokio::test]
     async fn a_run_handed_against_the_declaration_is_refused() {
-        let (journal, _written) = mpsc::unbounded_channel();
-        let (_cancel, mut tree) = tree(vec![
-            Task::new("a", OnFailure::Stop),
-            Task::new("b", OnFailure::Stop).after(&["a"]),
-            Task::new("c", OnFailure::Ignore),
-            Task::new("d", Restart(Backoff::new(MS, MS))),
-        ]);
-        let refused = |r: Result<(), DeclarationError>| r.unwrap_err().to_string();
-        assert_eq!(
-            refused(tree.start("b", until_stopped("b", &journal))),
-            "task b starts after a, which has not started"
+        let mut bench = Bench::new(
+            Duration::from_secs(5),
+            vec![
+                Task::new("a", Stop),
+                Task::new("b", Stop).after(&["a"]),
+                Task::new("c", Ignore),
+                Task::new("d", Restart(Backoff::new(MS, MS))),
+            ],
         );
-        assert_eq!(
-            refused(tree.start("x", until_stopped("x", &journal))),
-            "task x is not declared"
-        );
-        tree.start("c", until_stopped("c", &journal)).unwrap();
-        assert_eq!(
-            refused(tree.start("a", until_stopped("a", &journal))),
-            "task a is declared before c, which has started"
-        );
-        assert_eq!(
-            refused(tree.start("d", Run::once(|_| async {}))),
-            "task d is restarted on failure but its run cannot be made again"
-        );
-        tree.stop().await.unwrap();
+        let mut refused = |name, run| bench.tree.start(name, run).unwrap_err().to_string();
+        let expected = [
+            ("b", "task b starts after a, which has not started"),
+            ("x", "task x is not declared"),
+        ];
+        for (name, why) in expected {
+            assert_eq!(refused(name, Run::once(|_| async {})), why);
+        }
+        bench.start_steady("c");
+        let mut refused = |name, run| bench.tree.start(name, run).unwrap_err().to_string();
+        let expected = [
+            ("a", "task a is declared before c, which has started"),
+            (
+                "d",
+                "task d is restarted on failure but its run cannot be made again",
+            ),
+        ];
+        for (name, why) in expected {
+            assert_eq!(refused(name, Run::once(|_| async {})), why);
+        }
     }
-
-    use OnFailure::Restart;
-    const MS: Duration = Duration::from_millis(10);
 
     #[tokio::test]
     async fn a_panicking_task_is_reported_by_name_and_stops_the_others() {
-        let (_guard, log) = capture_logs();
-        let (journal, mut written) = mpsc::unbounded_channel();
-        let (_cancel, mut tree) = tree(vec![
-            Task::new("calm", OnFailure::Stop),
-            Task::new("shaky", OnFailure::Stop),
-        ]);
-        tree.start("calm", until_stopped("calm", &journal)).unwrap();
         fn give_way() {
             panic!("the shaky one gave way");
         }
+        let tasks = vec![Task::new("calm", Stop), Task::new("shaky", Stop)];
+        let mut bench = Bench::new(Duration::from_secs(5), tasks);
+        bench.start_steady("calm");
         let shaky = Run::once(|_| async {
             settle().await;
             give_way();
         });
-        tree.start("shaky", shaky).unwrap();
-        let failure = tree.run().await.unwrap_err();
+        bench.tree.start("shaky", shaky).unwrap();
+        let ended = bench.ended().await;
         assert!(
-            matches!(&failure, Failure::Panic { task: "shaky", message } if message == "the shaky one gave way"),
-            "{failure:?}"
+            matches!(&ended.result, Err(Failure::Panic { task: "shaky", message }) if message == "the shaky one gave way"),
+            "{:?}",
+            ended.result
         );
-        assert_eq!(read(&mut written), ["start calm", "stop calm"]);
-        let logs = logs(&log);
-        assert!(
-            logs.lines().any(|l| l.contains("ERROR")
-                && l.contains("task=\"shaky\"")
-                && l.contains("task shaky panicked: the shaky one gave way")
-                && l.contains("stopping all tasks")),
-            "{logs}"
-        );
+        assert_eq!(ended.written, ["start calm", "stop calm"]);
+        let reported = [
+            "ERROR",
+            "task=\"shaky\"",
+            "task shaky panicked: the shaky one gave way",
+            "stopping all tasks",
+        ];
+        assert!(ended.logged(&reported), "{}", ended.log);
     }
 
     #[tokio::test]
     async fn a_stop_tasks_error_stops_the_others_in_reverse_start_order() {
-        let (_guard, log) = capture_logs();
-        let (journal, mut written) = mpsc::unbounded_channel();
-        let (_cancel, mut tree) = tree(vec![
-            Task::new("a", OnFailure::Ignore),
-            Task::new("b", Restart(Backoff::new(MS, MS))),
-            Task::new("fatal", OnFailure::Stop),
-            Task::new("d", OnFailure::Stop),
-        ]);
-        tree.start("a", until_stopped("a", &journal)).unwrap();
-        tree.start("b", until_stopped("b", &journal)).unwrap();
+        let mut bench = Bench::new(
+            Duration::from_secs(5),
+            vec![
+                Task::new("a", Ignore),
+                Task::new("b", Restart(Backoff::new(MS, MS))),
+                Task::new("fatal", Stop),
+                Task::new("d", Stop),
+            ],
+        );
+        bench.start_steady("a");
+        bench.start_steady("b");
         let (fail, failing) = tokio::sync::oneshot::channel::<()>();
         let fatal = Run::once(|_| async {
             let _ = failing.await;
             Err::<(), _>(Boom("lost the lease"))
         });
-        tree.start("fatal", fatal).unwrap();
-        tree.start("d", until_stopped("d", &journal)).unwrap();
+        bench.tree.start("fatal", fatal).unwrap();
+        bench.start_steady("d");
         settle().await;
         let _ = fail.send(());
-        let failure = tree.run().await.unwrap_err();
-        assert_eq!(failure.to_string(), "task fatal: lost the lease");
-        assert_eq!(
-            read(&mut written),
-            [
-                "start a", "start b", "start d", "stop d", "stop b", "stop a"
-            ]
-        );
-        let logs = logs(&log);
-        assert!(
-            logs.lines().any(|l| l.contains("ERROR")
-                && l.contains("task=\"fatal\"")
-                && l.contains("lost the lease")),
-            "{logs}"
-        );
+        let ended = bench.ended().await;
+        let failure = ended.result.as_ref().map_err(ToString::to_string);
+        assert_eq!(failure, Err("task fatal: lost the lease".to_owned()));
+        let order = [
+            "start a", "start b", "start d", "stop d", "stop b", "stop a",
+        ];
+        assert_eq!(ended.written, order);
+        let reported = ["ERROR", "task=\"fatal\"", "lost the lease", "stopping all"];
+        assert!(ended.logged(&reported), "{}", ended.log);
     }
 
     #[tokio::test]
     async fn a_restart_task_is_restarted_with_back_off_and_the_others_are_untouched() {
-        let (_guard, log) = capture_logs();
-        let (journal, mut written) = mpsc::unbounded_channel();
-        let (cancel, mut tree) = tree(vec![
-            Task::new("steady", OnFailure::Stop),
-            Task::new("flaky", Restart(Backoff::new(MS * 4, MS * 10))),
-        ]);
-        tree.start("steady", until_stopped("steady", &journal))
-            .unwrap();
+        let mut bench = Bench::new(
+            Duration::from_secs(5),
+            vec![
+                Task::new("steady", Stop),
+                Task::new("flaky", Restart(Backoff::new(MS * 4, MS * 10))),
+            ],
+        );
+        bench.start_steady("steady");
         let (starts, mut started) = mpsc::unbounded_channel();
         let runs = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let flaky = Run::again((starts, runs), |(starts, runs), stop| async move {
@@ -652,10 +681,11 @@ mod tests {
             stop.cancelled().await;
             Ok(())
         });
-        tree.start("flaky", flaky).unwrap();
+        bench.tree.start("flaky", flaky).unwrap();
         tokio::time::sleep(MS * 40).await;
-        cancel.cancel();
-        tree.run().await.unwrap();
+        bench.cancel.cancel();
+        let ended = bench.ended().await;
+        assert!(ended.result.is_ok(), "{:?}", ended.result);
         let at: Vec<Instant> = std::iter::from_fn(|| started.try_recv().ok()).collect();
         assert_eq!(at.len(), 4, "three failures, then a run until stopped");
         let waits: Vec<Duration> = at.windows(2).map(|w| w[1] - w[0]).collect();
@@ -665,75 +695,57 @@ mod tests {
                 "waited {waits:?}, want 40, 80, 100 ms at least"
             );
         }
-        assert_eq!(read(&mut written), ["start steady", "stop steady"]);
-        let logs = logs(&log);
-        assert_eq!(
-            logs.lines()
-                .filter(|l| l.contains("task=\"flaky\"") && l.contains("restarting it"))
-                .count(),
-            3,
-            "{logs}"
-        );
+        assert_eq!(ended.written, ["start steady", "stop steady"]);
+        let restarts = ended
+            .log
+            .lines()
+            .filter(|l| l.contains("task=\"flaky\"") && l.contains("restarting it"))
+            .count();
+        assert_eq!(restarts, 3, "{}", ended.log);
     }
 
     #[tokio::test]
     async fn an_ignored_failure_is_logged_and_the_others_go_on() {
-        let (_guard, log) = capture_logs();
-        let (journal, mut written) = mpsc::unbounded_channel();
-        let (cancel, mut tree) = tree(vec![
-            Task::new("steady", OnFailure::Stop),
-            Task::new("best-effort", OnFailure::Ignore),
-        ]);
-        tree.start("steady", until_stopped("steady", &journal))
-            .unwrap();
+        let tasks = vec![Task::new("steady", Stop), Task::new("best-effort", Ignore)];
+        let mut bench = Bench::new(Duration::from_secs(5), tasks);
+        bench.start_steady("steady");
         let once = Run::once(|_| async { Err::<(), _>(Boom("no events today")) });
-        tree.start("best-effort", once).unwrap();
+        bench.tree.start("best-effort", once).unwrap();
         settle().await;
-        assert!(!tree.stopping().is_cancelled());
-        cancel.cancel();
-        tree.run().await.unwrap();
-        assert_eq!(read(&mut written), ["start steady", "stop steady"]);
-        let logs = logs(&log);
-        assert!(
-            logs.contains("task=\"best-effort\"") && logs.contains("the others go on"),
-            "{logs}"
-        );
+        assert!(!bench.tree.stopping().is_cancelled());
+        bench.cancel.cancel();
+        let ended = bench.ended().await;
+        assert!(ended.result.is_ok(), "{:?}", ended.result);
+        assert_eq!(ended.written, ["start steady", "stop steady"]);
+        let reported = ["ERROR", "task=\"best-effort\"", "no events today", "go on"];
+        assert!(ended.logged(&reported), "{}", ended.log);
     }
 
     #[tokio::test]
     async fn a_task_that_does_not_stop_in_time_is_dropped_and_one_dropped_on_stop_at_once() {
-        let (_guard, log) = capture_logs();
-        let cancel = CancellationToken::new();
-        let tasks = vec![
-            Task::new("deaf", OnFailure::Stop),
-            Task::new("idle", OnFailure::Stop),
-        ];
-        let mut tree: Supervisor<Boom> = Supervisor::new(&cancel, MS * 5, tasks);
+        let tasks = vec![Task::new("deaf", Stop), Task::new("idle", Stop)];
+        let mut bench = Bench::new(MS * 5, tasks);
         let forever = || Run::once(|_| std::future::pending::<()>());
-        tree.start("deaf", forever()).unwrap();
-        tree.start("idle", forever().dropped_on_stop()).unwrap();
+        bench.tree.start("deaf", forever()).unwrap();
+        bench
+            .tree
+            .start("idle", forever().dropped_on_stop())
+            .unwrap();
+        bench.cancel.cancel();
         let began = Instant::now();
-        tree.stop().await.unwrap();
+        let ended = bench.ended().await;
         assert!(began.elapsed() < Duration::from_secs(1));
-        let logs = logs(&log);
-        assert!(
-            logs.contains("task=\"deaf\"") && logs.contains("did not stop in time"),
-            "{logs}"
-        );
-        assert!(
-            !logs
-                .lines()
-                .any(|l| l.contains("task=\"idle\"") && l.contains("did not stop")),
-            "{logs}"
-        );
+        assert!(ended.result.is_ok(), "{:?}", ended.result);
+        let late = |task| ended.logged(&[task, "did not stop in time"]);
+        assert!(late("task=\"deaf\""), "{}", ended.log);
+        assert!(!late("task=\"idle\""), "{}", ended.log);
     }
 
     #[tokio::test]
     async fn a_step_ends_when_the_tasks_must_stop() {
-        let (cancel, tree) = tree(vec![]);
-        assert_eq!(tree.step(async { 7 }).await, Some(7));
-        cancel.cancel();
-        assert_eq!(tree.step(std::future::pending::<()>()).await, None);
-        tree.stop().await.unwrap();
+        let bench = Bench::new(Duration::from_secs(5), vec![]);
+        assert_eq!(bench.tree.step(async { 7 }).await, Some(7));
+        bench.cancel.cancel();
+        assert_eq!(bench.tree.step(std::future::pending::<()>()).await, None);
     }
 }
