@@ -22,7 +22,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use rkubelet::cri::{CriClient, Endpoint, RuntimeHealth};
 use rkubelet::node::{
     DEFAULT_KUBELET_VERSION, LinuxMachine, MachineInfo, NODE_LEASE_NAMESPACE, NodeAgent,
-    NodeConfig, ReadinessCheck, StatusUpdate, wait_for_pod_cidr,
+    NodeConfig, ReadinessCheck, StatusTrigger, StatusUpdate, wait_for_pod_cidr,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -396,8 +396,11 @@ async fn the_lease_is_held_owned_by_the_node_and_renewed() {
         config.node_lease_duration_seconds = 4;
         let agent = Arc::new(agent(client.clone(), config));
         let node = agent.register(&cancel).await.expect("registration");
-        let heartbeats = Arc::clone(&agent).spawn(cancel.clone());
-        heartbeats.status_trigger().update_now();
+        let trigger = StatusTrigger::default();
+        let lease = tokio::spawn(agent.lease().run(cancel.clone()));
+        let status =
+            tokio::spawn(Arc::clone(&agent).run_status_loop(cancel.clone(), trigger.clone()));
+        trigger.update_now();
 
         let leases: Api<Lease> = Api::namespaced(client, NODE_LEASE_NAMESPACE);
         let renewed_at = |lease: &Lease| {
@@ -435,7 +438,11 @@ async fn the_lease_is_held_owned_by_the_node_and_renewed() {
         );
 
         cancel.cancel();
-        tokio::time::timeout(Duration::from_secs(5), heartbeats.join())
+        let heartbeats = async {
+            lease.await.expect("the lease heartbeat");
+            status.await.expect("the node status heartbeat");
+        };
+        tokio::time::timeout(Duration::from_secs(5), heartbeats)
             .await
             .expect("the heartbeats stop when cancelled");
     })

@@ -46,9 +46,6 @@ pub enum CertificateError {
         /// When it expired.
         not_after: k8s_openapi::jiff::Timestamp,
     },
-    /// The rotation task ended abnormally (it panicked).
-    #[error("the certificate rotation task failed: {0}")]
-    Task(#[from] tokio::task::JoinError),
     /// A file under the cert dir could not be read or written.
     #[error("{path}: {source}")]
     Io {

@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{Node, NodeStatus};
 use kube::api::{Api, GetParams, Patch, PatchParams};
 use tokio::sync::{Mutex, Notify};
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::machine::MachineInfo;
@@ -56,7 +55,8 @@ pub(super) struct StatusState {
 ///
 /// Typical use: [`NodeAgent::new`], [`register`](NodeAgent::register) (retries until the
 /// API server accepts the Node), [`wait_for_pod_cidr`](super::wait_for_pod_cidr) if the pod
-/// network needs it, then [`spawn`](NodeAgent::spawn) the heartbeats.
+/// network needs it, then run the heartbeats: the [`lease`](NodeAgent::lease) and the
+/// [status loop](NodeAgent::run_status_loop).
 pub struct NodeAgent {
     client: kube::Client,
     pub(super) nodes: Api<Node>,
@@ -112,21 +112,20 @@ impl NodeAgent {
         &self.config
     }
 
-    /// Starts the heartbeats: the lease renewal and the periodic node status update.
-    /// Both stop when `cancel` fires; [`Heartbeats::join`] waits for them.
+    /// The lease heartbeat: a controller that renews the node's lease until cancelled.
     #[must_use]
-    pub fn spawn(self: Arc<Self>, cancel: CancellationToken) -> Heartbeats {
-        let trigger = StatusTrigger(Arc::new(Notify::new()));
-        let lease = LeaseController::new(self.client.clone(), &self.config);
-        Heartbeats {
-            lease: tokio::spawn(lease.run(cancel.clone())),
-            status: tokio::spawn(self.run_status_loop(cancel, trigger.clone())),
-            trigger,
-        }
+    pub fn lease(&self) -> LeaseController {
+        LeaseController::new(self.client.clone(), &self.config)
     }
 
+    /// The node status heartbeat: updates the status every period, and at once when
+    /// `trigger` asks, until `cancel` fires.
     #[tracing::instrument(name = "node_status", skip_all, fields(node = %self.config.name))]
-    async fn run_status_loop(self: Arc<Self>, cancel: CancellationToken, trigger: StatusTrigger) {
+    pub async fn run_status_loop(
+        self: Arc<Self>,
+        cancel: CancellationToken,
+        trigger: StatusTrigger,
+    ) {
         let period = self.config.node_status_update_frequency;
         tracing::info!(?period, "updating node status");
         loop {
@@ -385,39 +384,14 @@ fn read_machine(
 
 /// Asks the node status heartbeat for an immediate update (for instance when the runtime's
 /// health or a readiness check changed). Cheap to clone; requests made while an update is
-/// running are not lost.
-#[derive(Debug, Clone)]
+/// running (or before the heartbeat starts) are not lost.
+#[derive(Debug, Clone, Default)]
 pub struct StatusTrigger(Arc<Notify>);
 
 impl StatusTrigger {
     /// Requests a node status update now rather than at the next period.
     pub fn update_now(&self) {
         self.0.notify_one();
-    }
-}
-
-/// The running heartbeats of a [`NodeAgent`].
-#[derive(Debug)]
-pub struct Heartbeats {
-    lease: JoinHandle<()>,
-    status: JoinHandle<()>,
-    trigger: StatusTrigger,
-}
-
-impl Heartbeats {
-    /// A handle to request immediate node status updates.
-    #[must_use]
-    pub fn status_trigger(&self) -> StatusTrigger {
-        self.trigger.clone()
-    }
-
-    /// Waits until both heartbeats have stopped (after their cancellation token fired).
-    pub async fn join(self) {
-        for (name, task) in [("lease", self.lease), ("node status", self.status)] {
-            if let Err(e) = task.await {
-                tracing::error!(heartbeat = name, error = %e, "heartbeat task failed");
-            }
-        }
     }
 }
 

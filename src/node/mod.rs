@@ -40,7 +40,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 pub use address::{AddressError, HostAddresses, LinuxHost, node_ip};
-pub use agent::{Heartbeats, NodeAgent, StatusTrigger, StatusUpdate};
+pub use agent::{NodeAgent, StatusTrigger, StatusUpdate};
 pub use config::{
     DEFAULT_KUBELET_VERSION, EvictionHard, NodeConfig, Reservation, go_arch, parse_go_duration,
 };

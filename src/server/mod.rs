@@ -723,28 +723,34 @@ async fn runtime_counts(cri: &CriClient) -> Option<metrics::RuntimeCounts> {
 async fn serving_certificates(
     config: &ServerConfig,
     client: &kube::Client,
-    cancel: &CancellationToken,
-) -> Result<Arc<CertStore>, ServerError> {
+) -> Result<(Arc<CertStore>, Option<CertificateManager>), ServerError> {
     let store = Arc::new(CertStore::default());
     let node = NodeIdentity {
         name: config.node_name.clone(),
         ips: vec![config.node_ip],
     };
-    match &config.serving_certificate {
-        ServingCertificateSource::Files { cert, key } => store.set(tls::load_files(cert, key)?),
+    let manager = match &config.serving_certificate {
+        ServingCertificateSource::Files { cert, key } => {
+            store.set(tls::load_files(cert, key)?);
+            None
+        }
         ServingCertificateSource::SelfSigned { cert_dir } => {
             store.set(certificate::self_signed(cert_dir, &node)?);
+            None
         }
         ServingCertificateSource::Rotate { cert_dir, files } => {
             if let Some((cert, key)) = files {
                 store.set_without_sni(tls::load_files(cert, key)?);
             }
-            let manager =
-                CertificateManager::new(client.clone(), &node, cert_dir.clone(), store.clone())?;
-            tokio::spawn(manager.run(cancel.clone()));
+            Some(CertificateManager::new(
+                client.clone(),
+                &node,
+                cert_dir.clone(),
+                store.clone(),
+            )?)
         }
-    }
-    Ok(store)
+    };
+    Ok((store, manager))
 }
 
 async fn bind(address: SocketAddr) -> Result<TcpListener, ServerError> {
@@ -753,8 +759,8 @@ async fn bind(address: SocketAddr) -> Result<TcpListener, ServerError> {
         .map_err(|source| ServerError::Bind { address, source })
 }
 
-/// Starts the kubelet API on `--address:--port` and `/healthz` on
-/// `--healthz-bind-address:--healthz-port`; both stop accepting when `cancel` fires.
+/// Binds the kubelet API on `--address:--port` and `/healthz` on
+/// `--healthz-bind-address:--healthz-port`, ready to serve with [`Serving::run`].
 ///
 /// # Errors
 /// A port cannot be bound, or TLS cannot be set up.
@@ -765,9 +771,8 @@ pub async fn start(
     pods: PodStore,
     timelines: Arc<Timelines>,
     statuses: StatusManager,
-    cancel: CancellationToken,
-) -> Result<(), ServerError> {
-    let store = serving_certificates(&config, &client, &cancel).await?;
+) -> Result<Serving, ServerError> {
+    let (store, certificates) = serving_certificates(&config, &client).await?;
     let tls = tls::server_config(store, config.client_ca_file.as_deref())?;
     if config.client_ca_file.is_none() {
         tracing::warn!("no --client-ca-file: client certificates are not accepted");
@@ -791,12 +796,47 @@ pub async fn start(
         configz: configz::Configz::new(config.configuration),
     });
     tracing::info!(%address, "kubelet API serving");
-    tokio::spawn(serve_tls(listener, acceptor, server, cancel.clone()));
-    if let Some(listener) = healthz {
+    if let Some(listener) = &healthz {
         tracing::info!(address = %listener.local_addr().map_or_else(|e| e.to_string(), |a| a.to_string()), "healthz serving");
-        tokio::spawn(serve_healthz(listener, cancel));
     }
-    Ok(())
+    Ok(Serving {
+        listener,
+        acceptor,
+        server,
+        healthz,
+        certificates,
+    })
+}
+
+/// The kubelet API with its ports bound (from [`start`]).
+pub struct Serving {
+    listener: TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+    server: Arc<Server>,
+    healthz: Option<TcpListener>,
+    certificates: Option<CertificateManager>,
+}
+
+impl Serving {
+    /// Serves the kubelet API and `/healthz`, and keeps the serving certificate fresh when
+    /// it rotates, until `cancel` fires.
+    pub async fn run(self, cancel: CancellationToken) {
+        let healthz = async {
+            if let Some(listener) = self.healthz {
+                serve_healthz(listener, cancel.clone()).await;
+            }
+        };
+        let certificates = async {
+            if let Some(manager) = self.certificates {
+                manager.run(cancel.clone()).await;
+            }
+        };
+        tokio::join!(
+            serve_tls(self.listener, self.acceptor, self.server, cancel.clone()),
+            healthz,
+            certificates
+        );
+    }
 }
 
 /// Accepts a connection on `listener` whenever one of `permits` is free, and serves it

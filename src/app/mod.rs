@@ -1,18 +1,25 @@
 //! Start-up of `rkubelet run`, like the kubelet's `cmd/kubelet/app`: from the
 //! configuration to running modules. It connects to the API server and the runtime,
-//! registers the node, sets up pod networking for the chosen owner, and starts the
-//! heartbeats, the status manager, the event publisher, the PLEG, the pod source, the pod
-//! workers and housekeeping. It returns when asked to stop; pods keep running, as with the
-//! kubelet, and are adopted by the next start.
+//! registers the node, sets up pod networking for the chosen owner, and declares the
+//! agent's long-running loops (heartbeats, status manager, event publisher, PLEG, pod
+//! sources, pod workers' housekeeping, garbage collectors, eviction, the kubelet API) as
+//! named tasks of a [`supervisor`]: what starts after what, which failure stops the agent
+//! and which is restarted. It returns when asked to stop; pods keep running, as with the
+//! kubelet, and are adopted by the next start. It wires modules together and owns none of
+//! their decisions.
+
+pub mod supervisor;
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use tokio::task::JoinHandle;
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use k8s_openapi::api::core::v1::Node;
 use tokio_util::sync::CancellationToken;
 
+use crate::backoff::Backoff;
 use crate::certificate::csr::{CsrTemplate, EXIT_AFTER_EXPIRY, Rotation};
 use crate::certificate::transport::ClientIdentity;
 use crate::certificate::{CertificateError, bootstrap};
@@ -30,17 +37,20 @@ use crate::kuberuntime::gc::ContainerGc;
 use crate::kuberuntime::sandbox::SandboxSettings;
 use crate::lifecycle::admission::{PodAdmitter, SysctlWhitelist};
 use crate::node::{
-    LinuxMachine, MachineInfo, NodeAgent, NodeConfig, ReadinessCheck, wait_for_pod_cidr,
+    LinuxMachine, MachineInfo, NodeAgent, NodeConfig, ReadinessCheck, StatusTrigger,
+    wait_for_pod_cidr,
 };
 use crate::pleg::Pleg;
 use crate::pod::file::{FileConfig, StaticPods};
 use crate::pod::mirror::{self, KubeMirrorClient};
+use crate::pod::state::Wake;
 use crate::pod::workers::PodWorkers;
 use crate::resources::Quantity;
 use crate::server::tls::ServingCertificate;
 use crate::status::StatusManager;
 use crate::volume::{LinuxMounter, VolumeManager};
 use crate::watch_manager::{KubePodObjects, SourceCaches};
+use supervisor::{DeclarationError, Failure, OnFailure, Run, Supervisor, Task};
 
 /// Who runs the CNI plugins for pod sandboxes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -170,6 +180,12 @@ pub enum AppError {
     /// The client certificate could not be bootstrapped or loaded.
     #[error(transparent)]
     Certificate(#[from] CertificateError),
+    /// A task whose failure stops the agent failed.
+    #[error(transparent)]
+    Task(Box<Failure<AppError>>),
+    /// The tasks were declared in an order the supervisor cannot follow.
+    #[error(transparent)]
+    Declaration(#[from] DeclarationError),
     /// A file could not be read.
     #[error("{what}: {source}")]
     Io {
@@ -178,6 +194,12 @@ pub enum AppError {
         /// The error.
         source: std::io::Error,
     },
+}
+
+impl From<Failure<AppError>> for AppError {
+    fn from(failure: Failure<AppError>) -> Self {
+        Self::Task(Box::new(failure))
+    }
 }
 
 /// The API server connection settings of a kubeconfig file.
@@ -223,8 +245,8 @@ pub async fn kube_client(path: &Path) -> Result<kube::Client, AppError> {
 
 /// The client certificate as `--bootstrap-kubeconfig` and `--rotate-certificates` ask:
 /// bootstrapped into `--kubeconfig` if that has none valid; with rotation, the identity
-/// the clients present, renewed until `cancel` fires by a task started once the
-/// returned client exists.
+/// the clients present (renewed by a task started once the clients exist) and the
+/// current certificate.
 async fn client_certificate(
     config: &Config,
 ) -> Result<Option<(Arc<ClientIdentity>, ServingCertificate)>, AppError> {
@@ -240,69 +262,58 @@ async fn client_certificate(
     Ok(Some((ClientIdentity::new(&current), current)))
 }
 
-/// Renews the client certificate with `client` (authenticated by the current one, so the
-/// CSR is auto-approved as the node's own renewal) and swaps it into `identity`. Should the
-/// rotation give up (the kubelet's exit once the certificate has expired, or a panic), the
-/// task cancels `cancel`, so the agent stops wherever it is, and ends with why.
-fn rotate_client_certificate(
+/// The agent's API clients: one with the request deadline, one with the kubelet's
+/// heartbeat timeout for the lease and node status (so that a stalled connection cannot
+/// outlast the lease), and the API server's address.
+struct ApiClients {
+    client: kube::Client,
+    heartbeat: kube::Client,
+    server: hyper::Uri,
+}
+
+async fn api_clients(
+    config: &Config,
+    identity: Option<&Arc<ClientIdentity>>,
+) -> Result<ApiClients, AppError> {
+    let kube_config = kube_config(&config.kubeconfig).await?;
+    let client = |deadline| client_for(&kube_config, &config.kubeconfig, deadline, identity);
+    Ok(ApiClients {
+        client: client(crate::kubeclient::REQUEST_TIMEOUT)?,
+        heartbeat: client(crate::kubeclient::HEARTBEAT_TIMEOUT)?,
+        server: kube_config.cluster_url.clone(),
+    })
+}
+
+/// The rotation of the client certificate, with `client` (authenticated by the current
+/// one, so the CSR is auto-approved as the node's own renewal); it gives up, as the
+/// kubelet exits, once the certificate has expired unrenewed.
+fn client_rotation(
     config: &Config,
     client: kube::Client,
-    (identity, current): (Arc<ClientIdentity>, ServingCertificate),
-    cancel: CancellationToken,
-) -> JoinHandle<Result<(), CertificateError>> {
-    let rotation = Rotation {
+) -> Rotation<kube::Api<CertificateSigningRequest>> {
+    Rotation {
         api: kube::Api::all(client),
         template: CsrTemplate::node_client(&config.node_name),
         store: config.client_certificate.store(),
         wait: bootstrap::ROTATION_WAIT,
         end_when_expired: Some(EXIT_AFTER_EXPIRY),
-    };
-    let task = tokio::spawn(rotation.run(
-        Some(current),
-        move |cert| identity.set(&cert),
-        cancel.clone(),
-    ));
-    tokio::spawn(async move {
-        let ended = task.await.unwrap_or_else(|e| Err(e.into()));
-        if let Err(e) = &ended {
-            tracing::error!(error = %e, "client certificate rotation ended; stopping");
-            cancel.cancel();
-        }
-        ended
-    })
-}
-
-/// Why the client certificate's rotation stopped the agent, if it did (once `cancel` has
-/// fired, the rotation task has ended or is about to).
-async fn rotation_failure(
-    rotation: Option<JoinHandle<Result<(), CertificateError>>>,
-) -> Result<(), AppError> {
-    match rotation {
-        Some(task) => match task.await {
-            Ok(ended) => Ok(ended?),
-            Err(e) => Err(CertificateError::from(e).into()),
-        },
-        None => Ok(()),
     }
 }
 
 /// Waits until the runtime answers `Version`; returns its name.
-async fn wait_for_runtime(cri: &CriClient, cancel: &CancellationToken) -> Option<String> {
+async fn wait_for_runtime(cri: &CriClient) -> String {
     let mut delay = Duration::from_millis(200);
     loop {
         match cri.version(crate::cri::version_request()).await {
             Ok(v) => {
                 tracing::info!(runtime = %v.runtime_name, version = %v.runtime_version, api = %v.runtime_api_version, "container runtime is up");
-                return Some(v.runtime_name);
+                return v.runtime_name;
             }
             Err(e) => {
                 tracing::warn!(endpoint = %cri.endpoint(), error = %e, "container runtime not answering; retrying")
             }
         }
-        tokio::select! {
-            () = cancel.cancelled() => return None,
-            () = tokio::time::sleep(delay) => {}
-        }
+        tokio::time::sleep(delay).await;
         delay = (delay * 2).min(Duration::from_secs(7));
     }
 }
@@ -319,6 +330,43 @@ impl ReadinessCheck for PlegCheck {
             .healthy()
             .map_err(|e| format!("PLEG is not healthy: {e}"))
     }
+}
+
+/// The node agent for `config`, reporting the PLEG's health in its Ready condition.
+fn node_agent(
+    config: &Config,
+    client: kube::Client,
+    pleg: &Arc<Pleg>,
+) -> Result<Arc<NodeAgent>, AppError> {
+    let mut node_config = NodeConfig::new(config.node_name.clone(), config.node_ip);
+    node_config.root_dir = config.root_dir.clone();
+    node_config.max_pods = config.max_pods;
+    node_config.eviction_pressure_transition_period = config.eviction_pressure_transition_period;
+    if let Some(parsed) = &config.eviction_hard {
+        node_config.eviction_hard = parsed.hard;
+        for statement in &parsed.ignored {
+            tracing::warn!(
+                statement,
+                "eviction threshold ignored: rkubelet enforces allocatable memory through the pods' cgroup, not by eviction"
+            );
+        }
+    }
+    node_config.labels = config.node_labels.clone();
+    node_config.provider_id = config.provider_id.clone();
+    node_config.register_with_taints = config.register_with_taints.clone();
+    node_config.kube_reserved = config.kube_reserved;
+    node_config.system_reserved = config.system_reserved;
+    if let Some(server) = &config.server {
+        node_config.daemon_port = server.port;
+    }
+    let checks: Vec<Arc<dyn ReadinessCheck>> = vec![Arc::new(PlegCheck(pleg.clone()))];
+    Ok(Arc::new(NodeAgent::new(
+        client,
+        node_config,
+        Arc::new(LinuxMachine),
+        Arc::new(config.cri.clone()),
+        checks,
+    )?))
 }
 
 /// Waits up to `timeout` for the runtime to report NetworkReady (containerd notices a new
@@ -376,24 +424,39 @@ async fn network_gc_loop(cri: CriClient, cni: Arc<Cni>, cancel: CancellationToke
 /// The image collector the agent runs: the runtime's images on its image filesystem.
 pub type RuntimeImageGc = ImageGc<CriClient, RuntimeImageFs<CriClient>>;
 
-/// Starts the container and image garbage collectors (the kubelet's
-/// `StartGarbageCollection`); answers both, which also reclaim disk on demand (in this
-/// order, as the eviction manager's node reclaim functions).
-fn start_garbage_collection(
-    config: &Config,
-    cancel: &CancellationToken,
-) -> (Arc<ContainerGc<CriClient>>, Arc<RuntimeImageGc>) {
+/// The container and image garbage collectors (the kubelet's `StartGarbageCollection`
+/// runs both); they also reclaim disk on demand (in this order, as the eviction manager's
+/// node reclaim functions).
+fn garbage_collectors(config: &Config) -> (Arc<ContainerGc<CriClient>>, Arc<RuntimeImageGc>) {
     let cri = Arc::new(config.cri.clone());
     let containers = Arc::new(ContainerGc::new(cri.clone(), config.container_gc));
-    tokio::spawn(containers.clone().run(cancel.clone()));
     let images = Arc::new(ImageGc::new(
         cri.clone(),
         RuntimeImageFs::new(cri),
         config.image_gc,
         config.pod_infra_container_image.clone(),
     ));
-    tokio::spawn(images.clone().run(cancel.clone()));
     (containers, images)
+}
+
+/// Pod networking as set up: the routes to the other nodes' pods to keep programmed, and,
+/// when the agent owns the network, its CNI with the thin plugin's socket to serve.
+struct PodNetwork {
+    routes: Option<cni::routes::Programmer<cni::routes::IpRoute2>>,
+    agent: Option<(Arc<Cni>, cni::shim::ShimListener)>,
+}
+
+/// Sets up pod networking on `pod_cidr`: the routes first, then the network for the
+/// MTU they need the pods to have.
+async fn pod_network(
+    config: &Config,
+    pod_cidr: &str,
+    api_server: &hyper::Uri,
+) -> Result<PodNetwork, AppError> {
+    let routes = start_routes(config, pod_cidr, api_server).await?;
+    let pod_mtu = routes.as_ref().and_then(cni::routes::Programmer::pod_mtu);
+    let agent = setup_network(config, pod_cidr, pod_mtu).await?;
+    Ok(PodNetwork { routes, agent })
 }
 
 /// Turns on the forwarding pod networking needs (when the agent owns it or routes between
@@ -427,13 +490,14 @@ async fn start_routes(
 }
 
 /// Sets up pod networking for the chosen owner; `pod_mtu` is the MTU the routes need the
-/// pods to have.
+/// pods to have. When the agent owns it, answers its CNI and the thin plugin's socket,
+/// bound and installed in the runtime's CNI config (connections wait in the socket's
+/// backlog until it is served).
 async fn setup_network(
     config: &Config,
     pod_cidr: &str,
     pod_mtu: Option<u32>,
-    cancel: &CancellationToken,
-) -> Result<(), AppError> {
+) -> Result<Option<(Arc<Cni>, cni::shim::ShimListener)>, AppError> {
     match config.network_owner {
         NetworkOwner::Runtime => {
             cni::shim::uninstall(&config.runtime_cni_conf_dir, &config.runtime_cni_bin_dir).await?;
@@ -454,6 +518,7 @@ async fn setup_network(
                 );
             }
             tracing::info!(pod_cidr, "pod networking owned by the runtime");
+            Ok(None)
         }
         NetworkOwner::Agent => {
             let mut network = cni::load_conflist(&config.cni_conf_dir, pod_cidr).await?;
@@ -475,21 +540,8 @@ async fn setup_network(
             // every temporary of the result cache.
             cni.sweep_cache().await?;
             collect_network_garbage(&config.cri, &cni, Duration::ZERO).await;
-            tokio::spawn(network_gc_loop(
-                config.cri.clone(),
-                cni.clone(),
-                cancel.clone(),
-            ));
             let socket = config.root_dir.join("cni.sock");
             let listener = cni::shim::bind(&socket)?;
-            let serve = listener.serve(cni);
-            let stop = cancel.clone();
-            tokio::spawn(async move {
-                tokio::select! {
-                    () = serve => {}
-                    () = stop.cancelled() => {}
-                }
-            });
             let exe = std::env::current_exe().map_err(|source| AppError::Io {
                 what: "finding the agent's own binary".into(),
                 source,
@@ -502,14 +554,32 @@ async fn setup_network(
             )
             .await?;
             tracing::info!(pod_cidr, socket = %socket.display(), "pod networking owned by the agent");
+            Ok(Some((cni, listener)))
         }
     }
-    Ok(())
+}
+
+/// Serves the thin plugin's socket until `stop` fires, then takes the thin plugin out of
+/// the runtime's CNI config: without the agent, containerd must not be sent to a socket
+/// nobody serves.
+async fn serve_shim(
+    listener: cni::shim::ShimListener,
+    cni: Arc<Cni>,
+    (conf_dir, bin_dir): (PathBuf, PathBuf),
+    stop: CancellationToken,
+) {
+    tokio::select! {
+        () = listener.serve(cni) => {}
+        () = stop.cancelled() => {}
+    }
+    if let Err(e) = cni::shim::uninstall(&conf_dir, &bin_dir).await {
+        tracing::warn!(error = %e, "could not remove the thin plugin from the runtime's CNI config");
+    }
 }
 
 /// The node's capacity as registered (CPU, memory) and `kernel.pid_max`: what the
 /// `kubepods` cgroup is sized to.
-async fn node_capacity(node: &k8s_openapi::api::core::v1::Node) -> NodeCapacity {
+async fn node_capacity(node: &Node) -> NodeCapacity {
     let capacity = node
         .status
         .as_ref()
@@ -537,58 +607,39 @@ async fn node_capacity(node: &k8s_openapi::api::core::v1::Node) -> NodeCapacity 
     }
 }
 
-/// Runs the agent until `cancel` fires.
-///
-/// # Errors
-/// Start-up failures; once running, failures are logged and retried.
-pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppError> {
-    let sysctls = SysctlWhitelist::new(&config.allowed_unsafe_sysctls)?;
-    // The systemd driver connects now: a host without systemd stops here.
-    let cgroup_driver = crate::cm::HostDriver::connect(config.cgroup_driver).await?;
-    // The bootstrap waits (up to an hour) for its CSR; a stop ends the wait, and the key it
-    // keeps under --cert-dir lets the next start ask again under the same CSR.
-    let rotating = tokio::select! {
-        rotating = client_certificate(&config) => rotating?,
-        () = cancel.cancelled() => {
-            tracing::info!("stopped while waiting for the client certificate");
-            return Ok(());
-        }
-    };
-    let identity = rotating.as_ref().map(|(identity, _)| identity);
-    let kube_config = kube_config(&config.kubeconfig).await?;
-    let client = client_for(
-        &kube_config,
-        &config.kubeconfig,
-        crate::kubeclient::REQUEST_TIMEOUT,
-        identity,
-    )?;
-    // The lease and node status go through their own client with the kubelet's heartbeat
-    // timeout, so a stalled connection cannot outlast the lease.
-    let heartbeat_client = client_for(
-        &kube_config,
-        &config.kubeconfig,
-        crate::kubeclient::HEARTBEAT_TIMEOUT,
-        identity,
-    )?;
-    let rotation = rotating.map(|rotating| {
-        rotate_client_certificate(&config, client.clone(), rotating, cancel.clone())
-    });
-    let Some(runtime_name) = wait_for_runtime(&config.cri, &cancel).await else {
-        return rotation_failure(rotation).await;
-    };
-    crate::cm::check_runtime_driver(config.cgroup_driver, &config.cri).await?;
-    let cri = Arc::new(config.cri.clone());
-    let pleg = Arc::new(Pleg::default());
+/// What the kubelet is made of besides the configuration, gathered while starting.
+struct KubeletParts {
+    client: kube::Client,
+    registered: Node,
+    runtime_name: String,
+    events: EventRecorder,
+    status: StatusManager,
+    wake: Wake,
+    node_store: kube::runtime::reflector::Store<Node>,
+    services: ServiceLister,
+    sysctls: SysctlWhitelist,
+    cgroup_driver: crate::cm::HostDriver,
+}
 
-    let (events, event_rx) = EventRecorder::channel();
-    tokio::spawn(events::publish(
-        client.clone(),
-        config.node_name.clone(),
-        event_rx,
-    ));
-    let status = StatusManager::new(client.clone());
-    tokio::spawn(status.clone().run());
-
+/// The kubelet: sandbox settings, Secrets and ConfigMaps from one watch per referenced
+/// object (a changed one wakes the pods that use it), volumes, the QoS cgroups sized to
+/// the registered capacity, and admission reading the node from `node_store`.
+async fn kubelet(
+    config: &Config,
+    parts: KubeletParts,
+) -> Result<Arc<Kubelet<CriClient>>, AppError> {
+    let KubeletParts {
+        client,
+        registered,
+        runtime_name,
+        events,
+        status,
+        wake,
+        node_store,
+        services,
+        sysctls,
+        cgroup_driver,
+    } = parts;
     let host_dns = match &config.resolv_conf {
         Some(path) => Some(HostDns::parse(
             &tokio::fs::read_to_string(path)
@@ -612,88 +663,12 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
             .cgroups_per_qos
             .then(|| crate::cm::QosContainers::new(&config.cgroup_root, config.cgroup_driver)),
     };
-    // The PLEG runs before the node registers, so the first status it reports is Ready.
-    // Its wake-ups reach the pod workers once they exist.
-    let workers_cell: Arc<OnceLock<PodWorkers<Kubelet<CriClient>>>> = Arc::default();
-    let wake: crate::pod::state::Wake = Arc::new({
-        let cell = workers_cell.clone();
-        move |uid: &str| {
-            if let Some(workers) = cell.get() {
-                workers.wake(uid);
-            }
-        }
-    });
-    tokio::spawn(pleg.clone().run(cri, {
-        let wake = wake.clone();
-        move |uid| wake(uid)
-    }));
-    pleg.wait_for_first_relist(Duration::from_secs(10)).await;
-
-    let mut node_config = NodeConfig::new(config.node_name.clone(), config.node_ip);
-    node_config.root_dir = config.root_dir.clone();
-    node_config.max_pods = config.max_pods;
-    node_config.eviction_pressure_transition_period = config.eviction_pressure_transition_period;
-    if let Some(parsed) = &config.eviction_hard {
-        node_config.eviction_hard = parsed.hard;
-        for statement in &parsed.ignored {
-            tracing::warn!(
-                statement,
-                "eviction threshold ignored: rkubelet enforces allocatable memory through the pods' cgroup, not by eviction"
-            );
-        }
-    }
-    let eviction_hard = node_config.eviction_hard;
-    node_config.labels = config.node_labels.clone();
-    node_config.provider_id = config.provider_id.clone();
-    node_config.register_with_taints = config.register_with_taints.clone();
-    node_config.kube_reserved = config.kube_reserved;
-    node_config.system_reserved = config.system_reserved;
-    if let Some(server) = &config.server {
-        node_config.daemon_port = server.port;
-    }
-    let checks: Vec<Arc<dyn ReadinessCheck>> = vec![Arc::new(PlegCheck(pleg.clone()))];
-    let node = Arc::new(NodeAgent::new(
-        heartbeat_client,
-        node_config,
-        Arc::new(LinuxMachine),
-        Arc::new(config.cri.clone()),
-        checks,
-    )?);
-    let registered = node.register(&cancel).await?;
-    // Admission reads the node's labels and allocatable from a watch on it (from the
-    // registered Node until the watch delivers).
-    let (node_store, node_feed) = crate::node::node_lister(client.clone(), &config.node_name);
-    tokio::spawn(node_feed);
-    let pod_cidr = match crate::node::pod_cidr_at_start(&registered, config.pod_cidr.as_deref()) {
-        Some(cidr) => cidr,
-        None => wait_for_pod_cidr(&client, &config.node_name, Duration::from_secs(120)).await?,
-    };
-    let routes = start_routes(&config, &pod_cidr, &kube_config.cluster_url).await?;
-    let pod_mtu = routes.as_ref().and_then(cni::routes::Programmer::pod_mtu);
-    setup_network(&config, &pod_cidr, pod_mtu, &cancel).await?;
-    if let Some(routes) = routes {
-        tokio::spawn(cni::routes::run(
-            routes,
-            client.clone(),
-            config.root_dir.join(cni::routes::STATE_FILE),
-            cancel.clone(),
-        ));
-    }
-    wait_for_network_ready(&config.cri, Duration::from_secs(5)).await;
-    let heartbeats = node.clone().spawn(cancel.clone());
-    // The network was set up after the first status: report it now, not in 10 s.
-    heartbeats.status_trigger().update_now();
-
     let allocatable = registered
         .status
         .as_ref()
         .and_then(|s| s.allocatable.clone())
         .unwrap_or_default();
-    // Secrets and ConfigMaps from one watch per referenced object, Services from one
-    // watch; a changed Secret or ConfigMap wakes the pods that use it.
     let caches = SourceCaches::new(&client, &wake);
-    let (services, services_feed) = ServiceLister::start(client.clone());
-    tokio::spawn(services_feed);
     let env_sources = EnvSourceReader::new(caches.clone(), services, allocatable.clone());
     let volumes = VolumeManager::new(
         config.root_dir.clone(),
@@ -710,7 +685,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
     } else {
         None
     };
-    let kubelet = Arc::new(Kubelet::new(
+    Ok(Arc::new(Kubelet::new(
         SyncSettings {
             node_name: config.node_name.clone(),
             node_ip: config.node_ip,
@@ -727,15 +702,195 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
             config.parallel_pod_starts,
         ),
         volumes,
-        status.clone(),
-        PodAdmitter::new(node_store, registered, sysctls, client.clone()),
+        status,
+        PodAdmitter::new(node_store, registered, sysctls, client),
         wake,
         env_sources,
         cm,
-    ));
+    )))
+}
+
+/// The pod workers' wake-up, usable before they exist: the PLEG and the caches wake
+/// nothing until the workers are set in the returned cell.
+fn wake_pod_workers() -> (Wake, Arc<OnceLock<PodWorkers<Kubelet<CriClient>>>>) {
+    let cell: Arc<OnceLock<PodWorkers<Kubelet<CriClient>>>> = Arc::default();
+    let workers = cell.clone();
+    let wake: Wake = Arc::new(move |uid: &str| {
+        if let Some(workers) = workers.get() {
+            workers.wake(uid);
+        }
+    });
+    (wake, cell)
+}
+
+/// How long the tasks have, in all, to stop by themselves once asked (SIGTERM must end
+/// the agent within 10 s).
+const STOP_WITHIN: Duration = Duration::from_secs(5);
+
+/// A task restarted after a failure, as the kubelet's loops under `wait.Until`: after
+/// 1 s, doubling to 1 min while it keeps failing.
+fn restarted() -> OnFailure {
+    OnFailure::Restart(Backoff::new(
+        Duration::from_secs(1),
+        Duration::from_secs(60),
+    ))
+}
+
+type Tree = Supervisor<AppError>;
+
+/// Runs the agent until `cancel` fires: its tasks, declared here in start order (they
+/// stop in reverse), are started by [`start`] between the start-up steps they need.
+///
+/// A task that owns what it runs with (a watch and its store, a bound socket) cannot be
+/// made again: its failure stops the agent, as a crash stops the kubelet, and the service
+/// manager restarts it. The kubelet's `wait.Until` loops are restarted with back-off.
+/// Failures of best-effort tasks (events, the debug socket) are logged. When they stop,
+/// the tasks with work to finish (the heartbeats, the rotation, the server, the routes,
+/// the CNI shim taking the thin plugin out of the runtime's config) end by themselves;
+/// the others are dropped where they wait.
+///
+/// # Errors
+/// Start-up failures, and the failure of a task that stops the agent.
+pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppError> {
+    use OnFailure::{Ignore, Stop};
+    let tree = vec![
+        // The kubelet exits once its client certificate expired unrenewed.
+        Task::new("client-certificate", Stop),
+        Task::new("events", Ignore),
+        Task::new("status-manager", restarted()),
+        // Before the node registers, so the first status it reports is Ready.
+        Task::new("pleg", restarted()),
+        Task::new("node-informer", Stop),
+        Task::new("network-gc", restarted()),
+        Task::new("cni-shim", Stop),
+        Task::new("pod-network-routes", Stop),
+        Task::new("node-lease", restarted()).after(&["pleg"]),
+        Task::new("node-status", restarted()).after(&["pleg"]),
+        Task::new("service-informer", Stop),
+        Task::new("static-pods", Stop).after(&["pleg", "status-manager"]),
+        Task::new("pod-source", Stop).after(&["pleg", "status-manager"]),
+        Task::new("mirror-pods", restarted()).after(&["pod-source"]),
+        // As the kubelet's ListenAndServe, a server that fails ends the agent.
+        Task::new("server", Stop).after(&["pod-source", "status-manager"]),
+        Task::new("debug-socket", Ignore),
+        Task::new("container-gc", restarted()),
+        Task::new("image-gc", restarted()),
+        Task::new("eviction", Stop).after(&["pod-source", "container-gc", "image-gc"]),
+        Task::new("housekeeping", restarted()).after(&["pod-source", "pleg"]),
+        Task::new("heap-trim", restarted()),
+    ];
+    let mut tree = Tree::new(&cancel, STOP_WITHIN, tree);
+    if !start(&config, &mut tree).await? {
+        return Ok(tree.stop().await?);
+    }
+    tracing::info!(node = %config.node_name, "rkubelet running");
+    let stopped = tree.run().await;
+    tracing::info!("rkubelet stopped; pods keep running");
+    Ok(stopped?)
+}
+
+/// The start-up steps, each task of `tree` started once what it needs is ready; `false`
+/// when a stop came during a step that ends on stop.
+async fn start(config: &Config, tree: &mut Tree) -> Result<bool, AppError> {
+    let sysctls = SysctlWhitelist::new(&config.allowed_unsafe_sysctls)?;
+    // The systemd driver connects now: a host without systemd stops here.
+    let cgroup_driver = crate::cm::HostDriver::connect(config.cgroup_driver).await?;
+    // The bootstrap waits (up to an hour) for its CSR; a stop ends the wait, and the key it
+    // keeps under --cert-dir lets the next start ask again under the same CSR.
+    let Some(rotating) = tree.step(client_certificate(config)).await.transpose()? else {
+        tracing::info!("stopped while waiting for the client certificate");
+        return Ok(false);
+    };
+    let api = api_clients(config, rotating.as_ref().map(|(identity, _)| identity)).await?;
+    let client = api.client.clone();
+    if let Some((identity, current)) = rotating {
+        let rotation = client_rotation(config, client.clone());
+        tree.start(
+            "client-certificate",
+            Run::once(move |stop| {
+                rotation.run(Some(current), move |cert| identity.set(&cert), stop)
+            }),
+        )?;
+    }
+    let Some(runtime_name) = tree.step(wait_for_runtime(&config.cri)).await else {
+        return Ok(false);
+    };
+    crate::cm::check_runtime_driver(config.cgroup_driver, &config.cri).await?;
+    let (events, event_rx) = EventRecorder::channel();
+    let publish = events::publish(client.clone(), config.node_name.clone(), event_rx);
+    tree.start("events", Run::once(|_| publish).dropped_on_stop())?;
+    let status = StatusManager::new(client.clone());
+    let run_status = Run::again(status.clone(), |status, _| status.run());
+    tree.start("status-manager", run_status.dropped_on_stop())?;
+    let (pleg, cri) = (Arc::new(Pleg::default()), Arc::new(config.cri.clone()));
+    // The PLEG's wake-ups reach the pod workers once they exist.
+    let (wake, workers_cell) = wake_pod_workers();
+    let relist = Run::again((pleg.clone(), cri, wake.clone()), |(pleg, cri, wake), _| {
+        pleg.run(cri, move |uid| wake(uid))
+    });
+    tree.start("pleg", relist.dropped_on_stop())?;
+    pleg.wait_for_first_relist(Duration::from_secs(10)).await;
+    let node = node_agent(config, api.heartbeat, &pleg)?;
+    let registered = node.register(tree.stopping()).await?;
+    // Admission reads the node's labels and allocatable from a watch on it.
+    let (node_store, node_feed) = crate::node::node_lister(client.clone(), &config.node_name);
+    tree.start("node-informer", Run::once(|_| node_feed).dropped_on_stop())?;
+    let pod_cidr = match crate::node::pod_cidr_at_start(&registered, config.pod_cidr.as_deref()) {
+        Some(cidr) => cidr,
+        None => wait_for_pod_cidr(&client, &config.node_name, Duration::from_secs(120)).await?,
+    };
+    let network = pod_network(config, &pod_cidr, &api.server).await?;
+    if let Some((cni, listener)) = network.agent {
+        let gc = (config.cri.clone(), cni.clone());
+        let collect = Run::again(gc, |(cri, cni), stop| network_gc_loop(cri, cni, stop));
+        tree.start("network-gc", collect.dropped_on_stop())?;
+        let dirs = (
+            config.runtime_cni_conf_dir.clone(),
+            config.runtime_cni_bin_dir.clone(),
+        );
+        tree.start(
+            "cni-shim",
+            Run::once(|stop| serve_shim(listener, cni, dirs, stop)),
+        )?;
+    }
+    if let Some(routes) = network.routes {
+        let state = config.root_dir.join(cni::routes::STATE_FILE);
+        let client = client.clone();
+        let program = Run::once(|stop| cni::routes::run(routes, client, state, stop));
+        tree.start("pod-network-routes", program)?;
+    }
+    wait_for_network_ready(&config.cri, Duration::from_secs(5)).await;
+    let trigger = StatusTrigger::default();
+    tree.start(
+        "node-lease",
+        Run::again(node.clone(), |node, stop| node.lease().run(stop)),
+    )?;
+    let update = Run::again((node.clone(), trigger.clone()), |(node, trigger), stop| {
+        node.run_status_loop(stop, trigger)
+    });
+    tree.start("node-status", update)?;
+    // The network was set up after the first status: report it now, not in 10 s.
+    trigger.update_now();
+    let (services, services_feed) = ServiceLister::start(client.clone());
+    tree.start(
+        "service-informer",
+        Run::once(|_| services_feed).dropped_on_stop(),
+    )?;
+    let parts = KubeletParts {
+        client: client.clone(),
+        registered,
+        runtime_name,
+        events,
+        status: status.clone(),
+        wake,
+        node_store,
+        services,
+        sysctls,
+        cgroup_driver,
+    };
+    let kubelet = kubelet(config, parts).await?;
     let workers = PodWorkers::new(kubelet.clone(), kubelet.pod_states().clone());
     let _ = workers_cell.set(workers.clone());
-
     let statics = match config.pod_manifest_path {
         Some(_) => StaticPods::unlisted(),
         None => StaticPods::default(),
@@ -748,7 +903,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
         };
         let feed =
             crate::pod::file::start(file, workers.clone(), kubelet.clone(), statics.clone()).await;
-        tokio::spawn(feed);
+        tree.start("static-pods", Run::once(|_| feed).dropped_on_stop())?;
     }
     let (store, feed) = crate::pod::source::start(
         client.clone(),
@@ -757,67 +912,64 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
         kubelet.clone(),
         statics.clone(),
     );
-    tokio::spawn(feed);
+    tree.start("pod-source", Run::once(|_| feed).dropped_on_stop())?;
     // Also without static pods: mirror pods left from an earlier configuration go.
-    tokio::spawn(mirror::run(
-        KubeMirrorClient::new(client.clone(), config.node_name.clone()),
+    let mirror_client = KubeMirrorClient::new(client.clone(), config.node_name.clone());
+    let mirrors = (
+        mirror_client,
         config.node_name.clone(),
         statics,
         store.clone(),
-        cancel.clone(),
-    ));
+    );
+    let mirror = Run::again(mirrors, |(m, node, statics, store), stop| {
+        mirror::run(m, node, statics, store, stop)
+    });
+    tree.start("mirror-pods", mirror.dropped_on_stop())?;
     if let Some(server) = config.server.clone() {
-        crate::server::start(
+        let serving = crate::server::start(
             server,
             client,
             config.cri.clone(),
             store.clone(),
             config.timelines.clone(),
             status,
-            cancel.clone(),
         )
         .await?;
+        tree.start("server", Run::once(|stop| serving.run(stop)))?;
     }
     // Without its debug socket the agent still runs; only `inspect timeline` cannot ask it.
-    let debug = match crate::server::debug::bind(&config.root_dir) {
-        Ok(socket) => Some(tokio::spawn(crate::server::debug::serve(
-            socket,
-            config.timelines.clone(),
-        ))),
+    match crate::server::debug::bind(&config.root_dir) {
+        Ok(socket) => {
+            let timelines = config.timelines.clone();
+            let serve = Run::once(|_| crate::server::debug::serve(socket, timelines));
+            tree.start("debug-socket", serve.dropped_on_stop())?;
+        }
         Err(e) => {
-            tracing::warn!(error = %e, "no debug socket: `rkubelet inspect timeline` cannot reach this agent");
-            None
+            tracing::warn!(error = %e, "no debug socket: `rkubelet inspect timeline` cannot reach this agent")
         }
-    };
-    let node_gc = start_garbage_collection(&config, &cancel);
-    let eviction = crate::eviction::EvictionManager::new(
-        eviction_hard,
-        crate::eviction::NodeStats::new(
-            config.cri.clone(),
-            Arc::new(LinuxMachine),
-            config.root_dir.clone(),
-            config.pod_logs_dir.clone(),
-        ),
-        crate::eviction::KubeletPods::new(store.clone(), workers.clone(), kubelet.clone()),
-        node_gc,
+    }
+    let (containers, images) = garbage_collectors(config);
+    let collect = Run::again(containers.clone(), ContainerGc::run);
+    tree.start("container-gc", collect.dropped_on_stop())?;
+    let collect = Run::again(images.clone(), RuntimeImageGc::run);
+    tree.start("image-gc", collect.dropped_on_stop())?;
+    let stats = crate::eviction::NodeStats::new(
+        config.cri.clone(),
+        Arc::new(LinuxMachine),
+        config.root_dir.clone(),
+        config.pod_logs_dir.clone(),
     );
-    tokio::spawn(eviction.run(cancel.clone()));
-    tokio::spawn(housekeeping(store, workers, pleg, kubelet, cancel.clone()));
-    tokio::spawn(crate::allocator::trim_every(TRIM_PERIOD));
-    tracing::info!(node = %config.node_name, "rkubelet running");
-    cancel.cancelled().await;
-    heartbeats.join().await;
-    if config.network_owner == NetworkOwner::Agent {
-        // Without the agent, containerd must not be sent to a socket nobody serves.
-        if let Err(e) =
-            cni::shim::uninstall(&config.runtime_cni_conf_dir, &config.runtime_cni_bin_dir).await
-        {
-            tracing::warn!(error = %e, "could not remove the thin plugin from the runtime's CNI config");
-        }
-    }
-    if let Some(debug) = debug {
-        debug.abort();
-    }
-    tracing::info!("rkubelet stopped; pods keep running");
-    rotation_failure(rotation).await
+    let pods = crate::eviction::KubeletPods::new(store.clone(), workers.clone(), kubelet.clone());
+    let hard = node.config().eviction_hard;
+    let eviction = crate::eviction::EvictionManager::new(hard, stats, pods, (containers, images));
+    let evict = Run::once(|stop| eviction.run(stop));
+    tree.start("eviction", evict.dropped_on_stop())?;
+    let kept = (store, workers, pleg, kubelet);
+    let housekeep = Run::again(kept, |(store, workers, pleg, kubelet), stop| {
+        housekeeping(store, workers, pleg, kubelet, stop)
+    });
+    tree.start("housekeeping", housekeep.dropped_on_stop())?;
+    let trim = Run::again((), |(), _| crate::allocator::trim_every(TRIM_PERIOD));
+    tree.start("heap-trim", trim.dropped_on_stop())?;
+    Ok(true)
 }
