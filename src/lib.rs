@@ -34,6 +34,7 @@ pub mod pleg;
 pub mod pod;
 pub mod probe;
 pub mod prober;
+pub mod procfs;
 pub mod resources;
 pub mod server;
 pub mod status;

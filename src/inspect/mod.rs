@@ -7,14 +7,13 @@ pub mod cni_store;
 pub mod netlink;
 pub mod node;
 pub mod pod;
-pub mod procfs;
 pub mod svg;
 pub mod table;
 pub mod view;
 
 use std::path::PathBuf;
 
-use procfs::ProcFs;
+use crate::procfs::ProcFs;
 
 /// Where the node keeps what `inspect` reads: the agent's flags where they matter.
 #[derive(Debug, Clone)]
