@@ -37,8 +37,8 @@ use crate::pod::file::{FileConfig, StaticPods};
 use crate::pod::mirror::{self, KubeMirrorClient};
 use crate::pod::workers::PodWorkers;
 use crate::resources::Quantity;
-use crate::server::tls::ServingCertificate;
 use crate::status::StatusManager;
+use crate::tls::ServingCertificate;
 use crate::volume::{KubeVolumeApi, LinuxMounter, VolumeManager};
 use crate::watch_manager::SourceCaches;
 

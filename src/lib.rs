@@ -39,6 +39,7 @@ pub mod resources;
 pub mod server;
 pub mod status;
 pub mod timeline;
+pub mod tls;
 pub mod unix_socket;
 pub mod volume;
 pub mod watch_manager;

@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use super::CertificateError;
 use super::store::PemStore;
 use crate::backoff::random_fraction;
-use crate::server::tls::ServingCertificate;
+use crate::tls::ServingCertificate;
 
 /// The shortest time between two watches of a CSR that waits for its certificate.
 const POLL: Duration = Duration::from_secs(1);

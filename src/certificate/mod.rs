@@ -26,7 +26,7 @@ pub enum CertificateError {
     File(#[from] crate::atomic_file::FileError),
     /// The issued or stored certificate is unusable.
     #[error(transparent)]
-    Tls(#[from] crate::server::tls::TlsError),
+    Tls(#[from] crate::tls::TlsError),
     /// A kubeconfig cannot be read, used or written.
     #[error("kubeconfig {path}: {reason}")]
     Kubeconfig {

@@ -8,7 +8,7 @@ use k8s_openapi::jiff::Timestamp;
 
 use super::{CertificateError, blocking, io_err};
 use crate::atomic_file;
-use crate::server::tls::{self, ServingCertificate};
+use crate::tls::{self, ServingCertificate};
 
 /// The store of one kind of certificate (`kubelet-client`, `kubelet-server`).
 #[derive(Debug, Clone)]

@@ -32,7 +32,6 @@ pub mod stats;
 pub mod streaming;
 pub mod syslogs;
 pub mod tls;
-pub mod x509;
 
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
@@ -54,12 +53,13 @@ use crate::node::LinuxMachine;
 use crate::pod::source::PodStore;
 use crate::status::StatusManager;
 use crate::timeline::Timelines;
+use crate::tls::{TlsError, x509};
 use auth::{ApiReviews, Auth, UserInfo};
 use certificate::{CertificateError, CertificateManager, NodeIdentity};
 use connections::{Budget, Connection, Limits};
 use logs::{LogError, LogOptions};
 use streaming::{StreamOptions, StreamingError};
-use tls::{CertStore, TlsError};
+use tls::CertStore;
 
 /// The body of every response.
 pub type Body = BoxBody<Bytes, std::io::Error>;
@@ -697,13 +697,15 @@ async fn serving_certificates(
         ips: vec![config.node_ip],
     };
     match &config.serving_certificate {
-        ServingCertificateSource::Files { cert, key } => store.set(tls::load_files(cert, key)?),
+        ServingCertificateSource::Files { cert, key } => {
+            store.set(crate::tls::load_files(cert, key)?)
+        }
         ServingCertificateSource::SelfSigned { cert_dir } => {
             store.set(certificate::self_signed(cert_dir, &node)?);
         }
         ServingCertificateSource::Rotate { cert_dir, files } => {
             if let Some((cert, key)) = files {
-                store.set_without_sni(tls::load_files(cert, key)?);
+                store.set_without_sni(crate::tls::load_files(cert, key)?);
             }
             let manager =
                 CertificateManager::new(client.clone(), &node, cert_dir.clone(), store.clone())?;
