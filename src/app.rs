@@ -14,7 +14,6 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::certificate::csr::{CsrTemplate, EXIT_AFTER_EXPIRY, Rotation};
-use crate::certificate::transport::ClientIdentity;
 use crate::certificate::{CertificateError, bootstrap};
 use crate::cm::{ContainerManager, NodeCapacity};
 use crate::cni::{self, Cni, ProcessExec};
@@ -39,6 +38,7 @@ use crate::pod::workers::PodWorkers;
 use crate::resources::Quantity;
 use crate::status::StatusManager;
 use crate::tls::ServingCertificate;
+use crate::tls::transport::ClientIdentity;
 use crate::volume::{KubeVolumeApi, LinuxMounter, VolumeManager};
 use crate::watch_manager::SourceCaches;
 

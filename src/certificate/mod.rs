@@ -3,14 +3,14 @@
 //! and serving certificates ([`csr`]), the certificate files under `--cert-dir`
 //! ([`store`]), the TLS bootstrap of the client certificate with a bootstrap kubeconfig
 //! ([`bootstrap`]), and its rotation with a client TLS identity that follows the current
-//! certificate and closes the connections made with the old one ([`transport`]).
+//! certificate and closes the connections made with the old one
+//! ([`crate::tls::transport`], below the API client).
 
 use std::path::{Path, PathBuf};
 
 pub mod bootstrap;
 pub mod csr;
 pub mod store;
-pub mod transport;
 
 /// Certificate failures.
 #[derive(Debug, thiserror::Error)]

@@ -1,9 +1,11 @@
 //! The node's TLS vocabulary, below everything that speaks TLS: the crypto provider
 //! (ring, for the server, the API client, probes and the image registry client), a
 //! certificate chain with its key ([`ServingCertificate`], read from PEM), the few X.509
-//! fields the agent reads ([`x509`]). It must not know the certificates API, the kubelet
-//! API server or any caller.
+//! fields the agent reads ([`x509`]), and the API client's identity that follows the
+//! current client certificate ([`transport`]). It must not know the certificates API, the
+//! kubelet API server or any caller.
 
+pub mod transport;
 pub mod x509;
 
 use std::path::{Path, PathBuf};

@@ -14,7 +14,7 @@ use rustls::client::ResolvesClientCert;
 use rustls::sign::CertifiedKey;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
-use crate::tls::ServingCertificate;
+use super::ServingCertificate;
 
 /// The client certificate in use, swapped on rotation.
 pub struct ClientIdentity {
