@@ -241,7 +241,7 @@ impl<C: Cri + Clone> Kubelet<C> {
             && let Some(start) = &status.start_time
         {
             let elapsed = Timestamp::now().duration_since(start.0);
-            crate::server::metrics::observe_pod_start(elapsed.try_into().unwrap_or_default());
+            crate::metrics::observe_pod_start(elapsed.try_into().unwrap_or_default());
         }
         self.status.set_pod_status(id, status);
     }

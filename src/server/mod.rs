@@ -58,6 +58,7 @@ use auth::{ApiReviews, Auth, UserInfo};
 use certificate::{CertificateError, CertificateManager, NodeIdentity};
 use connections::{Budget, Connection, Limits};
 use logs::{LogError, LogOptions};
+use metrics::Exposition as _;
 use streaming::{StreamOptions, StreamingError};
 use tls::CertStore;
 
@@ -303,7 +304,8 @@ impl Server {
     ) -> Response<Body> {
         let method = req.method().as_str().to_owned();
         let path = req.uri().path().to_owned();
-        metrics::global().count_http_request(metrics::method_label(req.method()), route(&path));
+        crate::metrics::global()
+            .count_http_request(metrics::method_label(req.method()), route(&path));
         let authorization = req
             .headers()
             .get(hyper::header::AUTHORIZATION)
@@ -419,7 +421,7 @@ impl Server {
                 "metrics without running pods and containers: the runtime did not answer"
             );
         }
-        let body = metrics::global().render(&self.node_name, counts.as_ref());
+        let body = crate::metrics::global().render(&self.node_name, counts.as_ref());
         Response::builder()
             .header("content-type", "text/plain; version=0.0.4; charset=utf-8")
             .body(full(body))
