@@ -7,6 +7,7 @@ pub mod container;
 pub mod env;
 pub mod gc;
 pub mod labels;
+pub mod logs;
 pub mod manager;
 pub mod names;
 pub mod runtime_status;
