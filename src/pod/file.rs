@@ -24,8 +24,8 @@ use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 use tokio::io::unix::AsyncFd;
 use tokio::sync::{Notify, watch};
 
-use super::mirror::{CONFIG_HASH, CONFIG_SEEN, FILE_SOURCE, stamp_source};
 use super::source::PodAdmission;
+use super::types::{CONFIG_HASH, CONFIG_SEEN, FILE_SOURCE, stamp_source};
 use super::workers::{PodSyncer, PodWork, PodWorkers};
 
 /// The largest manifest read (the kubelet's `maxConfigLength`).
@@ -599,7 +599,7 @@ pub async fn start<S: PodSyncer, A: PodAdmission>(
 
 #[cfg(test)]
 mod tests {
-    use super::super::mirror::CONFIG_SOURCE;
+    use super::super::types::CONFIG_SOURCE;
     use super::*;
     use crate::pod::state::PodStates;
 
@@ -646,7 +646,7 @@ spec:
             pod.status.as_ref().unwrap().phase.as_deref(),
             Some("Pending")
         );
-        assert!(super::super::mirror::is_static_pod(&pod));
+        assert!(super::super::types::is_static_pod(&pod));
     }
 
     #[test]

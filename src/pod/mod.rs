@@ -6,6 +6,7 @@ pub mod file;
 pub mod mirror;
 pub mod source;
 pub mod state;
+pub mod types;
 pub mod workers;
 
 use k8s_openapi::api::core::v1::{Container, Pod, PodStatus};

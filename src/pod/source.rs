@@ -24,7 +24,7 @@ use tokio::sync::watch;
 
 use super::PodId;
 use super::file::StaticPods;
-use super::mirror::{API_SOURCE, is_mirror_pod, stamp_source};
+use super::types::{API_SOURCE, is_mirror_pod, stamp_source};
 use super::workers::{PodSyncer, PodWork, PodWorkers};
 
 /// The reflector's store, and whether its first full list has completed.
@@ -336,11 +336,11 @@ mod tests {
         claimed.metadata.annotations = Some(
             [
                 (
-                    super::super::mirror::CONFIG_SOURCE.to_owned(),
+                    super::super::types::CONFIG_SOURCE.to_owned(),
                     "file".to_owned(),
                 ),
                 (
-                    super::super::mirror::CONFIG_HASH.to_owned(),
+                    super::super::types::CONFIG_HASH.to_owned(),
                     "uid-claims".to_owned(),
                 ),
             ]
@@ -348,7 +348,7 @@ mod tests {
         );
         assert!(crate::cm::is_critical(&claimed), "what it claims");
         received(&mut claimed);
-        assert!(!super::super::mirror::is_static_pod(&claimed));
+        assert!(!super::super::types::is_static_pod(&claimed));
         assert!(!crate::cm::is_critical(&claimed));
         let container = &claimed.spec.as_ref().unwrap().containers[0];
         assert_eq!(
@@ -359,7 +359,7 @@ mod tests {
         let mut plain = pod("plain", &[("c", "busybox")]);
         received(&mut plain);
         assert_eq!(
-            plain.metadata.annotations.unwrap()[super::super::mirror::CONFIG_SOURCE],
+            plain.metadata.annotations.unwrap()[super::super::types::CONFIG_SOURCE],
             "api"
         );
     }
