@@ -32,8 +32,9 @@ use crate::node::{
     LinuxMachine, MachineInfo, NodeAgent, NodeConfig, ReadinessCheck, wait_for_pod_cidr,
 };
 use crate::pleg::Pleg;
-use crate::pod::file::{FileConfig, StaticPods};
+use crate::pod::file::FileConfig;
 use crate::pod::mirror::{self, KubeMirrorClient};
+use crate::pod::store::StaticPods;
 use crate::pod::workers::PodWorkers;
 use crate::resources::Quantity;
 use crate::status::StatusManager;

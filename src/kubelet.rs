@@ -27,10 +27,10 @@ use crate::kuberuntime::{
 };
 use crate::lifecycle::active_deadline;
 use crate::lifecycle::admission::{PodAdmitter, rejected_status};
-use crate::pod::source::PodAdmission;
 use crate::pod::state::{ForgetPod, PodMap, PodStates};
+use crate::pod::store::PodAdmission;
 use crate::pod::workers::{Next, PodSyncer, PodWork, PodWorkers};
-use crate::pod::{PodId, source::PodStore};
+use crate::pod::{PodId, store::PodStore};
 use crate::prober::{ProberManager, Wake};
 use crate::status::{StatusInputs, StatusManager, generate_pod_status};
 use crate::volume::{KubeVolumeApi, LinuxMounter, PodVolumes, SetUps, VolumeError, VolumeManager};

@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::Pod;
 use super::manager::PodEvictor;
 use crate::cri::Cri;
 use crate::kubelet::Kubelet;
-use crate::pod::source::PodStore;
+use crate::pod::store::PodStore;
 use crate::pod::workers::{PodWork, PodWorkers};
 
 /// The kubelet's pods, as the eviction manager sees them.

@@ -18,8 +18,7 @@ use kube::api::PostParams;
 use tokio_util::sync::CancellationToken;
 
 use super::PodId;
-use super::file::StaticPods;
-use super::source::PodStore;
+use super::store::{PodStore, StaticPods};
 use super::types::{CONFIG_HASH, CONFIG_MIRROR, annotation, is_mirror_pod, mirrored_uid};
 
 /// Mirror pods are checked again this often even when nothing was seen to change.

@@ -6,6 +6,7 @@ pub mod file;
 pub mod mirror;
 pub mod source;
 pub mod state;
+pub mod store;
 pub mod types;
 pub mod workers;
 

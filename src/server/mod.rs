@@ -50,7 +50,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cri::{Cri, CriClient, api};
 use crate::node::LinuxMachine;
-use crate::pod::source::PodStore;
+use crate::pod::store::PodStore;
 use crate::status::StatusManager;
 use crate::timeline::Timelines;
 use crate::tls::{TlsError, x509};
