@@ -799,7 +799,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
             config.root_dir.clone(),
             config.pod_logs_dir.clone(),
         ),
-        crate::eviction::KubeletPods::new(store.clone(), workers.clone(), kubelet.clone()),
+        crate::kubelet::evictor::KubeletPods::new(store.clone(), workers.clone(), kubelet.clone()),
         node_gc,
     );
     tokio::spawn(eviction.run(cancel.clone()));

@@ -15,11 +15,10 @@
 //! - [`rank`]: the eviction order and message (pure).
 //! - [`manager`]: the control loop, over the [`StatsSource`], [`PodEvictor`] and
 //!   [`NodeReclaimer`] traits.
-//! - [`source`]: the real stats, from the machine and CRI; [`pods`]: the real pods,
-//!   evicted through the kubelet and its pod workers.
+//! - [`source`]: the real stats, from the machine and CRI. The real pods, evicted through
+//!   the kubelet and its pod workers, are the kubelet's ([`crate::kubelet::evictor`]).
 
 pub mod manager;
-pub mod pods;
 pub mod rank;
 pub mod signals;
 pub mod source;
@@ -29,7 +28,6 @@ use k8s_openapi::api::core::v1::Pod;
 pub use manager::{
     EvictionManager, MONITORING_INTERVAL, NoReclaim, NodeReclaimer, Pass, PodEvictor, StatsSource,
 };
-pub use pods::KubeletPods;
 pub use rank::{PodUsage, REASON};
 pub use signals::{Observations, ParsedThresholds, Signal, parse_eviction_hard, thresholds_met};
 pub use source::NodeStats;
