@@ -793,7 +793,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
     let node_gc = start_garbage_collection(&config, &cancel);
     let eviction = crate::eviction::EvictionManager::new(
         eviction_hard,
-        crate::eviction::NodeStats::new(
+        crate::kubelet::eviction_stats::NodeStats::new(
             config.cri.clone(),
             Arc::new(LinuxMachine),
             config.root_dir.clone(),

@@ -6,6 +6,7 @@
 //! Pods are admitted (or rejected, ending Failed) before their first sync, and a running
 //! pod past its `activeDeadlineSeconds` ends Failed; both rules live in [`crate::lifecycle`].
 
+pub mod eviction_stats;
 pub mod evictor;
 
 use std::collections::{HashMap, HashSet};

@@ -15,13 +15,13 @@
 //! - [`rank`]: the eviction order and message (pure).
 //! - [`manager`]: the control loop, over the [`StatsSource`], [`PodEvictor`] and
 //!   [`NodeReclaimer`] traits.
-//! - [`source`]: the real stats, from the machine and CRI. The real pods, evicted through
-//!   the kubelet and its pod workers, are the kubelet's ([`crate::kubelet::evictor`]).
+//! - The real stats, from the machine and CRI ([`crate::kubelet::eviction_stats`]), and the
+//!   real pods, evicted through the kubelet and its pod workers
+//!   ([`crate::kubelet::evictor`]), are the kubelet's: eviction takes them as traits.
 
 pub mod manager;
 pub mod rank;
 pub mod signals;
-pub mod source;
 
 use k8s_openapi::api::core::v1::Pod;
 
@@ -30,7 +30,6 @@ pub use manager::{
 };
 pub use rank::{PodUsage, REASON};
 pub use signals::{Observations, ParsedThresholds, Signal, parse_eviction_hard, thresholds_met};
-pub use source::NodeStats;
 
 /// What went wrong in the eviction manager.
 #[derive(Debug, thiserror::Error)]
