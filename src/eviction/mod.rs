@@ -11,7 +11,8 @@
 //! ([`crate::node`]) from the same thresholds, and admission rejects pods under them
 //! ([`crate::lifecycle::admission`]).
 //!
-//! - [`signals`]: the signals, `--eviction-hard`, which thresholds an observation meets.
+//! - [`signals`]: parsing `--eviction-hard`; the signals and which thresholds an
+//!   observation meets are the node's ([`crate::node::thresholds_met`]).
 //! - [`rank`]: the eviction order and message (pure).
 //! - [`manager`]: the control loop, over the [`StatsSource`], [`PodEvictor`] and
 //!   [`NodeReclaimer`] traits.
@@ -25,11 +26,12 @@ pub mod signals;
 
 use k8s_openapi::api::core::v1::Pod;
 
+pub use crate::node::{Observations, Signal, thresholds_met};
 pub use manager::{
     EvictionManager, MONITORING_INTERVAL, NoReclaim, NodeReclaimer, Pass, PodEvictor, StatsSource,
 };
 pub use rank::{PodUsage, REASON};
-pub use signals::{Observations, ParsedThresholds, Signal, parse_eviction_hard, thresholds_met};
+pub use signals::{ParsedThresholds, parse_eviction_hard};
 
 /// What went wrong in the eviction manager.
 #[derive(Debug, thiserror::Error)]

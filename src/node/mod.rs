@@ -33,6 +33,7 @@ mod machine;
 mod quantity;
 mod registration;
 mod runtime;
+mod signals;
 mod status;
 
 use std::time::Duration;
@@ -50,6 +51,7 @@ pub use lister::{node_lister, nodes_lister};
 pub use machine::{FsStats, HugePages, LinuxMachine, MachineInfo, Memory, MemoryUsage, PidUsage};
 pub use registration::{pod_cidr_at_start, wait_for_pod_cidr};
 pub use runtime::{ContainerRuntime, ReadinessCheck, RuntimeVersion, image_fs_mountpoint};
+pub use signals::{Observations, Signal, thresholds_met};
 
 /// Sleeps for `duration` unless `cancel` fires first; false when cancelled.
 async fn sleep_or_cancel(cancel: &CancellationToken, duration: Duration) -> bool {
