@@ -5,6 +5,9 @@
 //! ([`bootstrap`]), and its rotation with a client TLS identity that follows the current
 //! certificate and closes the connections made with the old one
 //! ([`crate::tls::transport`], below the API client).
+//!
+//! Knows no kubelet API server and no TLS handshake: it obtains and stores certificates;
+//! [`crate::tls`] presents them and [`crate::server`] serves with them.
 
 use std::path::{Path, PathBuf};
 

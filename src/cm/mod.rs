@@ -11,6 +11,9 @@
 //! units through systemd's D-Bus API); the rest of the agent sees only internal cgroup
 //! names and the driver's form of a sandbox's cgroup parent. The driver must be the
 //! container runtime's ([`check_runtime_driver`]).
+//!
+//! Knows no pod source, pod worker or runtime manager: it is asked for a pod's cgroup and
+//! answers with the driver's form.
 
 mod cgroup_manager;
 pub mod cgroupfs;

@@ -19,6 +19,9 @@
 //! - The real stats, from the machine and CRI ([`crate::kubelet::eviction_stats`]), and the
 //!   real pods, evicted through the kubelet and its pod workers
 //!   ([`crate::kubelet::evictor`]), are the kubelet's: eviction takes them as traits.
+//!
+//! Knows no runtime, kubelet or pod worker: stats, pods and node-level reclaim come through
+//! its three traits.
 
 pub mod manager;
 pub mod rank;

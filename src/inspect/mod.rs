@@ -2,6 +2,9 @@
 //! the CNI cache and the host-local store — not the agent's memory, so it also works
 //! while the agent is stopped — and shows how pods are wired, in tables, JSON and SVG.
 //! Only the start-up timelines come from the agent (its debug socket).
+//!
+//! Knows no agent internals beyond the debug socket: never the pod workers, the kubelet or
+//! the status manager.
 
 pub mod cni_store;
 pub mod netlink;

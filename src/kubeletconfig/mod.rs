@@ -9,6 +9,8 @@
 //! the command line did not give ([`flags`]), parsed by the same flag parsers. Fields and
 //! flags without effect are logged once at start-up, never refused. Flag values in the
 //! kubelet's own syntax (reservations, taints) are parsed in [`values`].
+//!
+//! Knows no running subsystem: it turns the file into flags before anything starts.
 
 pub mod fields;
 pub mod file;

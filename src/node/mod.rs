@@ -22,6 +22,9 @@
 //!
 //! The agent works with the identity `system:node:<name>` under the Node authorizer and
 //! the NodeRestriction admission plugin, and sends only fields a v1.20 API server knows.
+//!
+//! Knows no pod, eviction manager or kubelet API: it reports the node, and the eviction
+//! manager reads the node's signals ([`thresholds_met`]) from above.
 
 mod address;
 mod agent;

@@ -21,6 +21,9 @@
 //! ([`connections`]). The serving certificate
 //! comes from files, from the certificates API with rotation ([`certificate`]), or is
 //! self-signed ([`tls`]).
+//!
+//! Knows no pod worker and decides nothing for a pod: it reads the pod store, the status
+//! manager, the runtime and the registry of metrics, and serves them.
 
 pub mod auth;
 pub mod certificate;
