@@ -670,7 +670,7 @@ impl<C: Cri + Clone> PodAdmission for Kubelet<C> {
     /// handler's reason (a Warning event too) and never reaches the runtime.
     fn admit(&self, pod: &Arc<Pod>) {
         let Some(id) = PodId::of(pod) else { return };
-        if crate::pod::types::is_static_pod(pod) {
+        if crate::kubetypes::is_static_pod(pod) {
             // Its status goes to its mirror pod.
             self.status.track_static(&id);
         }

@@ -26,6 +26,7 @@ pub mod kubeclient;
 pub mod kubelet;
 pub mod kubeletconfig;
 pub mod kuberuntime;
+pub mod kubetypes;
 pub mod lifecycle;
 pub mod lock;
 pub mod metrics;

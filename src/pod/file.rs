@@ -24,8 +24,8 @@ use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 use tokio::io::unix::AsyncFd;
 
 use super::store::{PodAdmission, StaticPods};
-use super::types::{CONFIG_HASH, CONFIG_SEEN, FILE_SOURCE, stamp_source};
 use super::workers::{PodSyncer, PodWork, PodWorkers};
+use crate::kubetypes::{CONFIG_HASH, CONFIG_SEEN, FILE_SOURCE, stamp_source};
 
 /// The largest manifest read (the kubelet's `maxConfigLength`).
 const MAX_MANIFEST_BYTES: u64 = 10 << 20;
@@ -522,8 +522,8 @@ pub async fn start<S: PodSyncer, A: PodAdmission>(
 
 #[cfg(test)]
 mod tests {
-    use super::super::types::CONFIG_SOURCE;
     use super::*;
+    use crate::kubetypes::CONFIG_SOURCE;
     use crate::pod::state::PodStates;
 
     const YAML: &str = "apiVersion: v1
@@ -569,7 +569,7 @@ spec:
             pod.status.as_ref().unwrap().phase.as_deref(),
             Some("Pending")
         );
-        assert!(super::super::types::is_static_pod(&pod));
+        assert!(crate::kubetypes::is_static_pod(&pod));
     }
 
     #[test]

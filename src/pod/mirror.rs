@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::PodId;
 use super::store::{PodStore, StaticPods};
-use super::types::{CONFIG_HASH, CONFIG_MIRROR, annotation, is_mirror_pod, mirrored_uid};
+use crate::kubetypes::{CONFIG_HASH, CONFIG_MIRROR, annotation, is_mirror_pod, mirrored_uid};
 
 /// Mirror pods are checked again this often even when nothing was seen to change.
 const RESYNC: Duration = Duration::from_secs(10);
@@ -265,8 +265,8 @@ mod tests {
     use std::sync::Mutex;
 
     use super::*;
+    use crate::kubetypes::{CONFIG_SOURCE, is_static_pod};
     use crate::pod::testing::pod;
-    use crate::pod::types::{CONFIG_SOURCE, is_static_pod};
 
     fn static_pod(name: &str, hash: &str) -> Arc<Pod> {
         let mut p = pod(name, &[("c", "busybox")]);

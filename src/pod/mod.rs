@@ -10,7 +10,6 @@ pub mod mirror;
 pub mod source;
 pub mod state;
 pub mod store;
-pub mod types;
 pub mod workers;
 
 use k8s_openapi::api::core::v1::{Container, Pod, PodStatus};

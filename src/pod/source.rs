@@ -24,8 +24,8 @@ use tokio::sync::watch;
 
 use super::PodId;
 use super::store::{PodAdmission, PodStore, StaticPods};
-use super::types::{API_SOURCE, is_mirror_pod, stamp_source};
 use super::workers::{PodSyncer, PodWork, PodWorkers};
+use crate::kubetypes::{API_SOURCE, is_mirror_pod, stamp_source};
 
 /// Starts the watch; returns the store, and the task that feeds the workers until the
 /// process ends. Watch errors are retried with the watcher's default back-off.
@@ -286,11 +286,11 @@ mod tests {
         claimed.metadata.annotations = Some(
             [
                 (
-                    super::super::types::CONFIG_SOURCE.to_owned(),
+                    crate::kubetypes::CONFIG_SOURCE.to_owned(),
                     "file".to_owned(),
                 ),
                 (
-                    super::super::types::CONFIG_HASH.to_owned(),
+                    crate::kubetypes::CONFIG_HASH.to_owned(),
                     "uid-claims".to_owned(),
                 ),
             ]
@@ -298,7 +298,7 @@ mod tests {
         );
         assert!(crate::cm::is_critical(&claimed), "what it claims");
         received(&mut claimed);
-        assert!(!super::super::types::is_static_pod(&claimed));
+        assert!(!crate::kubetypes::is_static_pod(&claimed));
         assert!(!crate::cm::is_critical(&claimed));
         let container = &claimed.spec.as_ref().unwrap().containers[0];
         assert_eq!(
@@ -309,7 +309,7 @@ mod tests {
         let mut plain = pod("plain", &[("c", "busybox")]);
         received(&mut plain);
         assert_eq!(
-            plain.metadata.annotations.unwrap()[super::super::types::CONFIG_SOURCE],
+            plain.metadata.annotations.unwrap()[crate::kubetypes::CONFIG_SOURCE],
             "api"
         );
     }

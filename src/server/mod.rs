@@ -402,7 +402,7 @@ impl Server {
             .store
             .state()
             .into_iter()
-            .filter(|p| !crate::pod::types::is_mirror_pod(p))
+            .filter(|p| !crate::kubetypes::is_mirror_pod(p))
             .chain(self.pods.statics.pods())
             .collect();
         pods.sort_by(|a, b| {

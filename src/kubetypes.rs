@@ -1,8 +1,11 @@
-//! The pod-source vocabulary, as the kubelet's `pkg/kubelet/types` (`pod_update.go`): the
-//! `kubernetes.io/config.*` annotations, the sources (`api`, `file`), the stamp every
-//! source puts on the pods it delivers ([`stamp_source`]), and what it tells: a static pod
-//! ([`is_static_pod`]), a mirror pod ([`is_mirror_pod`]). It knows no source, no store and
-//! no API client.
+//! The pod-source vocabulary, as the kubelet's `pkg/kubelet/types` (`pod_update.go`, which
+//! its code imports as `kubetypes`): the `kubernetes.io/config.*` annotations, the sources
+//! (`api`, `file`), the stamp every source puts on the pods it delivers
+//! ([`stamp_source`]), and what it tells: a static pod ([`is_static_pod`]), a mirror pod
+//! ([`is_mirror_pod`]). The pod sources, the container manager's critical-pod policy and
+//! the status manager use it from above.
+//!
+//! Knows no other module of the agent: no source, store, cgroup or API client.
 
 use std::collections::BTreeMap;
 
@@ -22,7 +25,7 @@ pub const FILE_SOURCE: &str = "file";
 /// The annotation with the time the agent first saw a pod.
 pub const CONFIG_SEEN: &str = "kubernetes.io/config.seen";
 
-pub(super) fn annotation<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
+pub(crate) fn annotation<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
     pod.metadata
         .annotations
         .as_ref()?
