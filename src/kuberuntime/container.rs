@@ -380,6 +380,7 @@ mod tests {
 
     #[test]
     fn no_container_config_for_a_root_image_under_run_as_non_root() {
+        use crate::kuberuntime::security_context::NonRootError;
         use crate::kuberuntime::security_context::testing::{first, web};
         use k8s_openapi::api::core::v1::PodSecurityContext;
         let p = web(
