@@ -4,6 +4,8 @@
 //! pool, the agent's resident memory stays at several times its live heap. Two arenas,
 //! and handing free pages back to the kernel now and then, keep it close to the heap.
 //! Elsewhere than glibc these are no-ops.
+//!
+//! Knows no other module of the agent.
 
 use std::time::Duration;
 

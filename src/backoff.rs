@@ -52,7 +52,7 @@ impl Backoff {
 #[must_use]
 pub fn random_fraction() -> f64 {
     let mut bytes = [0u8; 4];
-    if crate::server::tls::provider()
+    if crate::tls::provider()
         .secure_random
         .fill(&mut bytes)
         .is_err()

@@ -1,5 +1,7 @@
 //! Operating-system errors as Go prints them (`syscall.Errno`: lower case, without Rust's
 //! "(os error N)"), for messages that must read as the kubelet's.
+//!
+//! Knows no other module of the agent.
 
 /// The errno text Go prints for `error`.
 #[must_use]

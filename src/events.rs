@@ -6,6 +6,8 @@
 //! core/v1 Events, counting repeats as the kubelet's event correlator does (which remembers
 //! at most 4,096 events). A pod that is gone can have no repeats: what is remembered of its
 //! events is dropped then, so that churning pods do not keep the memory full.
+//!
+//! Knows no pod worker or kubelet decision: callers say what happened; it publishes.
 
 use crate::lock::lock;
 use std::borrow::Cow;

@@ -6,6 +6,8 @@
 //! `RKUBELET_FAULT=<point>:<n>` at the n-th. The variable is read once, at the first hit of
 //! any point. Release builds (`debug_assertions` off) compile every [`point`] to nothing:
 //! no variable is read and no signal can be sent.
+//!
+//! Knows no other module of the agent: callers name their points.
 
 /// After `RunPodSandbox` returned a sandbox, before anything else is done with it.
 pub const AFTER_RUN_POD_SANDBOX: &str = "after-run-pod-sandbox";

@@ -20,7 +20,7 @@ use kube::client::ConfigExt;
 use kube::client::retry::RetryPolicy;
 use tower::{BoxError, Layer, Service, ServiceBuilder, ServiceExt};
 
-use crate::certificate::transport::{ClientIdentity, ClosingConnector};
+use crate::tls::transport::{ClientIdentity, ClosingConnector};
 
 /// The dialer's connect timeout and TCP keepalive period (the kubelet's `net.Dialer`).
 pub const DIAL_TIMEOUT: Duration = Duration::from_secs(30);

@@ -7,6 +7,9 @@
 //! pod past its `activeDeadlineSeconds` ends Failed; both rules live in [`crate::lifecycle`].
 //! Knows no server, node agent or start-up wiring (`app` builds it); keep it to the sync itself.
 
+pub mod eviction_stats;
+pub mod evictor;
+
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -28,10 +31,10 @@ use crate::kuberuntime::{
 };
 use crate::lifecycle::active_deadline;
 use crate::lifecycle::admission::{PodAdmitter, rejected_status};
-use crate::pod::source::PodAdmission;
 use crate::pod::state::{ForgetPod, PodMap, PodStates, Wake};
+use crate::pod::store::PodAdmission;
 use crate::pod::workers::{Next, PodSyncer, PodWork, PodWorkers};
-use crate::pod::{PodId, source::PodStore};
+use crate::pod::{PodId, store::PodStore};
 use crate::prober::ProberManager;
 use crate::status::{StatusInputs, StatusManager, generate_pod_status};
 use crate::volume::{LinuxMounter, PodVolumes, SetUps, VolumeError, VolumeManager};
@@ -243,7 +246,7 @@ impl<C: Cri + Clone> Kubelet<C> {
             && let Some(start) = &status.start_time
         {
             let elapsed = Timestamp::now().duration_since(start.0);
-            crate::server::metrics::observe_pod_start(elapsed.try_into().unwrap_or_default());
+            crate::metrics::observe_pod_start(elapsed.try_into().unwrap_or_default());
         }
         self.status.set_pod_status(id, status);
     }
@@ -669,7 +672,7 @@ impl<C: Cri + Clone> PodAdmission for Kubelet<C> {
     /// handler's reason (a Warning event too) and never reaches the runtime.
     fn admit(&self, pod: &Arc<Pod>) {
         let Some(id) = PodId::of(pod) else { return };
-        if crate::pod::mirror::is_static_pod(pod) {
+        if crate::kubetypes::is_static_pod(pod) {
             // Its status goes to its mirror pod.
             self.status.track_static(&id);
         }

@@ -584,7 +584,7 @@ async fn inspect_command(args: InspectArgs) -> anyhow::Result<std::process::Exit
         root_dir: args.root_dir.clone(),
         runtime_cni_conf_dir: args.runtime_cni_conf_dir.clone(),
         libcni_dir: "/var/lib/cni".into(),
-        proc: inspect::procfs::ProcFs::default(),
+        proc: rkubelet::procfs::ProcFs::default(),
     };
     let text = match (&args.what, args.output) {
         (InspectCommand::Pod { .. }, OutputArg::Svg) => {

@@ -2,6 +2,8 @@
 //! lines on stderr, filtered by `RUST_LOG` or the `--log-level`, and optionally one line per
 //! closed span with its busy and idle time. The pods' start-up [`timeline`](crate::timeline) is recorded from the
 //! same spans, whatever the log filter.
+//!
+//! Knows no subsystem: it installs the subscriber the timelines ride on.
 
 use std::io::IsTerminal;
 use std::sync::Arc;

@@ -10,6 +10,8 @@
 //! and steps that start later are not kept. [`Timelines`] keeps the most recent pods, a
 //! bounded number of steps each; the kubelet API serves them at `/debug/timeline` and
 //! `rkubelet inspect timeline` shows and draws them.
+//!
+//! Knows no pod worker or server: it reads spans' names and fields only.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};

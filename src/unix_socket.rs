@@ -2,6 +2,8 @@
 //! of `rkubelet inspect`): bound with mode 0600 in a dir of mode 0700, a stale file of
 //! an agent that died replaced, the file removed when the listener goes, and only peers
 //! running as root or as the agent's user served.
+//!
+//! Knows no protocol spoken on the sockets nor who serves them.
 
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};

@@ -25,7 +25,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::DeleteParams;
 use rkubelet::cri::api::PodSandboxState;
 use rkubelet::fault;
-use rkubelet::inspect::procfs::ProcFs;
+use rkubelet::procfs::ProcFs;
 use serde_json::json;
 
 const READY: i32 = PodSandboxState::SandboxReady as i32;

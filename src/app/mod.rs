@@ -21,7 +21,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backoff::Backoff;
 use crate::certificate::csr::{CsrTemplate, EXIT_AFTER_EXPIRY, Rotation};
-use crate::certificate::transport::ClientIdentity;
 use crate::certificate::{CertificateError, bootstrap};
 use crate::cm::{ContainerManager, NodeCapacity};
 use crate::cni::{self, Cni, ProcessExec};
@@ -41,13 +40,15 @@ use crate::node::{
     wait_for_pod_cidr,
 };
 use crate::pleg::Pleg;
-use crate::pod::file::{FileConfig, StaticPods};
+use crate::pod::file::FileConfig;
 use crate::pod::mirror::{self, KubeMirrorClient};
 use crate::pod::state::Wake;
+use crate::pod::store::StaticPods;
 use crate::pod::workers::PodWorkers;
 use crate::resources::Quantity;
-use crate::server::tls::ServingCertificate;
 use crate::status::StatusManager;
+use crate::tls::ServingCertificate;
+use crate::tls::transport::ClientIdentity;
 use crate::volume::{LinuxMounter, VolumeManager};
 use crate::watch_manager::{KubePodObjects, SourceCaches};
 use supervisor::{DeclarationError, Failure, OnFailure, Run, Supervisor, Task};
@@ -953,13 +954,14 @@ async fn start(config: &Config, tree: &mut Tree) -> Result<bool, AppError> {
     tree.start("container-gc", collect.dropped_on_stop())?;
     let collect = Run::again(images.clone(), RuntimeImageGc::run);
     tree.start("image-gc", collect.dropped_on_stop())?;
-    let stats = crate::eviction::NodeStats::new(
+    let stats = crate::kubelet::eviction_stats::NodeStats::new(
         config.cri.clone(),
         Arc::new(LinuxMachine),
         config.root_dir.clone(),
         config.pod_logs_dir.clone(),
     );
-    let pods = crate::eviction::KubeletPods::new(store.clone(), workers.clone(), kubelet.clone());
+    let pods =
+        crate::kubelet::evictor::KubeletPods::new(store.clone(), workers.clone(), kubelet.clone());
     let hard = node.config().eviction_hard;
     let eviction = crate::eviction::EvictionManager::new(hard, stats, pods, (containers, images));
     let evict = Run::once(|stop| eviction.run(stop));

@@ -23,7 +23,7 @@ use secrecy::ExposeSecret;
 use super::csr::{CsrApi, CsrError, CsrTemplate, new_key, request_certificate};
 use super::store::{PemStore, write_private};
 use super::{CertificateError, blocking, io_err};
-use crate::server::tls::{self, ServingCertificate};
+use crate::tls::{self, ServingCertificate};
 
 /// The prefix of the client certificate files in the cert dir.
 pub const CLIENT_PREFIX: &str = "kubelet-client";

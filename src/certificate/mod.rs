@@ -3,14 +3,17 @@
 //! and serving certificates ([`csr`]), the certificate files under `--cert-dir`
 //! ([`store`]), the TLS bootstrap of the client certificate with a bootstrap kubeconfig
 //! ([`bootstrap`]), and its rotation with a client TLS identity that follows the current
-//! certificate and closes the connections made with the old one ([`transport`]).
+//! certificate and closes the connections made with the old one
+//! ([`crate::tls::transport`], below the API client).
+//!
+//! Knows no kubelet API server and no TLS handshake: it obtains and stores certificates;
+//! [`crate::tls`] presents them and [`crate::server`] serves with them.
 
 use std::path::{Path, PathBuf};
 
 pub mod bootstrap;
 pub mod csr;
 pub mod store;
-pub mod transport;
 
 /// Certificate failures.
 #[derive(Debug, thiserror::Error)]
@@ -26,7 +29,7 @@ pub enum CertificateError {
     File(#[from] crate::atomic_file::FileError),
     /// The issued or stored certificate is unusable.
     #[error(transparent)]
-    Tls(#[from] crate::server::tls::TlsError),
+    Tls(#[from] crate::tls::TlsError),
     /// A kubeconfig cannot be read, used or written.
     #[error("kubeconfig {path}: {reason}")]
     Kubeconfig {

@@ -8,7 +8,7 @@ use k8s_openapi::jiff::Timestamp;
 
 use super::{CertificateError, blocking, io_err};
 use crate::atomic_file;
-use crate::server::tls::{self, ServingCertificate};
+use crate::tls::{self, ServingCertificate};
 
 /// The store of one kind of certificate (`kubelet-client`, `kubelet-server`).
 #[derive(Debug, Clone)]
@@ -101,55 +101,4 @@ pub fn write_private(path: &Path, data: &[u8]) -> Result<(), CertificateError> {
 fn sweep(dir: &Path, prefix: &str) -> Result<(), CertificateError> {
     atomic_file::sweep(dir, prefix)?;
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::certificate::csr::CsrTemplate;
-    use crate::certificate::csr::testing::{FakeCsrApi, Verdict};
-    use std::time::Duration;
-
-    #[tokio::test]
-    async fn an_update_writes_a_private_pem_and_points_current_at_it() {
-        let dir = std::env::temp_dir().join(format!("rkubelet-pemstore-{}", std::process::id()));
-        let store = PemStore::new(dir.clone(), "kubelet-client");
-        assert!(store.load_current().await.is_none());
-        let (csr, key) = CsrTemplate::node_client("n1").generate().unwrap();
-        let ca = FakeCsrApi::new(Verdict::Ignore);
-        let cert = ca.sign(&csr, Duration::from_secs(3600));
-        let stored = store
-            .update(cert.into_bytes(), &key.serialize_pem())
-            .await
-            .unwrap();
-        assert_eq!(stored.info.common_name.as_deref(), Some("system:node:n1"));
-        let target = std::fs::read_link(dir.join("kubelet-client-current.pem")).unwrap();
-        let name = target.to_str().unwrap();
-        assert!(
-            name.starts_with("kubelet-client-2") && name.ends_with(".pem"),
-            "{name}"
-        );
-        let mode = std::fs::metadata(dir.join(name)).unwrap();
-        assert_eq!(
-            std::os::unix::fs::PermissionsExt::mode(&mode.permissions()) & 0o777,
-            0o600
-        );
-        let leftovers: Vec<_> = std::fs::read_dir(&dir)
-            .unwrap()
-            .flatten()
-            .filter(|e| atomic_file::is_temp_name(&e.file_name().to_string_lossy()))
-            .collect();
-        assert!(leftovers.is_empty(), "written through a renamed temporary");
-        let loaded = store.load_current().await.unwrap();
-        assert_eq!(loaded.info, stored.info);
-        // An expired certificate is not current.
-        let (csr, key) = CsrTemplate::node_client("n1").generate().unwrap();
-        let expired = ca.sign(&csr, Duration::ZERO);
-        let _ = store
-            .update(expired.into_bytes(), &key.serialize_pem())
-            .await;
-        tokio::time::sleep(Duration::from_millis(1100)).await;
-        assert!(store.load_current().await.is_none());
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
 }

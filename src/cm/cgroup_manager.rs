@@ -6,12 +6,107 @@
 //! outside `cm` knows which one runs.
 
 use std::fmt;
+use std::path::PathBuf;
 use std::str::FromStr;
 
 use futures::future::BoxFuture;
 
-use super::CmError;
 use super::resource_config::ResourceConfig;
+
+/// What went wrong with cgroups.
+#[derive(Debug, thiserror::Error)]
+pub enum CmError {
+    /// A cgroup file or directory could not be read, written or removed.
+    #[error("{what} {}: {source}", path.display())]
+    Io {
+        /// What was done.
+        what: &'static str,
+        /// Where.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// No cgroup file system is mounted.
+    #[error("no cgroup hierarchy is mounted (/proc/self/mountinfo)")]
+    NoCgroups,
+    /// A `--cgroup-driver` that is neither cgroupfs nor systemd.
+    #[error("--cgroup-driver={0} is not supported: use cgroupfs or systemd")]
+    UnknownDriver(String),
+    /// The container runtime makes cgroups with the other driver.
+    #[error("--cgroup-driver={ours} but the container runtime uses {runtime} ({setting})")]
+    DriverMismatch {
+        /// `--cgroup-driver`.
+        ours: CgroupDriver,
+        /// The runtime's.
+        runtime: CgroupDriver,
+        /// The runtime's setting that says so.
+        setting: String,
+    },
+    /// systemd could not be reached, refused a call, or its job failed.
+    #[error(transparent)]
+    Systemd(#[from] SystemdError),
+    /// The blocking task doing the cgroup work failed.
+    #[error("cgroup work did not finish: {0}")]
+    Task(String),
+}
+
+/// What went wrong talking to systemd.
+#[derive(Debug, thiserror::Error)]
+pub enum SystemdError {
+    /// The host was not booted with systemd.
+    #[error(
+        "--cgroup-driver=systemd but systemd is not running on this host (no /run/systemd/system): use --cgroup-driver=cgroupfs here"
+    )]
+    NotRunning,
+    /// No connection to systemd could be made.
+    #[error("cannot connect to systemd ({tried}): {message}")]
+    Connect {
+        /// The addresses tried.
+        tried: String,
+        /// The last failure.
+        message: String,
+    },
+    /// systemd answered a call with an error.
+    #[error("systemd refused {method}({unit}): {name}: {message}")]
+    Refused {
+        /// The method.
+        method: &'static str,
+        /// The unit.
+        unit: String,
+        /// The D-Bus error name (`org.freedesktop.systemd1.UnitExists`).
+        name: String,
+        /// systemd's message.
+        message: String,
+    },
+    /// The call did not complete (connection, timeout, unexpected reply).
+    #[error("systemd {method}({unit}) failed: {message}")]
+    Bus {
+        /// The method.
+        method: &'static str,
+        /// The unit.
+        unit: String,
+        /// What happened.
+        message: String,
+    },
+    /// The job of a call ended other than `done`.
+    #[error("systemd job {method}({unit}) ended {result}")]
+    Job {
+        /// The method.
+        method: &'static str,
+        /// The unit.
+        unit: String,
+        /// `JobRemoved`'s result.
+        result: String,
+    },
+}
+
+impl SystemdError {
+    /// Whether systemd refused the call with this D-Bus error name.
+    #[must_use]
+    pub fn is(&self, error_name: &str) -> bool {
+        matches!(self, Self::Refused { name, .. } if name == error_name)
+    }
+}
 
 /// A cgroup's directory below the root of every hierarchy, by its components: the
 /// cgroupfs driver's `kubepods/burstable/pod<uid>`, the systemd driver's
@@ -21,7 +116,7 @@ pub struct CgroupPath(pub Vec<String>);
 
 impl CgroupPath {
     /// The directory below a hierarchy's mount point.
-    pub(super) fn relative(&self) -> std::path::PathBuf {
+    pub(super) fn relative(&self) -> PathBuf {
         self.0.iter().collect()
     }
 

@@ -14,8 +14,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 
-use super::CmError;
-use super::cgroup_manager::{CgroupDriver, CgroupManager, CgroupName, CgroupPath};
+use super::cgroup_manager::{CgroupDriver, CgroupManager, CgroupName, CgroupPath, CmError};
 use super::resource_config::{ResourceConfig, hugepage_unit};
 
 /// The cgroup file system: directories and their control files.

@@ -11,6 +11,9 @@
 //! units through systemd's D-Bus API); the rest of the agent sees only internal cgroup
 //! names and the driver's form of a sandbox's cgroup parent. The driver must be the
 //! container runtime's ([`check_runtime_driver`]).
+//!
+//! Knows no pod source, pod worker or runtime manager: it is asked for a pod's cgroup and
+//! answers with the driver's form.
 
 mod cgroup_manager;
 pub mod cgroupfs;
@@ -26,7 +29,7 @@ use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::Pod;
 
-pub use cgroup_manager::{CgroupDriver, CgroupManager, CgroupName, CgroupPath};
+pub use cgroup_manager::{CgroupDriver, CgroupManager, CgroupName, CgroupPath, CmError};
 pub use cgroupfs::{
     CgroupFs, CgroupLayout, CgroupfsManager, FsCgroups, Hierarchy, LinuxCgroupFs, cpu_weight,
 };
@@ -41,43 +44,6 @@ pub use runtime_driver::{RuntimeDriver, check_runtime_driver, runtime_cgroup_dri
 pub use systemd::{SystemdBus, SystemdError, SystemdManager, ZbusSystemd};
 
 use crate::resources::{QosClass, qos_class};
-
-/// What went wrong with cgroups.
-#[derive(Debug, thiserror::Error)]
-pub enum CmError {
-    /// A cgroup file or directory could not be read, written or removed.
-    #[error("{what} {}: {source}", path.display())]
-    Io {
-        /// What was done.
-        what: &'static str,
-        /// Where.
-        path: PathBuf,
-        /// The OS error.
-        source: std::io::Error,
-    },
-    /// No cgroup file system is mounted.
-    #[error("no cgroup hierarchy is mounted (/proc/self/mountinfo)")]
-    NoCgroups,
-    /// A `--cgroup-driver` that is neither cgroupfs nor systemd.
-    #[error("--cgroup-driver={0} is not supported: use cgroupfs or systemd")]
-    UnknownDriver(String),
-    /// The container runtime makes cgroups with the other driver.
-    #[error("--cgroup-driver={ours} but the container runtime uses {runtime} ({setting})")]
-    DriverMismatch {
-        /// `--cgroup-driver`.
-        ours: CgroupDriver,
-        /// The runtime's.
-        runtime: CgroupDriver,
-        /// The runtime's setting that says so.
-        setting: String,
-    },
-    /// systemd could not be reached, refused a call, or its job failed.
-    #[error(transparent)]
-    Systemd(#[from] SystemdError),
-    /// The blocking task doing the cgroup work failed.
-    #[error("cgroup work did not finish: {0}")]
-    Task(String),
-}
 
 /// The cgroup driver of `--cgroup-driver`, ready on this host: the systemd driver's
 /// connection is made at start, so a host without systemd stops the start.

@@ -19,7 +19,7 @@ const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
 /// (`types.IsCriticalPod`).
 #[must_use]
 pub fn is_critical(pod: &Pod) -> bool {
-    use crate::pod::mirror::{is_mirror_pod, is_static_pod};
+    use crate::kubetypes::{is_mirror_pod, is_static_pod};
     let priority = pod.spec.as_ref().and_then(|s| s.priority);
     is_static_pod(pod)
         || is_mirror_pod(pod)

@@ -12,8 +12,7 @@ use std::collections::HashMap;
 
 use serde_json::Value;
 
-use super::CgroupDriver;
-use super::CmError;
+use super::cgroup_manager::{CgroupDriver, CmError};
 use crate::cri::{Cri, api};
 
 /// What the runtime's status says of its cgroup driver.

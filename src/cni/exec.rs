@@ -405,7 +405,7 @@ mod tests {
             .filter_map(|p| p.parse().ok())
             .collect();
         assert_eq!(pids.len(), 2, "{pids:?}");
-        let proc = crate::inspect::procfs::ProcFs::default();
+        let proc = crate::procfs::ProcFs::default();
         for _ in 0..100 {
             if !pids.iter().any(|p| proc.running(*p)) {
                 return;

@@ -17,6 +17,9 @@
 //!
 //! The process boundary is the [`PluginExec`] trait: [`ProcessExec`] runs the binaries,
 //! and the unit tests use a fake, so all chain logic is tested without root.
+//!
+//! Knows no pod worker, runtime manager or kubelet API: it is handed a sandbox's network
+//! namespace and returns its network.
 
 mod bridge;
 mod cache;

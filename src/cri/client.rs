@@ -172,7 +172,7 @@ impl CriClient {
             None => Ok(response.await),
         };
         let failed = !matches!(outcome, Ok(Ok(_)));
-        crate::server::metrics::observe_runtime_operation(rpc, started.elapsed(), failed);
+        crate::metrics::observe_runtime_operation(rpc, started.elapsed(), failed);
         match outcome {
             Err(after) => Err(CriError::Timeout { rpc, after }),
             Ok(Err(status)) => match deadline {

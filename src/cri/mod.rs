@@ -4,6 +4,8 @@
 //! This module only carries out calls: it builds no policy. Every call has a deadline and
 //! every error names the RPC that failed, so the pod worker can turn it into a status,
 //! an event and a back-off.
+//!
+//! Knows no pod, Kubernetes object or kubelet policy: it speaks CRI to the runtime.
 
 mod client;
 mod error;

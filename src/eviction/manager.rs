@@ -13,9 +13,9 @@ use k8s_openapi::api::core::v1::Pod;
 use tokio_util::sync::CancellationToken;
 
 use super::rank::{Candidate, PodUsage, eviction_message, rank};
-use super::signals::{Observations, Signal, thresholds_met};
 use super::{EvictionError, is_critical_or_static};
 use crate::node::EvictionHard;
+use crate::node::{Observations, Signal, thresholds_met};
 
 /// How often the signals are observed (the kubelet's `evictionMonitoringPeriod`).
 pub const MONITORING_INTERVAL: Duration = Duration::from_secs(10);

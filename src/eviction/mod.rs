@@ -11,28 +11,30 @@
 //! ([`crate::node`]) from the same thresholds, and admission rejects pods under them
 //! ([`crate::lifecycle::admission`]).
 //!
-//! - [`signals`]: the signals, `--eviction-hard`, which thresholds an observation meets.
+//! - [`signals`]: parsing `--eviction-hard`; the signals and which thresholds an
+//!   observation meets are the node's ([`crate::node::thresholds_met`]).
 //! - [`rank`]: the eviction order and message (pure).
 //! - [`manager`]: the control loop, over the [`StatsSource`], [`PodEvictor`] and
 //!   [`NodeReclaimer`] traits.
-//! - [`source`]: the real stats, from the machine and CRI; [`pods`]: the real pods,
-//!   evicted through the kubelet and its pod workers.
+//! - The real stats, from the machine and CRI ([`crate::kubelet::eviction_stats`]), and the
+//!   real pods, evicted through the kubelet and its pod workers
+//!   ([`crate::kubelet::evictor`]), are the kubelet's: eviction takes them as traits.
+//!
+//! Knows no runtime, kubelet or pod worker: stats, pods and node-level reclaim come through
+//! its three traits.
 
 pub mod manager;
-pub mod pods;
 pub mod rank;
 pub mod signals;
-pub mod source;
 
 use k8s_openapi::api::core::v1::Pod;
 
+pub use crate::node::{Observations, Signal, thresholds_met};
 pub use manager::{
     EvictionManager, MONITORING_INTERVAL, NoReclaim, NodeReclaimer, Pass, PodEvictor, StatsSource,
 };
-pub use pods::KubeletPods;
 pub use rank::{PodUsage, REASON};
-pub use signals::{Observations, ParsedThresholds, Signal, parse_eviction_hard, thresholds_met};
-pub use source::NodeStats;
+pub use signals::{ParsedThresholds, parse_eviction_hard};
 
 /// What went wrong in the eviction manager.
 #[derive(Debug, thiserror::Error)]

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 
-use super::signals::Signal;
+use crate::node::Signal;
 use crate::resources::Quantity;
 
 /// The kubelet's eviction reason, of the pod status and of the event.

@@ -2,19 +2,21 @@
 //! the CNI cache and the host-local store — not the agent's memory, so it also works
 //! while the agent is stopped — and shows how pods are wired, in tables, JSON and SVG.
 //! Only the start-up timelines come from the agent (its debug socket).
+//!
+//! Knows no agent internals beyond the debug socket: never the pod workers, the kubelet or
+//! the status manager.
 
 pub mod cni_store;
 pub mod netlink;
 pub mod node;
 pub mod pod;
-pub mod procfs;
 pub mod svg;
 pub mod table;
 pub mod view;
 
 use std::path::PathBuf;
 
-use procfs::ProcFs;
+use crate::procfs::ProcFs;
 
 /// Where the node keeps what `inspect` reads: the agent's flags where they matter.
 #[derive(Debug, Clone)]

@@ -3,6 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::procfs::NamespaceView;
+
 /// The node's pod network, as `rkubelet inspect node` reports it.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -125,19 +127,6 @@ pub struct SandboxView {
     pub netns_path: Option<String>,
     /// The pause process's namespaces.
     pub namespaces: Vec<NamespaceView>,
-}
-
-/// A Linux namespace of a process.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct NamespaceView {
-    /// `net`, `ipc`, `uts`, `pid`, `mnt`, `cgroup` or `user`.
-    pub kind: String,
-    /// Its inode number (`/proc/<pid>/ns/<kind>` links to `<kind>:[<inode>]`).
-    pub inode: u64,
-    /// Whether it is the host's own (that of `inspect` itself): not isolated at all.
-    #[serde(default)]
-    pub host: bool,
 }
 
 /// The pod's network namespace, its veth pair and its IP.

@@ -10,6 +10,8 @@
 //! flags without effect are logged once at start-up, never refused. Flag values in the
 //! kubelet's own syntax (reservations, taints) are parsed in [`values`]. The merged result,
 //! as a KubeletConfiguration, is [`running`] (served on `/configz`).
+//!
+//! Knows no running subsystem: it turns the file into flags before anything starts.
 
 pub mod fields;
 pub mod file;

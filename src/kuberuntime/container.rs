@@ -308,4 +308,30 @@ mod tests {
         c.image = Some("nginx".into());
         assert_ne!(before, container_hash(&c));
     }
+
+    #[test]
+    fn no_container_config_for_a_root_image_under_run_as_non_root() {
+        use crate::kuberuntime::security_context::NonRootError;
+        use crate::kuberuntime::security_context::testing::{first, web};
+        use k8s_openapi::api::core::v1::PodSecurityContext;
+        let p = web(
+            PodSecurityContext {
+                run_as_non_root: Some(true),
+                ..Default::default()
+            },
+            None,
+        );
+        let id = PodId::of(&p).unwrap();
+        let made = container_config(
+            &p,
+            &id,
+            &first(&p),
+            &ContainerContext::default(),
+            Vec::new(),
+        );
+        assert!(matches!(
+            made,
+            Err(ConfigError::NonRoot(NonRootError::ImageRunsAsRoot { .. }))
+        ));
+    }
 }

@@ -9,6 +9,7 @@ pub mod context;
 pub mod env;
 pub mod gc;
 pub mod labels;
+pub mod logs;
 pub mod manager;
 pub mod names;
 pub mod runtime_status;

@@ -53,29 +53,6 @@ pub fn port_mappings(spec: &PodSpec) -> Vec<api::PortMapping> {
         .collect()
 }
 
-/// The pod's namespaces: the sandbox's, and every container's too (the kubelet's
-/// `namespacesForPod`): a container left without them would share the pod's PID namespace.
-pub(super) fn namespace_options(spec: &PodSpec) -> api::NamespaceOption {
-    let mode = |host: Option<bool>, otherwise: api::NamespaceMode| {
-        if host.unwrap_or(false) {
-            api::NamespaceMode::Node
-        } else {
-            otherwise
-        }
-    };
-    let pid_default = if spec.share_process_namespace.unwrap_or(false) {
-        api::NamespaceMode::Pod
-    } else {
-        api::NamespaceMode::Container
-    };
-    api::NamespaceOption {
-        network: mode(spec.host_network, api::NamespaceMode::Pod).into(),
-        pid: mode(spec.host_pid, pid_default).into(),
-        ipc: mode(spec.host_ipc, api::NamespaceMode::Pod).into(),
-        target_id: String::new(),
-    }
-}
-
 /// The full sandbox config of a pod; `attempt` counts the sandboxes made for it before.
 ///
 /// # Errors

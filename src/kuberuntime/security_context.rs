@@ -358,7 +358,7 @@ pub fn container(
     api::LinuxContainerSecurityContext {
         capabilities: sc.capabilities.as_ref().map(capabilities),
         privileged: sc.privileged.unwrap_or(false),
-        namespace_options: spec.map(super::sandbox::namespace_options),
+        namespace_options: spec.map(namespace_options),
         selinux_options: sc.se_linux_options.as_ref().map(selinux),
         run_as_user: run_as_user.map(int64),
         run_as_group: sc.run_as_group.map(int64),
@@ -374,6 +374,29 @@ pub fn container(
     }
 }
 
+/// The pod's namespaces: the sandbox's, and every container's too (the kubelet's
+/// `namespacesForPod`): a container left without them would share the pod's PID namespace.
+pub(super) fn namespace_options(spec: &PodSpec) -> api::NamespaceOption {
+    let mode = |host: Option<bool>, otherwise: api::NamespaceMode| {
+        if host.unwrap_or(false) {
+            api::NamespaceMode::Node
+        } else {
+            otherwise
+        }
+    };
+    let pid_default = if spec.share_process_namespace.unwrap_or(false) {
+        api::NamespaceMode::Pod
+    } else {
+        api::NamespaceMode::Container
+    };
+    api::NamespaceOption {
+        network: mode(spec.host_network, api::NamespaceMode::Pod).into(),
+        pid: mode(spec.host_pid, pid_default).into(),
+        ipc: mode(spec.host_ipc, api::NamespaceMode::Pod).into(),
+        target_id: String::new(),
+    }
+}
+
 /// The sandbox's security context (the kubelet's `generatePodSandboxLinuxConfig`): the
 /// pod's user, group, groups and SELinux options, its namespaces, privileged when a
 /// container is, and the runtime's default seccomp profile (in both forms).
@@ -385,7 +408,7 @@ pub fn container(
 pub fn sandbox(spec: &PodSpec) -> api::LinuxSandboxSecurityContext {
     let pod_sc = spec.security_context.as_ref();
     api::LinuxSandboxSecurityContext {
-        namespace_options: Some(super::sandbox::namespace_options(spec)),
+        namespace_options: Some(namespace_options(spec)),
         selinux_options: pod_sc
             .and_then(|s| s.se_linux_options.as_ref())
             .map(selinux),
@@ -401,16 +424,16 @@ pub fn sandbox(spec: &PodSpec) -> api::LinuxSandboxSecurityContext {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::pod::testing::pod;
-    use k8s_openapi::api::core::v1::PodSecurityContext;
+pub(crate) mod testing {
+    //! Pods for the security context tests, here and in the container config's.
 
-    const ROOT: &str = "/var/lib/rkubelet/seccomp";
+    use k8s_openapi::api::core::v1::{Container, Pod, PodSecurityContext, SecurityContext};
+
+    use crate::pod::testing::pod;
 
     /// A pod `web` with container `c`, the pod's security context `pod_sc` and the
     /// container's `container_sc`.
-    fn web(pod_sc: PodSecurityContext, container_sc: Option<SecurityContext>) -> Pod {
+    pub fn web(pod_sc: PodSecurityContext, container_sc: Option<SecurityContext>) -> Pod {
         let mut p = pod("web", &[("c", "busybox")]);
         let spec = p.spec.as_mut().unwrap();
         spec.security_context = Some(pod_sc);
@@ -418,9 +441,18 @@ mod tests {
         p
     }
 
-    fn first(p: &Pod) -> Container {
+    pub fn first(p: &Pod) -> Container {
         p.spec.as_ref().unwrap().containers[0].clone()
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::{first, web};
+    use super::*;
+    use k8s_openapi::api::core::v1::PodSecurityContext;
+
+    const ROOT: &str = "/var/lib/rkubelet/seccomp";
 
     fn context_of(p: &Pod, user: &ImageUser) -> api::LinuxContainerSecurityContext {
         container(p, &first(p), user, Path::new(ROOT))
@@ -665,31 +697,6 @@ mod tests {
             check(&web(PodSecurityContext::default(), None), &root),
             Ok(())
         );
-    }
-
-    #[test]
-    fn no_container_config_for_a_root_image_under_run_as_non_root() {
-        use crate::kuberuntime::container::container_config;
-        use crate::kuberuntime::context::{ConfigError, ContainerContext};
-        let p = web(
-            PodSecurityContext {
-                run_as_non_root: Some(true),
-                ..Default::default()
-            },
-            None,
-        );
-        let id = crate::pod::PodId::of(&p).unwrap();
-        let made = container_config(
-            &p,
-            &id,
-            &first(&p),
-            &ContainerContext::default(),
-            Vec::new(),
-        );
-        assert!(matches!(
-            made,
-            Err(ConfigError::NonRoot(NonRootError::ImageRunsAsRoot { .. }))
-        ));
     }
 
     #[test]

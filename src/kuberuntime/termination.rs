@@ -9,8 +9,8 @@ use std::path::Path;
 
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 
+use super::logs::{Joiner, parse_cri_line};
 use crate::cri::api;
-use crate::server::logs::{Joiner, parse_cri_line};
 
 /// The most of a termination message the kubelet keeps.
 pub const MAX_MESSAGE_BYTES: u64 = 4096;

@@ -739,7 +739,7 @@ fn handler_of(
 }
 
 /// The admitted and decided pods: forgotten when the pod is gone from the API (the
-/// kubelet's pod manager; see [`crate::pod::source::PodAdmission::forget`]) and again when
+/// kubelet's pod manager; see [`crate::pod::store::PodAdmission::forget`]) and again when
 /// its worker ends, in case it was seen again meanwhile.
 impl ForgetPod for PodAdmitter {
     fn name(&self) -> &'static str {

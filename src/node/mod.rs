@@ -22,6 +22,9 @@
 //!
 //! The agent works with the identity `system:node:<name>` under the Node authorizer and
 //! the NodeRestriction admission plugin, and sends only fields a v1.20 API server knows.
+//!
+//! Knows no pod, eviction manager or kubelet API: it reports the node, and the eviction
+//! manager reads the node's signals ([`thresholds_met`]) from above.
 
 mod address;
 mod agent;
@@ -33,6 +36,7 @@ mod machine;
 mod quantity;
 mod registration;
 mod runtime;
+mod signals;
 mod status;
 
 use std::time::Duration;
@@ -50,6 +54,7 @@ pub use lister::{node_lister, nodes_lister};
 pub use machine::{FsStats, HugePages, LinuxMachine, MachineInfo, Memory, MemoryUsage, PidUsage};
 pub use registration::{pod_cidr_at_start, wait_for_pod_cidr};
 pub use runtime::{ContainerRuntime, ReadinessCheck, RuntimeVersion, image_fs_mountpoint};
+pub use signals::{Observations, Signal, thresholds_met};
 
 /// Sleeps for `duration` unless `cancel` fires first; false when cancelled.
 async fn sleep_or_cancel(cancel: &CancellationToken, duration: Duration) -> bool {

@@ -21,8 +21,8 @@ use k8s_openapi::jiff::Timestamp;
 use super::config::{EvictionHard, NodeConfig, go_arch};
 use super::machine::{FsStats, HugePages, PidUsage};
 use super::quantity;
+use super::signals::{Observations, thresholds_met};
 use crate::cri::{self, RuntimeHealth};
-use crate::eviction;
 
 /// The Node condition types this agent owns.
 pub(crate) const MEMORY_PRESSURE: &str = "MemoryPressure";
@@ -85,17 +85,17 @@ pub(crate) struct Pressure {
 
 impl Pressure {
     /// The hard eviction thresholds met by `obs`, as the eviction manager decides them
-    /// ([`crate::eviction::thresholds_met`]): `memory.available` (capacity less the root
+    /// ([`thresholds_met`]): `memory.available` (capacity less the root
     /// memory cgroup's working set) below its threshold; `nodefs.*` or `imagefs.*` below their percentages; PIDs available below their percentage of `pid_max`. A figure that
     /// could not be read meets nothing.
     pub fn observed(obs: &Observation, hard: &EvictionHard) -> Self {
-        let signals = eviction::Observations {
+        let signals = Observations {
             memory_available_bytes: obs.memory_available_bytes,
             nodefs: obs.nodefs,
             imagefs: obs.imagefs,
             pids: obs.pids,
         };
-        let met = eviction::thresholds_met(&signals, hard);
+        let met = thresholds_met(&signals, hard);
         let holds = |condition: &str| met.iter().any(|s| s.condition() == condition);
         Self {
             memory: holds(MEMORY_PRESSURE),

@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
 use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Pod, PodStatus, Toleration};
@@ -22,93 +22,16 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 use tokio::io::unix::AsyncFd;
-use tokio::sync::{Notify, watch};
 
-use super::mirror::{CONFIG_HASH, CONFIG_SEEN, FILE_SOURCE, stamp_source};
-use super::source::PodAdmission;
+use super::store::{PodAdmission, StaticPods};
 use super::workers::{PodSyncer, PodWork, PodWorkers};
+use crate::kubetypes::{CONFIG_HASH, CONFIG_SEEN, FILE_SOURCE, stamp_source};
 
 /// The largest manifest read (the kubelet's `maxConfigLength`).
 const MAX_MANIFEST_BYTES: u64 = 10 << 20;
 /// After a change is reported, further changes (an editor's several writes) are waited
 /// for this long before the files are read.
 const SETTLE: Duration = Duration::from_millis(100);
-
-/// The static pods now in the manifests, by UID, a wake-up for whoever follows them
-/// (the mirror pods), and whether the manifests were read once (the kubelet's "source
-/// ready": no mirror pod or runtime pod is removed as an orphan before). Cheap to clone.
-#[derive(Clone)]
-pub struct StaticPods {
-    pub(super) pods: Arc<RwLock<BTreeMap<String, Arc<Pod>>>>,
-    changed: Arc<Notify>,
-    listed: Arc<watch::Sender<bool>>,
-}
-
-impl Default for StaticPods {
-    /// No manifest path: nothing to read, so listed from the start.
-    fn default() -> Self {
-        Self {
-            pods: Arc::default(),
-            changed: Arc::default(),
-            listed: Arc::new(watch::Sender::new(true)),
-        }
-    }
-}
-
-impl StaticPods {
-    /// Static pods of a manifest path not read yet.
-    #[must_use]
-    pub fn unlisted() -> Self {
-        let statics = Self::default();
-        statics.listed.send_replace(false);
-        statics
-    }
-
-    /// Returns once the manifests were read (at once without a manifest path).
-    pub async fn listed(&self) {
-        let mut listed = self.listed.subscribe();
-        // The sender lives as long as `self`: this cannot fail.
-        let _ = listed.wait_for(|l| *l).await;
-    }
-
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, Arc<Pod>>> {
-        crate::lock::read(&self.pods)
-    }
-
-    /// The static pods.
-    #[must_use]
-    pub fn pods(&self) -> Vec<Arc<Pod>> {
-        self.read().values().cloned().collect()
-    }
-
-    /// Their UIDs.
-    #[must_use]
-    pub fn uids(&self) -> HashSet<String> {
-        self.read().keys().cloned().collect()
-    }
-
-    /// The static pod named `name` in `namespace`.
-    #[must_use]
-    pub fn get(&self, namespace: &str, name: &str) -> Option<Arc<Pod>> {
-        self.read()
-            .values()
-            .find(|p| {
-                p.metadata.namespace.as_deref() == Some(namespace)
-                    && p.metadata.name.as_deref() == Some(name)
-            })
-            .cloned()
-    }
-
-    /// Something about static or mirror pods changed.
-    pub fn notify(&self) {
-        self.changed.notify_one();
-    }
-
-    /// Returns at the next [`Self::notify`] (or at once if one came since the last call).
-    pub async fn changed(&self) {
-        self.changed.notified().await;
-    }
-}
 
 /// Where static pods come from.
 #[derive(Debug, Clone)]
@@ -599,8 +522,8 @@ pub async fn start<S: PodSyncer, A: PodAdmission>(
 
 #[cfg(test)]
 mod tests {
-    use super::super::mirror::CONFIG_SOURCE;
     use super::*;
+    use crate::kubetypes::CONFIG_SOURCE;
     use crate::pod::state::PodStates;
 
     const YAML: &str = "apiVersion: v1
@@ -646,7 +569,7 @@ spec:
             pod.status.as_ref().unwrap().phase.as_deref(),
             Some("Pending")
         );
-        assert!(super::super::mirror::is_static_pod(&pod));
+        assert!(crate::kubetypes::is_static_pod(&pod));
     }
 
     #[test]

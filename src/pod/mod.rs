@@ -1,11 +1,15 @@
 //! Pods on this node: where they come from (the API watch, the static pods' manifest
 //! files), their mirror pods, the worker that owns each one, and the small facts about a
 //! Pod object that every other module asks for.
+//!
+//! Knows no runtime, volume, prober or kubelet sync: a worker calls the `PodSyncer` it is
+//! given.
 
 pub mod file;
 pub mod mirror;
 pub mod source;
 pub mod state;
+pub mod store;
 pub mod workers;
 
 use k8s_openapi::api::core::v1::{Container, Pod, PodStatus};

@@ -23,59 +23,9 @@ use kube::runtime::watcher::{self, Event};
 use tokio::sync::watch;
 
 use super::PodId;
-use super::file::StaticPods;
-use super::mirror::{API_SOURCE, is_mirror_pod, stamp_source};
+use super::store::{PodAdmission, PodStore, StaticPods};
 use super::workers::{PodSyncer, PodWork, PodWorkers};
-
-/// The reflector's store, and whether its first full list has completed.
-#[derive(Clone)]
-pub struct PodStore {
-    /// The pods bound to this node, as last seen.
-    pub store: Store<Pod>,
-    /// True once the first full list is in the store.
-    pub synced: watch::Receiver<bool>,
-    /// The static pods (from manifest files).
-    pub statics: StaticPods,
-}
-
-impl PodStore {
-    /// The pod named `name` in `namespace` that runs here: a static pod rather than its
-    /// mirror pod.
-    #[must_use]
-    pub fn get(&self, namespace: &str, name: &str) -> Option<Arc<Pod>> {
-        self.statics
-            .get(namespace, name)
-            .or_else(|| self.store.get(&ObjectRef::new(name).within(namespace)))
-    }
-
-    /// The UIDs of the pods that should exist: the API's and the static ones.
-    #[must_use]
-    pub fn uids(&self) -> HashSet<String> {
-        let mut uids = self.statics.uids();
-        uids.extend(
-            self.store
-                .state()
-                .iter()
-                .filter_map(|p| p.metadata.uid.clone()),
-        );
-        uids
-    }
-}
-
-/// What the source asks before a pod reaches its worker: the kubelet's admission.
-pub trait PodAdmission: Send + Sync + 'static {
-    /// A pod was seen (added or updated); decided once, at its first sighting.
-    fn admit(&self, pod: &Arc<Pod>);
-    /// A pod is gone from the API.
-    fn forget(&self, uid: &str);
-    /// A full list came: pods not in it are gone (their deletions were missed).
-    fn retain(&self, listed: &HashSet<String>);
-    /// Every version of a pod the watch delivers, also one whose only change is its
-    /// status (which wakes no worker): the status manager's reconciliation looks at it.
-    fn observed(&self, _pod: &Pod) {}
-    /// A mirror pod was seen (`present`) or deleted.
-    fn mirror(&self, _pod: &Pod, _present: bool) {}
-}
+use crate::kubetypes::{API_SOURCE, is_mirror_pod, stamp_source};
 
 /// Starts the watch; returns the store, and the task that feeds the workers until the
 /// process ends. Watch errors are retried with the watcher's default back-off.
@@ -336,11 +286,11 @@ mod tests {
         claimed.metadata.annotations = Some(
             [
                 (
-                    super::super::mirror::CONFIG_SOURCE.to_owned(),
+                    crate::kubetypes::CONFIG_SOURCE.to_owned(),
                     "file".to_owned(),
                 ),
                 (
-                    super::super::mirror::CONFIG_HASH.to_owned(),
+                    crate::kubetypes::CONFIG_HASH.to_owned(),
                     "uid-claims".to_owned(),
                 ),
             ]
@@ -348,7 +298,7 @@ mod tests {
         );
         assert!(crate::cm::is_critical(&claimed), "what it claims");
         received(&mut claimed);
-        assert!(!super::super::mirror::is_static_pod(&claimed));
+        assert!(!crate::kubetypes::is_static_pod(&claimed));
         assert!(!crate::cm::is_critical(&claimed));
         let container = &claimed.spec.as_ref().unwrap().containers[0];
         assert_eq!(
@@ -359,7 +309,7 @@ mod tests {
         let mut plain = pod("plain", &[("c", "busybox")]);
         received(&mut plain);
         assert_eq!(
-            plain.metadata.annotations.unwrap()[super::super::mirror::CONFIG_SOURCE],
+            plain.metadata.annotations.unwrap()[crate::kubetypes::CONFIG_SOURCE],
             "api"
         );
     }

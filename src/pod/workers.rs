@@ -229,7 +229,7 @@ impl<S: PodSyncer> PodWorkers<S> {
                 },
                 None => sync.await,
             };
-            crate::server::metrics::observe_pod_worker(operation, started.elapsed());
+            crate::metrics::observe_pod_worker(operation, started.elapsed());
             match next {
                 Next::Done => break,
                 Next::ResyncAfter(after) => {

@@ -399,7 +399,7 @@ fn tls_config() -> Arc<rustls::ClientConfig> {
     static CONFIG: OnceLock<Arc<rustls::ClientConfig>> = OnceLock::new();
     CONFIG
         .get_or_init(|| {
-            let provider = crate::server::tls::provider();
+            let provider = crate::tls::provider();
             let verifier = Arc::new(AnyCertificate(provider.clone()));
             let config = rustls::ClientConfig::builder_with_provider(provider)
                 .with_safe_default_protocol_versions()

@@ -2,6 +2,8 @@
 //! command in it ([`exec`]), an HTTP GET against it ([`http`]) or a TCP connect to it
 //! ([`tcp`]). Each answers a [`Outcome`]; the prober (and lifecycle hooks) decide what to
 //! do with it. The latest result of each container's probes is kept in [`results`].
+//!
+//! Knows no prober worker, pod worker or status manager: one check, one outcome.
 
 pub mod exec;
 pub mod http;

@@ -60,7 +60,7 @@ impl UserInfo {
     /// The user of a verified client certificate: common name and organizations, as the
     /// kube-apiserver reads them.
     #[must_use]
-    pub fn from_certificate(info: &super::x509::CertificateInfo) -> Option<Self> {
+    pub fn from_certificate(info: &crate::tls::x509::CertificateInfo) -> Option<Self> {
         let name = info.common_name.clone().filter(|n| !n.is_empty())?;
         Some(Self {
             name,
@@ -565,7 +565,7 @@ mod tests {
 
     #[test]
     fn a_certificate_without_a_common_name_names_nobody() {
-        let info = super::super::x509::CertificateInfo {
+        let info = crate::tls::x509::CertificateInfo {
             common_name: None,
             organizations: vec!["g".into()],
             not_before: k8s_openapi::jiff::Timestamp::UNIX_EPOCH,

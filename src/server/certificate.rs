@@ -18,11 +18,12 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
 use tokio_util::sync::CancellationToken;
 
-use super::tls::{self, CertStore, ServingCertificate};
+use super::tls::CertStore;
 pub use crate::certificate::CertificateError;
 use crate::certificate::csr::{CsrTemplate, Rotation, node_subject};
 use crate::certificate::io_err;
 use crate::certificate::store::{PemStore, write_private};
+use crate::tls::{self, ServingCertificate};
 
 /// The signer of kubelet serving certificates.
 pub const KUBELET_SERVING_SIGNER: &str = "kubernetes.io/kubelet-serving";

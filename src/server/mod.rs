@@ -24,6 +24,9 @@
 //! ([`connections`]). The serving certificate
 //! comes from files, from the certificates API with rotation ([`certificate`]), or is
 //! self-signed ([`tls`]).
+//!
+//! Knows no pod worker and decides nothing for a pod: it reads the pod store, the status
+//! manager, the runtime and the registry of metrics, and serves them.
 
 pub mod auth;
 pub mod certificate;
@@ -38,7 +41,6 @@ pub mod stats;
 pub mod streaming;
 pub mod syslogs;
 pub mod tls;
-pub mod x509;
 
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
@@ -57,15 +59,17 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cri::{Cri, CriClient, api};
 use crate::node::LinuxMachine;
-use crate::pod::source::PodStore;
+use crate::pod::store::PodStore;
 use crate::status::StatusManager;
 use crate::timeline::Timelines;
+use crate::tls::{TlsError, x509};
 use auth::{ApiReviews, Auth, UserInfo};
 use certificate::{CertificateError, CertificateManager, NodeIdentity};
 use connections::{Budget, Connection, Limits};
 use logs::{LogError, LogOptions};
+use metrics::Exposition as _;
 use streaming::{StreamOptions, StreamingError};
-use tls::{CertStore, TlsError};
+use tls::CertStore;
 
 /// The body of every response.
 pub type Body = BoxBody<Bytes, std::io::Error>;
@@ -327,7 +331,8 @@ impl Server {
     ) -> Response<Body> {
         let method = req.method().as_str().to_owned();
         let path = req.uri().path().to_owned();
-        metrics::global().count_http_request(metrics::method_label(req.method()), route(&path));
+        crate::metrics::global()
+            .count_http_request(metrics::method_label(req.method()), route(&path));
         let authorization = req
             .headers()
             .get(hyper::header::AUTHORIZATION)
@@ -424,7 +429,7 @@ impl Server {
             .store
             .state()
             .into_iter()
-            .filter(|p| !crate::pod::mirror::is_mirror_pod(p))
+            .filter(|p| !crate::kubetypes::is_mirror_pod(p))
             .chain(self.pods.statics.pods())
             .collect();
         pods.sort_by(|a, b| {
@@ -446,7 +451,7 @@ impl Server {
                 "metrics without running pods and containers: the runtime did not answer"
             );
         }
-        prometheus_text(metrics::global().render(&self.node_name, counts.as_ref()))
+        prometheus_text(crate::metrics::global().render(&self.node_name, counts.as_ref()))
     }
 
     async fn resource_metrics(&self) -> Response<Body> {
@@ -731,7 +736,7 @@ async fn serving_certificates(
     };
     let manager = match &config.serving_certificate {
         ServingCertificateSource::Files { cert, key } => {
-            store.set(tls::load_files(cert, key)?);
+            store.set(crate::tls::load_files(cert, key)?);
             None
         }
         ServingCertificateSource::SelfSigned { cert_dir } => {
@@ -740,7 +745,7 @@ async fn serving_certificates(
         }
         ServingCertificateSource::Rotate { cert_dir, files } => {
             if let Some((cert, key)) = files {
-                store.set_without_sni(tls::load_files(cert, key)?);
+                store.set_without_sni(crate::tls::load_files(cert, key)?);
             }
             Some(CertificateManager::new(
                 client.clone(),

@@ -5,7 +5,7 @@
 //! `server.go` also registers `process_start_time_seconds` on that registry, but its
 //! answer holds no such sample (seen in `bench scrape`: an empty body with no probes).
 
-use super::metrics::{header, sample_at};
+use crate::metrics::{header, sample_at};
 
 /// The text exposition: empty while no probe has run.
 #[must_use]

@@ -16,8 +16,8 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::jiff::Timestamp;
 
-use super::metrics::{header, sample_at};
 use super::stats::{CpuStats, MemoryStats, Summary};
+use crate::metrics::{header, sample_at};
 
 /// One sample: its labels (name order), value and timestamp in milliseconds.
 type Sample = (Vec<(&'static str, String)>, f64, Option<i64>);

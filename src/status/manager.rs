@@ -176,7 +176,7 @@ impl StatusManager {
     /// hash into its own `kubernetes.io/config.mirror` does not take the status.
     pub fn mirror(&self, mirror: &Pod, present: bool) {
         let (Some(static_uid), Some(mirror_id)) =
-            (crate::pod::mirror::mirrored_uid(mirror), PodId::of(mirror))
+            (crate::kubetypes::mirrored_uid(mirror), PodId::of(mirror))
         else {
             return;
         };
@@ -659,7 +659,7 @@ mod tests {
         mirror.metadata.uid = Some("m1".into());
         mirror.metadata.annotations = Some(
             [(
-                crate::pod::mirror::CONFIG_MIRROR.to_owned(),
+                crate::kubetypes::CONFIG_MIRROR.to_owned(),
                 "static".to_owned(),
             )]
             .into(),

@@ -13,7 +13,8 @@ use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use rkubelet::cri::{Cri, CriClient, Endpoint, api};
-use rkubelet::inspect::{Locations, cni_store, procfs::ProcFs};
+use rkubelet::inspect::{Locations, cni_store};
+use rkubelet::procfs::ProcFs;
 
 use super::pods::{containers_in, sandboxes_in};
 use super::{cri, cri_at, runtime_endpoint};

@@ -20,11 +20,11 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 
-use super::CmError;
-use super::cgroup_manager::{CgroupDriver, CgroupManager, CgroupName};
+use super::cgroup_manager::{CgroupDriver, CgroupManager, CgroupName, CmError};
 use super::cgroupfs::{CgroupFs, FsCgroups, blocking, cpu_weight};
 use super::resource_config::{QUOTA_PERIOD, ResourceConfig};
 
+pub use super::cgroup_manager::SystemdError;
 pub use dbus::ZbusSystemd;
 
 /// systemd's error when a unit to start already exists.
@@ -84,64 +84,6 @@ impl JobResult {
         } else {
             Self::Failed(result.to_owned())
         }
-    }
-}
-
-/// What went wrong talking to systemd.
-#[derive(Debug, thiserror::Error)]
-pub enum SystemdError {
-    /// The host was not booted with systemd.
-    #[error(
-        "--cgroup-driver=systemd but systemd is not running on this host (no /run/systemd/system): use --cgroup-driver=cgroupfs here"
-    )]
-    NotRunning,
-    /// No connection to systemd could be made.
-    #[error("cannot connect to systemd ({tried}): {message}")]
-    Connect {
-        /// The addresses tried.
-        tried: String,
-        /// The last failure.
-        message: String,
-    },
-    /// systemd answered a call with an error.
-    #[error("systemd refused {method}({unit}): {name}: {message}")]
-    Refused {
-        /// The method.
-        method: &'static str,
-        /// The unit.
-        unit: String,
-        /// The D-Bus error name (`org.freedesktop.systemd1.UnitExists`).
-        name: String,
-        /// systemd's message.
-        message: String,
-    },
-    /// The call did not complete (connection, timeout, unexpected reply).
-    #[error("systemd {method}({unit}) failed: {message}")]
-    Bus {
-        /// The method.
-        method: &'static str,
-        /// The unit.
-        unit: String,
-        /// What happened.
-        message: String,
-    },
-    /// The job of a call ended other than `done`.
-    #[error("systemd job {method}({unit}) ended {result}")]
-    Job {
-        /// The method.
-        method: &'static str,
-        /// The unit.
-        unit: String,
-        /// `JobRemoved`'s result.
-        result: String,
-    },
-}
-
-impl SystemdError {
-    /// Whether systemd refused the call with this D-Bus error name.
-    #[must_use]
-    pub fn is(&self, error_name: &str) -> bool {
-        matches!(self, Self::Refused { name, .. } if name == error_name)
     }
 }
 

@@ -3,7 +3,7 @@
 //! <underlay>`. No encapsulation, so the pods keep the link's MTU; the nodes must be on one
 //! layer-2 network.
 
-use super::programmer::RemoteNode;
+use super::remote::RemoteNode;
 use super::state::RemoteRoute;
 
 /// The route to `node`'s pods through the interface `underlay`.

@@ -22,6 +22,7 @@ mod hostgw;
 mod iproute2;
 mod program;
 mod programmer;
+mod remote;
 mod state;
 pub mod sysctl;
 pub mod vxlan;
@@ -35,9 +36,10 @@ pub use program::{
     plan,
 };
 pub use programmer::{
-    POD_CIDR_REFUSED, Programmer, Refused, RemoteNode, Settings, SyncReport, Wanted,
-    api_server_addresses, remote_nodes, run,
+    POD_CIDR_REFUSED, Programmer, Refused, Settings, SyncReport, Wanted, api_server_addresses,
+    remote_nodes, run,
 };
+pub use remote::RemoteNode;
 pub use state::{RemoteRoute, RoutesState, live_check};
 
 /// The route protocol number marking the agent's routes (`ip route ... proto 211`).

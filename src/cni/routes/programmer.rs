@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::program::{Change, Cidr, RouteOps, Underlay, device_plan, plan};
+use super::remote::RemoteNode;
 use super::state::{RemoteRoute, RoutesState, entries};
 use super::{Mode, RoutesError, hostgw, vxlan};
 use crate::backoff::Backoff;
@@ -37,19 +38,6 @@ const CHANGE_BACKOFF: (Duration, Duration) = (Duration::from_secs(2), Duration::
 /// The reason of the Warning event on a Node whose pod CIDR gets no route (rkubelet's own:
 /// the kubelet programs no routes).
 pub const POD_CIDR_REFUSED: &str = "PodCIDROverlap";
-
-/// Another node, as far as the routes care.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RemoteNode {
-    /// Its name.
-    pub name: String,
-    /// Its pod CIDR (IPv4, host bits cleared).
-    pub pod_cidr: Cidr,
-    /// Its InternalIP (IPv4).
-    pub ip: Ipv4Addr,
-    /// Its published VTEP MAC.
-    pub vtep_mac: Option<String>,
-}
 
 /// The Nodes other than `own` that have an IPv4 pod CIDR and an IPv4 InternalIP, by name.
 /// (Two may claim one pod CIDR: [`Programmer::wanted`] refuses the second.)

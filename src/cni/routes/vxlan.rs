@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::Node;
 use serde_json::{Value, json};
 
 use super::program::{Cidr, Underlay, VxlanSpec};
-use super::programmer::RemoteNode;
+use super::remote::RemoteNode;
 use super::state::RemoteRoute;
 
 /// The VXLAN device: `rkvx.<VNI>`, as flannel's `flannel.<VNI>`.

@@ -1,13 +1,27 @@
 //! What `/proc` says of a process: its namespaces (the inode each `/proc/<pid>/ns/<kind>`
 //! link names), its cgroup, and whether it still runs. The root is a parameter, so tests use a directory of
-//! their own.
+//! their own. An OS-boundary reader at the bottom: it knows nothing of pods, the runtime or
+//! `inspect`, which shows what it reads.
 
 use std::path::{Path, PathBuf};
 
-use super::view::NamespaceView;
+use serde::{Deserialize, Serialize};
 
 /// The namespace kinds a pod's processes have, in the order they are shown.
 pub const NAMESPACE_KINDS: [&str; 7] = ["net", "ipc", "uts", "pid", "mnt", "cgroup", "user"];
+
+/// A Linux namespace of a process.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NamespaceView {
+    /// `net`, `ipc`, `uts`, `pid`, `mnt`, `cgroup` or `user`.
+    pub kind: String,
+    /// Its inode number (`/proc/<pid>/ns/<kind>` links to `<kind>:[<inode>]`).
+    pub inode: u64,
+    /// Whether it is the host's own (that of `inspect` itself): not isolated at all.
+    #[serde(default)]
+    pub host: bool,
+}
 
 /// A `/proc` file system.
 #[derive(Debug, Clone)]

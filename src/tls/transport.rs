@@ -14,7 +14,7 @@ use rustls::client::ResolvesClientCert;
 use rustls::sign::CertifiedKey;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
-use crate::server::tls::ServingCertificate;
+use super::ServingCertificate;
 
 /// The client certificate in use, swapped on rotation.
 pub struct ClientIdentity {
@@ -187,7 +187,7 @@ impl<T: Connection> Connection for Closable<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::server::tls::{self, testing::ca_and_leaf};
+    use crate::tls::{self, testing::ca_and_leaf};
     use std::path::Path;
     use std::time::Duration;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -3,17 +3,17 @@
 //! filesystems of `--root-dir` and of
 //! the runtime's images, PIDs) and the runtime (CRI `ImageFsInfo` for where its images
 //! are; `ListContainerStats` of the running containers: working set and writable layer),
-//! plus each container's log files.
+//! plus each container's log files. The eviction manager takes it as its [`StatsSource`]
+//! (the kubelet's summary provider), so eviction knows neither the runtime's labels nor
+//! where logs live.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::EvictionError;
-use super::manager::StatsSource;
-use super::rank::{ContainerUsage, PodUsage};
-use super::signals::Observations;
 use crate::cri::{Cri, api};
+use crate::eviction::rank::{ContainerUsage, PodUsage};
+use crate::eviction::{EvictionError, Observations, StatsSource};
 use crate::kuberuntime::labels;
 use crate::kuberuntime::sandbox::pod_log_dir;
 use crate::node::{MachineInfo, image_fs_mountpoint};

@@ -5,10 +5,10 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
 
-use super::manager::PodEvictor;
+use super::Kubelet;
 use crate::cri::Cri;
-use crate::kubelet::Kubelet;
-use crate::pod::source::PodStore;
+use crate::eviction::PodEvictor;
+use crate::pod::store::PodStore;
 use crate::pod::workers::{PodWork, PodWorkers};
 
 /// The kubelet's pods, as the eviction manager sees them.
