@@ -6,7 +6,7 @@
 //! named tasks of a [`supervisor`]: what starts after what, which failure stops the agent
 //! and which is restarted. It returns when asked to stop; pods keep running, as with the
 //! kubelet, and are adopted by the next start. It wires modules together and owns none of
-//! their decisions.
+//! their decisions. Knows every module; no module knows it.
 
 pub mod supervisor;
 
