@@ -180,6 +180,24 @@ pub enum AppError {
     },
 }
 
+/// Where the stats provider reads: the node's directories, and the cgroup all pods are
+/// under (the kubelet's `GetPodCgroupRoot`: `kubepods` under `--cgroup-root` with
+/// `--cgroups-per-qos`, else the cgroup root itself).
+fn stats_config(config: &Config) -> crate::stats::StatsConfig {
+    let root = crate::cm::CgroupName::from_cgroupfs(&config.cgroup_root);
+    let pods = if config.cgroups_per_qos {
+        root.child("kubepods")
+    } else {
+        root
+    };
+    crate::stats::StatsConfig {
+        root_dir: config.root_dir.clone(),
+        pod_logs_dir: config.pod_logs_dir.clone(),
+        pods_cgroup: Some(config.cgroup_driver.path(&pods).to_string()),
+        ..crate::stats::StatsConfig::default()
+    }
+}
+
 /// The API server connection settings of a kubeconfig file.
 ///
 /// # Errors
@@ -771,6 +789,7 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
             server,
             client,
             config.cri.clone(),
+            stats_config(&config),
             store.clone(),
             config.timelines.clone(),
             status,

@@ -35,6 +35,7 @@ pub mod probe;
 pub mod prober;
 pub mod resources;
 pub mod server;
+pub mod stats;
 pub mod status;
 pub mod timeline;
 pub mod unix_socket;

@@ -115,7 +115,7 @@ fn with<'a>(labels: &[(&'a str, &'a str)], k: &'a str, v: &'a str) -> Vec<(&'a s
 }
 
 /// Go's `%g`-like formatting Prometheus parses: integers without a fraction.
-fn format_float(v: f64) -> String {
+pub(crate) fn format_float(v: f64) -> String {
     if v.is_infinite() {
         if v > 0.0 { "+Inf" } else { "-Inf" }.to_owned()
     } else {

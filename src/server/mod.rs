@@ -11,7 +11,8 @@
 //! | `/attach/{ns}/{pod}[/{uid}]/{container}` | attach through CRI | `nodes/proxy` |
 //! | `/portForward/{ns}/{pod}[/{uid}]` | port-forward through CRI | `nodes/proxy` |
 //! | `/metrics` | Prometheus text ([`metrics`]) | `nodes/metrics` |
-//! | `/stats/summary` | CPU and memory of node and pods ([`stats`]) | `nodes/stats` |
+//! | `/metrics/cadvisor` | cAdvisor's container series ([`cadvisor`]) | `nodes/metrics` |
+//! | `/stats/summary` | the node's and pods' stats summary ([`stats`]) | `nodes/stats` |
 //! | `/debug/timeline[/{ns}/{pod}]` | pods' start-up timelines ([`debug`]) | `nodes/proxy` |
 //! | `/logs/{path}` | the node's `/var/log` ([`syslogs`]) | `nodes/log` |
 //!
@@ -23,6 +24,7 @@
 //! self-signed ([`tls`]).
 
 pub mod auth;
+pub mod cadvisor;
 pub mod certificate;
 pub mod connections;
 pub mod debug;
@@ -349,6 +351,7 @@ impl Server {
             ["healthz"] if get => text(StatusCode::OK, "ok"),
             ["pods"] | ["pods", ""] if get => self.pods_list(),
             ["metrics"] if get => self.metrics().await,
+            ["metrics", "cadvisor"] if get => self.cadvisor().await,
             ["stats", "summary"] if get => self.summary().await,
             ["containerLogs", ns, pod, container] if get => {
                 self.container_logs(ns, pod, container, &query).await
@@ -423,6 +426,19 @@ impl Server {
         Response::builder()
             .header("content-type", "text/plain; version=0.0.4; charset=utf-8")
             .body(full(body))
+            .unwrap_or_else(|_| Response::new(empty()))
+    }
+
+    async fn cadvisor(&self) -> Response<Body> {
+        let snapshot = self
+            .stats
+            .snapshot(&self.cri, &LinuxMachine)
+            .await
+            .inspect_err(|e| tracing::warn!(error = %e, "container metrics unavailable"))
+            .ok();
+        Response::builder()
+            .header("content-type", "text/plain; version=0.0.4; charset=utf-8")
+            .body(full(cadvisor::render(snapshot.as_ref())))
             .unwrap_or_else(|_| Response::new(empty()))
     }
 
@@ -728,6 +744,7 @@ pub async fn start(
     config: ServerConfig,
     client: kube::Client,
     cri: CriClient,
+    stats: crate::stats::StatsConfig,
     pods: PodStore,
     timelines: Arc<Timelines>,
     statuses: StatusManager,
@@ -751,7 +768,7 @@ pub async fn start(
         cri,
         pods,
         auth: Auth::new(ApiReviews(client), config.node_name.clone()),
-        stats: stats::StatsProvider::default(),
+        stats: stats::StatsProvider::new(stats),
         timelines,
         statuses,
     });
