@@ -192,7 +192,6 @@ fn stats_config(config: &Config) -> crate::stats::StatsConfig {
     };
     crate::stats::StatsConfig {
         root_dir: config.root_dir.clone(),
-        pod_logs_dir: config.pod_logs_dir.clone(),
         pods_cgroup: Some(config.cgroup_driver.path(&pods).to_string()),
         ..crate::stats::StatsConfig::default()
     }
@@ -784,12 +783,12 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
         store.clone(),
         cancel.clone(),
     ));
-    if let Some(server) = config.server.clone() {
+    if let Some(mut server) = config.server.clone() {
+        server.stats = stats_config(&config);
         crate::server::start(
             server,
             client,
             config.cri.clone(),
-            stats_config(&config),
             store.clone(),
             config.timelines.clone(),
             status,

@@ -298,6 +298,7 @@ impl ServerFlags {
             client_ca_file: self.client_ca_file,
             node_name: node_name.to_owned(),
             node_ip,
+            stats: rkubelet::stats::StatsConfig::default(),
         })
     }
 }

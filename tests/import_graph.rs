@@ -101,7 +101,8 @@ fn strip(src: &str) -> String {
                     i += 1;
                 }
             }
-        } else if b[i] == b'r' && (b.get(i + 1) == Some(&b'#') || b.get(i + 1) == Some(&b'"'))
+        } else if b[i] == b'r'
+            && (b.get(i + 1) == Some(&b'#') || b.get(i + 1) == Some(&b'"'))
             && (i == 0 || !(b[i - 1].is_ascii_alphanumeric() || b[i - 1] == b'_'))
         {
             // raw string r"..." / r#"..."#
@@ -146,7 +147,10 @@ fn strip(src: &str) -> String {
         } else if b[i] == b'\'' {
             // a char literal ('x', '\n', '\u{..}'), not a lifetime ('a)
             let end = if b.get(i + 1) == Some(&b'\\') {
-                b[i + 2..].iter().position(|&c| c == b'\'').map(|p| i + 2 + p)
+                b[i + 2..]
+                    .iter()
+                    .position(|&c| c == b'\'')
+                    .map(|p| i + 2 + p)
             } else if b.get(i + 2) == Some(&b'\'') {
                 Some(i + 2)
             } else {
@@ -291,9 +295,7 @@ fn referenced_paths(file: &SourceFile, text: &str) -> Vec<(bool, Vec<String>)> {
             .cloned()
             .chain(inline.iter().map(|(n, _)| n.clone()))
             .collect();
-        let starts_path = |t: &Tok| {
-            matches!(t, Tok::Ident(id) if id == "crate" || id == "super" || id == "self" || id == "rkubelet")
-        };
+        let starts_path = |t: &Tok| matches!(t, Tok::Ident(id) if id == "crate" || id == "super" || id == "self" || id == "rkubelet");
         let prev_is_path = i > 0 && toks[i - 1] == Tok::Path;
         if let Tok::Ident(kw) = &toks[i]
             && kw == "use"
@@ -345,7 +347,10 @@ fn absolute(here: &[String], p: &[String]) -> Option<(bool, Vec<String>)> {
                 base.pop()?;
                 k += 1;
             }
-            Some((false, base.into_iter().chain(p[k..].iter().cloned()).collect()))
+            Some((
+                false,
+                base.into_iter().chain(p[k..].iter().cloned()).collect(),
+            ))
         }
         _ => None,
     }
@@ -409,7 +414,11 @@ fn circles(nodes: &[usize], adj: &BTreeMap<usize, BTreeSet<usize>>) -> Vec<Vec<u
         t.next += 1;
         t.stack.push(v);
         t.on.insert(v);
-        let succ: Vec<usize> = t.adj.get(&v).map(|s| s.iter().copied().collect()).unwrap_or_default();
+        let succ: Vec<usize> = t
+            .adj
+            .get(&v)
+            .map(|s| s.iter().copied().collect())
+            .unwrap_or_default();
         for w in succ {
             if !t.index.contains_key(&w) {
                 visit(t, w);
@@ -492,7 +501,12 @@ fn levels(
         }
         let &v = left
             .iter()
-            .max_by_key(|&&v| (in_w(v, &left) as i64 - out_w(v, &left) as i64, std::cmp::Reverse(v)))
+            .max_by_key(|&&v| {
+                (
+                    in_w(v, &left) as i64 - out_w(v, &left) as i64,
+                    std::cmp::Reverse(v),
+                )
+            })
             .expect("non-empty");
         // most imported, least importing: lowest of what is left
         left.remove(&v);
@@ -556,7 +570,12 @@ fn no_circles_and_few_imports_run_back_up() {
     let (level, upward) = levels(&rooms, &weight);
     let floors = level.values().max().copied().unwrap_or(0);
 
-    println!("{} files, {} modules on {} levels", g.files.len(), rooms.len(), floors);
+    println!(
+        "{} files, {} modules on {} levels",
+        g.files.len(),
+        rooms.len(),
+        floors
+    );
     for l in (1..=floors).rev() {
         let here: Vec<&str> = level
             .iter()
@@ -603,7 +622,10 @@ fn the_reader_sees_use_trees_inline_paths_and_test_modules() {
         fn f() { let s = "crate::in_string::X"; crate::inline::path(); }
         mod tests { use super::*; use super::super::e::F; }
     "#;
-    let got: Vec<Vec<String>> = referenced_paths(&f, text).into_iter().map(|(_, p)| p).collect();
+    let got: Vec<Vec<String>> = referenced_paths(&f, text)
+        .into_iter()
+        .map(|(_, p)| p)
+        .collect();
     let want: Vec<Vec<String>> = [
         vec!["x", "y", "Z"],
         vec!["x", "w"],

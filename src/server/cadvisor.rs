@@ -19,8 +19,8 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use super::metrics::{escape_label_value, format_float};
-use crate::stats::{CgroupInfo, CgroupKind, Snapshot};
+use super::metrics::{format_float, sample};
+use crate::stats::{CgroupInfo, Snapshot};
 
 /// `counter` or `gauge`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,22 +84,13 @@ impl Families {
             let _ = writeln!(out, "# HELP {name} {}", family.help);
             let _ = writeln!(out, "# TYPE {name} {}", family.kind.as_str());
             for (labels, value, timestamp) in &family.samples {
-                out.push_str(name);
-                if !labels.is_empty() {
-                    out.push('{');
-                    for (i, (k, v)) in labels.iter().enumerate() {
-                        if i > 0 {
-                            out.push(',');
-                        }
-                        let _ = write!(out, "{k}=\"{}\"", escape_label_value(v));
-                    }
-                    out.push('}');
-                }
-                let _ = write!(out, " {}", format_float(*value));
-                if let Some(ts) = timestamp {
-                    let _ = write!(out, " {ts}");
-                }
-                out.push('\n');
+                let labels: Vec<(&str, &str)> =
+                    labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
+                let value = match timestamp {
+                    Some(ts) => format!("{} {ts}", format_float(*value)),
+                    None => format_float(*value),
+                };
+                sample(&mut out, name, &labels, value);
             }
         }
         out
@@ -123,7 +114,11 @@ fn base_labels(c: &CgroupInfo) -> Vec<(&'static str, String)> {
     ]
 }
 
-fn with(base: &[(&'static str, String)], extra: &'static str, value: &str) -> Vec<(&'static str, String)> {
+fn with(
+    base: &[(&'static str, String)],
+    extra: &'static str,
+    value: &str,
+) -> Vec<(&'static str, String)> {
     let mut labels = base.to_vec();
     labels.push((extra, value.to_owned()));
     labels
@@ -193,44 +188,162 @@ fn add_cgroup(f: &mut Families, c: &CgroupInfo, now_s: f64, ts: Option<i64>) {
     }
     let spec = c.stats.spec;
     if let Some(period) = spec.cpu_period {
-        f.add("container_spec_cpu_period", "CPU period of the container.", Gauge, base.clone(), float(period), None);
+        f.add(
+            "container_spec_cpu_period",
+            "CPU period of the container.",
+            Gauge,
+            base.clone(),
+            float(period),
+            None,
+        );
     }
     if spec.cpu_quota != 0 {
-        f.add("container_spec_cpu_quota", "CPU quota of the container.", Gauge, base.clone(), float(spec.cpu_quota), None);
+        f.add(
+            "container_spec_cpu_quota",
+            "CPU quota of the container.",
+            Gauge,
+            base.clone(),
+            float(spec.cpu_quota),
+            None,
+        );
     }
     if let Some(shares) = spec.cpu_shares {
-        f.add("container_spec_cpu_shares", "CPU share of the container.", Gauge, base.clone(), float(shares), None);
+        f.add(
+            "container_spec_cpu_shares",
+            "CPU share of the container.",
+            Gauge,
+            base.clone(),
+            float(shares),
+            None,
+        );
     }
     if let Some(limit) = spec.memory_limit {
-        f.add("container_spec_memory_limit_bytes", "Memory limit for the container.", Gauge, base.clone(), float(limit), None);
+        f.add(
+            "container_spec_memory_limit_bytes",
+            "Memory limit for the container.",
+            Gauge,
+            base.clone(),
+            float(limit),
+            None,
+        );
     }
-    f.add("container_last_seen", "Last time a container was seen by the exporter", Gauge, base.clone(), now_s, ts);
+    f.add(
+        "container_last_seen",
+        "Last time a container was seen by the exporter",
+        Gauge,
+        base.clone(),
+        now_s,
+        ts,
+    );
     if let Some(cpu) = c.stats.cpu {
-        f.add("container_cpu_usage_seconds_total", "Cumulative cpu time consumed in seconds.", Counter, with(&base, "cpu", "total"), seconds(cpu.total_ns), ts);
-        f.add("container_cpu_user_seconds_total", "Cumulative user cpu time consumed in seconds.", Counter, base.clone(), seconds(cpu.user_ns), ts);
-        f.add("container_cpu_system_seconds_total", "Cumulative system cpu time consumed in seconds.", Counter, base.clone(), seconds(cpu.system_ns), ts);
+        f.add(
+            "container_cpu_usage_seconds_total",
+            "Cumulative cpu time consumed in seconds.",
+            Counter,
+            with(&base, "cpu", "total"),
+            seconds(cpu.total_ns),
+            ts,
+        );
+        f.add(
+            "container_cpu_user_seconds_total",
+            "Cumulative user cpu time consumed in seconds.",
+            Counter,
+            base.clone(),
+            seconds(cpu.user_ns),
+            ts,
+        );
+        f.add(
+            "container_cpu_system_seconds_total",
+            "Cumulative system cpu time consumed in seconds.",
+            Counter,
+            base.clone(),
+            seconds(cpu.system_ns),
+            ts,
+        );
     }
     if let Some(t) = c.stats.throttling.filter(|_| spec.cpu_quota != 0) {
-        f.add("container_cpu_cfs_periods_total", "Number of elapsed enforcement period intervals.", Counter, base.clone(), float(t.periods), ts);
-        f.add("container_cpu_cfs_throttled_periods_total", "Number of throttled period intervals.", Counter, base.clone(), float(t.throttled_periods), ts);
-        f.add("container_cpu_cfs_throttled_seconds_total", "Total time duration the container has been throttled.", Counter, base.clone(), seconds(t.throttled_ns), ts);
+        f.add(
+            "container_cpu_cfs_periods_total",
+            "Number of elapsed enforcement period intervals.",
+            Counter,
+            base.clone(),
+            float(t.periods),
+            ts,
+        );
+        f.add(
+            "container_cpu_cfs_throttled_periods_total",
+            "Number of throttled period intervals.",
+            Counter,
+            base.clone(),
+            float(t.throttled_periods),
+            ts,
+        );
+        f.add(
+            "container_cpu_cfs_throttled_seconds_total",
+            "Total time duration the container has been throttled.",
+            Counter,
+            base.clone(),
+            seconds(t.throttled_ns),
+            ts,
+        );
     }
     if let Some(m) = c.stats.memory {
-        f.add("container_memory_cache", "Number of bytes of page cache memory.", Gauge, base.clone(), float(m.cache_bytes), ts);
-        f.add("container_memory_rss", "Size of RSS in bytes.", Gauge, base.clone(), float(m.rss_bytes), ts);
+        f.add(
+            "container_memory_cache",
+            "Number of bytes of page cache memory.",
+            Gauge,
+            base.clone(),
+            float(m.cache_bytes),
+            ts,
+        );
+        f.add(
+            "container_memory_rss",
+            "Size of RSS in bytes.",
+            Gauge,
+            base.clone(),
+            float(m.rss_bytes),
+            ts,
+        );
         f.add("container_memory_usage_bytes", "Current memory usage in bytes, including all memory regardless of when it was accessed", Gauge, base.clone(), float(m.usage_bytes), ts);
-        f.add("container_memory_working_set_bytes", "Current working set in bytes.", Gauge, base.clone(), float(m.working_set_bytes), ts);
+        f.add(
+            "container_memory_working_set_bytes",
+            "Current working set in bytes.",
+            Gauge,
+            base.clone(),
+            float(m.working_set_bytes),
+            ts,
+        );
     }
     if let Some((device, used)) = &c.fs_usage {
-        f.add("container_fs_usage_bytes", "Number of bytes that are consumed by the container on this filesystem.", Gauge, with(&base, "device", device), float(*used), ts);
+        f.add(
+            "container_fs_usage_bytes",
+            "Number of bytes that are consumed by the container on this filesystem.",
+            Gauge,
+            with(&base, "device", device),
+            float(*used),
+            ts,
+        );
     }
     for i in &c.network {
         let values = [
-            i.rx_bytes, i.rx_errors, i.rx_dropped, i.rx_packets, i.tx_bytes, i.tx_errors,
-            i.tx_dropped, i.tx_packets,
+            i.rx_bytes,
+            i.rx_errors,
+            i.rx_dropped,
+            i.rx_packets,
+            i.tx_bytes,
+            i.tx_errors,
+            i.tx_dropped,
+            i.tx_packets,
         ];
         for ((name, help), value) in NETWORK.iter().zip(values) {
-            f.add(name, help, Counter, with(&base, "interface", &i.name), float(value), ts);
+            f.add(
+                name,
+                help,
+                Counter,
+                with(&base, "interface", &i.name),
+                float(value),
+                ts,
+            );
         }
     }
 }
@@ -252,11 +365,10 @@ pub fn render(snapshot: Option<&Snapshot>) -> String {
         let ts = snapshot.time_ns / 1_000_000;
         #[allow(clippy::cast_precision_loss)]
         let now_s = (snapshot.time_ns / 1_000_000_000) as f64;
-        for c in &snapshot.cgroups {
-            // A sandbox or container whose cgroup was not found has no series.
-            if c.kind == CgroupKind::Root || !c.id.is_empty() {
-                add_cgroup(&mut f, c, now_s, Some(ts));
-            }
+        // The pods' cgroup (`/kubepods`) too, unless it is the root itself.
+        let pods = snapshot.pods_cgroup.iter().filter(|c| c.id != "/");
+        for c in snapshot.cgroups.iter().chain(pods) {
+            add_cgroup(&mut f, c, now_s, Some(ts));
         }
         let m = &snapshot.machine;
         let labels = vec![
@@ -265,17 +377,35 @@ pub fn render(snapshot: Option<&Snapshot>) -> String {
             ("system_uuid", m.system_uuid.clone()),
         ];
         if let Some(cpus) = m.num_cpus {
-            f.add("machine_cpu_cores", "Number of logical CPU cores.", Kind::Gauge, labels.clone(), f64::from(cpus), None);
+            f.add(
+                "machine_cpu_cores",
+                "Number of logical CPU cores.",
+                Kind::Gauge,
+                labels.clone(),
+                f64::from(cpus),
+                None,
+            );
         }
         if let Some(memory) = m.memory {
-            f.add("machine_memory_bytes", "Amount of memory installed on the machine.", Kind::Gauge, labels, float(memory.total_bytes), None);
+            f.add(
+                "machine_memory_bytes",
+                "Amount of memory installed on the machine.",
+                Kind::Gauge,
+                labels,
+                float(memory.total_bytes),
+                None,
+            );
         }
         f.add(
             "machine_scrape_error",
             "1 if there was an error while getting machine metrics, 0 otherwise.",
             Kind::Gauge,
             Vec::new(),
-            if m.num_cpus.is_some() && m.memory.is_some() { 0.0 } else { 1.0 },
+            if m.num_cpus.is_some() && m.memory.is_some() {
+                0.0
+            } else {
+                1.0
+            },
             None,
         );
     }
@@ -286,6 +416,7 @@ pub fn render(snapshot: Option<&Snapshot>) -> String {
 mod tests {
     use super::*;
     use crate::pod::PodId;
+    use crate::stats::CgroupKind;
     use crate::stats::MachineFigures;
     use crate::stats::cgroup::{CgroupSpec, CgroupStats, CpuUsage, MemoryFigures, Throttling};
     use crate::stats::network::InterfaceCounters;
@@ -294,7 +425,7 @@ mod tests {
         CgroupInfo {
             id: id.into(),
             kind,
-            pod: (kind != CgroupKind::Root).then(|| PodId {
+            pod: (!matches!(kind, CgroupKind::Root | CgroupKind::System)).then(|| PodId {
                 uid: "u1".into(),
                 namespace: "default".into(),
                 name: "web".into(),
@@ -355,6 +486,7 @@ mod tests {
                 cgroup(CgroupKind::Sandbox, "/kubepods/podu1/sid", ""),
                 cgroup(CgroupKind::Container, "/kubepods/podu1/burnid", "burn"),
             ],
+            pods_cgroup: Some(cgroup(CgroupKind::System, "/kubepods", "")),
             machine: MachineFigures {
                 num_cpus: Some(2),
                 memory: Some(crate::node::Memory {
@@ -387,7 +519,9 @@ mod tests {
             .filter(|l| l.starts_with("container_network_receive_bytes_total{"))
             .collect();
         assert_eq!(rx.len(), 1, "{rx:?}");
-        assert!(rx[0].contains("id=\"/kubepods/podu1/sid\",image=\"\",interface=\"eth0\",name=\"id\""));
+        assert!(
+            rx[0].contains("id=\"/kubepods/podu1/sid\",image=\"\",interface=\"eth0\",name=\"id\"")
+        );
         // CFS series only where there is a quota.
         let cfs: Vec<&str> = text
             .lines()
@@ -395,8 +529,14 @@ mod tests {
             .collect();
         assert_eq!(cfs.len(), 1);
         assert!(cfs[0].contains("container=\"burn\"") && cfs[0].contains("} 4 "));
-        assert!(text.contains("machine_cpu_cores{boot_id=\"\",machine_id=\"m\\\"1\",system_uuid=\"\"} 2\n"));
+        assert!(text.contains(
+            "machine_cpu_cores{boot_id=\"\",machine_id=\"m\\\"1\",system_uuid=\"\"} 2\n"
+        ));
         assert!(text.contains("container_scrape_error 0\n"));
+        // The pods' cgroup has its own series, with no pod labels.
+        assert!(text.contains(
+            "container_memory_rss{container=\"\",id=\"/kubepods\",image=\"\",name=\"\",namespace=\"\",pod=\"\"} 67000000 "
+        ));
         // Families sorted by name, each declared once.
         let names: Vec<&str> = text
             .lines()

@@ -159,7 +159,12 @@ pub fn escape_label_value(v: &str) -> String {
     out
 }
 
-fn sample(out: &mut String, name: &str, labels: &[(&str, &str)], value: impl std::fmt::Display) {
+pub(crate) fn sample(
+    out: &mut String,
+    name: &str,
+    labels: &[(&str, &str)],
+    value: impl std::fmt::Display,
+) {
     out.push_str(name);
     if !labels.is_empty() {
         out.push('{');

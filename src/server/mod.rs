@@ -131,6 +131,8 @@ pub struct ServerConfig {
     pub node_name: String,
     /// The node's IP (a SAN of a requested certificate).
     pub node_ip: IpAddr,
+    /// Where the stats provider behind `/stats/summary` and `/metrics/cadvisor` reads.
+    pub stats: crate::stats::StatsConfig,
 }
 
 /// Start-up failures of the server.
@@ -744,7 +746,6 @@ pub async fn start(
     config: ServerConfig,
     client: kube::Client,
     cri: CriClient,
-    stats: crate::stats::StatsConfig,
     pods: PodStore,
     timelines: Arc<Timelines>,
     statuses: StatusManager,
@@ -768,7 +769,7 @@ pub async fn start(
         cri,
         pods,
         auth: Auth::new(ApiReviews(client), config.node_name.clone()),
-        stats: stats::StatsProvider::new(stats),
+        stats: stats::StatsProvider::new(config.stats.clone()),
         timelines,
         statuses,
     });

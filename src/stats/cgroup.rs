@@ -50,7 +50,8 @@ impl CgroupPaths {
         let mut paths = Self::default();
         for line in text.lines() {
             let mut parts = line.splitn(3, ':');
-            let (Some(_), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next())
+            let (Some(_), Some(controllers), Some(path)) =
+                (parts.next(), parts.next(), parts.next())
             else {
                 continue;
             };
@@ -243,7 +244,11 @@ pub fn parse_memory_limit_v2(text: &str) -> Option<u64> {
 /// v1 quota (`cpu.cfs_quota_us`): -1 is none (0).
 #[must_use]
 pub fn parse_quota_v1(text: &str) -> u64 {
-    text.trim().parse::<i64>().ok().and_then(|q| u64::try_from(q).ok()).unwrap_or(0)
+    text.trim()
+        .parse::<i64>()
+        .ok()
+        .and_then(|q| u64::try_from(q).ok())
+        .unwrap_or(0)
 }
 
 /// v2 `cpu.max` (`"max 100000"`, `"50000 100000"`): the quota (0 for none) and period.
@@ -310,7 +315,9 @@ impl<F: CgroupFs> CgroupReader<F> {
             stats.spec.cpu_quota = self
                 .read(&dir, "cpu.cfs_quota_us")
                 .map_or(0, |q| parse_quota_v1(&q));
-            stats.spec.cpu_period = self.read(&dir, "cpu.cfs_period_us").and_then(|s| number(&s));
+            stats.spec.cpu_period = self
+                .read(&dir, "cpu.cfs_period_us")
+                .and_then(|s| number(&s));
         }
         if let Some(dir) = self.dir("memory", paths.memory.as_deref()) {
             stats.memory = self.read(&dir, "memory.usage_in_bytes").and_then(|usage| {
@@ -436,9 +443,14 @@ mod tests {
                 throttled_ns: 7000
             })
         );
-        let memory = parse_memory_v2("5000\n", "anon 3000\nfile 1500\ninactive_file 1000\n").unwrap();
+        let memory =
+            parse_memory_v2("5000\n", "anon 3000\nfile 1500\ninactive_file 1000\n").unwrap();
         assert_eq!(
-            (memory.working_set_bytes, memory.rss_bytes, memory.cache_bytes),
+            (
+                memory.working_set_bytes,
+                memory.rss_bytes,
+                memory.cache_bytes
+            ),
             (4000, 3000, 1500)
         );
         assert_eq!(parse_memory_limit_v2("max\n"), Some(0));
@@ -483,7 +495,10 @@ mod tests {
             &[
                 ("cpuacct.usage", "5000000000\n"),
                 ("cpuacct.stat", "user 400\nsystem 100\n"),
-                ("cpu.stat", "nr_periods 4\nnr_throttled 1\nthrottled_time 250\n"),
+                (
+                    "cpu.stat",
+                    "nr_periods 4\nnr_throttled 1\nthrottled_time 250\n",
+                ),
                 ("cpu.shares", "512\n"),
                 ("cpu.cfs_quota_us", "50000\n"),
                 ("cpu.cfs_period_us", "100000\n"),
@@ -523,7 +538,11 @@ mod tests {
             }
         );
         assert_eq!(stats.memory.unwrap().working_set_bytes, 67_180_000);
-        assert!(reader.created_ns(&CgroupPaths::uniform("/kubepods/podu1/c1")).is_some());
+        assert!(
+            reader
+                .created_ns(&CgroupPaths::uniform("/kubepods/podu1/c1"))
+                .is_some()
+        );
         // A cgroup that is gone reads as nothing, not as zeros.
         let gone = reader.stats(&CgroupPaths::uniform("/kubepods/podu2"));
         assert_eq!((gone.cpu, gone.memory), (None, None));
@@ -536,11 +555,17 @@ mod tests {
         write(
             &root.join("kubepods.slice/pod.slice"),
             &[
-                ("cpu.stat", "usage_usec 3000000\nuser_usec 2000000\nsystem_usec 1000000\nnr_periods 0\nnr_throttled 0\nthrottled_usec 0\n"),
+                (
+                    "cpu.stat",
+                    "usage_usec 3000000\nuser_usec 2000000\nsystem_usec 1000000\nnr_periods 0\nnr_throttled 0\nthrottled_usec 0\n",
+                ),
                 ("cpu.weight", "100\n"),
                 ("cpu.max", "max 100000\n"),
                 ("memory.current", "1048576\n"),
-                ("memory.stat", "anon 524288\nfile 262144\ninactive_file 131072\n"),
+                (
+                    "memory.stat",
+                    "anon 524288\nfile 262144\ninactive_file 131072\n",
+                ),
                 ("memory.max", "max\n"),
             ],
         );

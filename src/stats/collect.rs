@@ -11,13 +11,12 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
+use super::StatsError;
 use super::cgroup::{CgroupPaths, CgroupReader, CgroupStats};
 use super::fs::{self, FsInfo};
 use super::network::{self, InterfaceCounters};
 use crate::cm::{CgroupLayout, LinuxCgroupFs};
-use super::StatsError;
 use crate::cri::{Cri, VerboseInfo, api};
-use crate::kuberuntime::labels;
 use crate::node::{MachineInfo, Memory, PidUsage};
 use crate::pod::PodId;
 
@@ -26,8 +25,6 @@ use crate::pod::PodId;
 pub struct StatsConfig {
     /// `--root-dir`: the node filesystem, and the pods' volumes under `pods/`.
     pub root_dir: PathBuf,
-    /// Where the pods' log directories are (`/var/log/pods`).
-    pub pod_logs_dir: PathBuf,
     /// The cgroup all pods are under (`/kubepods` with `--cgroups-per-qos`, else `/`):
     /// the `pods` system container.
     pub pods_cgroup: Option<String>,
@@ -39,7 +36,6 @@ impl Default for StatsConfig {
     fn default() -> Self {
         Self {
             root_dir: PathBuf::from("/var/lib/kubelet"),
-            pod_logs_dir: PathBuf::from("/var/log/pods"),
             pods_cgroup: Some("/".to_owned()),
             proc: PathBuf::from("/proc"),
         }
@@ -47,10 +43,13 @@ impl Default for StatsConfig {
 }
 
 /// What a cgroup is to the node.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CgroupKind {
     /// The root cgroup: the whole machine.
+    #[default]
     Root,
+    /// A system container of the node: the cgroup all pods are under (`/kubepods`).
+    System,
     /// A pod's cgroup (`pod<uid>`), holding its sandbox and containers.
     Pod,
     /// A pod's sandbox (the pause process): where its network is reported.
@@ -60,7 +59,7 @@ pub enum CgroupKind {
 }
 
 /// One cgroup with the labels cAdvisor and the kubelet give it.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct CgroupInfo {
     /// Its path (cAdvisor's container name, the `id` label).
     pub id: String,
@@ -187,6 +186,8 @@ struct Located {
     pid: Option<u32>,
     image: String,
     cgroups: Option<CgroupPaths>,
+    /// A container's log directory (its log file's, `<pod log dir>/<container>`).
+    log_dir: Option<PathBuf>,
 }
 
 /// What the blocking part needs to know of one sandbox or container.
@@ -197,7 +198,6 @@ struct Target {
     container: String,
     located: Located,
     created_ns: i64,
-    log_dir: Option<PathBuf>,
     writable_layer: Option<u64>,
 }
 
@@ -271,7 +271,7 @@ impl Collector {
         let located = self.locate(cri, &sandboxes, &containers).await;
         let mut targets = Vec::new();
         for s in &sandboxes {
-            let Some(pod) = labels::pod_of(&s.labels) else {
+            let Some(pod) = pod_of(s) else {
                 continue;
             };
             targets.push(Target {
@@ -281,27 +281,27 @@ impl Collector {
                 container: String::new(),
                 located: located.get(&s.id).cloned().unwrap_or_default(),
                 created_ns: s.created_at,
-                log_dir: None,
                 writable_layer: None,
             });
         }
         for c in &containers {
+            // The pod is its sandbox's (the kubelet's CRI stats provider pairs them so).
             let (Some(pod), Some(name)) = (
-                labels::pod_of(&c.labels),
-                c.labels.get(labels::CONTAINER_NAME),
+                sandboxes
+                    .iter()
+                    .find(|s| s.id == c.pod_sandbox_id)
+                    .and_then(pod_of),
+                c.metadata.as_ref().map(|m| m.name.clone()),
             ) else {
                 continue;
             };
-            let log_dir = crate::kuberuntime::sandbox::pod_log_dir(&self.config.pod_logs_dir, &pod)
-                .join(name);
             targets.push(Target {
                 runtime_id: c.id.clone(),
                 kind: CgroupKind::Container,
                 pod,
-                container: name.clone(),
+                container: name,
                 located: located.get(&c.id).cloned().unwrap_or_default(),
                 created_ns: c.created_at,
-                log_dir: Some(log_dir),
                 writable_layer: container_stats
                     .get(&c.id)
                     .and_then(|s| s.writable_layer.as_ref()?.used_bytes.as_ref())
@@ -322,7 +322,14 @@ impl Collector {
                     .ok()
                     .and_then(|text| CgroupLayout::from_mountinfo(&text))
             });
-            read_files(&config, layout.as_ref(), &machine, targets, storage, image_mount)
+            read_files(
+                &config,
+                layout.as_ref(),
+                &machine,
+                targets,
+                storage,
+                image_mount,
+            )
         })
         .await
         .map_err(|e| StatsError::Task(e.to_string()))?;
@@ -356,66 +363,31 @@ impl Collector {
         sandboxes: &[api::PodSandbox],
         containers: &[api::Container],
     ) -> HashMap<String, Located> {
-        let known: Vec<String> = self.located.lock().unwrap_or_else(PoisonError::into_inner).keys().cloned().collect();
-        let new_sandboxes = sandboxes.iter().filter(|s| !known.contains(&s.id)).map(|s| {
-            let id = s.id.clone();
-            async move {
-                let r = cri
-                    .pod_sandbox_status(api::PodSandboxStatusRequest {
-                        pod_sandbox_id: id.clone(),
-                        verbose: true,
-                    })
-                    .await
-                    .inspect_err(|e| tracing::debug!(%id, error = %e, "sandbox status"))
-                    .ok()?;
-                let info = VerboseInfo::parse(&r.info);
-                Some((
-                    id,
-                    Located {
-                        pid: info.pid,
-                        image: info.image.unwrap_or_default(),
-                        cgroups: None,
-                    },
-                ))
-            }
-        });
-        let new_containers = containers.iter().filter(|c| !known.contains(&c.id)).map(|c| {
-            let id = c.id.clone();
-            async move {
-                let r = cri
-                    .container_status(api::ContainerStatusRequest {
-                        container_id: id.clone(),
-                        verbose: true,
-                    })
-                    .await
-                    .inspect_err(|e| tracing::debug!(%id, error = %e, "container status"))
-                    .ok()?;
-                let info = VerboseInfo::parse(&r.info);
-                let image = r
-                    .status
-                    .and_then(|s| s.image)
-                    .map(|i| i.image)
-                    .unwrap_or_default();
-                Some((
-                    id,
-                    Located {
-                        pid: info.pid,
-                        image,
-                        cgroups: None,
-                    },
-                ))
-            }
-        });
-        let (found_sandboxes, found_containers) = futures::future::join(
-            futures::future::join_all(new_sandboxes),
-            futures::future::join_all(new_containers),
-        )
-        .await;
+        let known: Vec<String> = self
+            .located
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .keys()
+            .cloned()
+            .collect();
+        let lookups = sandboxes
+            .iter()
+            .map(|s| (s.id.as_str(), true))
+            .chain(containers.iter().map(|c| (c.id.as_str(), false)))
+            .filter(|(id, _)| !known.iter().any(|k| k == id))
+            .map(|(id, sandbox)| async move {
+                let located = if sandbox {
+                    locate_sandbox(cri, id).await
+                } else {
+                    locate_container(cri, id).await
+                };
+                Some((id.to_owned(), located?))
+            });
+        let found = futures::future::join_all(lookups).await;
         let mut cache = self.located.lock().unwrap_or_else(PoisonError::into_inner);
         cache.extend(
-            found_sandboxes
+            found
                 .into_iter()
-                .chain(found_containers)
                 .flatten()
                 // A container whose PID the runtime did not give is asked again next time.
                 .filter(|(_, l)| l.pid.is_some()),
@@ -430,8 +402,61 @@ impl Collector {
     }
 }
 
+/// A sandbox's pause PID and image, from its verbose status.
+async fn locate_sandbox<C: Cri>(cri: &C, id: &str) -> Option<Located> {
+    let r = cri
+        .pod_sandbox_status(api::PodSandboxStatusRequest {
+            pod_sandbox_id: id.to_owned(),
+            verbose: true,
+        })
+        .await
+        .inspect_err(|e| tracing::debug!(%id, error = %e, "sandbox status"))
+        .ok()?;
+    let info = VerboseInfo::parse(&r.info);
+    Some(Located {
+        pid: info.pid,
+        image: info.image.unwrap_or_default(),
+        ..Located::default()
+    })
+}
+
+/// A container's PID, image and log directory, from its verbose status.
+async fn locate_container<C: Cri>(cri: &C, id: &str) -> Option<Located> {
+    let r = cri
+        .container_status(api::ContainerStatusRequest {
+            container_id: id.to_owned(),
+            verbose: true,
+        })
+        .await
+        .inspect_err(|e| tracing::debug!(%id, error = %e, "container status"))
+        .ok()?;
+    let info = VerboseInfo::parse(&r.info);
+    let status = r.status.unwrap_or_default();
+    // The log file's directory: `<pod log dir>/<container>`.
+    let log_dir = Path::new(&status.log_path)
+        .parent()
+        .filter(|d| d.is_absolute())
+        .map(Path::to_owned);
+    Some(Located {
+        pid: info.pid,
+        image: status.image.map(|i| i.image).unwrap_or_default(),
+        cgroups: None,
+        log_dir,
+    })
+}
+
 fn now_ns() -> i64 {
     i64::try_from(k8s_openapi::jiff::Timestamp::now().as_nanosecond()).unwrap_or(i64::MAX)
+}
+
+/// The pod of a sandbox, from its CRI metadata.
+fn pod_of(sandbox: &api::PodSandbox) -> Option<PodId> {
+    let m = sandbox.metadata.as_ref()?;
+    Some(PodId {
+        uid: m.uid.clone(),
+        namespace: m.namespace.clone(),
+        name: m.name.clone(),
+    })
 }
 
 /// Whether `dir` (a cgroup name's last component) is the cgroup of pod `uid`, with either
@@ -457,7 +482,11 @@ fn read_files<M: MachineInfo>(
     image_mount: Option<PathBuf>,
 ) -> Read {
     let reader = layout.map(|l| CgroupReader::new(LinuxCgroupFs, l.clone()));
-    let stats_of = |paths: &CgroupPaths| reader.as_ref().map(|r| (r.stats(paths), r.created_ns(paths)));
+    let stats_of = |paths: &CgroupPaths| {
+        reader
+            .as_ref()
+            .map(|r| (r.stats(paths), r.created_ns(paths)))
+    };
     let mountinfo = std::fs::read_to_string(config.proc.join("self/mountinfo")).unwrap_or_default();
     let root_device = fs::device_of(&mountinfo, &config.root_dir).unwrap_or_default();
     let image_device = image_mount
@@ -471,29 +500,34 @@ fn read_files<M: MachineInfo>(
     let mut cgroups = vec![CgroupInfo {
         id: "/".to_owned(),
         kind: CgroupKind::Root,
-        pod: None,
-        container: String::new(),
-        runtime_id: String::new(),
-        image: String::new(),
-        created_ns: None,
         stats: root_stats,
         network: network::read(&config.proc, 1).unwrap_or_default(),
         fs_usage: root_fs.map(|f| (root_device.clone(), f.used_bytes)),
+        ..CgroupInfo::default()
     }];
     let mut found = Vec::new();
     let mut pods: Vec<CgroupInfo> = Vec::new();
     let mut container_logs = HashMap::new();
+    let mut pod_log_dirs: HashMap<String, PathBuf> = HashMap::new();
+    let mut storage_pods = std::collections::BTreeSet::new();
     for target in targets {
         let paths = target.located.cgroups.clone().or_else(|| {
             let pid = target.located.pid?;
-            let text = std::fs::read_to_string(config.proc.join(pid.to_string()).join("cgroup")).ok()?;
+            let text =
+                std::fs::read_to_string(config.proc.join(pid.to_string()).join("cgroup")).ok()?;
             let paths = CgroupPaths::parse_proc(&text)?;
             found.push((target.runtime_id.clone(), paths.clone()));
             Some(paths)
         });
-        if storage && let Some(dir) = &target.log_dir {
+        if storage && let Some(dir) = &target.located.log_dir {
             let (bytes, inodes) = fs::disk_usage(dir);
             container_logs.insert(target.runtime_id.clone(), DiskUsage { bytes, inodes });
+            if let Some(pod_dir) = dir.parent() {
+                pod_log_dirs.insert(target.pod.uid.clone(), pod_dir.to_owned());
+            }
+        }
+        if storage {
+            storage_pods.insert(target.pod.uid.clone());
         }
         let Some(paths) = paths else {
             continue;
@@ -502,9 +536,11 @@ fn read_files<M: MachineInfo>(
             continue;
         };
         // The pod's cgroup, once, when the sandbox or container sits in one.
-        if let Some((parent, last)) = id.rsplit_once('/').map(|(p, _)| p).and_then(|p| {
-            Some((p.to_owned(), p.rsplit('/').next()?.to_owned()))
-        }) && is_pod_cgroup(&last, &target.pod.uid)
+        if let Some((parent, last)) = id
+            .rsplit_once('/')
+            .map(|(p, _)| p)
+            .and_then(|p| Some((p.to_owned(), p.rsplit('/').next()?.to_owned())))
+            && is_pod_cgroup(&last, &target.pod.uid)
             && !pods.iter().any(|p| p.id == parent)
         {
             let pod_paths = CgroupPaths::uniform(&parent);
@@ -513,18 +549,16 @@ fn read_files<M: MachineInfo>(
                 id: parent,
                 kind: CgroupKind::Pod,
                 pod: Some(target.pod.clone()),
-                container: String::new(),
-                runtime_id: String::new(),
-                image: String::new(),
                 created_ns,
                 stats,
-                network: Vec::new(),
-                fs_usage: None,
+                ..CgroupInfo::default()
             });
         }
         let (stats, _) = stats_of(&paths).unwrap_or_default();
         let network = match (target.kind, target.located.pid) {
-            (CgroupKind::Sandbox, Some(pid)) => network::read(&config.proc, pid).unwrap_or_default(),
+            (CgroupKind::Sandbox, Some(pid)) => {
+                network::read(&config.proc, pid).unwrap_or_default()
+            }
             _ => Vec::new(),
         };
         cgroups.push(CgroupInfo {
@@ -548,15 +582,10 @@ fn read_files<M: MachineInfo>(
         let (stats, created_ns) = stats_of(&paths)?;
         Some(CgroupInfo {
             id: path.to_owned(),
-            kind: CgroupKind::Root,
-            pod: None,
-            container: String::new(),
-            runtime_id: String::new(),
-            image: String::new(),
+            kind: CgroupKind::System,
             created_ns,
             stats,
-            network: Vec::new(),
-            fs_usage: None,
+            ..CgroupInfo::default()
         })
     });
 
@@ -569,11 +598,25 @@ fn read_files<M: MachineInfo>(
         boot_id: machine.boot_id().unwrap_or_default(),
     };
     let storage_figures = if storage {
-        read_storage(config, &cgroups, root_fs, image_mount.as_deref(), container_logs)
+        let uids: Vec<String> = storage_pods.into_iter().collect();
+        read_storage(
+            config,
+            &uids,
+            &pod_log_dirs,
+            root_fs,
+            image_mount.as_deref(),
+            container_logs,
+        )
     } else {
         Storage::default()
     };
-    (cgroups, pods_cgroup, machine_figures, storage_figures, found)
+    (
+        cgroups,
+        pods_cgroup,
+        machine_figures,
+        storage_figures,
+        found,
+    )
 }
 
 /// The kubelet's emptyDir plugin directory of a pod's volumes.
@@ -581,28 +624,27 @@ const EMPTY_DIR: &str = "volumes/kubernetes.io~empty-dir";
 
 fn read_storage(
     config: &StatsConfig,
-    cgroups: &[CgroupInfo],
+    uids: &[String],
+    pod_log_dirs: &HashMap<String, PathBuf>,
     root_fs: Option<FsInfo>,
     image_mount: Option<&Path>,
     container_logs: HashMap<String, DiskUsage>,
 ) -> Storage {
     let mut pod_logs = HashMap::new();
     let mut volumes = HashMap::new();
-    let pods = cgroups
-        .iter()
-        .filter(|c| c.kind == CgroupKind::Sandbox)
-        .filter_map(|c| c.pod.as_ref());
-    for pod in pods {
-        let dir = crate::kuberuntime::sandbox::pod_log_dir(&config.pod_logs_dir, pod);
-        let files = std::fs::read_dir(&dir).into_iter().flatten().flatten();
-        let mut usage = DiskUsage::default();
-        for f in files.filter(|f| f.file_type().is_ok_and(|t| !t.is_dir())) {
-            let (bytes, inodes) = fs::disk_usage(&f.path());
-            usage.bytes += bytes;
-            usage.inodes += inodes;
+    for uid in uids {
+        if let Some(dir) = pod_log_dirs.get(uid) {
+            // The files directly in the pod's log directory (not its containers').
+            let files = std::fs::read_dir(dir).into_iter().flatten().flatten();
+            let mut usage = DiskUsage::default();
+            for f in files.filter(|f| f.file_type().is_ok_and(|t| !t.is_dir())) {
+                let (bytes, inodes) = fs::disk_usage(&f.path());
+                usage.bytes += bytes;
+                usage.inodes += inodes;
+            }
+            pod_logs.insert(uid.clone(), usage);
         }
-        pod_logs.insert(pod.uid.clone(), usage);
-        let volume_dir = config.root_dir.join("pods").join(&pod.uid).join(EMPTY_DIR);
+        let volume_dir = config.root_dir.join("pods").join(uid).join(EMPTY_DIR);
         let mut found: Vec<VolumeUsage> = std::fs::read_dir(&volume_dir)
             .into_iter()
             .flatten()
@@ -617,7 +659,7 @@ fn read_storage(
             })
             .collect();
         found.sort_by(|a, b| a.name.cmp(&b.name));
-        volumes.insert(pod.uid.clone(), found);
+        volumes.insert(uid.clone(), found);
     }
     Storage {
         root_fs,

@@ -14,18 +14,17 @@ use std::sync::{Mutex, PoisonError};
 
 use k8s_openapi::jiff::Timestamp;
 
+use super::StatsError;
 use super::cgroup::CgroupStats;
 use super::collect::{CgroupInfo, Collector, DiskUsage, Snapshot, StatsConfig};
 use super::fs::FsInfo;
 use super::network::InterfaceCounters;
+use super::summary::SYSTEM_CONTAINER_PODS;
 use super::summary::{
     ContainerStats, CpuStats, FsStats, InterfaceStats, MemoryStats, NetworkStats, NodeStats,
     PodReference, PodStats, RlimitStats, RuntimeStats, Summary, VolumeStats,
 };
-use super::StatsError;
-use super::summary::SYSTEM_CONTAINER_PODS;
 use crate::cri::{Cri, api};
-use crate::kuberuntime::labels;
 use crate::node::MachineInfo;
 
 /// The unit of `/proc/stat` times: `USER_HZ`, 100 on every Linux architecture.
@@ -213,29 +212,32 @@ impl StatsProvider {
     }
 
     fn pods(&self, snapshot: &Snapshot, seen: &mut HashMap<String, (i64, u64)>) -> Vec<PodStats> {
-        let mut by_pod: BTreeMap<String, Vec<ContainerStats>> = BTreeMap::new();
+        // Containers by sandbox, as the kubelet's CRI stats provider pairs them.
+        let mut by_sandbox: BTreeMap<String, Vec<ContainerStats>> = BTreeMap::new();
         for c in &snapshot.containers {
-            let Some(uid) = c.labels.get(labels::POD_UID) else {
-                continue;
-            };
             let name = c
-                .labels
-                .get(labels::CONTAINER_NAME)
-                .cloned()
-                .unwrap_or_else(|| c.metadata.as_ref().map(|m| m.name.clone()).unwrap_or_default());
+                .metadata
+                .as_ref()
+                .map(|m| m.name.clone())
+                .unwrap_or_default();
             let stats = self.container(snapshot, c, name, seen);
-            by_pod.entry(uid.clone()).or_default().push(stats);
+            by_sandbox
+                .entry(c.pod_sandbox_id.clone())
+                .or_default()
+                .push(stats);
         }
         let now = snapshot.time_ns;
         let mut pods: BTreeMap<String, PodStats> = BTreeMap::new();
         for s in &snapshot.sandboxes {
-            let Some(id) = labels::pod_of(&s.labels) else {
+            let Some(id) = s.metadata.as_ref() else {
                 continue;
             };
-            let mut containers = by_pod.remove(&id.uid).unwrap_or_default();
+            let mut containers = by_sandbox.remove(&s.id).unwrap_or_default();
             containers.sort_by(|a, b| a.name.cmp(&b.name));
             let (cpu, memory) = match snapshot.pod_cgroup(&id.uid) {
-                Some(cg) => self.cgroup_cpu_memory(cg, &format!("pod\0{}", id.uid), now, None, seen),
+                Some(cg) => {
+                    self.cgroup_cpu_memory(cg, &format!("pod\0{}", id.uid), now, None, seen)
+                }
                 None => (sum_cpu(&containers, now), sum_memory(&containers, now)),
             };
             let network = snapshot
@@ -266,9 +268,9 @@ impl StatsProvider {
             });
             pods.entry(id.uid.clone()).or_insert(PodStats {
                 pod_ref: PodReference {
-                    name: id.name,
-                    namespace: id.namespace,
-                    uid: id.uid,
+                    name: id.name.clone(),
+                    namespace: id.namespace.clone(),
+                    uid: id.uid.clone(),
                 },
                 start_time: rfc3339(s.created_at),
                 containers,
@@ -335,8 +337,7 @@ impl StatsProvider {
             .iter()
             .map(|cg| {
                 let capacity = machine_memory.map(|m| m.total_bytes);
-                let (cpu, memory) =
-                    self.cgroup_cpu_memory(cg, "\0pods", now, capacity, seen);
+                let (cpu, memory) = self.cgroup_cpu_memory(cg, "\0pods", now, capacity, seen);
                 ContainerStats {
                     name: SYSTEM_CONTAINER_PODS.to_owned(),
                     start_time: rfc3339(cg.created_ns.unwrap_or(now)),
@@ -570,10 +571,16 @@ mod tests {
         }
     }
 
-    fn container_labels(uid: &str, name: &str) -> HashMap<String, String> {
-        let mut l = labels::pod_labels(&pod(uid));
-        l.insert(labels::CONTAINER_NAME.into(), name.into());
-        l
+    fn container(id: &str, uid: &str, name: &str) -> api::Container {
+        api::Container {
+            id: id.into(),
+            pod_sandbox_id: format!("s-{uid}"),
+            metadata: Some(api::ContainerMetadata {
+                name: name.into(),
+                attempt: 0,
+            }),
+            ..Default::default()
+        }
     }
 
     impl Cri for Runtime {
@@ -586,7 +593,12 @@ mod tests {
                     .iter()
                     .map(|uid| api::PodSandbox {
                         id: format!("s-{uid}"),
-                        labels: labels::pod_labels(&pod(uid)),
+                        metadata: Some(api::PodSandboxMetadata {
+                            name: pod(uid).name,
+                            uid: (*uid).into(),
+                            namespace: "default".into(),
+                            attempt: 0,
+                        }),
                         created_at: 1_700_000_000_000_000_000,
                         ..Default::default()
                     })
@@ -598,18 +610,20 @@ mod tests {
             _: api::ListContainersRequest,
         ) -> crate::cri::Result<api::ListContainersResponse> {
             Ok(api::ListContainersResponse {
-                containers: vec![
-                    api::Container {
-                        id: "a".into(),
-                        labels: container_labels("u1", "web"),
-                        ..Default::default()
-                    },
-                    api::Container {
-                        id: "b".into(),
-                        labels: container_labels("u1", "side"),
-                        ..Default::default()
-                    },
-                ],
+                containers: vec![container("a", "u1", "web"), container("b", "u1", "side")],
+            })
+        }
+        async fn image_fs_info(
+            &self,
+            _: api::ImageFsInfoRequest,
+        ) -> crate::cri::Result<api::ImageFsInfoResponse> {
+            Ok(api::ImageFsInfoResponse {
+                image_filesystems: vec![api::FilesystemUsage {
+                    timestamp: self.at,
+                    used_bytes: Some(api::UInt64Value { value: 1 << 30 }),
+                    inodes_used: Some(api::UInt64Value { value: 500 }),
+                    ..Default::default()
+                }],
             })
         }
         async fn list_container_stats(
@@ -629,7 +643,12 @@ mod tests {
                     timestamp: self.at,
                     working_set_bytes: Some(api::UInt64Value { value: 1024 }),
                 }),
-                writable_layer: None,
+                writable_layer: Some(api::FilesystemUsage {
+                    timestamp: self.at,
+                    used_bytes: Some(api::UInt64Value { value: 8192 }),
+                    inodes_used: Some(api::UInt64Value { value: 3 }),
+                    ..Default::default()
+                }),
             };
             Ok(api::ListContainerStatsResponse {
                 stats: vec![stat("a"), stat("b")],
@@ -643,7 +662,6 @@ mod tests {
         let provider = StatsProvider::new(StatsConfig {
             proc: "/nonexistent-proc".into(),
             root_dir: "/nonexistent-root".into(),
-            pod_logs_dir: "/nonexistent-logs".into(),
             pods_cgroup: None,
         });
         let first = provider
@@ -702,5 +720,19 @@ mod tests {
         assert_eq!(json["pods"][0]["podRef"]["name"], "p-u1");
         assert_eq!(json["node"]["nodeName"], "n1");
         assert!(json["pods"][0]["containers"][0]["cpu"]["usageCoreNanoSeconds"].is_u64());
+        // The writable layer from the runtime; the image filesystem from ImageFsInfo; PIDs.
+        assert_eq!(
+            json["pods"][0]["containers"][0]["rootfs"]["usedBytes"],
+            8192
+        );
+        assert_eq!(json["pods"][0]["containers"][0]["rootfs"]["inodesUsed"], 3);
+        assert_eq!(json["node"]["runtime"]["imageFs"]["usedBytes"], 1 << 30);
+        assert_eq!(json["node"]["runtime"]["imageFs"]["inodesUsed"], 500);
+        assert_eq!(json["node"]["rlimit"]["maxpid"], 4_194_304);
+        assert_eq!(json["node"]["rlimit"]["curproc"], 120);
+        // A root directory not made yet is on its nearest ancestor's filesystem; no
+        // namespace to read: no network.
+        assert!(json["node"]["fs"]["capacityBytes"].as_u64() > Some(0));
+        assert!(json["node"].get("network").is_none());
     }
 }
