@@ -133,7 +133,31 @@ impl StatsProvider {
         cri: &C,
         machine: &M,
     ) -> Result<Summary, StatsError> {
-        let snapshot = self.collector.snapshot(cri, machine, true).await?;
+        self.build(node_name, cri, machine, true).await
+    }
+
+    /// The summary without the storage figures (the kubelet's `GetCPUAndMemoryStats`, what
+    /// `/metrics/resource` needs): no filesystem, log or volume walk.
+    ///
+    /// # Errors
+    /// A failed CRI call, or the file reads did not finish.
+    pub async fn cpu_and_memory<C: Cri, M: MachineInfo + Clone + 'static>(
+        &self,
+        node_name: &str,
+        cri: &C,
+        machine: &M,
+    ) -> Result<Summary, StatsError> {
+        self.build(node_name, cri, machine, false).await
+    }
+
+    async fn build<C: Cri, M: MachineInfo + Clone + 'static>(
+        &self,
+        node_name: &str,
+        cri: &C,
+        machine: &M,
+        storage: bool,
+    ) -> Result<Summary, StatsError> {
+        let snapshot = self.collector.snapshot(cri, machine, storage).await?;
         let proc_stat = tokio::fs::read_to_string(self.collector.config().proc.join("stat"))
             .await
             .unwrap_or_default();
@@ -356,7 +380,7 @@ impl StatsProvider {
             memory,
             network: root.and_then(|r| network_stats(&r.network, now)),
             fs,
-            runtime: Some(RuntimeStats { image_fs }),
+            runtime: image_fs.map(|fs| RuntimeStats { image_fs: Some(fs) }),
             rlimit,
         }
     }
@@ -730,6 +754,23 @@ mod tests {
         assert_eq!(json["node"]["runtime"]["imageFs"]["inodesUsed"], 500);
         assert_eq!(json["node"]["rlimit"]["maxpid"], 4_194_304);
         assert_eq!(json["node"]["rlimit"]["curproc"], 120);
+        // Without storage (what /metrics/resource reads): no image filesystem asked.
+        let light = provider
+            .cpu_and_memory(
+                "n1",
+                &Runtime {
+                    cpu: 3_000_000_000,
+                    at: 4_000_000_000,
+                },
+                &Machine,
+            )
+            .await
+            .unwrap();
+        assert!(light.node.runtime.is_none() && light.node.fs.is_none());
+        assert_eq!(
+            light.pods[0].cpu.as_ref().unwrap().usage_nano_cores,
+            Some(2_000_000_000)
+        );
         // A root directory not made yet is on its nearest ancestor's filesystem; no
         // namespace to read: no network.
         assert!(json["node"]["fs"]["capacityBytes"].as_u64() > Some(0));

@@ -17,7 +17,7 @@ pub struct Summary {
 }
 
 /// The node's stats.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeStats {
     /// The node's name.
@@ -71,7 +71,7 @@ pub struct RlimitStats {
 }
 
 /// A pod's reference.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, PartialEq, Eq, Default)]
 pub struct PodReference {
     /// Name.
     pub name: String,
@@ -82,7 +82,7 @@ pub struct PodReference {
 }
 
 /// A pod's stats.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct PodStats {
     /// Which pod.
@@ -109,7 +109,7 @@ pub struct PodStats {
 }
 
 /// A container's stats.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct ContainerStats {
     /// The container's name in the pod spec (or the system container's).
@@ -131,7 +131,7 @@ pub struct ContainerStats {
 }
 
 /// CPU usage.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct CpuStats {
     /// When sampled.
