@@ -673,7 +673,255 @@ fn read_storage(
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
     use super::*;
+    use crate::node::{FsStats, HugePages, MachineError};
+
+    #[derive(Clone)]
+    struct Machine;
+    impl MachineInfo for Machine {
+        fn num_cpus(&self) -> Result<u32, MachineError> {
+            Ok(2)
+        }
+        fn memory(&self) -> Result<Memory, MachineError> {
+            Ok(Memory {
+                total_bytes: 1 << 30,
+                usage: None,
+            })
+        }
+        fn hugepages(&self) -> Result<Vec<HugePages>, MachineError> {
+            Ok(Vec::new())
+        }
+        fn fs_stats(&self, _: &Path) -> Result<FsStats, MachineError> {
+            Err(MachineError::Parse {
+                what: "fs",
+                path: "/".into(),
+                reason: "fake".into(),
+            })
+        }
+        fn pid_usage(&self) -> Result<PidUsage, MachineError> {
+            Ok(PidUsage { running: 1, max: 2 })
+        }
+        fn machine_id(&self) -> Result<String, MachineError> {
+            Ok("mid".into())
+        }
+        fn system_uuid(&self) -> Option<String> {
+            None
+        }
+        fn boot_id(&self) -> Result<String, MachineError> {
+            Ok("bid".into())
+        }
+        fn kernel_version(&self) -> Result<String, MachineError> {
+            Ok("6".into())
+        }
+        fn os_image(&self) -> Result<String, MachineError> {
+            Ok("Debian".into())
+        }
+    }
+
+    /// One pod `web` (uid `u-1`): sandbox `s1` (PID 100) and container `c1` (PID 200), its
+    /// log file under `logs`.
+    struct Runtime {
+        logs: PathBuf,
+        status_calls: std::sync::atomic::AtomicUsize,
+    }
+
+    fn info(pid: u32) -> HashMap<String, String> {
+        HashMap::from([(
+            "info".to_owned(),
+            serde_json::json!({"pid": pid, "image": "pause:3.6"}).to_string(),
+        )])
+    }
+
+    impl Cri for Runtime {
+        async fn list_pod_sandbox(
+            &self,
+            _: api::ListPodSandboxRequest,
+        ) -> crate::cri::Result<api::ListPodSandboxResponse> {
+            Ok(api::ListPodSandboxResponse {
+                items: vec![api::PodSandbox {
+                    id: "s1".into(),
+                    metadata: Some(api::PodSandboxMetadata {
+                        name: "web".into(),
+                        uid: "u-1".into(),
+                        namespace: "default".into(),
+                        attempt: 0,
+                    }),
+                    ..Default::default()
+                }],
+            })
+        }
+        async fn list_containers(
+            &self,
+            _: api::ListContainersRequest,
+        ) -> crate::cri::Result<api::ListContainersResponse> {
+            Ok(api::ListContainersResponse {
+                containers: vec![api::Container {
+                    id: "c1".into(),
+                    pod_sandbox_id: "s1".into(),
+                    metadata: Some(api::ContainerMetadata {
+                        name: "app".into(),
+                        attempt: 0,
+                    }),
+                    ..Default::default()
+                }],
+            })
+        }
+        async fn list_container_stats(
+            &self,
+            _: api::ListContainerStatsRequest,
+        ) -> crate::cri::Result<api::ListContainerStatsResponse> {
+            Ok(api::ListContainerStatsResponse { stats: Vec::new() })
+        }
+        async fn pod_sandbox_status(
+            &self,
+            _: api::PodSandboxStatusRequest,
+        ) -> crate::cri::Result<api::PodSandboxStatusResponse> {
+            Ok(api::PodSandboxStatusResponse {
+                info: info(100),
+                ..Default::default()
+            })
+        }
+        async fn container_status(
+            &self,
+            _: api::ContainerStatusRequest,
+        ) -> crate::cri::Result<api::ContainerStatusResponse> {
+            self.status_calls
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(api::ContainerStatusResponse {
+                status: Some(api::ContainerStatus {
+                    image: Some(api::ImageSpec {
+                        image: "busybox:latest".into(),
+                        ..Default::default()
+                    }),
+                    log_path: self
+                        .logs
+                        .join("default_web_u-1/app/0.log")
+                        .display()
+                        .to_string(),
+                    ..Default::default()
+                }),
+                info: info(200),
+            })
+        }
+    }
+
+    fn write(path: &Path, text: &str) {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    }
+
+    const NET_DEV: &str = "Inter-| header\n face | header\n    lo: 1 1 0 0 0 0 0 0 1 1 0 0 0 0 0 0\n  eth0: 5000 10 0 0 0 0 0 0 700 7 0 0 0 0 0 0\n";
+
+    #[tokio::test]
+    async fn cgroups_network_logs_and_volumes_of_a_pod() {
+        let dir = std::env::temp_dir().join(format!("rkubelet-collect-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let (proc, cg, root, logs) = (
+            dir.join("proc"),
+            dir.join("cg"),
+            dir.join("root"),
+            dir.join("logs"),
+        );
+        let mountinfo = format!(
+            "31 30 0:27 / {0}/cpu,cpuacct rw - cgroup cgroup rw,cpu,cpuacct\n\
+             34 30 0:30 / {0}/memory rw - cgroup cgroup rw,memory\n",
+            cg.display()
+        );
+        write(&proc.join("self/mountinfo"), &mountinfo);
+        let pod = "/kubepods/besteffort/podu-1";
+        write(
+            &proc.join("100/cgroup"),
+            &format!("4:cpu,cpuacct:{pod}/s1\n9:memory:{pod}/s1\n"),
+        );
+        write(
+            &proc.join("200/cgroup"),
+            &format!("4:cpu,cpuacct:{pod}/c1\n9:memory:{pod}/c1\n"),
+        );
+        write(&proc.join("100/net/dev"), NET_DEV);
+        write(&proc.join("1/net/dev"), NET_DEV);
+        for (cgroup, usage) in [("", 9000), (pod, 700), (&format!("{pod}/c1"), 500)] {
+            let cpu = cg.join("cpu,cpuacct").join(cgroup.trim_start_matches('/'));
+            write(&cpu.join("cpuacct.usage"), &format!("{usage}\n"));
+            write(&cpu.join("cpuacct.stat"), "user 1\nsystem 1\n");
+            let memory = cg.join("memory").join(cgroup.trim_start_matches('/'));
+            write(&memory.join("memory.usage_in_bytes"), &format!("{usage}\n"));
+            write(&memory.join("memory.stat"), "total_inactive_file 100\n");
+        }
+        write(&logs.join("default_web_u-1/app/0.log"), "a line\n");
+        write(
+            &root.join("pods/u-1/volumes/kubernetes.io~empty-dir/cache/f"),
+            "x",
+        );
+        let collector = Collector::new(StatsConfig {
+            root_dir: root,
+            pods_cgroup: Some("/kubepods".into()),
+            proc,
+        });
+        let runtime = Runtime {
+            logs,
+            status_calls: 0.into(),
+        };
+        let snapshot = collector.snapshot(&runtime, &Machine, true).await.unwrap();
+
+        let ids: Vec<(&str, CgroupKind)> = snapshot
+            .cgroups
+            .iter()
+            .map(|c| (c.id.as_str(), c.kind))
+            .collect();
+        assert_eq!(
+            ids,
+            [
+                ("/", CgroupKind::Root),
+                (pod, CgroupKind::Pod),
+                ("/kubepods/besteffort/podu-1/s1", CgroupKind::Sandbox),
+                ("/kubepods/besteffort/podu-1/c1", CgroupKind::Container),
+            ]
+        );
+        let container = snapshot.cgroup_of("c1").unwrap();
+        assert_eq!(container.container, "app");
+        assert_eq!(container.image, "busybox:latest");
+        assert_eq!(container.stats.cpu.unwrap().total_ns, 500);
+        assert_eq!(container.stats.memory.unwrap().working_set_bytes, 400);
+        assert!(
+            container.network.is_empty(),
+            "the sandbox carries the network"
+        );
+        let sandbox = snapshot.cgroup_of("s1").unwrap();
+        assert_eq!(sandbox.image, "pause:3.6");
+        assert_eq!(sandbox.network[0].rx_bytes, 5000);
+        assert_eq!(
+            snapshot
+                .pod_cgroup("u-1")
+                .unwrap()
+                .stats
+                .cpu
+                .unwrap()
+                .total_ns,
+            700
+        );
+        assert_eq!(snapshot.root().unwrap().network.len(), 1);
+        // The pods' system container: its cgroup has no files here, so no figures.
+        assert_eq!(snapshot.pods_cgroup.as_ref().unwrap().stats.cpu, None);
+        // The container's log directory and the pod's emptyDir volume.
+        assert!(snapshot.storage.container_logs["c1"].bytes > 0);
+        assert_eq!(snapshot.storage.container_logs["c1"].inodes, 2);
+        let volumes = &snapshot.storage.volumes["u-1"];
+        assert_eq!(volumes[0].name, "cache");
+        assert_eq!(volumes[0].usage.inodes, 2);
+        // The PIDs are asked once: a second reading uses what the first found.
+        let again = collector.snapshot(&runtime, &Machine, false).await.unwrap();
+        assert_eq!(again.cgroups.len(), 4);
+        assert_eq!(
+            runtime
+                .status_calls
+                .load(std::sync::atomic::Ordering::SeqCst),
+            1
+        );
+        assert!(again.storage.container_logs.is_empty());
+        std::fs::remove_dir_all(dir).unwrap();
+    }
 
     #[test]
     fn pod_cgroups_with_either_driver() {
