@@ -676,49 +676,7 @@ mod tests {
     use std::path::Path;
 
     use super::*;
-    use crate::node::{FsStats, HugePages, MachineError};
-
-    #[derive(Clone)]
-    struct Machine;
-    impl MachineInfo for Machine {
-        fn num_cpus(&self) -> Result<u32, MachineError> {
-            Ok(2)
-        }
-        fn memory(&self) -> Result<Memory, MachineError> {
-            Ok(Memory {
-                total_bytes: 1 << 30,
-                usage: None,
-            })
-        }
-        fn hugepages(&self) -> Result<Vec<HugePages>, MachineError> {
-            Ok(Vec::new())
-        }
-        fn fs_stats(&self, _: &Path) -> Result<FsStats, MachineError> {
-            Err(MachineError::Parse {
-                what: "fs",
-                path: "/".into(),
-                reason: "fake".into(),
-            })
-        }
-        fn pid_usage(&self) -> Result<PidUsage, MachineError> {
-            Ok(PidUsage { running: 1, max: 2 })
-        }
-        fn machine_id(&self) -> Result<String, MachineError> {
-            Ok("mid".into())
-        }
-        fn system_uuid(&self) -> Option<String> {
-            None
-        }
-        fn boot_id(&self) -> Result<String, MachineError> {
-            Ok("bid".into())
-        }
-        fn kernel_version(&self) -> Result<String, MachineError> {
-            Ok("6".into())
-        }
-        fn os_image(&self) -> Result<String, MachineError> {
-            Ok("Debian".into())
-        }
-    }
+    use crate::stats::testing::Machine;
 
     /// One pod `web` (uid `u-1`): sandbox `s1` (PID 100) and container `c1` (PID 200), its
     /// log file under `logs`.

@@ -13,6 +13,8 @@ pub mod fs;
 pub mod network;
 mod provider;
 pub mod summary;
+#[cfg(test)]
+mod testing;
 
 pub use collect::{
     CgroupInfo, CgroupKind, Collector, DiskUsage, MachineFigures, Snapshot, StatsConfig, Storage,

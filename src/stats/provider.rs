@@ -522,8 +522,8 @@ fn sum_memory(containers: &[ContainerStats], now: i64) -> Option<MemoryStats> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::node::{HugePages, MachineError, Memory, MemoryUsage, PidUsage};
     use crate::pod::PodId;
+    use crate::stats::testing::Machine;
 
     #[test]
     fn node_cpu_time_and_boot_from_proc_stat() {
@@ -532,54 +532,6 @@ mod tests {
         assert_eq!(usage, Some(161 * 10_000_000));
         assert_eq!(boot, Some(1_700_000_000));
         assert_eq!(parse_proc_stat("", 100), (None, None));
-    }
-
-    #[derive(Clone)]
-    struct Machine;
-    impl MachineInfo for Machine {
-        fn num_cpus(&self) -> Result<u32, MachineError> {
-            Ok(2)
-        }
-        fn memory(&self) -> Result<Memory, MachineError> {
-            Ok(Memory {
-                total_bytes: 1000,
-                usage: Some(MemoryUsage {
-                    usage_bytes: 900,
-                    working_set_bytes: 600,
-                }),
-            })
-        }
-        fn hugepages(&self) -> Result<Vec<HugePages>, MachineError> {
-            Ok(Vec::new())
-        }
-        fn fs_stats(&self, _: &std::path::Path) -> Result<crate::node::FsStats, MachineError> {
-            Err(MachineError::Parse {
-                what: "fs",
-                path: "/".into(),
-                reason: "fake".into(),
-            })
-        }
-        fn pid_usage(&self) -> Result<PidUsage, MachineError> {
-            Ok(PidUsage {
-                running: 120,
-                max: 4_194_304,
-            })
-        }
-        fn machine_id(&self) -> Result<String, MachineError> {
-            Ok("m".into())
-        }
-        fn system_uuid(&self) -> Option<String> {
-            None
-        }
-        fn boot_id(&self) -> Result<String, MachineError> {
-            Ok("b".into())
-        }
-        fn kernel_version(&self) -> Result<String, MachineError> {
-            Ok("6".into())
-        }
-        fn os_image(&self) -> Result<String, MachineError> {
-            Ok("Debian".into())
-        }
     }
 
     struct Runtime {
