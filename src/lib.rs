@@ -41,6 +41,7 @@ pub mod prober;
 pub mod procfs;
 pub mod resources;
 pub mod server;
+pub mod stats;
 pub mod status;
 pub mod timeline;
 pub mod tls;

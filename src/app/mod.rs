@@ -203,6 +203,23 @@ impl From<Failure<AppError>> for AppError {
     }
 }
 
+/// Where the stats provider reads: the node's directories, and the cgroup all pods are
+/// under (the kubelet's `GetPodCgroupRoot`: `kubepods` under `--cgroup-root` with
+/// `--cgroups-per-qos`, else the cgroup root itself).
+fn stats_config(config: &Config) -> crate::stats::StatsConfig {
+    let root = crate::cm::CgroupName::from_cgroupfs(&config.cgroup_root);
+    let pods = if config.cgroups_per_qos {
+        root.child("kubepods")
+    } else {
+        root
+    };
+    crate::stats::StatsConfig {
+        root_dir: config.root_dir.clone(),
+        pods_cgroup: Some(config.cgroup_driver.path(&pods).to_string()),
+        ..crate::stats::StatsConfig::default()
+    }
+}
+
 /// The API server connection settings of a kubeconfig file.
 ///
 /// # Errors
@@ -926,7 +943,8 @@ async fn start(config: &Config, tree: &mut Tree) -> Result<bool, AppError> {
         mirror::run(m, node, statics, store, stop)
     });
     tree.start("mirror-pods", mirror.dropped_on_stop())?;
-    if let Some(server) = config.server.clone() {
+    if let Some(mut server) = config.server.clone() {
+        server.stats = stats_config(config);
         let serving = crate::server::start(
             server,
             client,

@@ -177,6 +177,18 @@ impl CgroupLayout {
             }
         }
     }
+
+    /// Where the files of `controller` are: its v1 hierarchy's mount, or the unified tree.
+    #[must_use]
+    pub fn mount_of(&self, controller: &str) -> Option<&Path> {
+        match self {
+            Self::V1(hierarchies) => hierarchies
+                .iter()
+                .find(|h| h.has(controller))
+                .map(|h| h.mount.as_path()),
+            Self::V2(unified) => Some(unified),
+        }
+    }
 }
 
 /// Controllers the kubelet checks for a cgroup to exist (v1) and enables (v2).

@@ -10,10 +10,12 @@
 mod client;
 mod error;
 mod health;
+mod verbose;
 
 pub use client::{Cri, CriClient, Endpoint};
 pub use error::{CriError, Result, ok_if_not_found};
 pub use health::{Condition, RuntimeHealth};
+pub use verbose::VerboseInfo;
 
 /// Messages and clients generated from the vendored `runtime.v1` api.proto.
 #[allow(missing_docs, clippy::all, clippy::pedantic, unused_qualifications)]

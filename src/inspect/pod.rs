@@ -7,56 +7,15 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use serde_json::Value;
-
 use super::netlink::{Interfaces, Link};
 use super::view::{
     ContainerView, HostVeth, MountView, NamespaceView, PodNetwork, PodView, SandboxView,
 };
 use super::{InspectError, Locations, blocking, cni_store};
-use crate::cri::{Cri, api};
+use crate::cri::{Cri, VerboseInfo, api};
 
 /// The pod's interface in its network namespace.
 pub const POD_IFNAME: &str = "eth0";
-
-/// What the runtime's verbose status says of a sandbox or container (containerd's
-/// `info`): its PID, and its OCI spec.
-#[derive(Debug, Default)]
-pub(super) struct VerboseInfo {
-    pub pid: Option<u32>,
-    pub spec: Value,
-    pub image: Option<String>,
-}
-
-impl VerboseInfo {
-    pub(super) fn parse(info: &HashMap<String, String>) -> Self {
-        let Some(v) = info
-            .get("info")
-            .and_then(|s| serde_json::from_str::<Value>(s).ok())
-        else {
-            return Self::default();
-        };
-        Self {
-            pid: v["pid"]
-                .as_u64()
-                .and_then(|p| u32::try_from(p).ok())
-                .filter(|p| *p > 0),
-            image: v["image"].as_str().map(str::to_owned),
-            spec: v["runtimeSpec"].clone(),
-        }
-    }
-
-    /// The path of the network namespace in the OCI spec.
-    pub(super) fn netns_path(&self) -> Option<String> {
-        self.spec["linux"]["namespaces"]
-            .as_array()?
-            .iter()
-            .find(|ns| ns["type"] == "network")?["path"]
-            .as_str()
-            .filter(|p| !p.is_empty())
-            .map(str::to_owned)
-    }
-}
 
 /// The runtime's sandboxes that match `filter`.
 pub(super) async fn list_sandboxes<C: Cri>(
@@ -168,7 +127,7 @@ pub async fn inspect<C: Cri>(
     view.sandbox = SandboxView {
         id: sandbox.id.clone(),
         state: sandbox_state(sandbox.state),
-        created_at: crate::server::stats::rfc3339(sandbox.created_at),
+        created_at: crate::stats::rfc3339(sandbox.created_at),
         runtime_handler: newest.runtime_handler.clone(),
         pause_pid: info.pid,
         pause_image: info.image.clone(),
@@ -477,27 +436,5 @@ mod tests {
                 vec!["pid".into(), "mnt".into()]
             )
         );
-    }
-
-    #[test]
-    fn verbose_info_gives_the_pid_and_the_netns() {
-        let info = serde_json::json!({
-            "pid": 4242,
-            "image": "registry.k8s.io/pause:3.6",
-            "runtimeSpec": {"linux": {"namespaces": [
-                {"type": "pid"},
-                {"type": "network", "path": "/var/run/netns/cni-1234"}
-            ]}}
-        });
-        let parsed = VerboseInfo::parse(&HashMap::from([("info".into(), info.to_string())]));
-        assert_eq!(parsed.pid, Some(4242));
-        assert_eq!(
-            parsed.netns_path().as_deref(),
-            Some("/var/run/netns/cni-1234")
-        );
-        let stopped = serde_json::json!({"pid": 0, "runtimeSpec": {}});
-        let parsed = VerboseInfo::parse(&HashMap::from([("info".into(), stopped.to_string())]));
-        assert_eq!((parsed.pid, parsed.netns_path()), (None, None));
-        assert_eq!(VerboseInfo::parse(&HashMap::new()).pid, None);
     }
 }

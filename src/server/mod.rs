@@ -14,7 +14,8 @@
 //! | `/metrics` | Prometheus text ([`metrics`]) | `nodes/metrics` |
 //! | `/metrics/resource` | CPU and memory of node, pods, containers ([`resource_metrics`]) | `nodes/metrics` |
 //! | `/metrics/probes` | probe results ([`probe_metrics`]) | `nodes/metrics` |
-//! | `/stats/summary` | CPU and memory of node and pods ([`stats`]) | `nodes/stats` |
+//! //! | `/metrics/cadvisor` | cAdvisor's container series ([`cadvisor`]) | `nodes/metrics` |
+//! | `/stats/summary` | the node's and pods' stats summary ([`stats`]) | `nodes/stats` |
 //! | `/debug/timeline[/{ns}/{pod}]` | pods' start-up timelines ([`debug`]) | `nodes/proxy` |
 //! | `/logs/{path}` | the node's `/var/log` ([`syslogs`]) | `nodes/log` |
 //!
@@ -29,6 +30,7 @@
 //! manager, the runtime and the registry of metrics, and serves them.
 
 pub mod auth;
+pub mod cadvisor;
 pub mod certificate;
 pub mod configz;
 pub mod connections;
@@ -141,6 +143,8 @@ pub struct ServerConfig {
     pub node_ip: IpAddr,
     /// The running configuration, served on `/configz`.
     pub configuration: serde_json::Value,
+    /// Where the stats provider behind `/stats/summary` and `/metrics/cadvisor` reads.
+    pub stats: crate::stats::StatsConfig,
 }
 
 /// Start-up failures of the server.
@@ -381,6 +385,7 @@ impl Server {
             ["metrics"] if get => self.metrics().await,
             ["metrics", "resource"] if get => self.resource_metrics().await,
             ["metrics", "probes"] if get => prometheus_text(probe_metrics::render()),
+            ["metrics", "cadvisor"] if get => self.cadvisor().await,
             ["stats", "summary"] if get => self.summary().await,
             ["containerLogs", ns, pod, container] if get => {
                 self.container_logs(ns, pod, container, &query).await
@@ -455,14 +460,29 @@ impl Server {
     }
 
     async fn resource_metrics(&self) -> Response<Body> {
+        // The kubelet's resource collector asks for CPU and memory only
+        // (`GetCPUAndMemoryStats`): no filesystem, log or volume walk.
         let summary = self
             .stats
-            .summary(&self.node_name, &self.cri, &LinuxMachine)
+            .cpu_and_memory(&self.node_name, &self.cri, &LinuxMachine)
             .await;
         if let Err(e) = &summary {
             tracing::warn!(error = %e, "resource metrics without the runtime's figures");
         }
         prometheus_text(resource_metrics::render(summary.as_ref().ok()))
+    }
+
+    async fn cadvisor(&self) -> Response<Body> {
+        let snapshot = self
+            .stats
+            .snapshot(&self.cri, &LinuxMachine)
+            .await
+            .inspect_err(|e| tracing::warn!(error = %e, "container metrics unavailable"))
+            .ok();
+        Response::builder()
+            .header("content-type", "text/plain; version=0.0.4; charset=utf-8")
+            .body(full(cadvisor::render(snapshot.as_ref())))
+            .unwrap_or_else(|_| Response::new(empty()))
     }
 
     async fn summary(&self) -> Response<Body> {
@@ -795,7 +815,7 @@ pub async fn start(
         cri,
         pods,
         auth: Auth::new(ApiReviews(client), config.node_name.clone()),
-        stats: stats::StatsProvider::default(),
+        stats: stats::StatsProvider::new(config.stats.clone()),
         timelines,
         statuses,
         configz: configz::Configz::new(config.configuration),

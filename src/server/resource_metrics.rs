@@ -9,7 +9,7 @@
 //!
 //! The figures are the `/stats/summary` ones ([`super::stats`]), rendered as the
 //! kubelet's Prometheus registry writes them: families sorted by name, a family with no
-//! sample left out, label names sorted. Written with the [`super::metrics`] helpers
+//! sample left out, label names sorted. Written with the [`crate::metrics`] helpers
 //! rather than `prometheus-client`, whose text encoder writes no sample timestamps.
 
 use std::collections::BTreeMap;
@@ -161,6 +161,7 @@ mod tests {
             available_bytes: None,
             usage_bytes: None,
             working_set_bytes: Some(bytes),
+            ..Default::default()
         })
     }
 
@@ -170,6 +171,7 @@ mod tests {
             start_time: String::new(),
             cpu: cpu(ns),
             memory: memory(bytes),
+            ..Default::default()
         }
     }
 
@@ -180,6 +182,7 @@ mod tests {
                 start_time: None,
                 cpu: cpu(1_500_000_000_000),
                 memory: memory(2 << 30),
+                ..Default::default()
             },
             pods: vec![PodStats {
                 pod_ref: PodReference {
@@ -194,6 +197,7 @@ mod tests {
                 ],
                 cpu: cpu(2_750_000_000),
                 memory: memory((64 << 20) + 1024),
+                ..Default::default()
             }],
         }
     }

@@ -1,0 +1,561 @@
+//! `/metrics/cadvisor`: the container series Prometheus scrapes from the kubelet's
+//! embedded cAdvisor (v0.38, as the kubelet v1.20 registers it), rendered from one
+//! reading of the stats provider ([`crate::stats::Snapshot`]).
+//!
+//! Every series carries the kubelet's base labels `container`, `id`, `image`, `name`,
+//! `namespace`, `pod` (empty where they do not apply) and cAdvisor's conventions: `id` is
+//! the cgroup path; `/` is the machine; a pod's cgroup has `pod` and `namespace` only; a
+//! container's `name` is its runtime ID; the sandbox (pause) has an empty `container` and
+//! carries the pod's network series, which no other container of the pod repeats; the
+//! CFS series appear only for a cgroup with a quota. Families are sorted by name and
+//! samples by labels, as client_golang gathers them; container samples carry the
+//! reading's timestamp.
+//!
+//! The text (exposition format 0.0.4) is written here rather than by `prometheus-client`,
+//! whose OpenMetrics encoder renames counters (`container_cpu_usage_seconds` +
+//! `_total`) and writes no sample timestamps: the family names and HELP lines must be
+//! cAdvisor's for the dashboards and recording rules written against them.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use crate::metrics::{format_float, sample};
+use crate::stats::{CgroupInfo, Snapshot};
+
+/// `counter` or `gauge`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Counter,
+    Gauge,
+}
+
+impl Kind {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Counter => "counter",
+            Self::Gauge => "gauge",
+        }
+    }
+}
+
+/// One sample: its label pairs (sorted when rendered), value and timestamp (ms).
+type Sample = (Vec<(&'static str, String)>, f64, Option<i64>);
+
+/// A metric family being filled.
+#[derive(Debug)]
+struct Family {
+    help: &'static str,
+    kind: Kind,
+    samples: Vec<Sample>,
+}
+
+/// The families of one scrape, by name.
+#[derive(Debug, Default)]
+struct Families(BTreeMap<&'static str, Family>);
+
+impl Families {
+    fn add(
+        &mut self,
+        name: &'static str,
+        help: &'static str,
+        kind: Kind,
+        labels: Vec<(&'static str, String)>,
+        value: f64,
+        timestamp_ms: Option<i64>,
+    ) {
+        self.0
+            .entry(name)
+            .or_insert_with(|| Family {
+                help,
+                kind,
+                samples: Vec::new(),
+            })
+            .samples
+            .push((labels, value, timestamp_ms));
+    }
+
+    fn render(mut self) -> String {
+        let mut out = String::new();
+        for (name, family) in &mut self.0 {
+            for (labels, _, _) in &mut family.samples {
+                labels.sort_by(|a, b| a.0.cmp(b.0));
+            }
+            family.samples.sort_by(|a, b| a.0.cmp(&b.0));
+            let _ = writeln!(out, "# HELP {name} {}", family.help);
+            let _ = writeln!(out, "# TYPE {name} {}", family.kind.as_str());
+            for (labels, value, timestamp) in &family.samples {
+                let labels: Vec<(&str, &str)> =
+                    labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
+                let value = match timestamp {
+                    Some(ts) => format!("{} {ts}", format_float(*value)),
+                    None => format_float(*value),
+                };
+                sample(&mut out, name, &labels, value);
+            }
+        }
+        out
+    }
+}
+
+/// The kubelet's base labels of a cgroup.
+fn base_labels(c: &CgroupInfo) -> Vec<(&'static str, String)> {
+    let (pod, namespace) = c
+        .pod
+        .as_ref()
+        .map(|p| (p.name.clone(), p.namespace.clone()))
+        .unwrap_or_default();
+    vec![
+        ("container", c.container.clone()),
+        ("id", c.id.clone()),
+        ("image", c.image.clone()),
+        ("name", c.runtime_id.clone()),
+        ("namespace", namespace),
+        ("pod", pod),
+    ]
+}
+
+fn with(
+    base: &[(&'static str, String)],
+    extra: &'static str,
+    value: &str,
+) -> Vec<(&'static str, String)> {
+    let mut labels = base.to_vec();
+    labels.push((extra, value.to_owned()));
+    labels
+}
+
+/// Nanoseconds as seconds.
+#[allow(clippy::cast_precision_loss)]
+fn seconds(ns: u64) -> f64 {
+    ns as f64 / 1e9
+}
+
+#[allow(clippy::cast_precision_loss)]
+fn float(v: u64) -> f64 {
+    v as f64
+}
+
+/// The network families, per interface.
+const NETWORK: &[(&str, &str)] = &[
+    (
+        "container_network_receive_bytes_total",
+        "Cumulative count of bytes received",
+    ),
+    (
+        "container_network_receive_errors_total",
+        "Cumulative count of errors encountered while receiving",
+    ),
+    (
+        "container_network_receive_packets_dropped_total",
+        "Cumulative count of packets dropped while receiving",
+    ),
+    (
+        "container_network_receive_packets_total",
+        "Cumulative count of packets received",
+    ),
+    (
+        "container_network_transmit_bytes_total",
+        "Cumulative count of bytes transmitted",
+    ),
+    (
+        "container_network_transmit_errors_total",
+        "Cumulative count of errors encountered while transmitting",
+    ),
+    (
+        "container_network_transmit_packets_dropped_total",
+        "Cumulative count of packets dropped while transmitting",
+    ),
+    (
+        "container_network_transmit_packets_total",
+        "Cumulative count of packets transmitted",
+    ),
+];
+
+fn add_cgroup(f: &mut Families, c: &CgroupInfo, now_s: f64, ts: Option<i64>) {
+    use Kind::{Counter, Gauge};
+    let base = base_labels(c);
+    if let Some(created) = c.created_ns {
+        #[allow(clippy::cast_precision_loss)]
+        let start = (created / 1_000_000_000) as f64;
+        f.add(
+            "container_start_time_seconds",
+            "Start time of the container since unix epoch in seconds.",
+            Gauge,
+            base.clone(),
+            start,
+            None,
+        );
+    }
+    let spec = c.stats.spec;
+    if let Some(period) = spec.cpu_period {
+        f.add(
+            "container_spec_cpu_period",
+            "CPU period of the container.",
+            Gauge,
+            base.clone(),
+            float(period),
+            None,
+        );
+    }
+    if spec.cpu_quota != 0 {
+        f.add(
+            "container_spec_cpu_quota",
+            "CPU quota of the container.",
+            Gauge,
+            base.clone(),
+            float(spec.cpu_quota),
+            None,
+        );
+    }
+    if let Some(shares) = spec.cpu_shares {
+        f.add(
+            "container_spec_cpu_shares",
+            "CPU share of the container.",
+            Gauge,
+            base.clone(),
+            float(shares),
+            None,
+        );
+    }
+    if let Some(limit) = spec.memory_limit {
+        f.add(
+            "container_spec_memory_limit_bytes",
+            "Memory limit for the container.",
+            Gauge,
+            base.clone(),
+            float(limit),
+            None,
+        );
+    }
+    f.add(
+        "container_last_seen",
+        "Last time a container was seen by the exporter",
+        Gauge,
+        base.clone(),
+        now_s,
+        ts,
+    );
+    if let Some(cpu) = c.stats.cpu {
+        f.add(
+            "container_cpu_usage_seconds_total",
+            "Cumulative cpu time consumed in seconds.",
+            Counter,
+            with(&base, "cpu", "total"),
+            seconds(cpu.total_ns),
+            ts,
+        );
+        f.add(
+            "container_cpu_user_seconds_total",
+            "Cumulative user cpu time consumed in seconds.",
+            Counter,
+            base.clone(),
+            seconds(cpu.user_ns),
+            ts,
+        );
+        f.add(
+            "container_cpu_system_seconds_total",
+            "Cumulative system cpu time consumed in seconds.",
+            Counter,
+            base.clone(),
+            seconds(cpu.system_ns),
+            ts,
+        );
+    }
+    if let Some(t) = c.stats.throttling.filter(|_| spec.cpu_quota != 0) {
+        f.add(
+            "container_cpu_cfs_periods_total",
+            "Number of elapsed enforcement period intervals.",
+            Counter,
+            base.clone(),
+            float(t.periods),
+            ts,
+        );
+        f.add(
+            "container_cpu_cfs_throttled_periods_total",
+            "Number of throttled period intervals.",
+            Counter,
+            base.clone(),
+            float(t.throttled_periods),
+            ts,
+        );
+        f.add(
+            "container_cpu_cfs_throttled_seconds_total",
+            "Total time duration the container has been throttled.",
+            Counter,
+            base.clone(),
+            seconds(t.throttled_ns),
+            ts,
+        );
+    }
+    if let Some(m) = c.stats.memory {
+        f.add(
+            "container_memory_cache",
+            "Number of bytes of page cache memory.",
+            Gauge,
+            base.clone(),
+            float(m.cache_bytes),
+            ts,
+        );
+        f.add(
+            "container_memory_rss",
+            "Size of RSS in bytes.",
+            Gauge,
+            base.clone(),
+            float(m.rss_bytes),
+            ts,
+        );
+        f.add("container_memory_usage_bytes", "Current memory usage in bytes, including all memory regardless of when it was accessed", Gauge, base.clone(), float(m.usage_bytes), ts);
+        f.add(
+            "container_memory_working_set_bytes",
+            "Current working set in bytes.",
+            Gauge,
+            base.clone(),
+            float(m.working_set_bytes),
+            ts,
+        );
+    }
+    if let Some((device, used)) = &c.fs_usage {
+        f.add(
+            "container_fs_usage_bytes",
+            "Number of bytes that are consumed by the container on this filesystem.",
+            Gauge,
+            with(&base, "device", device),
+            float(*used),
+            ts,
+        );
+    }
+    for i in &c.network {
+        let values = [
+            i.rx_bytes,
+            i.rx_errors,
+            i.rx_dropped,
+            i.rx_packets,
+            i.tx_bytes,
+            i.tx_errors,
+            i.tx_dropped,
+            i.tx_packets,
+        ];
+        for ((name, help), value) in NETWORK.iter().zip(values) {
+            f.add(
+                name,
+                help,
+                Counter,
+                with(&base, "interface", &i.name),
+                float(value),
+                ts,
+            );
+        }
+    }
+}
+
+/// The page: container series of `snapshot` (none, and `container_scrape_error 1`, when
+/// the node could not be read) and the machine series.
+#[must_use]
+pub fn render(snapshot: Option<&Snapshot>) -> String {
+    let mut f = Families::default();
+    f.add(
+        "container_scrape_error",
+        "1 if there was an error while getting container metrics, 0 otherwise",
+        Kind::Gauge,
+        Vec::new(),
+        if snapshot.is_some() { 0.0 } else { 1.0 },
+        None,
+    );
+    if let Some(snapshot) = snapshot {
+        let ts = snapshot.time_ns / 1_000_000;
+        #[allow(clippy::cast_precision_loss)]
+        let now_s = (snapshot.time_ns / 1_000_000_000) as f64;
+        // The pods' cgroup (`/kubepods`) too, unless it is the root itself.
+        let pods = snapshot.pods_cgroup.iter().filter(|c| c.id != "/");
+        for c in snapshot.cgroups.iter().chain(pods) {
+            add_cgroup(&mut f, c, now_s, Some(ts));
+        }
+        let m = &snapshot.machine;
+        let labels = vec![
+            ("boot_id", m.boot_id.clone()),
+            ("machine_id", m.machine_id.clone()),
+            ("system_uuid", m.system_uuid.clone()),
+        ];
+        if let Some(cpus) = m.num_cpus {
+            f.add(
+                "machine_cpu_cores",
+                "Number of logical CPU cores.",
+                Kind::Gauge,
+                labels.clone(),
+                f64::from(cpus),
+                None,
+            );
+        }
+        if let Some(memory) = m.memory {
+            f.add(
+                "machine_memory_bytes",
+                "Amount of memory installed on the machine.",
+                Kind::Gauge,
+                labels,
+                float(memory.total_bytes),
+                None,
+            );
+        }
+        f.add(
+            "machine_scrape_error",
+            "1 if there was an error while getting machine metrics, 0 otherwise.",
+            Kind::Gauge,
+            Vec::new(),
+            if m.num_cpus.is_some() && m.memory.is_some() {
+                0.0
+            } else {
+                1.0
+            },
+            None,
+        );
+    }
+    f.render()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pod::PodId;
+    use crate::stats::CgroupKind;
+    use crate::stats::MachineFigures;
+    use crate::stats::cgroup::{CgroupSpec, CgroupStats, CpuUsage, MemoryFigures, Throttling};
+    use crate::stats::network::InterfaceCounters;
+
+    fn cgroup(kind: CgroupKind, id: &str, container: &str) -> CgroupInfo {
+        CgroupInfo {
+            id: id.into(),
+            kind,
+            pod: (!matches!(kind, CgroupKind::Root | CgroupKind::System)).then(|| PodId {
+                uid: "u1".into(),
+                namespace: "default".into(),
+                name: "web".into(),
+            }),
+            container: container.into(),
+            runtime_id: if matches!(kind, CgroupKind::Sandbox | CgroupKind::Container) {
+                format!("{container}id")
+            } else {
+                String::new()
+            },
+            image: String::new(),
+            created_ns: Some(1_700_000_000_000_000_000),
+            stats: CgroupStats {
+                cpu: Some(CpuUsage {
+                    total_ns: 2_500_000_000,
+                    user_ns: 2_000_000_000,
+                    system_ns: 500_000_000,
+                }),
+                throttling: Some(Throttling {
+                    periods: 10,
+                    throttled_periods: 4,
+                    throttled_ns: 300_000_000,
+                }),
+                memory: Some(MemoryFigures {
+                    usage_bytes: 70_000_000,
+                    working_set_bytes: 67_108_864,
+                    rss_bytes: 67_000_000,
+                    cache_bytes: 3_000_000,
+                    page_faults: 1,
+                    major_page_faults: 0,
+                }),
+                spec: CgroupSpec {
+                    cpu_shares: Some(2),
+                    cpu_quota: if container == "burn" { 50_000 } else { 0 },
+                    cpu_period: Some(100_000),
+                    memory_limit: Some(0),
+                },
+            },
+            network: if kind == CgroupKind::Sandbox {
+                vec![InterfaceCounters {
+                    name: "eth0".into(),
+                    rx_bytes: 10_485_760,
+                    ..InterfaceCounters::default()
+                }]
+            } else {
+                Vec::new()
+            },
+            fs_usage: (kind == CgroupKind::Container).then(|| ("/dev/sda1".into(), 4096)),
+        }
+    }
+
+    fn snapshot() -> Snapshot {
+        Snapshot {
+            time_ns: 1_800_000_000_123_000_000,
+            cgroups: vec![
+                cgroup(CgroupKind::Root, "/", ""),
+                cgroup(CgroupKind::Pod, "/kubepods/podu1", ""),
+                cgroup(CgroupKind::Sandbox, "/kubepods/podu1/sid", ""),
+                cgroup(CgroupKind::Container, "/kubepods/podu1/burnid", "burn"),
+            ],
+            pods_cgroup: Some(cgroup(CgroupKind::System, "/kubepods", "")),
+            machine: MachineFigures {
+                num_cpus: Some(2),
+                memory: Some(crate::node::Memory {
+                    total_bytes: 25_000_000_000,
+                    usage: None,
+                }),
+                machine_id: "m\"1".into(),
+                ..MachineFigures::default()
+            },
+            ..Snapshot::default()
+        }
+    }
+
+    #[test]
+    fn cadvisor_names_help_types_and_sorted_labels() {
+        let text = render(Some(&snapshot()));
+        assert!(text.contains(
+            "# HELP container_cpu_usage_seconds_total Cumulative cpu time consumed in seconds.\n\
+             # TYPE container_cpu_usage_seconds_total counter\n"
+        ));
+        assert!(text.contains(
+            "container_cpu_usage_seconds_total{container=\"burn\",cpu=\"total\",id=\"/kubepods/podu1/burnid\",image=\"\",name=\"burnid\",namespace=\"default\",pod=\"web\"} 2.5 1800000000123\n"
+        ), "{text}");
+        assert!(text.contains(
+            "container_memory_working_set_bytes{container=\"\",id=\"/\",image=\"\",name=\"\",namespace=\"\",pod=\"\"} 67108864 1800000000123\n"
+        ));
+        // Only the sandbox carries the pod's network.
+        let rx: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("container_network_receive_bytes_total{"))
+            .collect();
+        assert_eq!(rx.len(), 1, "{rx:?}");
+        assert!(
+            rx[0].contains("id=\"/kubepods/podu1/sid\",image=\"\",interface=\"eth0\",name=\"id\"")
+        );
+        // CFS series only where there is a quota.
+        let cfs: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("container_cpu_cfs_throttled_periods_total{"))
+            .collect();
+        assert_eq!(cfs.len(), 1);
+        assert!(cfs[0].contains("container=\"burn\"") && cfs[0].contains("} 4 "));
+        assert!(text.contains(
+            "machine_cpu_cores{boot_id=\"\",machine_id=\"m\\\"1\",system_uuid=\"\"} 2\n"
+        ));
+        assert!(text.contains("container_scrape_error 0\n"));
+        // The pods' cgroup has its own series, with no pod labels.
+        assert!(text.contains(
+            "container_memory_rss{container=\"\",id=\"/kubepods\",image=\"\",name=\"\",namespace=\"\",pod=\"\"} 67000000 "
+        ));
+        // Families sorted by name, each declared once.
+        let names: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .map(|l| l.split(' ').next().unwrap())
+            .collect();
+        let mut sorted = names.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(names, sorted);
+    }
+
+    #[test]
+    fn an_unreadable_node_is_a_scrape_error() {
+        let text = render(None);
+        assert_eq!(
+            text,
+            "# HELP container_scrape_error 1 if there was an error while getting container metrics, 0 otherwise\n\
+             # TYPE container_scrape_error gauge\ncontainer_scrape_error 1\n"
+        );
+    }
+}

@@ -1,0 +1,583 @@
+//! `/metrics/cadvisor` and `/stats/summary` through the real kube-apiserver's node proxy,
+//! checked against the kernel's own counters: a pod holding 64 MiB and burning CPU
+//! against its cgroup files, a pod downloading 10 MiB from another against the counters
+//! of its network namespace (netlink, through `ip`), and the summary's filesystems, image
+//! filesystem and PID figures against `statvfs`, CRI `ImageFsInfo` and `/proc`. The page
+//! is parsed with a maintained Prometheus text parser.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::agent::{AgentProcess, Owner};
+use common::pods::{TestPods, exec_in, running_containers_of};
+use common::{cri, eventually, node_name, state_dir, unique};
+use k8s_openapi::api::core::v1::Pod;
+use prometheus_parse::{Sample, Scrape, Value};
+use rkubelet::cri::{Cri, VerboseInfo, api};
+use tokio::process::Command;
+
+const MIB: f64 = 1_048_576.0;
+
+fn root_dir() -> PathBuf {
+    state_dir().join("test-agents").join(node_name())
+}
+
+/// `kubectl get --raw` as the admin.
+async fn raw(path: &str) -> String {
+    let out = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(state_dir().join("pki/admin.kubeconfig"))
+        .args(["get", "--raw", path])
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("kubectl runs");
+    assert!(
+        out.status.success(),
+        "kubectl get --raw {path}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("UTF-8")
+}
+
+async fn create(pods: &TestPods, name: &str, container: &str, script: &str) -> Pod {
+    let manifest = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": container,
+                "image": "busybox",
+                "command": ["sh", "-c", script],
+            }],
+        },
+    });
+    pods.create(&node_name(), manifest).await
+}
+
+async fn running(name: &str) -> Pod {
+    eventually(
+        &format!("pod {name} running"),
+        Duration::from_secs(90),
+        || async {
+            let pod = common::case::get(name).await?;
+            let status = pod.status.as_ref()?;
+            (status.phase.as_deref() == Some("Running") && status.pod_ip.is_some()).then_some(pod)
+        },
+    )
+    .await
+}
+
+fn uid(pod: &Pod) -> String {
+    pod.metadata.uid.clone().expect("uid")
+}
+
+/// A number in a cgroup v1 file, or a key of a keyed file.
+fn cgroup_number(hierarchy: &str, id: &str, file: &str, key: Option<&str>) -> u64 {
+    let path = Path::new("/sys/fs/cgroup")
+        .join(hierarchy)
+        .join(id.trim_start_matches('/'))
+        .join(file);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    match key {
+        None => text.trim().parse().ok(),
+        Some(key) => text
+            .lines()
+            .find_map(|l| l.strip_prefix(key)?.strip_prefix(' ')?.trim().parse().ok()),
+    }
+    .unwrap_or_else(|| panic!("{} {key:?}: {text}", path.display()))
+}
+
+fn working_set(id: &str) -> u64 {
+    let usage = cgroup_number("memory", id, "memory.usage_in_bytes", None);
+    usage.saturating_sub(cgroup_number(
+        "memory",
+        id,
+        "memory.stat",
+        Some("total_inactive_file"),
+    ))
+}
+
+fn value(s: &Sample) -> f64 {
+    match s.value {
+        Value::Counter(v) | Value::Gauge(v) | Value::Untyped(v) => v,
+        ref other => panic!("{}: not a number: {other:?}", s.metric),
+    }
+}
+
+fn label<'a>(s: &'a Sample, name: &str) -> &'a str {
+    s.labels.get(name).unwrap_or("")
+}
+
+/// The samples of `metric` whose labels include `want`.
+fn find<'a>(scrape: &'a Scrape, metric: &str, want: &[(&str, &str)]) -> Vec<&'a Sample> {
+    scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == metric && want.iter().all(|(k, v)| label(s, k) == *v))
+        .collect()
+}
+
+fn one<'a>(scrape: &'a Scrape, metric: &str, want: &[(&str, &str)]) -> &'a Sample {
+    let found = find(scrape, metric, want);
+    assert_eq!(found.len(), 1, "{metric} {want:?}: {found:?}");
+    found[0]
+}
+
+fn within(what: &str, got: f64, low: f64, high: f64, tolerance: f64) {
+    assert!(
+        got >= low * (1.0 - tolerance) && got <= high * (1.0 + tolerance),
+        "{what}: {got} not within {tolerance} of [{low}, {high}]"
+    );
+}
+
+async fn scrape() -> Scrape {
+    let text = raw(&format!(
+        "/api/v1/nodes/{}/proxy/metrics/cadvisor",
+        node_name()
+    ))
+    .await;
+    Scrape::parse(text.lines().map(|l| Ok(l.to_owned()))).expect("the page parses")
+}
+
+/// The pod's sandbox pause PID, from the runtime's verbose status.
+async fn sandbox_pid(uid: &str) -> u32 {
+    let sandbox = common::pods::sandboxes_of(uid)
+        .await
+        .into_iter()
+        .find(|s| s.state == api::PodSandboxState::SandboxReady as i32)
+        .expect("a ready sandbox");
+    let status = cri()
+        .pod_sandbox_status(api::PodSandboxStatusRequest {
+            pod_sandbox_id: sandbox.id,
+            verbose: true,
+        })
+        .await
+        .expect("PodSandboxStatus");
+    VerboseInfo::parse(&status.info).pid.expect("the pause PID")
+}
+
+/// `eth0`'s received bytes in a process's network namespace, read by `ip` over netlink.
+async fn rx_bytes_in_netns(pid: u32) -> f64 {
+    let out = Command::new("nsenter")
+        .arg(format!("--net=/proc/{pid}/ns/net"))
+        .args(["ip", "-s", "-j", "link", "show", "eth0"])
+        .output()
+        .await
+        .expect("nsenter runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let links: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    links[0]["stats64"]["rx"]["bytes"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("no rx bytes in {links}"))
+}
+
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn cadvisor_metrics_and_summary_agree_with_the_kernel() {
+    let _agent = AgentProcess::start(Owner::Agent, &node_name(), root_dir());
+    let burn_name = unique("burn");
+    let pods = TestPods::new(&burn_name, root_dir());
+    let (server_name, client_name) = (unique("httpd"), unique("wget"));
+    create(
+        &pods,
+        &burn_name,
+        "burn",
+        "x=$(head -c 67108864 /dev/zero | tr '\\0' a); echo held; while :; do :; done",
+    )
+    .await;
+    create(
+        &pods,
+        &server_name,
+        "httpd",
+        "mkdir -p /www && head -c 10485760 /dev/urandom > /www/blob && exec httpd -f -p 8080 -h /www",
+    )
+    .await;
+    create(&pods, &client_name, "wget", "exec sleep 3600").await;
+    let burn = running(&burn_name).await;
+    let server = running(&server_name).await;
+    let client = running(&client_name).await;
+
+    // The burner holds its 64 MiB.
+    let burn_id = running_containers_of(&uid(&burn)).await[0].id.clone();
+    let first = scrape().await;
+    let burn_cgroup = one(
+        &first,
+        "container_memory_working_set_bytes",
+        &[("name", &burn_id)],
+    );
+    let cgroup = label(burn_cgroup, "id").to_owned();
+    assert!(
+        cgroup.contains(&burn_id),
+        "the container's cgroup: {cgroup}"
+    );
+    eventually(
+        "the burner holds 64 MiB and burned 2 s of CPU",
+        Duration::from_secs(60),
+        || async {
+            let burned = cgroup_number("cpuacct", &cgroup, "cpuacct.usage", None) >= 2_000_000_000;
+            (burned && working_set(&cgroup) as f64 >= 64.0 * MIB).then_some(())
+        },
+    )
+    .await;
+
+    // The client downloads 10 MiB from the server.
+    let server_ip = server
+        .status
+        .as_ref()
+        .and_then(|s| s.pod_ip.clone())
+        .expect("pod IP");
+    let fetched = exec_in(
+        &uid(&client),
+        "wget",
+        vec![
+            "sh".into(),
+            "-c".into(),
+            format!("wget -q -O /tmp/blob http://{server_ip}:8080/blob && wc -c < /tmp/blob"),
+        ],
+    )
+    .await;
+    assert_eq!(
+        String::from_utf8_lossy(&fetched.stdout).trim(),
+        "10485760",
+        "{}",
+        String::from_utf8_lossy(&fetched.stderr)
+    );
+    let client_pid = sandbox_pid(&uid(&client)).await;
+
+    // One scrape, with the kernel's counters read around it.
+    let cpu_before = cgroup_number("cpuacct", &cgroup, "cpuacct.usage", None) as f64 / 1e9;
+    let rx_before = rx_bytes_in_netns(client_pid).await;
+    let started = Instant::now();
+    let page = scrape().await;
+    let scrape_time = started.elapsed();
+    let cpu_after = cgroup_number("cpuacct", &cgroup, "cpuacct.usage", None) as f64 / 1e9;
+    let rx_after = rx_bytes_in_netns(client_pid).await;
+    let ws_now = working_set(&cgroup) as f64;
+
+    let burn_labels = [
+        ("pod", burn_name.as_str()),
+        ("namespace", "default"),
+        ("container", "burn"),
+        ("name", burn_id.as_str()),
+        ("id", cgroup.as_str()),
+    ];
+    let ws = value(one(
+        &page,
+        "container_memory_working_set_bytes",
+        &burn_labels,
+    ));
+    assert!(ws >= 64.0 * MIB, "working set {ws}");
+    within("working set", ws, ws_now, ws_now, 0.05);
+    let cpu_sample = one(&page, "container_cpu_usage_seconds_total", &burn_labels);
+    assert_eq!(label(cpu_sample, "cpu"), "total");
+    within(
+        "CPU seconds",
+        value(cpu_sample),
+        cpu_before,
+        cpu_after,
+        0.05,
+    );
+    assert!(value(cpu_sample) >= 2.0, "a busy loop for seconds");
+    assert!(
+        label(cpu_sample, "image").contains("busybox"),
+        "{cpu_sample:?}"
+    );
+    for metric in [
+        "container_cpu_user_seconds_total",
+        "container_cpu_system_seconds_total",
+        "container_memory_usage_bytes",
+        "container_memory_rss",
+        "container_memory_cache",
+        "container_spec_cpu_shares",
+        "container_spec_cpu_period",
+        "container_spec_memory_limit_bytes",
+        "container_last_seen",
+        "container_start_time_seconds",
+    ] {
+        one(&page, metric, &burn_labels);
+    }
+    let rss = value(one(&page, "container_memory_rss", &burn_labels));
+    within(
+        "RSS",
+        rss,
+        cgroup_number("memory", &cgroup, "memory.stat", Some("total_rss")) as f64,
+        cgroup_number("memory", &cgroup, "memory.stat", Some("total_rss")) as f64,
+        0.05,
+    );
+    // No quota: no CFS series for the burner.
+    assert!(find(&page, "container_cpu_cfs_periods_total", &burn_labels).is_empty());
+
+    // The client's network is on its sandbox's series only, at least the 10 MiB.
+    let rx = find(
+        &page,
+        "container_network_receive_bytes_total",
+        &[("pod", client_name.as_str()), ("interface", "eth0")],
+    );
+    assert_eq!(rx.len(), 1, "only the sandbox carries the network: {rx:?}");
+    assert_eq!(label(rx[0], "container"), "");
+    let rx = value(rx[0]);
+    assert!(rx >= 10.0 * MIB, "received {rx}");
+    within("received bytes", rx, rx_before, rx_after, 0.05);
+    for metric in [
+        "container_network_transmit_bytes_total",
+        "container_network_receive_packets_total",
+        "container_network_receive_errors_total",
+        "container_network_transmit_errors_total",
+    ] {
+        one(
+            &page,
+            metric,
+            &[("pod", client_name.as_str()), ("interface", "eth0")],
+        );
+    }
+    // The machine and the root cgroup.
+    one(&page, "container_cpu_usage_seconds_total", &[("id", "/")]);
+    let cores = value(one(&page, "machine_cpu_cores", &[]));
+    assert_eq!(
+        cores as usize,
+        std::thread::available_parallelism().map_or(0, usize::from)
+    );
+    let memory = value(one(&page, "machine_memory_bytes", &[]));
+    within(
+        "machine memory",
+        memory,
+        common::meminfo("MemTotal") as f64,
+        common::meminfo("MemTotal") as f64,
+        0.0,
+    );
+    assert_eq!(value(one(&page, "container_scrape_error", &[])), 0.0);
+
+    // The summary.
+    let started = Instant::now();
+    let summary: serde_json::Value = serde_json::from_str(
+        &raw(&format!(
+            "/api/v1/nodes/{}/proxy/stats/summary",
+            node_name()
+        ))
+        .await,
+    )
+    .expect("JSON");
+    let summary_time = started.elapsed();
+    check_summary(&summary, &burn_name, &client_name, client_pid).await;
+    eprintln!(
+        "scrape times: /metrics/cadvisor {scrape_time:?}, /stats/summary {summary_time:?} \
+         (through the apiserver's node proxy, {} pods)",
+        summary["pods"].as_array().map_or(0, Vec::len)
+    );
+}
+
+async fn check_summary(summary: &serde_json::Value, burn: &str, client: &str, client_pid: u32) {
+    let node = &summary["node"];
+    let u = |v: &serde_json::Value| v.as_u64().unwrap_or_else(|| panic!("a number: {v}"));
+
+    // The root directory's filesystem, as statvfs has it.
+    let st = nix::sys::statvfs::statvfs(&root_dir()).expect("statvfs");
+    let fs = &node["fs"];
+    assert_eq!(u(&fs["capacityBytes"]), st.blocks() * st.fragment_size());
+    assert_eq!(u(&fs["inodes"]), st.files());
+    let used = (st.blocks() - st.blocks_free()) * st.fragment_size();
+    within(
+        "node fs used",
+        u(&fs["usedBytes"]) as f64,
+        used as f64,
+        used as f64,
+        0.01,
+    );
+    within(
+        "node fs available",
+        u(&fs["availableBytes"]) as f64,
+        (st.blocks_available() * st.fragment_size()) as f64,
+        (st.blocks_available() * st.fragment_size()) as f64,
+        0.01,
+    );
+    assert_eq!(
+        u(&fs["inodesUsed"]) + u(&fs["inodesFree"]),
+        u(&fs["inodes"]),
+        "{fs}"
+    );
+
+    // The image filesystem, as the runtime reports it.
+    let image_fs = cri()
+        .image_fs_info(api::ImageFsInfoRequest {})
+        .await
+        .expect("ImageFsInfo")
+        .image_filesystems
+        .remove(0);
+    let used = image_fs.used_bytes.expect("used").value as f64;
+    let reported = &node["runtime"]["imageFs"];
+    within(
+        "image fs used",
+        u(&reported["usedBytes"]) as f64,
+        used,
+        used,
+        0.05,
+    );
+    let mount = image_fs.fs_id.expect("fs id").mountpoint;
+    let st = nix::sys::statvfs::statvfs(Path::new(&mount)).expect("statvfs");
+    assert_eq!(
+        u(&reported["capacityBytes"]),
+        st.blocks() * st.fragment_size()
+    );
+
+    // PIDs.
+    let pid_max: u64 = std::fs::read_to_string("/proc/sys/kernel/pid_max")
+        .expect("pid_max")
+        .trim()
+        .parse()
+        .expect("a number");
+    assert_eq!(u(&node["rlimit"]["maxpid"]), pid_max);
+    let tasks: f64 = std::fs::read_to_string("/proc/loadavg")
+        .expect("loadavg")
+        .split_whitespace()
+        .nth(3)
+        .and_then(|t| t.split_once('/'))
+        .and_then(|(_, n)| n.parse().ok())
+        .expect("tasks");
+    within(
+        "curproc",
+        u(&node["rlimit"]["curproc"]) as f64,
+        tasks,
+        tasks,
+        0.2,
+    );
+
+    // The host's network and the pods' system container.
+    assert!(
+        node["network"]["interfaces"]
+            .as_array()
+            .is_some_and(|i| !i.is_empty()),
+        "{node}"
+    );
+    let system: HashMap<&str, &serde_json::Value> = node["systemContainers"]
+        .as_array()
+        .expect("system containers")
+        .iter()
+        .map(|c| (c["name"].as_str().expect("name"), c))
+        .collect();
+    assert!(u(&system["pods"]["memory"]["workingSetBytes"]) as f64 >= 64.0 * MIB);
+
+    let pods = summary["pods"].as_array().expect("pods");
+    let pod = |name: &str| {
+        pods.iter()
+            .find(|p| p["podRef"]["name"] == name)
+            .unwrap_or_else(|| panic!("{name} in the summary"))
+    };
+    // The client's network: its namespace's counters, eth0 at the top level.
+    let net = &pod(client)["network"];
+    assert_eq!(net["name"], "eth0");
+    let rx = u(&net["rxBytes"]) as f64;
+    let now = rx_bytes_in_netns(client_pid).await;
+    assert!(rx >= 10.0 * MIB, "{net}");
+    within("pod rx bytes", rx, now, now, 0.05);
+    assert!(
+        net["interfaces"]
+            .as_array()
+            .is_some_and(|i| i.iter().any(|i| i["name"] == "eth0"))
+    );
+
+    // The burner: memory, its writable layer and logs, and the pod's ephemeral storage.
+    let burner = pod(burn);
+    let container = &burner["containers"][0];
+    assert_eq!(container["name"], "burn");
+    assert!(
+        u(&container["memory"]["workingSetBytes"]) as f64 >= 64.0 * MIB,
+        "{container}"
+    );
+    assert!(
+        u(&container["memory"]["rssBytes"]) as f64 >= 60.0 * MIB,
+        "{container}"
+    );
+    assert!(container["rootfs"]["usedBytes"].is_u64(), "{container}");
+    let logs = u(&container["logs"]["usedBytes"]);
+    assert!(logs > 0, "the log holds a line: {container}");
+    let ephemeral = &burner["ephemeral-storage"];
+    assert!(
+        u(&ephemeral["usedBytes"]) >= u(&container["rootfs"]["usedBytes"]) + logs,
+        "{burner}"
+    );
+    assert_eq!(ephemeral["capacityBytes"], node["fs"]["capacityBytes"]);
+}
+
+/// User and system CPU time of a process, in seconds (`/proc/<pid>/stat`, at `USER_HZ`).
+fn cpu_seconds(pid: i32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    let after_name = stat.rsplit_once(')').expect("comm").1;
+    let fields: Vec<f64> = after_name
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .map(|f| f.parse().expect("ticks"))
+        .collect();
+    (fields[0] + fields[1]) / 100.0
+}
+
+/// Scrape time (through the apiserver's node proxy) and the agent's CPU per scrape of
+/// `/metrics/cadvisor` and `/stats/summary` with 30 pods; every pod is on both.
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn scrape_cost_with_30_pods() {
+    const PODS: usize = 30;
+    const SCRAPES: u32 = 10;
+    let agent = AgentProcess::start(Owner::Agent, &node_name(), root_dir());
+    let label = unique("scrape");
+    let pods = TestPods::new(&label, root_dir());
+    let names: Vec<String> = (0..PODS).map(|i| format!("{label}-{i}")).collect();
+    for name in &names {
+        let mut manifest = common::pods::sleeper(serde_json::json!({}));
+        manifest["metadata"] = serde_json::json!({"name": name, "namespace": "default"});
+        pods.create(&node_name(), manifest).await;
+    }
+    for name in &names {
+        running(name).await;
+    }
+    let node = node_name();
+    // `/healthz` through the same proxy: what kubectl and the proxy cost by themselves.
+    for (path, what) in [
+        (
+            format!("/api/v1/nodes/{node}/proxy/healthz"),
+            "healthz (baseline)",
+        ),
+        (
+            format!("/api/v1/nodes/{node}/proxy/metrics/cadvisor"),
+            "cadvisor",
+        ),
+        (
+            format!("/api/v1/nodes/{node}/proxy/stats/summary"),
+            "summary",
+        ),
+    ] {
+        let first = raw(&path).await;
+        let baseline = first.trim() == "ok";
+        for name in names.iter().filter(|_| !baseline) {
+            assert!(first.contains(name.as_str()), "{name} missing from {path}");
+        }
+        let cpu_before = cpu_seconds(agent.pid().as_raw());
+        let mut times = Vec::new();
+        for _ in 0..SCRAPES {
+            let started = Instant::now();
+            let body = raw(&path).await;
+            times.push(started.elapsed());
+            assert!(baseline || body.len() > 1000);
+        }
+        let cpu = (cpu_seconds(agent.pid().as_raw()) - cpu_before) / f64::from(SCRAPES);
+        times.sort();
+        eprintln!(
+            "{what} with {PODS} pods: scrape p50 {:?}, max {:?}; agent CPU per scrape {:.1} ms; {} bytes",
+            times[times.len() / 2],
+            times[times.len() - 1],
+            cpu * 1000.0,
+            first.len()
+        );
+        assert!(times[times.len() / 2] < Duration::from_secs(2), "{times:?}");
+    }
+}
