@@ -28,6 +28,7 @@ pub mod kubeletconfig;
 pub mod kuberuntime;
 pub mod lifecycle;
 pub mod lock;
+pub mod logs;
 pub mod node;
 pub mod observability;
 pub mod pleg;
