@@ -29,6 +29,7 @@ use crate::kuberuntime::env::EnvSourceReader;
 use crate::kuberuntime::gc::ContainerGc;
 use crate::kuberuntime::sandbox::SandboxSettings;
 use crate::lifecycle::admission::{PodAdmitter, SysctlWhitelist};
+use crate::logs::ContainerLogManager;
 use crate::node::{
     LinuxMachine, MachineInfo, NodeAgent, NodeConfig, ReadinessCheck, wait_for_pod_cidr,
 };
@@ -133,6 +134,10 @@ pub struct Config {
     pub pod_manifest_path: Option<PathBuf>,
     /// `--file-check-frequency`: how often the manifests are read besides on changes.
     pub file_check_frequency: Duration,
+    /// `--container-log-max-size`, `--container-log-max-files`.
+    pub container_log_policy: crate::logs::LogRotatePolicy,
+    /// How often container logs are checked for rotation (the kubelet's 10 s).
+    pub container_log_monitor_period: Duration,
 }
 
 /// Start-up failures.
@@ -376,15 +381,24 @@ async fn network_gc_loop(cri: CriClient, cni: Arc<Cni>, cancel: CancellationToke
 /// The image collector the agent runs: the runtime's images on its image filesystem.
 pub type RuntimeImageGc = ImageGc<CriClient, RuntimeImageFs<CriClient>>;
 
-/// Starts the container and image garbage collectors (the kubelet's
-/// `StartGarbageCollection`); answers both, which also reclaim disk on demand (in this
-/// order, as the eviction manager's node reclaim functions).
+/// Starts the container log manager (the kubelet's `containerLogManager.Start`) and the
+/// container and image garbage collectors (`StartGarbageCollection`); answers both
+/// collectors, which also reclaim disk on demand (in this order, as the eviction manager's
+/// node reclaim functions).
 fn start_garbage_collection(
     config: &Config,
     cancel: &CancellationToken,
 ) -> (Arc<ContainerGc<CriClient>>, Arc<RuntimeImageGc>) {
     let cri = Arc::new(config.cri.clone());
-    let containers = Arc::new(ContainerGc::new(cri.clone(), config.container_gc));
+    let logs = Arc::new(ContainerLogManager::new(
+        cri.clone(),
+        config.container_log_policy,
+    ));
+    tokio::spawn(
+        logs.clone()
+            .run(config.container_log_monitor_period, cancel.clone()),
+    );
+    let containers = Arc::new(ContainerGc::new(cri.clone(), config.container_gc, logs));
     tokio::spawn(containers.clone().run(cancel.clone()));
     let images = Arc::new(ImageGc::new(
         cri.clone(),

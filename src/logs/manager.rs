@@ -54,6 +54,14 @@ pub enum LogsError {
     },
 }
 
+impl LogsError {
+    /// Whether the runtime does not know the container (it is gone already).
+    #[must_use]
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, Self::Cri { source, .. } if source.is_not_found())
+    }
+}
+
 fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> LogsError + 'a {
     move |source| LogsError::Io {
         op,
@@ -64,7 +72,7 @@ fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> Lo
 
 /// Rotates the logs of the runtime's running containers under one policy.
 pub struct ContainerLogManager<C> {
-    cri: C,
+    cri: Arc<C>,
     policy: LogRotatePolicy,
     /// Rotation and cleaning one at a time (the kubelet's mutex): a container's files are
     /// never rotated while they are removed.
@@ -73,7 +81,7 @@ pub struct ContainerLogManager<C> {
 
 impl<C: Cri> ContainerLogManager<C> {
     /// A manager applying `policy` through `cri`.
-    pub fn new(cri: C, policy: LogRotatePolicy) -> Self {
+    pub fn new(cri: Arc<C>, policy: LogRotatePolicy) -> Self {
         Self {
             cri,
             policy,
@@ -224,7 +232,9 @@ impl<C: Cri> ContainerLogManager<C> {
 fn split_path(path: &Path) -> (&Path, &str) {
     (
         path.parent().unwrap_or_else(|| Path::new("/")),
-        path.file_name().and_then(|n| n.to_str()).unwrap_or_default(),
+        path.file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default(),
     )
 }
 
@@ -318,7 +328,7 @@ mod tests {
         reopened: Mutex<Vec<String>>,
     }
 
-    impl Cri for Arc<FakeRuntime> {
+    impl Cri for FakeRuntime {
         async fn list_containers(
             &self,
             _: api::ListContainersRequest,
@@ -338,7 +348,9 @@ mod tests {
             &self,
             req: api::ContainerStatusRequest,
         ) -> crate::cri::Result<api::ContainerStatusResponse> {
-            let path = crate::lock::lock(&self.logs).get(&req.container_id).cloned();
+            let path = crate::lock::lock(&self.logs)
+                .get(&req.container_id)
+                .cloned();
             let Some(path) = path else {
                 return Err(CriError::Rpc {
                     rpc: "ContainerStatus",
@@ -377,7 +389,7 @@ mod tests {
     struct Setup {
         dir: PathBuf,
         runtime: Arc<FakeRuntime>,
-        manager: ContainerLogManager<Arc<FakeRuntime>>,
+        manager: ContainerLogManager<FakeRuntime>,
     }
 
     impl Setup {
@@ -575,9 +587,6 @@ mod tests {
         s.manager.clean("a").await.unwrap();
         assert_eq!(s.files(), ["b.log"]);
         let err = s.manager.clean("gone").await.unwrap_err();
-        assert!(
-            matches!(&err, LogsError::Cri { source, .. } if source.is_not_found()),
-            "{err}"
-        );
+        assert!(err.is_not_found(), "{err}");
     }
 }

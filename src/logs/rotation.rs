@@ -114,11 +114,15 @@ pub fn is_rotated_of(name: &str, log: &str) -> bool {
 /// exists.
 #[must_use]
 pub fn split_unused(names: Vec<String>) -> (Vec<String>, Vec<String>) {
-    let compressed = |name: &str| names.iter().any(|n| n == &format!("{name}{COMPRESS_SUFFIX}"));
+    let compressed = |name: &str| {
+        names
+            .iter()
+            .any(|n| n == &format!("{name}{COMPRESS_SUFFIX}"))
+    };
     let (mut in_use, mut unused) = (Vec::new(), Vec::new());
     for name in &names {
-        let used = !name.ends_with(TMP_SUFFIX)
-            && (name.ends_with(COMPRESS_SUFFIX) || !compressed(name));
+        let used =
+            !name.ends_with(TMP_SUFFIX) && (name.ends_with(COMPRESS_SUFFIX) || !compressed(name));
         if used {
             in_use.push(name.clone());
         } else {
@@ -132,7 +136,10 @@ pub fn split_unused(names: Vec<String>) -> (Vec<String>, Vec<String>) {
 /// those to remove before the current file is rotated and those to keep
 /// (`removeExcessLogs`).
 #[must_use]
-pub fn split_excess(mut in_use: Vec<String>, policy: LogRotatePolicy) -> (Vec<String>, Vec<String>) {
+pub fn split_excess(
+    mut in_use: Vec<String>,
+    policy: LogRotatePolicy,
+) -> (Vec<String>, Vec<String>) {
     in_use.sort();
     let excess = in_use.len().saturating_sub(policy.rotated_to_keep());
     let kept = in_use.split_off(excess);
@@ -160,7 +167,10 @@ mod tests {
                 max_files: 3
             })
         );
-        assert_eq!(LogRotatePolicy::new("256Ki", 2).unwrap().max_size, 256 * 1024);
+        assert_eq!(
+            LogRotatePolicy::new("256Ki", 2).unwrap().max_size,
+            256 * 1024
+        );
         assert_eq!(LogRotatePolicy::new("1.5Ki", 2).unwrap().max_size, 1536);
         assert_eq!(LogRotatePolicy::new("0", 2).unwrap().max_size, 0);
         for files in [1, 0, -3] {
@@ -172,7 +182,9 @@ mod tests {
         for size in ["1.5", "500m", "ten", "-1Mi", ""] {
             let err = LogRotatePolicy::new(size, 5).unwrap_err().to_string();
             assert!(
-                err.starts_with(&format!("failed to parse container log max size {size:?}: ")),
+                err.starts_with(&format!(
+                    "failed to parse container log max size {size:?}: "
+                )),
                 "{err}"
             );
         }
