@@ -187,6 +187,7 @@ impl<C: Cri> ContainerLogManager<C> {
     /// failed rotation go, then the oldest rotated files beyond the policy, the others are
     /// compressed, and the current one is renamed and reopened.
     async fn rotate_log(&self, id: &str, path: &Path) -> Result<(), LogsError> {
+        let started = std::time::Instant::now();
         let (dir, log) = split_path(path);
         let (in_use, unused) = split_unused(rotated_files(dir, log).await?);
         remove_all(dir, &unused).await?;
@@ -206,7 +207,12 @@ impl<C: Cri> ContainerLogManager<C> {
             }
             return Err(e);
         }
-        tracing::debug!(log = %path.display(), rotated = %rotated.display(), "rotated container log");
+        tracing::debug!(
+            log = %path.display(),
+            rotated = %rotated.display(),
+            took_ms = started.elapsed().as_millis(),
+            "rotated container log"
+        );
         Ok(())
     }
 
