@@ -96,7 +96,8 @@ impl Quantity {
     /// (`Quantity.AsInt64()`).
     #[must_use]
     pub fn as_int64(self) -> Option<i64> {
-        (self.numerator % self.denominator == 0)
+        self.numerator
+            .is_multiple_of(self.denominator)
             .then(|| i64::try_from(self.numerator / self.denominator).ok())
             .flatten()
     }

@@ -1067,6 +1067,26 @@ mod tests {
         );
     }
 
+    /// Follows the log at `path` of container `c` of `cri`: the task and its chunks.
+    fn follow<C: Cri>(
+        cri: C,
+        path: &Path,
+    ) -> (
+        tokio::task::JoinHandle<Result<(), LogError>>,
+        mpsc::Receiver<Bytes>,
+    ) {
+        let (tx, rx) = mpsc::channel(8);
+        let opts = LogOptions {
+            follow: true,
+            ..LogOptions::default()
+        };
+        let source = LogSource {
+            container_id: "c".into(),
+            path: path.to_owned(),
+        };
+        (tokio::spawn(stream(cri, source, opts, tx)), rx)
+    }
+
     #[tokio::test]
     async fn follow_ends_when_the_container_is_gone_and_the_log_is_read() {
         // The fake runtime answers Unimplemented: treated as "still running" for a
@@ -1092,16 +1112,7 @@ mod tests {
             "2024-01-01T00:00:01Z stdout F one\n2024-01-01T00:00:02Z stdout F par",
         )
         .unwrap();
-        let (tx, mut rx) = mpsc::channel(8);
-        let opts = LogOptions {
-            follow: true,
-            ..LogOptions::default()
-        };
-        let source = LogSource {
-            container_id: "c".into(),
-            path: path.clone(),
-        };
-        let task = tokio::spawn(stream(Gone, source, opts, tx));
+        let (task, mut rx) = follow(Gone, &path);
         assert_eq!(&rx.recv().await.unwrap()[..], b"one\n");
         // The rest of the half-written line arrives, then the container is found gone.
         {
@@ -1166,16 +1177,7 @@ mod tests {
         let path = dir.join("0.log");
         std::fs::write(&path, "2024-01-01T00:00:01Z stdout F one\n").unwrap();
         let runtime = std::sync::Arc::new(Running(true.into()));
-        let (tx, mut rx) = mpsc::channel(8);
-        let opts = LogOptions {
-            follow: true,
-            ..LogOptions::default()
-        };
-        let source = LogSource {
-            container_id: "c".into(),
-            path: path.clone(),
-        };
-        let task = tokio::spawn(stream(runtime.clone(), source, opts, tx));
+        let (task, mut rx) = follow(runtime.clone(), &path);
         assert_eq!(collect(&mut rx, "one\n").await, "one\n");
         // The runtime writes a last line before the rotation renames the file, then the
         // new file: both are read, in order.

@@ -11,19 +11,16 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::pods::{ApiArgs, bound_pods, container};
-use crate::procfs::footprint_over;
+use crate::procfs::{AgentWindow, footprint_over};
 use crate::results::merge_into;
 
 #[derive(Debug, clap::Args)]
 pub struct LogRotateArgs {
     #[command(flatten)]
     api: ApiArgs,
-    /// The agent's process, measured while the pods log.
-    #[arg(long)]
-    pid: u32,
-    /// The window, in seconds.
-    #[arg(long, default_value_t = 60)]
-    seconds: u64,
+    /// The agent, measured while the pods log.
+    #[command(flatten)]
+    window: AgentWindow,
     /// What each pod logs, in MiB per second (of text; the runtime adds its prefix).
     #[arg(long, default_value_t = 1)]
     mib_per_second: u32,
@@ -97,8 +94,7 @@ async fn disk_over(dir: PathBuf, seconds: u64) -> (u64, u64) {
 pub async fn logrotate(args: LogRotateArgs) -> anyhow::Result<Value> {
     let LogRotateArgs {
         api,
-        pid,
-        seconds,
+        window: AgentWindow { pid, seconds },
         mib_per_second,
         pod_logs_dir,
     } = args;
