@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::pods::{ApiArgs, bound_pods, container};
+use crate::pods::{ApiArgs, bound_pods, container, timings_json};
 use crate::procfs::{AgentWindow, footprint_over};
 use crate::results::merge_into;
 
@@ -89,8 +89,8 @@ async fn disk_over(dir: PathBuf, seconds: u64) -> (u64, u64) {
     (most, gz)
 }
 
-/// The logrotate scenario: the agent's footprint while the chatty pods' logs are rotated,
-/// and the most their logs held on disk.
+/// The logrotate scenario: the start-up and deletion timings of the chatty pods, the
+/// agent's footprint while their logs are rotated, and the most their logs held on disk.
 pub async fn logrotate(args: LogRotateArgs) -> anyhow::Result<Value> {
     let LogRotateArgs {
         api,
@@ -110,10 +110,8 @@ pub async fn logrotate(args: LogRotateArgs) -> anyhow::Result<Value> {
     };
     let spec = |_| json!({ "containers": [chatty_container(&api.image, mib_per_second)] });
     let t = bound_pods(&api, spec, hold).await?;
-    let mut result = json!({
-        "kind": "logrotate", "agent": api.agent, "count": api.count,
-        "mib_per_second": mib_per_second,
-    });
+    let mut result = timings_json("logrotate", &api, &t);
+    result["mib_per_second"] = json!(mib_per_second);
     merge_into(&mut result, &t.held);
     Ok(result)
 }
