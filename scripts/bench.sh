@@ -55,6 +55,15 @@
 # first answer kept in OUT_DIR/bodies, to compare the agents'), e.g.
 #   BENCH_SCRAPE=1 bash scripts/bench.sh out/scrape
 #
+# With BENCH_LOGROTATE=1, there is one scenario, for rkubelet (runtime-owned networking)
+# and the kubelet (QPS 50), each started with the same log rotation settings
+# (--container-log-max-size=1Mi --container-log-max-files=3, the kubelet's 10 s period):
+# BENCH_LOGROTATE_PODS chatty pods (default 4), each logging BENCH_LOGROTATE_RATE MiB/s of
+# numbered lines (default 1), the agent's CPU seconds and resident memory over
+# BENCH_FOOTPRINT_SECONDS while it rotates and compresses their logs, and the most their
+# logs held on disk (sampled every 200 ms), e.g.
+#   BENCH_LOGROTATE=1 BENCH_FOOTPRINT_SECONDS=60 bash scripts/bench.sh out/logrotate
+#
 # For a shorter run: BENCH_AGENTS (default "rkubelet rkubelet-agent-cni kubelet-qps5
 # kubelet-qps50"), BENCH_BURSTS (default "1 10 30 100"), BENCH_REPEAT (default 3),
 # BENCH_FLOOR=0 (skip the floor), BENCH_FOOTPRINT_SECONDS (default 60), BENCH_SCENARIOS
@@ -75,11 +84,21 @@ KIND="${BENCH_KIND:-0}"
 KIND_NODE=rk-kind1
 SCRAPE="${BENCH_SCRAPE:-0}"
 [[ $SCRAPE == 0 || ($SCRAPE == 1 && $NODES == 1 && $KIND == 0) ]] || die "BENCH_SCRAPE=1 runs on one host node (BENCH_NODES=1, BENCH_KIND=0)"
+LOGROTATE="${BENCH_LOGROTATE:-0}"
+[[ $LOGROTATE == 0 || ($LOGROTATE == 1 && $NODES == 1 && $KIND == 0) ]] ||
+  die "BENCH_LOGROTATE=1 runs on one host node (BENCH_NODES=1, BENCH_KIND=0)"
+LOGROTATE_PODS="${BENCH_LOGROTATE_PODS:-4}"
+LOGROTATE_RATE="${BENCH_LOGROTATE_RATE:-1}"
+LOG_ROTATION_FLAGS=(--container-log-max-size=1Mi --container-log-max-files=3)
+[[ $SCRAPE == 0 || $LOGROTATE == 0 ]] || die "BENCH_SCRAPE=1 and BENCH_LOGROTATE=1 are separate runs"
 if [[ $SCRAPE == 1 ]]; then
   BURSTS=()
   read -ra AGENTS <<<"${BENCH_AGENTS:-rkubelet kubelet-qps50}"
   BENCH_SCENARIOS=scrape
   BENCH_FLOOR=0
+elif [[ $LOGROTATE == 1 ]]; then
+  BURSTS=()
+  AGENTS=()
 elif [[ $KIND == 1 ]]; then
   read -ra BURSTS <<<"${BENCH_BURSTS:-30}"
   AGENTS=()
@@ -105,7 +124,7 @@ SECOND_NODE=rk-node2
 
 # The floor uses containerd's own network, whose config containerd renders from the pod
 # CIDR an agent with runtime-owned networking sends it (UpdateRuntimeConfig).
-if ((NODES == 1)) && [[ $KIND == 0 && ${BENCH_FLOOR:-1} == 1 && " ${AGENTS[*]} " != *" rkubelet "* && " ${AGENTS[*]} " != *" kubelet-qps"* ]]; then
+if ((NODES == 1)) && [[ $KIND == 0 && $LOGROTATE == 0 && ${BENCH_FLOOR:-1} == 1 && " ${AGENTS[*]} " != *" rkubelet "* && " ${AGENTS[*]} " != *" kubelet-qps"* ]]; then
   die "the CRI floor needs containerd's CNI config, rendered once rkubelet or the kubelet ran: add one to BENCH_AGENTS, or set BENCH_FLOOR=0"
 fi
 
@@ -374,6 +393,29 @@ if [[ $KIND == 1 ]]; then
   kind_node_bursts systemd
 fi
 
+# ---- log rotation (BENCH_LOGROTATE=1)
+
+# logrotate_run NAME POD_LOGS_DIR COMMAND...: the agent with the log rotation flags, one
+# unmeasured pod (the image pull), then the chatty pods.
+logrotate_run() {
+  local name=$1 dir=$2; shift 2
+  start_agent "$name" "$NODE_NAME" "$@" "${LOG_ROTATION_FLAGS[@]}"
+  "$BENCH" burst --kubeconfig "$KUBECONFIG_ADMIN" --node "$NODE_NAME" --count 1 --agent "$name" >>"$OUT/warm-up.log"
+  settle
+  log "$name: $LOGROTATE_PODS pods logging $LOGROTATE_RATE MiB/s each, $FOOTPRINT_SECONDS s"
+  "$BENCH" logrotate --kubeconfig "$KUBECONFIG_ADMIN" --node "$NODE_NAME" --count "$LOGROTATE_PODS" \
+    --agent "$name" --pid "$AGENT_PID" --seconds "$FOOTPRINT_SECONDS" \
+    --mib-per-second "$LOGROTATE_RATE" --pod-logs-dir "$dir" >>"$OUT/logrotate.json"
+  stop_agent
+}
+
+if [[ $LOGROTATE == 1 ]]; then
+  # shellcheck disable=SC2046  # the commands are word lists on purpose
+  logrotate_run "rkubelet" "$RKUBELET_STATE/bench/logs-$NODE_NAME" $(rkubelet_cmd "$NODE_NAME" runtime)
+  # shellcheck disable=SC2046
+  logrotate_run "kubelet QPS 50" /var/log/pods $(kubelet_cmd 50 100)
+fi
+
 # ---- one node
 
 # shellcheck disable=SC2046  # the commands are word lists on purpose
@@ -390,7 +432,7 @@ done
 
 # The floor, with containerd's own network (rendered from rk-node1's pod CIDR by now).
 FLOOR_COUNTS=(1 30 100)
-[[ ${BENCH_FLOOR:-1} == 1 && $NODES == 1 && $KIND == 0 ]] || FLOOR_COUNTS=()
+[[ ${BENCH_FLOOR:-1} == 1 && $NODES == 1 && $KIND == 0 && $LOGROTATE == 0 ]] || FLOOR_COUNTS=()
 # The concurrency that gives the shortest wall time is found with one run of each, then
 # measured BENCH_REPEAT times in all.
 for n in "${FLOOR_COUNTS[@]}"; do
@@ -417,7 +459,8 @@ machine="$(date -u +%Y-%m-%d), $(nproc) cores, $(free -g | awk '/Mem:/{print $2}
 ((NODES == 1)) || machine+=", $NODES nodes as hosts (a netns, containerd and kube-proxy each) on this machine"
 [[ $KIND == 0 ]] || machine+=", a kind-style node (podman, systemd as PID 1, its own containerd) beside the host node"
 "$BENCH" report "$OUT" --machine "($machine)" >/dev/null
-gnuplot <<EOF
+# (no start-up latencies in the log rotation layout: nothing to plot)
+[[ -s $OUT/latency.dat ]] && gnuplot <<EOF
 set terminal pngcairo size 1000,600
 set output "$OUT/latency.png"
 set title "Pod create → Ready (cumulative), $machine"

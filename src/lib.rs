@@ -31,6 +31,7 @@ pub mod kuberuntime;
 pub mod kubetypes;
 pub mod lifecycle;
 pub mod lock;
+pub mod logs;
 pub mod metrics;
 pub mod node;
 pub mod observability;

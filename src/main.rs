@@ -192,6 +192,16 @@ struct RunArgs {
     /// How often the static pods' manifests are read besides on changes, as a Go duration.
     #[arg(long, default_value = "20s", value_parser = rkubelet::node::parse_go_duration)]
     file_check_frequency: Duration,
+    /// The size (a quantity: `10Mi`, `256Ki`) at which a container's log file is rotated.
+    #[arg(long, default_value = rkubelet::logs::DEFAULT_MAX_SIZE)]
+    container_log_max_size: String,
+    /// The most log files kept per container, the current one included (at least 2).
+    #[arg(long, default_value_t = rkubelet::logs::DEFAULT_MAX_FILES, allow_negative_numbers = true)]
+    container_log_max_files: i32,
+    /// Test knob, not a kubelet flag: how often container logs are checked for rotation
+    /// (the kubelet's fixed 10s; at least 1s, the rotated names' resolution).
+    #[arg(long, hide = true, default_value = "10s", value_parser = parse_log_monitor_period)]
+    container_log_monitor_period: Duration,
     /// Hard eviction thresholds, `<signal><<value>` comma-separated
     /// (`memory.available<100Mi,nodefs.available<10%`); signals not named get none.
     /// Default: the kubelet's (`memory.available<100Mi,nodefs.available<10%,
@@ -520,6 +530,12 @@ async fn run_command(
         cgroup_driver: args.cgroup_driver,
         pod_manifest_path: args.pod_manifest_path.filter(|p| !p.as_os_str().is_empty()),
         file_check_frequency: args.file_check_frequency,
+        container_log_policy: rkubelet::logs::LogRotatePolicy::new(
+            &args.container_log_max_size,
+            args.container_log_max_files,
+        )
+        .context("failed to initialize container log manager")?,
+        container_log_monitor_period: args.container_log_monitor_period,
     };
     let cancel = tokio_util::sync::CancellationToken::new();
     let stop = cancel.clone();
@@ -535,6 +551,16 @@ async fn run_command(
     });
     app::run(config, cancel).await?;
     Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// `--container-log-monitor-period`: a Go duration of at least a second (two rotations of
+/// a container within one second would get the same name).
+fn parse_log_monitor_period(text: &str) -> Result<Duration, String> {
+    let period = rkubelet::node::parse_go_duration(text)?;
+    if period < Duration::from_secs(1) {
+        return Err(format!("{text:?} is shorter than 1s"));
+    }
+    Ok(period)
 }
 
 async fn cri_command(args: CriArgs) -> anyhow::Result<std::process::ExitCode> {
@@ -681,5 +707,67 @@ mod tests {
                 field.flag
             );
         }
+    }
+
+    fn run_args(args: &[&str]) -> RunArgs {
+        let argv = ["rkubelet", "run", "--kubeconfig", "/k"]
+            .into_iter()
+            .chain(args.iter().copied());
+        let (matches, _) = kubeletconfig::parse(Cli::command(), argv.map(Into::into).collect())
+            .expect("command line");
+        match Cli::from_arg_matches(&matches).expect("cli").command {
+            Some(Command::Run(args)) => *args,
+            other => panic!("not run: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn log_rotation_comes_from_the_defaults_the_file_and_the_flags() {
+        let policy = |args: &RunArgs| {
+            rkubelet::logs::LogRotatePolicy::new(
+                &args.container_log_max_size,
+                args.container_log_max_files,
+            )
+        };
+        let defaults = run_args(&[]);
+        assert_eq!(policy(&defaults), Ok(Default::default()));
+        assert_eq!(
+            defaults.container_log_monitor_period,
+            Duration::from_secs(10)
+        );
+        let dir = std::env::temp_dir().join(format!("rk-main-logrotate-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let config = dir.join("config.yaml");
+        std::fs::write(
+            &config,
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
+             containerLogMaxSize: 1Mi\ncontainerLogMaxFiles: 3\n",
+        )
+        .unwrap();
+        let config = config.to_str().unwrap();
+        let from_file = run_args(&["--config", config]);
+        let expected = rkubelet::logs::LogRotatePolicy {
+            max_size: 1 << 20,
+            max_files: 3,
+        };
+        assert_eq!(policy(&from_file), Ok(expected));
+        let flag_over_file = run_args(&["--config", config, "--container-log-max-files", "4"]);
+        assert_eq!(policy(&flag_over_file).unwrap().max_files, 4);
+        // An explicit 0 is the kubelet's pointer field set to 0: refused, not the default.
+        std::fs::write(
+            dir.join("config.yaml"),
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
+             containerLogMaxFiles: 0\n",
+        )
+        .unwrap();
+        let zero = run_args(&["--config", config]);
+        assert_eq!(
+            policy(&zero).unwrap_err().to_string(),
+            "invalid MaxFiles 0, must be > 1"
+        );
+        let fast = run_args(&["--container-log-monitor-period", "1s"]);
+        assert_eq!(fast.container_log_monitor_period, Duration::from_secs(1));
+        assert!(parse_log_monitor_period("500ms").is_err());
+        std::fs::remove_dir_all(dir).unwrap();
     }
 }

@@ -94,6 +94,16 @@ impl Quantity {
         self.numerator.div_ceil(self.denominator)
     }
 
+    /// The value in whole units if it is a whole number that fits an `i64`
+    /// (`Quantity.AsInt64()`).
+    #[must_use]
+    pub fn as_int64(self) -> Option<i64> {
+        self.numerator
+            .is_multiple_of(self.denominator)
+            .then(|| i64::try_from(self.numerator / self.denominator).ok())
+            .flatten()
+    }
+
     /// The value in thousandths, rounded up (`Quantity.MilliValue()`).
     #[must_use]
     pub fn milli_value(self) -> u128 {

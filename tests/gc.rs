@@ -1,7 +1,8 @@
 //! Garbage collection on the real node, with the kubelet's defaults and flags:
 //! - container GC keeps one dead container per container name
 //!   (`--maximum-dead-containers-per-container=1`) of a pod in a crash loop, and its
-//!   stopped sandboxes go, and `kubectl logs [--previous]` shows that dead container's
+//!   stopped sandboxes go, the removed instances' log files go with them, and
+//!   `kubectl logs [--previous]` shows that dead container's
 //!   log as the kubelet does (the status's last termination, not the runtime's second
 //!   newest instance);
 //! - image GC, with thresholds the disk always crosses, removes an image no container
@@ -74,6 +75,35 @@ async fn a_crash_looping_container_keeps_one_dead_instance() {
         "kept {} but the status names {last}",
         exited[0].id
     );
+    // The removed instances' log files went with them (the kubelet's `removeContainerLog`):
+    // the pod's log directory holds the logs of the containers the runtime still has.
+    let log_dir = case.log_of(&name, &uid, "main");
+    let log_dir = log_dir.parent().expect("container log dir");
+    eventually(
+        "only the kept containers' logs",
+        Duration::from_secs(30),
+        || async {
+            let mut kept = BTreeSet::new();
+            for c in containers_of(&uid, None).await {
+                let status = cri()
+                    .container_status(api::ContainerStatusRequest {
+                        container_id: c.id,
+                        verbose: false,
+                    })
+                    .await
+                    .ok()?
+                    .status?;
+                kept.insert(status.log_path.rsplit('/').next()?.to_owned());
+            }
+            let files: BTreeSet<String> = std::fs::read_dir(log_dir)
+                .ok()?
+                .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+                .collect::<Result<_, _>>()
+                .ok()?;
+            (files == kept).then_some(())
+        },
+    )
+    .await;
     for args in [
         vec!["logs", name.as_str()],
         vec!["logs", name.as_str(), "--previous"],

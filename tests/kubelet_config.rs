@@ -19,8 +19,8 @@ use serde_json::json;
 
 /// The kubelet configuration kubeadm v1.20 writes on a kind worker (zero durations as
 /// kubeadm leaves them, kind's eviction thresholds), with the paths of this test node and
-/// two fields added so that they can be seen: `maxPods` and `containerLogMaxSize` (which
-/// rkubelet does not implement).
+/// fields added so that they can be seen: `maxPods`, `containerLogMaxSize` (implemented:
+/// quiet) and `topologyManagerPolicy` (which rkubelet does not implement).
 fn kind_worker_config(ca: &Path, manifests: &Path) -> String {
     format!(
         "\
@@ -65,6 +65,7 @@ runtimeRequestTimeout: 0s
 staticPodPath: {manifests}
 streamingConnectionIdleTimeout: 0s
 syncFrequency: 0s
+topologyManagerPolicy: best-effort
 volumeStatsAggPeriod: 0s
 ",
         ca = ca.display(),
@@ -137,7 +138,10 @@ fn kinds_flags_and_config_file_start_rkubelet_without_a_subcommand() {
     assert_eq!(
         lines_with(
             &log,
-            &["kubelet config field ignored", "field=containerLogMaxSize"]
+            &[
+                "kubelet config field ignored",
+                "field=topologyManagerPolicy"
+            ]
         )
         .len(),
         1,
@@ -160,6 +164,7 @@ fn kinds_flags_and_config_file_start_rkubelet_without_a_subcommand() {
         "--pod-infra-container-image",
         "field=authentication",
         "field=logging",
+        "field=containerLogMaxSize",
     ] {
         assert!(!log.contains(quiet), "{quiet}: {log}");
     }
@@ -256,7 +261,10 @@ async fn a_kind_worker_config_file_shows_in_the_node_and_the_pods() {
     assert_eq!(
         lines_with(
             started,
-            &["kubelet config field ignored", "field=containerLogMaxSize"]
+            &[
+                "kubelet config field ignored",
+                "field=topologyManagerPolicy"
+            ]
         )
         .len(),
         1,

@@ -35,6 +35,7 @@ use crate::kuberuntime::env::EnvSourceReader;
 use crate::kuberuntime::gc::ContainerGc;
 use crate::kuberuntime::sandbox::SandboxSettings;
 use crate::lifecycle::admission::{PodAdmitter, SysctlWhitelist};
+use crate::logs::ContainerLogManager;
 use crate::node::{
     LinuxMachine, MachineInfo, NodeAgent, NodeConfig, ReadinessCheck, StatusTrigger,
     wait_for_pod_cidr,
@@ -144,6 +145,10 @@ pub struct Config {
     pub pod_manifest_path: Option<PathBuf>,
     /// `--file-check-frequency`: how often the manifests are read besides on changes.
     pub file_check_frequency: Duration,
+    /// `--container-log-max-size`, `--container-log-max-files`.
+    pub container_log_policy: crate::logs::LogRotatePolicy,
+    /// How often container logs are checked for rotation (the kubelet's 10 s).
+    pub container_log_monitor_period: Duration,
 }
 
 /// Start-up failures.
@@ -442,19 +447,34 @@ async fn network_gc_loop(cri: CriClient, cni: Arc<Cni>, cancel: CancellationToke
 /// The image collector the agent runs: the runtime's images on its image filesystem.
 pub type RuntimeImageGc = ImageGc<CriClient, RuntimeImageFs<CriClient>>;
 
-/// The container and image garbage collectors (the kubelet's `StartGarbageCollection`
-/// runs both); they also reclaim disk on demand (in this order, as the eviction manager's
-/// node reclaim functions).
-fn garbage_collectors(config: &Config) -> (Arc<ContainerGc<CriClient>>, Arc<RuntimeImageGc>) {
+/// The container log manager and the container and image garbage collectors (the kubelet's
+/// `containerLogManager.Start` and `StartGarbageCollection`). The collectors also reclaim
+/// disk on demand (in this order, as the eviction manager's node reclaim functions); the
+/// container collector removes a container's log files through the log manager.
+fn garbage_collectors(
+    config: &Config,
+) -> (
+    Arc<ContainerGc<CriClient>>,
+    Arc<RuntimeImageGc>,
+    Arc<ContainerLogManager<CriClient>>,
+) {
     let cri = Arc::new(config.cri.clone());
-    let containers = Arc::new(ContainerGc::new(cri.clone(), config.container_gc));
+    let logs = Arc::new(ContainerLogManager::new(
+        cri.clone(),
+        config.container_log_policy,
+    ));
+    let containers = Arc::new(ContainerGc::new(
+        cri.clone(),
+        config.container_gc,
+        logs.clone(),
+    ));
     let images = Arc::new(ImageGc::new(
         cri.clone(),
         RuntimeImageFs::new(cri),
         config.image_gc,
         config.pod_infra_container_image.clone(),
     ));
-    (containers, images)
+    (containers, images, logs)
 }
 
 /// Pod networking as set up: the routes to the other nodes' pods to keep programmed, and,
@@ -791,6 +811,8 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
         // As the kubelet's ListenAndServe, a server that fails ends the agent.
         Task::new("server", Stop).after(&["pod-source", "status-manager"]),
         Task::new("debug-socket", Ignore),
+        // The kubelet's containerLogManager.Start runs its rotation under wait.Until.
+        Task::new("container-logs", restarted()),
         Task::new("container-gc", restarted()),
         Task::new("image-gc", restarted()),
         Task::new("eviction", Stop).after(&["pod-source", "container-gc", "image-gc"]),
@@ -967,7 +989,10 @@ async fn start(config: &Config, tree: &mut Tree) -> Result<bool, AppError> {
             tracing::warn!(error = %e, "no debug socket: `rkubelet inspect timeline` cannot reach this agent")
         }
     }
-    let (containers, images) = garbage_collectors(config);
+    let (containers, images, logs) = garbage_collectors(config);
+    let period = config.container_log_monitor_period;
+    let rotate = Run::again(logs, move |logs, stop| logs.run(period, stop));
+    tree.start("container-logs", rotate.dropped_on_stop())?;
     let collect = Run::again(containers.clone(), ContainerGc::run);
     tree.start("container-gc", collect.dropped_on_stop())?;
     let collect = Run::again(images.clone(), RuntimeImageGc::run);

@@ -294,6 +294,9 @@ unary_rpcs! {
     list_containers => runtime."ListContainers"(ListContainersRequest) -> ListContainersResponse within request_deadline;
     /// `ContainerStatus`: state, exit code, timestamps of one container.
     container_status => runtime."ContainerStatus"(ContainerStatusRequest) -> ContainerStatusResponse within request_deadline;
+    /// `ReopenContainerLog`: asks the runtime to reopen a running container's log file (after
+    /// the log manager renamed it).
+    reopen_container_log => runtime."ReopenContainerLog"(ReopenContainerLogRequest) -> ReopenContainerLogResponse within request_deadline;
     /// `ExecSync`: runs a command in a container and answers its output and exit code.
     exec_sync => runtime."ExecSync"(ExecSyncRequest) -> ExecSyncResponse within exec_deadline(timeout);
     /// `Exec`: prepares a streaming exec session; answers the runtime's URL for it.

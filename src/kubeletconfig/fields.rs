@@ -82,6 +82,8 @@ pub const IMPLEMENTED: &[Field] = &[
     field("cgroupRoot", "cgroup-root", Form::Text),
     field("cgroupDriver", "cgroup-driver", Form::Text),
     field("runtimeRequestTimeout", "runtime-request-timeout", Form::Duration),
+    field("containerLogMaxSize", "container-log-max-size", Form::Text),
+    field("containerLogMaxFiles", "container-log-max-files", Form::Int),
 ];
 
 /// Fields whose implementation other work of issue 15 is adding, with the flag each will
@@ -185,8 +187,6 @@ pub const KNOWN: &[&str] = &[
     "iptablesMasqueradeBit",
     "iptablesDropBit",
     "featureGates",
-    "containerLogMaxSize",
-    "containerLogMaxFiles",
     "configMapAndSecretChangeDetectionStrategy",
     "systemReservedCgroup",
     "kubeReservedCgroup",

@@ -2,7 +2,8 @@
 //! dead containers older than `--minimum-container-ttl-duration` beyond the newest
 //! `--maximum-dead-containers-per-container` of each (pod, container name), then beyond
 //! `--maximum-dead-containers` on the node, oldest first; and sandboxes that are neither
-//! ready nor hold a container, except the newest of each pod.
+//! ready nor hold a container, except the newest of each pod. A removed container's log
+//! files (rotated ones included) go with it, through the container log manager.
 //!
 //! The containers and sandboxes of a pod deleted from the API are not its business: the
 //! housekeeping gives such a pod a worker that removes all of it.
@@ -14,6 +15,7 @@ use std::time::{Duration, SystemTime};
 use super::labels;
 use crate::cri::{Cri, CriError, api, ok_if_not_found};
 use crate::images::gc::run_periodically;
+use crate::logs::ContainerLogManager;
 
 /// How often the collector runs (the kubelet's `ContainerGCPeriod`).
 pub const CONTAINER_GC_PERIOD: Duration = Duration::from_secs(60);
@@ -160,12 +162,14 @@ fn select_sandboxes(sandboxes: &[api::PodSandbox], containers: &[api::Container]
 pub struct ContainerGc<C> {
     cri: Arc<C>,
     policy: ContainerGcPolicy,
+    /// Removes a container's log files (rotated ones included) before the container.
+    logs: Arc<ContainerLogManager<C>>,
 }
 
 impl<C: Cri> ContainerGc<C> {
     /// A collector applying `policy`.
-    pub fn new(cri: Arc<C>, policy: ContainerGcPolicy) -> Self {
-        Self { cri, policy }
+    pub fn new(cri: Arc<C>, policy: ContainerGcPolicy, logs: Arc<ContainerLogManager<C>>) -> Self {
+        Self { cri, policy, logs }
     }
 
     async fn containers(&self) -> Result<Vec<api::Container>, CriError> {
@@ -215,6 +219,15 @@ impl<C: Cri> ContainerGc<C> {
                 tracing::error!(container = %dead.id, error = %e, "Failed to stop container in unknown state");
                 return;
             }
+        }
+        // As the kubelet's `removeContainer`: the logs first, and the container only once
+        // they are gone (a runtime that no longer knows it has nothing to remove).
+        match self.logs.clean(&dead.id).await {
+            Err(e) if !e.is_not_found() => {
+                tracing::error!(container = %dead.id, error = %e, "Failed to remove container log");
+                return;
+            }
+            _ => {}
         }
         let req = api::RemoveContainerRequest {
             container_id: dead.id.clone(),
@@ -392,15 +405,30 @@ mod tests {
         assert_eq!(gone, ["p1", "p3", "q1"]);
     }
 
-    /// A runtime with containers and sandboxes that records removals.
+    /// A runtime with containers and sandboxes that records removals; each container's
+    /// log is `<id>.log` in `log_dir`.
     #[derive(Default)]
     struct Runtime {
         containers: Mutex<Vec<api::Container>>,
         sandboxes: Vec<api::PodSandbox>,
         calls: Mutex<Vec<String>>,
+        log_dir: std::path::PathBuf,
     }
 
     impl Cri for Runtime {
+        async fn container_status(
+            &self,
+            req: api::ContainerStatusRequest,
+        ) -> crate::cri::Result<api::ContainerStatusResponse> {
+            let log_path = self.log_dir.join(format!("{}.log", req.container_id));
+            Ok(api::ContainerStatusResponse {
+                status: Some(api::ContainerStatus {
+                    log_path: log_path.display().to_string(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+        }
         async fn list_containers(
             &self,
             _: api::ListContainersRequest,
@@ -459,17 +487,44 @@ mod tests {
         old.pod_sandbox_id = "p1".into();
         let mut unknown = container("a2", "p", "a", api::ContainerState::ContainerUnknown, 2);
         unknown.pod_sandbox_id = "p1".into();
+        let log_dir = std::env::temp_dir().join(format!("rk-gc-logs-{}", std::process::id()));
+        std::fs::create_dir_all(&log_dir).unwrap();
+        let logs = [
+            "a1.log",
+            "a1.log.20260101-000000.gz",
+            "a1.log.20260101-000010",
+            "a2.log",
+            "a3.log",
+            "a3.log.20260101-000000.gz",
+        ];
+        for name in logs {
+            std::fs::write(log_dir.join(name), "line\n").unwrap();
+        }
         let runtime = Arc::new(Runtime {
             containers: Mutex::new(vec![old, unknown, exited("a3", "p", "a", 3)]),
             sandboxes: vec![sandbox("p1", "p", false, 1), sandbox("p2", "p", true, 2)],
+            log_dir: log_dir.clone(),
             ..Default::default()
         });
-        let gc = ContainerGc::new(runtime.clone(), ContainerGcPolicy::default());
+        let log_manager = Arc::new(ContainerLogManager::new(
+            runtime.clone(),
+            crate::logs::LogRotatePolicy::default(),
+        ));
+        let gc = ContainerGc::new(runtime.clone(), ContainerGcPolicy::default(), log_manager);
         gc.garbage_collect().await.unwrap();
         let calls = runtime.calls.lock().unwrap().clone();
         assert_eq!(
             calls,
             ["remove a1", "stop a2", "remove a2", "remove sandbox p1"]
         );
+        // The removed containers' logs went with them, rotated ones included; the kept
+        // container's stayed.
+        let mut left: Vec<String> = std::fs::read_dir(&log_dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["a3.log", "a3.log.20260101-000000.gz"]);
+        std::fs::remove_dir_all(&log_dir).unwrap();
     }
 }

@@ -4,7 +4,10 @@
 //! by the next), with partial lines joined, and the kubelet's options: `tailLines`,
 //! `sinceSeconds`/`sinceTime`, `limitBytes`, `timestamps`, `previous` (the container before
 //! the current one) and `follow` (new lines until the client goes away or the container
-//! has exited and its log is read to the end).
+//! has exited and its log is read to the end). A followed log that the container log
+//! manager rotates is read to its end, then the new file from its start (the kubelet
+//! reopens the path on fsnotify's rename event). Without `follow`, only the current file is
+//! read, as by the kubelet v1.20: `tailLines` does not reach into rotated files.
 //!
 //! `tailLines` counts joined lines: the file is read twice from its start, once to count
 //! its lines and once to write the last ones, so memory does not grow with `tailLines` or
@@ -323,6 +326,8 @@ async fn is_running<C: Cri>(cri: &C, id: &str) -> bool {
 struct LineReader {
     reader: BufReader<tokio::fs::File>,
     path: PathBuf,
+    /// The inode of the file open, to notice the path naming another one (a rotation).
+    inode: u64,
     pending: Vec<u8>,
     max_record: usize,
     /// Bytes left to read when the read stops at a fixed length (`None`: follow the file).
@@ -335,20 +340,30 @@ struct LineReader {
 impl LineReader {
     /// Opens the log at `path`; with `length`, reads only its first `length` bytes.
     async fn open(path: &Path, max_record: usize, length: Option<u64>) -> Result<Self, LogError> {
-        let file = tokio::fs::File::open(path)
-            .await
-            .map_err(|source| LogError::Io {
-                path: path.to_owned(),
-                source,
-            })?;
+        let io = |source| LogError::Io {
+            path: path.to_owned(),
+            source,
+        };
+        let file = tokio::fs::File::open(path).await.map_err(io)?;
+        let inode = std::os::unix::fs::MetadataExt::ino(&file.metadata().await.map_err(io)?);
         Ok(Self {
             reader: BufReader::with_capacity(64 * 1024, file),
             path: path.to_owned(),
+            inode,
             pending: Vec::new(),
             max_record,
             remaining: length,
             split: None,
         })
+    }
+
+    /// Whether the path now names another file than the one open: the log was rotated and
+    /// the runtime writes the new one (while the path names no file, the rotation is under
+    /// way: not yet).
+    async fn replaced(&self) -> bool {
+        tokio::fs::metadata(&self.path)
+            .await
+            .is_ok_and(|m| std::os::unix::fs::MetadataExt::ino(&m) != self.inode)
     }
 
     /// The next complete line (without its line feed); `None` at the end for now. At the
@@ -580,6 +595,8 @@ pub async fn stream<C: Cri>(
     // Following: poll for new lines; check now and then whether the container still runs.
     let mut last_check = tokio::time::Instant::now();
     let mut running = true;
+    // The file the log was rotated to is read to its end once more before this one.
+    let mut rotated_to: Option<LineReader> = None;
     loop {
         if !send(&mut out).await {
             tracing::debug!(log = %path.display(), "log follower gone");
@@ -612,6 +629,11 @@ pub async fn stream<C: Cri>(
         if read_any {
             continue;
         }
+        if let Some(next) = rotated_to.take() {
+            tracing::debug!(log = %path.display(), "followed log rotated; reading the new file");
+            reader = next;
+            continue;
+        }
         tokio::select! {
             () = tokio::time::sleep(FOLLOW_POLL) => {}
             () = tx.closed() => {
@@ -622,6 +644,9 @@ pub async fn stream<C: Cri>(
         if last_check.elapsed() >= STATE_POLL {
             last_check = tokio::time::Instant::now();
             running = is_running(&cri, &source.container_id).await;
+            if reader.replaced().await {
+                rotated_to = Some(LineReader::open(path, MAX_RECORD, None).await?);
+            }
         }
     }
 }
@@ -883,6 +908,26 @@ mod tests {
         );
     }
 
+    /// Follows the log at `path` of container `c` of `cri`: the task and its chunks.
+    fn follow<C: Cri>(
+        cri: C,
+        path: &Path,
+    ) -> (
+        tokio::task::JoinHandle<Result<(), LogError>>,
+        mpsc::Receiver<Bytes>,
+    ) {
+        let (tx, rx) = mpsc::channel(8);
+        let opts = LogOptions {
+            follow: true,
+            ..LogOptions::default()
+        };
+        let source = LogSource {
+            container_id: "c".into(),
+            path: path.to_owned(),
+        };
+        (tokio::spawn(stream(cri, source, opts, tx)), rx)
+    }
+
     #[tokio::test]
     async fn follow_ends_when_the_container_is_gone_and_the_log_is_read() {
         // The fake runtime answers Unimplemented: treated as "still running" for a
@@ -908,16 +953,7 @@ mod tests {
             "2024-01-01T00:00:01Z stdout F one\n2024-01-01T00:00:02Z stdout F par",
         )
         .unwrap();
-        let (tx, mut rx) = mpsc::channel(8);
-        let opts = LogOptions {
-            follow: true,
-            ..LogOptions::default()
-        };
-        let source = LogSource {
-            container_id: "c".into(),
-            path: path.clone(),
-        };
-        let task = tokio::spawn(stream(Gone, source, opts, tx));
+        let (task, mut rx) = follow(Gone, &path);
         assert_eq!(&rx.recv().await.unwrap()[..], b"one\n");
         // The rest of the half-written line arrives, then the container is found gone.
         {
@@ -935,6 +971,114 @@ mod tests {
         }
         assert_eq!(String::from_utf8(rest).unwrap(), "part\ntwo\n");
         task.await.unwrap().unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A runtime whose container runs until told otherwise.
+    struct Running(std::sync::atomic::AtomicBool);
+
+    impl Cri for std::sync::Arc<Running> {
+        async fn container_status(
+            &self,
+            _: api::ContainerStatusRequest,
+        ) -> crate::cri::Result<api::ContainerStatusResponse> {
+            let running = self.0.load(std::sync::atomic::Ordering::SeqCst);
+            Ok(api::ContainerStatusResponse {
+                status: Some(api::ContainerStatus {
+                    state: if running {
+                        api::ContainerState::ContainerRunning
+                    } else {
+                        api::ContainerState::ContainerExited
+                    }
+                    .into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+        }
+    }
+
+    async fn collect(rx: &mut mpsc::Receiver<Bytes>, until: &str) -> String {
+        let mut got = String::new();
+        while !got.ends_with(until) {
+            let chunk = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+                .await
+                .expect("no log line within 10s")
+                .expect("the stream ended");
+            got.push_str(std::str::from_utf8(&chunk).unwrap());
+        }
+        got
+    }
+
+    #[tokio::test]
+    async fn a_followed_log_is_read_across_a_rotation() {
+        use std::io::Write;
+        let dir = std::env::temp_dir().join(format!("rkubelet-rotated-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("0.log");
+        std::fs::write(&path, "2024-01-01T00:00:01Z stdout F one\n").unwrap();
+        let runtime = std::sync::Arc::new(Running(true.into()));
+        let (task, mut rx) = follow(runtime.clone(), &path);
+        assert_eq!(collect(&mut rx, "one\n").await, "one\n");
+        // The runtime writes a last line before the rotation renames the file, then the
+        // new file: both are read, in order.
+        let mut old = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
+        old.write_all(b"2024-01-01T00:00:02Z stdout F two\n")
+            .unwrap();
+        std::fs::rename(&path, dir.join("0.log.20240101-000002")).unwrap();
+        old.write_all(b"2024-01-01T00:00:03Z stdout F three\n")
+            .unwrap();
+        std::fs::write(&path, "2024-01-01T00:00:04Z stdout F four\n").unwrap();
+        assert_eq!(collect(&mut rx, "four\n").await, "two\nthree\nfour\n");
+        runtime.0.store(false, std::sync::atomic::Ordering::SeqCst);
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap()
+            .write_all(b"2024-01-01T00:00:05Z stdout F five\n")
+            .unwrap();
+        assert_eq!(collect(&mut rx, "five\n").await, "five\n");
+        assert!(
+            rx.recv().await.is_none(),
+            "the exited container's log ended"
+        );
+        task.await.unwrap().unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Without following, only the current file is read (the kubelet v1.20's `ReadLogs`):
+    /// a tail longer than it does not reach into the rotated files.
+    #[tokio::test]
+    async fn a_tail_reads_the_current_file_only() {
+        let dir = std::env::temp_dir().join(format!("rkubelet-tail-rot-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("0.log.20240101-000002"),
+            "2024-01-01T00:00:01Z stdout F one\n2024-01-01T00:00:02Z stdout F two\n",
+        )
+        .unwrap();
+        let path = dir.join("0.log");
+        std::fs::write(&path, "2024-01-01T00:00:03Z stdout F three\n").unwrap();
+        let (tx, mut rx) = mpsc::channel(8);
+        let opts = LogOptions {
+            tail_lines: Some(10),
+            ..LogOptions::default()
+        };
+        let source = LogSource {
+            container_id: "c".into(),
+            path,
+        };
+        stream(std::sync::Arc::new(Running(true.into())), source, opts, tx)
+            .await
+            .unwrap();
+        let mut got = Vec::new();
+        while let Some(chunk) = rx.recv().await {
+            got.extend_from_slice(&chunk);
+        }
+        assert_eq!(String::from_utf8(got).unwrap(), "three\n");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

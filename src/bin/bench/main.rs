@@ -18,6 +18,8 @@
 //!   `/metrics/resource`, `/metrics/probes`, `/metrics/cadvisor`, `/stats/summary`,
 //!   `/configz`) fetched repeatedly through the node proxy: time per fetch and the agent's
 //!   CPU per fetch.
+//! - `logrotate`: N chatty pods logging at a fixed rate while the agent rotates their logs:
+//!   the agent's footprint over a window and the most their logs held on disk.
 //!
 //! This file is the command line only: the sub-commands' declarations and their dispatch,
 //! and the printing of the one JSON object each returns. Each scenario lives in its own
@@ -29,6 +31,7 @@ mod burst;
 mod deployment;
 mod floor;
 mod footprint;
+mod logrotate;
 mod pods;
 mod probes;
 mod procfs;
@@ -63,6 +66,9 @@ enum Command {
     /// N pods with probes every second: start-up, the agent's footprint while they run,
     /// then deletion.
     Probes(probes::ProbesArgs),
+    /// N chatty pods whose logs the agent rotates: its footprint meanwhile, and the most
+    /// their logs held on disk.
+    Logrotate(logrotate::LogRotateArgs),
     /// N pods using one Secret and one ConfigMap in env and volumes: start-up, deletion,
     /// and the agent's reads of them from the API server's audit log.
     Sources(sources::SourcesArgs),
@@ -90,6 +96,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Floor(a) => floor::floor(a).await?,
         Command::Footprint(a) => footprint::footprint(a).await?,
         Command::Probes(a) => probes::probes(a).await?,
+        Command::Logrotate(a) => logrotate::logrotate(a).await?,
         Command::Sources(a) => sources::sources(a).await?,
         Command::Scrape(a) => scrape::scrape(a).await?,
         Command::Settle(a) => settle::settle(&a).await?,

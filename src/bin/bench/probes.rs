@@ -6,19 +6,16 @@
 use serde_json::{Value, json};
 
 use crate::pods::{ApiArgs, bound_pods, container, timings_json};
-use crate::procfs::footprint_over;
+use crate::procfs::{AgentWindow, footprint_over};
 use crate::results::merge_into;
 
 #[derive(Debug, clap::Args)]
 pub struct ProbesArgs {
     #[command(flatten)]
     api: ApiArgs,
-    /// The agent's process, measured while the probes run.
-    #[arg(long)]
-    pid: u32,
-    /// The window, in seconds.
-    #[arg(long, default_value_t = 60)]
-    seconds: u64,
+    /// The agent, measured while the probes run.
+    #[command(flatten)]
+    window: AgentWindow,
 }
 
 /// The port the probed pods' HTTP server listens on; the tcp probes connect to it too.
@@ -55,7 +52,10 @@ fn probed_container(image: &str, i: usize) -> Value {
 /// The probes scenario: the start-up and deletion timings of the pods with probes, and
 /// the agent's footprint while their probes run.
 pub async fn probes(args: ProbesArgs) -> anyhow::Result<Value> {
-    let ProbesArgs { api, pid, seconds } = args;
+    let ProbesArgs {
+        api,
+        window: AgentWindow { pid, seconds },
+    } = args;
     let hold = footprint_over(pid, seconds);
     let spec = |i| json!({ "containers": [probed_container(&api.image, i)] });
     let t = bound_pods(&api, spec, hold).await?;

@@ -32,6 +32,18 @@ pub fn sample(pid: u32) -> anyhow::Result<(u64, f64)> {
     Ok((rss, ticks as f64 / 100.0))
 }
 
+/// The agent's process and the window it is measured over, for the scenarios that
+/// measure it while their pods run.
+#[derive(Debug, clap::Args)]
+pub struct AgentWindow {
+    /// The agent's process.
+    #[arg(long)]
+    pub pid: u32,
+    /// The window, in seconds.
+    #[arg(long, default_value_t = 60)]
+    pub seconds: u64,
+}
+
 /// Resident memory (max and mean, in whole MB rounded down) and CPU seconds (user +
 /// system) of a process over a window of `seconds`, sampled every second.
 pub async fn footprint_over(pid: u32, seconds: u64) -> anyhow::Result<Value> {

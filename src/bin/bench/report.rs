@@ -374,6 +374,35 @@ fn kubelet_probes_cpu(results: &[Value], probes: &Value) -> Option<f64> {
         .reduce(f64::min)
 }
 
+/// Markdown: each agent's CPU seconds and resident memory while it rotated its chatty
+/// pods' logs, and the most the logs held on disk.
+fn logrotate_table(results: &[Value]) -> String {
+    let rows: Vec<&Value> = results
+        .iter()
+        .filter(|r| r["kind"] == "logrotate")
+        .collect();
+    if rows.is_empty() {
+        return String::new();
+    }
+    let mut md = String::from(
+        "\n| scenario | agent | CPU seconds | resident memory (max / mean) | logs on disk (max) |\n|---|---|---|---|---|\n",
+    );
+    for r in rows {
+        md.push_str(&format!(
+            "| {} pods logging {} MiB/s each, {} s | {} | {:.2} s | {} / {} MB | {} MB |\n",
+            r["count"],
+            r["mib_per_second"],
+            r["seconds"],
+            r["agent"].as_str().unwrap_or_default(),
+            r["cpu_seconds"].as_f64().unwrap_or(f64::NAN),
+            r["rss_max_mb"],
+            r["rss_mean_mb"],
+            r["logs_on_disk_max_mb"],
+        ));
+    }
+    md
+}
+
 /// Markdown: each agent's CPU seconds and resident memory while its pods' probes ran.
 fn probes_table(results: &[Value]) -> String {
     let mut rows: Vec<&Value> = results.iter().filter(|r| r["kind"] == "probes").collect();
@@ -679,6 +708,7 @@ pub fn report(args: &ReportArgs) -> anyhow::Result<Value> {
         ));
     }
     md.push_str(&probes_table(&results));
+    md.push_str(&logrotate_table(&results));
     md.push_str(&nodes_table(&results));
     md.push_str(&sources_table(&results));
     md.push_str(&scrape_table(&results));

@@ -1,0 +1,598 @@
+//! The container log manager (the kubelet's `containerLogManager`): every monitor period,
+//! each running container's current log file that has reached the policy's size is renamed
+//! with a timestamp and the runtime is told to reopen it (CRI `ReopenContainerLog`); the
+//! rotated files before it are compressed and the oldest removed, so a container keeps at
+//! most `max_files` log files. [`ContainerLogManager::clean`] removes a container's log
+//! files when the container is removed.
+//!
+//! Rotation runs on the period, not on writes: between two runs a container may write as
+//! fast as it can, so its current file (and the rotated file it becomes) can exceed the
+//! size by what it writes in one period, as with the kubelet.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::rotation::{
+    COMPRESS_SUFFIX, LogRotatePolicy, TMP_SUFFIX, is_rotated_of, rotated_name, split_excess,
+    split_unused,
+};
+use crate::cri::{Cri, CriError, api};
+
+/// The kubelet's `logMonitorPeriod`.
+pub const LOG_MONITOR_PERIOD: Duration = Duration::from_secs(10);
+
+/// A log manager failure, naming the container or file.
+#[derive(Debug, thiserror::Error)]
+pub enum LogsError {
+    /// A runtime call failed.
+    #[error("{what} of container {container:?}: {source}")]
+    Cri {
+        /// The call.
+        what: &'static str,
+        /// The container's id.
+        container: String,
+        /// The error.
+        source: CriError,
+    },
+    /// Listing the running containers failed.
+    #[error("failed to list containers: {0}")]
+    List(CriError),
+    /// A file operation failed.
+    #[error("failed to {op} {}: {source}", path.display())]
+    Io {
+        /// What was done.
+        op: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+impl LogsError {
+    /// Whether the runtime does not know the container (it is gone already).
+    #[must_use]
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, Self::Cri { source, .. } if source.is_not_found())
+    }
+}
+
+fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> LogsError + 'a {
+    move |source| LogsError::Io {
+        op,
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// Rotates the logs of the runtime's running containers under one policy.
+pub struct ContainerLogManager<C> {
+    cri: Arc<C>,
+    policy: LogRotatePolicy,
+    /// Rotation and cleaning one at a time (the kubelet's mutex): a container's files are
+    /// never rotated while they are removed.
+    busy: tokio::sync::Mutex<()>,
+}
+
+impl<C: Cri> ContainerLogManager<C> {
+    /// A manager applying `policy` through `cri`.
+    pub fn new(cri: Arc<C>, policy: LogRotatePolicy) -> Self {
+        Self {
+            cri,
+            policy,
+            busy: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// Rotates now and then `period` after each run ends, until `cancel` (the kubelet's
+    /// `Start`: `wait.Forever` with [`LOG_MONITOR_PERIOD`]).
+    pub async fn run(self: Arc<Self>, period: Duration, cancel: CancellationToken) {
+        loop {
+            if let Err(e) = self.rotate_logs().await {
+                tracing::error!(error = %e, "Failed to rotate container logs");
+            }
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                () = tokio::time::sleep(period) => {}
+            }
+        }
+    }
+
+    async fn log_path(&self, what: &'static str, id: &str) -> Result<PathBuf, LogsError> {
+        let req = api::ContainerStatusRequest {
+            container_id: id.to_owned(),
+            verbose: false,
+        };
+        let status = self
+            .cri
+            .container_status(req)
+            .await
+            .map_err(|source| LogsError::Cri {
+                what,
+                container: id.to_owned(),
+                source,
+            })?;
+        Ok(status.status.map(|s| s.log_path).unwrap_or_default().into())
+    }
+
+    async fn reopen(&self, id: &str) -> Result<(), LogsError> {
+        let req = api::ReopenContainerLogRequest {
+            container_id: id.to_owned(),
+        };
+        self.cri
+            .reopen_container_log(req)
+            .await
+            .map(drop)
+            .map_err(|source| LogsError::Cri {
+                what: "ReopenContainerLog",
+                container: id.to_owned(),
+                source,
+            })
+    }
+
+    /// One pass over the running containers (`rotateLogs`): a container whose log cannot
+    /// be read or rotated is logged and left for the next pass.
+    ///
+    /// # Errors
+    /// The running containers could not be listed.
+    pub async fn rotate_logs(&self) -> Result<(), LogsError> {
+        let _busy = self.busy.lock().await;
+        let containers = self
+            .cri
+            .list_containers(crate::cri::running_containers_request())
+            .await
+            .map_err(LogsError::List)?
+            .containers;
+        for c in containers {
+            let span = tracing::debug_span!("rotate_container_log", container = %c.id);
+            if let Err(e) = self.rotate_if_due(&c.id).instrument(span).await {
+                tracing::error!(container = %c.id, error = %e, "Failed to rotate container log");
+            }
+        }
+        Ok(())
+    }
+
+    /// Rotates the container's log if it has reached the policy's size. A missing current
+    /// file (lost by an agent stop between a rename and the reopen) is recovered by
+    /// reopening it.
+    async fn rotate_if_due(&self, id: &str) -> Result<(), LogsError> {
+        let path = self.log_path("ContainerStatus", id).await?;
+        if path.as_os_str().is_empty() {
+            // Not a container with a CRI log (not started by a kubelet).
+            return Ok(());
+        }
+        let size = match tokio::fs::metadata(&path).await {
+            Ok(m) => m.len(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                self.reopen(id).await?;
+                tokio::fs::metadata(&path)
+                    .await
+                    .map_err(io("stat after reopen", &path))?
+                    .len()
+            }
+            Err(e) => return Err(io("stat", &path)(e)),
+        };
+        if size < self.policy.max_size {
+            return Ok(());
+        }
+        self.rotate_log(id, &path).await
+    }
+
+    /// Rotates the current log `path` of container `id` (`rotateLog`): leftovers of a
+    /// failed rotation go, then the oldest rotated files beyond the policy, the others are
+    /// compressed, and the current one is renamed and reopened.
+    async fn rotate_log(&self, id: &str, path: &Path) -> Result<(), LogsError> {
+        let started = std::time::Instant::now();
+        let (dir, log) = split_path(path);
+        let (in_use, unused) = split_unused(rotated_files(dir, log).await?);
+        remove_all(dir, &unused).await?;
+        let (excess, kept) = split_excess(in_use, self.policy);
+        remove_all(dir, &excess).await?;
+        for name in kept.iter().filter(|n| !n.ends_with(COMPRESS_SUFFIX)) {
+            compress(dir.join(name)).await?;
+        }
+        let rotated = dir.join(rotated_name(log, Timestamp::now()));
+        tokio::fs::rename(path, &rotated)
+            .await
+            .map_err(io("rotate", path))?;
+        if let Err(e) = self.reopen(id).await {
+            // Renamed back, to be rotated again at the next pass.
+            if let Err(back) = tokio::fs::rename(&rotated, path).await {
+                tracing::error!(rotated = %rotated.display(), log = %path.display(), error = %back, reopen_error = %e, "Failed to rename rotated log back");
+            }
+            return Err(e);
+        }
+        tracing::debug!(
+            log = %path.display(),
+            rotated = %rotated.display(),
+            took_ms = started.elapsed().as_millis(),
+            "rotated container log"
+        );
+        Ok(())
+    }
+
+    /// Removes every log file of the container, rotated ones included (`Clean`), before
+    /// the container is removed.
+    ///
+    /// # Errors
+    /// The runtime does not know the container, or a file could not be removed.
+    pub async fn clean(&self, id: &str) -> Result<(), LogsError> {
+        let _busy = self.busy.lock().await;
+        let path = self.log_path("ContainerStatus", id).await?;
+        if path.as_os_str().is_empty() {
+            return Ok(());
+        }
+        let (dir, log) = split_path(&path);
+        let mut names = rotated_files(dir, log).await?;
+        names.push(log.to_owned());
+        remove_all(dir, &names).await
+    }
+}
+
+/// The directory and file name of a log path.
+fn split_path(path: &Path) -> (&Path, &str) {
+    (
+        path.parent().unwrap_or_else(|| Path::new("/")),
+        path.file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default(),
+    )
+}
+
+/// The names of the files `<log>.*` in `dir`.
+async fn rotated_files(dir: &Path, log: &str) -> Result<Vec<String>, LogsError> {
+    let mut entries = tokio::fs::read_dir(dir)
+        .await
+        .map_err(io("list log files in", dir))?;
+    let mut names = Vec::new();
+    while let Some(entry) = entries
+        .next_entry()
+        .await
+        .map_err(io("list log files in", dir))?
+    {
+        if let Some(name) = entry.file_name().to_str()
+            && is_rotated_of(name, log)
+        {
+            names.push(name.to_owned());
+        }
+    }
+    Ok(names)
+}
+
+/// Removes the named files of `dir`; one already gone is not an error.
+async fn remove_all(dir: &Path, names: &[String]) -> Result<(), LogsError> {
+    for name in names {
+        let path = dir.join(name);
+        match tokio::fs::remove_file(&path).await {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(io("remove log file", &path)(e));
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Compresses `log` into `<log>.gz` through `<log>.tmp` (`compressLog`), then removes
+/// `log`. The gzip work runs on the blocking pool.
+async fn compress(log: PathBuf) -> Result<(), LogsError> {
+    let tmp = PathBuf::from(format!("{}{TMP_SUFFIX}", log.display()));
+    let gz = PathBuf::from(format!("{}{COMPRESS_SUFFIX}", log.display()));
+    let written = tokio::task::spawn_blocking({
+        let (log, tmp) = (log.clone(), tmp.clone());
+        move || gzip(&log, &tmp)
+    })
+    .await
+    .map_err(|e| io("compress", &log)(std::io::Error::other(e)))
+    .and_then(|r| r);
+    let done = match written {
+        Ok(()) => tokio::fs::rename(&tmp, &gz)
+            .await
+            .map_err(io("rename compressed log", &tmp)),
+        Err(e) => Err(e),
+    };
+    if let Err(e) = done {
+        // Best effort: a leftover is removed as unused at the next rotation anyway.
+        let _ = tokio::fs::remove_file(&tmp).await;
+        return Err(e);
+    }
+    tokio::fs::remove_file(&log)
+        .await
+        .map_err(io("remove log after compressing", &log))
+}
+
+/// Writes `from` gzip-compressed to `to` (blocking).
+fn gzip(from: &Path, to: &Path) -> Result<(), LogsError> {
+    let mut input = std::fs::File::open(from).map_err(io("open log", from))?;
+    let output = std::fs::File::create(to).map_err(io("create temporary log", to))?;
+    let mut encoder = flate2::write::GzEncoder::new(output, flate2::Compression::default());
+    std::io::copy(&mut input, &mut encoder).map_err(io("compress log into", to))?;
+    encoder.finish().map_err(io("compress log into", to))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::io::Read;
+    use std::sync::Mutex;
+
+    use super::*;
+
+    /// A runtime whose containers write their logs into a temp dir; `ReopenContainerLog`
+    /// creates the current file anew (as containerd does), or fails when told to.
+    #[derive(Default)]
+    struct FakeRuntime {
+        /// Running container id → log path.
+        logs: Mutex<BTreeMap<String, PathBuf>>,
+        reopen_fails: std::sync::atomic::AtomicBool,
+        reopened: Mutex<Vec<String>>,
+    }
+
+    impl Cri for FakeRuntime {
+        async fn list_containers(
+            &self,
+            _: api::ListContainersRequest,
+        ) -> crate::cri::Result<api::ListContainersResponse> {
+            let containers = crate::lock::lock(&self.logs)
+                .keys()
+                .map(|id| api::Container {
+                    id: id.clone(),
+                    state: api::ContainerState::ContainerRunning.into(),
+                    ..Default::default()
+                })
+                .collect();
+            Ok(api::ListContainersResponse { containers })
+        }
+
+        async fn container_status(
+            &self,
+            req: api::ContainerStatusRequest,
+        ) -> crate::cri::Result<api::ContainerStatusResponse> {
+            let path = crate::lock::lock(&self.logs)
+                .get(&req.container_id)
+                .cloned();
+            let Some(path) = path else {
+                return Err(CriError::Rpc {
+                    rpc: "ContainerStatus",
+                    code: tonic::Code::NotFound,
+                    message: "no such container".into(),
+                });
+            };
+            Ok(api::ContainerStatusResponse {
+                status: Some(api::ContainerStatus {
+                    id: req.container_id,
+                    log_path: path.display().to_string(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+        }
+
+        async fn reopen_container_log(
+            &self,
+            req: api::ReopenContainerLogRequest,
+        ) -> crate::cri::Result<api::ReopenContainerLogResponse> {
+            if self.reopen_fails.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(CriError::Rpc {
+                    rpc: "ReopenContainerLog",
+                    code: tonic::Code::Unknown,
+                    message: "failed to create and open log file".into(),
+                });
+            }
+            let path = crate::lock::lock(&self.logs)[&req.container_id].clone();
+            std::fs::File::create(&path).unwrap();
+            crate::lock::lock(&self.reopened).push(req.container_id);
+            Ok(api::ReopenContainerLogResponse {})
+        }
+    }
+
+    struct Setup {
+        dir: PathBuf,
+        runtime: Arc<FakeRuntime>,
+        manager: ContainerLogManager<FakeRuntime>,
+    }
+
+    impl Setup {
+        fn new(name: &str, max_size: u64, max_files: usize) -> Self {
+            let dir = std::env::temp_dir().join(format!("rk-logs-{name}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            let runtime = Arc::new(FakeRuntime::default());
+            let manager = ContainerLogManager::new(
+                runtime.clone(),
+                LogRotatePolicy {
+                    max_size,
+                    max_files,
+                },
+            );
+            Self {
+                dir,
+                runtime,
+                manager,
+            }
+        }
+
+        /// A running container `id` whose current log holds `content`.
+        fn container(&self, id: &str, content: &str) -> PathBuf {
+            let path = self.dir.join(format!("{id}.log"));
+            std::fs::write(&path, content).unwrap();
+            crate::lock::lock(&self.runtime.logs).insert(id.to_owned(), path.clone());
+            path
+        }
+
+        fn files(&self) -> Vec<String> {
+            let mut names: Vec<String> = std::fs::read_dir(&self.dir)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            names.sort();
+            names
+        }
+    }
+
+    impl Drop for Setup {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+
+    fn gunzip(path: &Path) -> String {
+        let mut text = String::new();
+        flate2::read::GzDecoder::new(std::fs::File::open(path).unwrap())
+            .read_to_string(&mut text)
+            .unwrap();
+        text
+    }
+
+    /// The rotated name of `0.log` at a time: `0.log.YYYYmmdd-HHMMSS` (rotation uses the
+    /// clock, so the names are checked by shape and order).
+    fn is_timestamped(name: &str, log: &str) -> bool {
+        name.strip_prefix(&format!("{log}.")).is_some_and(|ts| {
+            ts.len() == 15
+                && ts.as_bytes()[8] == b'-'
+                && ts
+                    .bytes()
+                    .enumerate()
+                    .all(|(i, b)| i == 8 || b.is_ascii_digit())
+        })
+    }
+
+    #[tokio::test]
+    async fn a_log_below_the_size_is_left_alone() {
+        let s = Setup::new("small", 100, 3);
+        s.container("a", &"x".repeat(99));
+        s.manager.rotate_logs().await.unwrap();
+        assert_eq!(s.files(), ["a.log"]);
+        assert!(crate::lock::lock(&s.runtime.reopened).is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_log_at_the_size_is_renamed_with_a_timestamp_and_reopened() {
+        let s = Setup::new("rename", 100, 3);
+        s.container("a", &"x".repeat(100));
+        s.container("b", "short\n");
+        s.manager.rotate_logs().await.unwrap();
+        let files = s.files();
+        assert_eq!(files.len(), 3, "{files:?}");
+        assert_eq!(files[0], "a.log");
+        assert!(is_timestamped(&files[1], "a.log"), "{files:?}");
+        assert_eq!(files[2], "b.log");
+        // The current file is the runtime's new, empty one; the rotated one is not
+        // compressed yet (a reader may still be finishing it).
+        assert_eq!(std::fs::read_to_string(s.dir.join("a.log")).unwrap(), "");
+        assert_eq!(
+            std::fs::read_to_string(s.dir.join(&files[1])).unwrap(),
+            "x".repeat(100)
+        );
+        assert_eq!(*crate::lock::lock(&s.runtime.reopened), ["a"]);
+    }
+
+    #[tokio::test]
+    async fn older_rotated_files_are_compressed_and_the_oldest_removed() {
+        let s = Setup::new("keep", 10, 3);
+        let log = s.container("a", "current line\n");
+        for (name, content) in [
+            ("a.log.20260101-000000.gz", None),
+            ("a.log.20260101-000010.gz", None),
+            ("a.log.20260101-000020", Some("newest rotated\n")),
+        ] {
+            match content {
+                Some(text) => std::fs::write(s.dir.join(name), text).unwrap(),
+                None => std::fs::write(s.dir.join(name), b"gz").unwrap(),
+            }
+        }
+        s.manager.rotate_logs().await.unwrap();
+        let files = s.files();
+        // max 3: the current file, the one just rotated, and the newest before it.
+        assert_eq!(files.len(), 3, "{files:?}");
+        assert_eq!(files[0], "a.log");
+        assert_eq!(files[1], "a.log.20260101-000020.gz");
+        assert!(is_timestamped(&files[2], "a.log"), "{files:?}");
+        assert_eq!(gunzip(&s.dir.join(&files[1])), "newest rotated\n");
+        assert_eq!(
+            std::fs::read_to_string(s.dir.join(&files[2])).unwrap(),
+            "current line\n"
+        );
+        // Again, once the new current file is big enough: still 3, and the file rotated
+        // before is now compressed.
+        std::fs::write(&log, "second current line\n").unwrap();
+        let before = files[2].clone();
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        s.manager.rotate_logs().await.unwrap();
+        let files = s.files();
+        assert_eq!(files.len(), 3, "{files:?}");
+        assert_eq!(files[1], format!("{before}.gz"));
+        assert_eq!(gunzip(&s.dir.join(&files[1])), "current line\n");
+        assert!(is_timestamped(&files[2], "a.log") && files[2] > before);
+    }
+
+    #[tokio::test]
+    async fn leftovers_of_a_failed_compression_are_removed() {
+        let s = Setup::new("leftovers", 1, 4);
+        s.container("a", "line\n");
+        std::fs::write(s.dir.join("a.log.20260101-000000.tmp"), "partial").unwrap();
+        std::fs::write(s.dir.join("a.log.20260101-000010"), "done\n").unwrap();
+        std::fs::write(s.dir.join("a.log.20260101-000010.gz"), "gz").unwrap();
+        s.manager.rotate_logs().await.unwrap();
+        let files = s.files();
+        assert_eq!(files.len(), 3, "{files:?}");
+        assert_eq!(files[1], "a.log.20260101-000010.gz");
+        assert_eq!(std::fs::read(s.dir.join(&files[1])).unwrap(), b"gz");
+    }
+
+    #[tokio::test]
+    async fn a_failed_reopen_renames_the_log_back() {
+        let s = Setup::new("reopen", 1, 3);
+        s.container("a", "keep me\n");
+        s.runtime
+            .reopen_fails
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        // The failure is the container's, logged: the pass itself succeeds.
+        s.manager.rotate_logs().await.unwrap();
+        assert_eq!(s.files(), ["a.log"]);
+        assert_eq!(
+            std::fs::read_to_string(s.dir.join("a.log")).unwrap(),
+            "keep me\n"
+        );
+        let err = s
+            .manager
+            .rotate_log("a", &s.dir.join("a.log"))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("ReopenContainerLog of container \"a\": "),
+            "{err}"
+        );
+        assert_eq!(s.files(), ["a.log"]);
+    }
+
+    #[tokio::test]
+    async fn a_lost_current_log_is_reopened() {
+        let s = Setup::new("lost", 100, 3);
+        let log = s.container("a", "");
+        std::fs::remove_file(&log).unwrap();
+        s.manager.rotate_logs().await.unwrap();
+        assert_eq!(s.files(), ["a.log"]);
+        assert_eq!(*crate::lock::lock(&s.runtime.reopened), ["a"]);
+    }
+
+    #[tokio::test]
+    async fn clean_removes_every_file_of_the_container_only() {
+        let s = Setup::new("clean", 1, 3);
+        s.container("a", "a\n");
+        s.container("b", "b\n");
+        std::fs::write(s.dir.join("a.log.20260101-000000.gz"), "gz").unwrap();
+        std::fs::write(s.dir.join("a.log.20260101-000010"), "old\n").unwrap();
+        s.manager.clean("a").await.unwrap();
+        assert_eq!(s.files(), ["b.log"]);
+        let err = s.manager.clean("gone").await.unwrap_err();
+        assert!(err.is_not_found(), "{err}");
+    }
+}
