@@ -8,10 +8,10 @@
 mod common;
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::agent::{AgentProcess, Owner};
+use common::case::{Case, root_dir};
 use common::pods::{TestPods, exec_in, running_containers_of};
 use common::{cri, eventually, node_name, state_dir, unique};
 use k8s_openapi::api::core::v1::Pod;
@@ -20,10 +20,6 @@ use rkubelet::cri::{Cri, VerboseInfo, api};
 use tokio::process::Command;
 
 const MIB: f64 = 1_048_576.0;
-
-fn root_dir() -> PathBuf {
-    state_dir().join("test-agents").join(node_name())
-}
 
 /// `kubectl get --raw` as the admin.
 async fn raw(path: &str) -> String {
@@ -184,25 +180,26 @@ async fn rx_bytes_in_netns(pid: u32) -> f64 {
 #[tokio::test]
 #[ignore = "needs root and the local cluster: run scripts/test.sh"]
 async fn cadvisor_metrics_and_summary_agree_with_the_kernel() {
-    let _agent = AgentProcess::start(Owner::Agent, &node_name(), root_dir());
+    // The tests share the node: one at a time, the pods removed before the agent stops.
+    let case = Case::with_agent("cadvisor", &[]).await;
+    let pods = &case.pods;
     let burn_name = unique("burn");
-    let pods = TestPods::new(&burn_name, root_dir());
     let (server_name, client_name) = (unique("httpd"), unique("wget"));
     create(
-        &pods,
+        pods,
         &burn_name,
         "burn",
         "x=$(head -c 67108864 /dev/zero | tr '\\0' a); echo held; while :; do :; done",
     )
     .await;
     create(
-        &pods,
+        pods,
         &server_name,
         "httpd",
         "mkdir -p /www && head -c 10485760 /dev/urandom > /www/blob && exec httpd -f -p 8080 -h /www",
     )
     .await;
-    create(&pods, &client_name, "wget", "exec sleep 3600").await;
+    create(pods, &client_name, "wget", "exec sleep 3600").await;
     let burn = running(&burn_name).await;
     let server = running(&server_name).await;
     let client = running(&client_name).await;
@@ -528,9 +525,9 @@ fn cpu_seconds(pid: i32) -> f64 {
 async fn scrape_cost_with_30_pods() {
     const PODS: usize = 30;
     const SCRAPES: u32 = 10;
-    let agent = AgentProcess::start(Owner::Agent, &node_name(), root_dir());
+    let case = Case::with_agent("scrape", &[]).await;
+    let (agent, pods) = (case.agent(), &case.pods);
     let label = unique("scrape");
-    let pods = TestPods::new(&label, root_dir());
     let names: Vec<String> = (0..PODS).map(|i| format!("{label}-{i}")).collect();
     for name in &names {
         let mut manifest = common::pods::sleeper(serde_json::json!({}));
