@@ -657,6 +657,7 @@ struct KubeletParts {
     services: ServiceLister,
     sysctls: SysctlWhitelist,
     cgroup_driver: crate::cm::HostDriver,
+    log_starts: crate::logs::StartedContainers,
 }
 
 /// The kubelet: sandbox settings, Secrets and ConfigMaps from one watch per referenced
@@ -677,6 +678,7 @@ async fn kubelet(
         services,
         sysctls,
         cgroup_driver,
+        log_starts,
     } = parts;
     let host_dns = match &config.resolv_conf {
         Some(path) => Some(HostDns::parse(
@@ -738,7 +740,8 @@ async fn kubelet(
             Some(config.node_ip),
             events,
             config.parallel_pod_starts,
-        ),
+        )
+        .with_log_starts(log_starts),
         volumes,
         status,
         PodAdmitter::new(node_store, registered, sysctls, client),
@@ -916,6 +919,7 @@ async fn start(config: &Config, tree: &mut Tree) -> Result<bool, AppError> {
         "service-informer",
         Run::once(|_| services_feed).dropped_on_stop(),
     )?;
+    let (containers, images, logs) = garbage_collectors(config);
     let parts = KubeletParts {
         client: client.clone(),
         registered,
@@ -927,6 +931,7 @@ async fn start(config: &Config, tree: &mut Tree) -> Result<bool, AppError> {
         services,
         sysctls,
         cgroup_driver,
+        log_starts: logs.starts(),
     };
     let kubelet = kubelet(config, parts).await?;
     let workers = PodWorkers::new(kubelet.clone(), kubelet.pod_states().clone());
@@ -989,7 +994,6 @@ async fn start(config: &Config, tree: &mut Tree) -> Result<bool, AppError> {
             tracing::warn!(error = %e, "no debug socket: `rkubelet inspect timeline` cannot reach this agent")
         }
     }
-    let (containers, images, logs) = garbage_collectors(config);
     let period = config.container_log_monitor_period;
     let rotate = Run::again(logs, move |logs, stop| logs.run(period, stop));
     tree.start("container-logs", rotate.dropped_on_stop())?;

@@ -5,15 +5,23 @@
 //! most `max_files` log files. [`ContainerLogManager::clean`] removes a container's log
 //! files when the container is removed.
 //!
-//! Rotation runs on the period, not on writes: between two runs a container may write as
-//! fast as it can, so its current file (and the rotated file it becomes) can exceed the
-//! size by what it writes in one period, as with the kubelet.
+//! Beyond the kubelet, whose periodic pass lets a fast writer exceed the size by all it
+//! writes in one period (10 s): between passes, each container whose log grows is looked
+//! at again (one `stat` of the path its last `ContainerStatus` gave; no runtime call unless
+//! it rotates) when its file would reach the size at the rate it grew ([`super::schedule`]),
+//! and a container the agent starts ([`StartedContainers`]) is looked at from its start.
+//! Idle containers are left to the pass. A rotation cuts the current file first (rename,
+//! reopen) and compresses the file rotated before it afterwards, so the time gzip takes
+//! does not add to the current file; a second rotation in one second gets a sequence
+//! number after the kubelet's timestamp ([`super::rotation::rotated_name`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -21,6 +29,7 @@ use super::rotation::{
     COMPRESS_SUFFIX, LogRotatePolicy, TMP_SUFFIX, is_rotated_of, rotated_name, split_excess,
     split_unused,
 };
+use super::schedule::{Look, Watches};
 use crate::cri::{Cri, CriError, api};
 
 /// The kubelet's `logMonitorPeriod`.
@@ -70,37 +79,89 @@ fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> Lo
     }
 }
 
+/// Tells the log manager about the containers the agent starts, so that their logs are
+/// watched from the start, not from the next pass.
+#[derive(Debug, Clone)]
+pub struct StartedContainers(mpsc::UnboundedSender<(String, PathBuf)>);
+
+impl StartedContainers {
+    /// Container `id` started, writing its log to `log`.
+    pub fn started(&self, id: &str, log: PathBuf) {
+        // The manager is gone only when the agent stops.
+        let _ = self.0.send((id.to_owned(), log));
+    }
+}
+
 /// Rotates the logs of the runtime's running containers under one policy.
 pub struct ContainerLogManager<C> {
     cri: Arc<C>,
     policy: LogRotatePolicy,
-    /// Rotation and cleaning one at a time (the kubelet's mutex): a container's files are
-    /// never rotated while they are removed.
+    /// Rotation and cleaning one container at a time (the kubelet's mutex): a container's
+    /// files are never rotated while they are removed.
     busy: tokio::sync::Mutex<()>,
+    starts: StartedContainers,
+    started: tokio::sync::Mutex<mpsc::UnboundedReceiver<(String, PathBuf)>>,
 }
 
 impl<C: Cri> ContainerLogManager<C> {
     /// A manager applying `policy` through `cri`.
     pub fn new(cri: Arc<C>, policy: LogRotatePolicy) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
         Self {
             cri,
             policy,
             busy: tokio::sync::Mutex::new(()),
+            starts: StartedContainers(tx),
+            started: tokio::sync::Mutex::new(rx),
         }
     }
 
-    /// Rotates now and then `period` after each run ends, until `cancel` (the kubelet's
-    /// `Start`: `wait.Forever` with [`LOG_MONITOR_PERIOD`]).
+    /// Where to report the containers the agent starts.
+    pub fn starts(&self) -> StartedContainers {
+        self.starts.clone()
+    }
+
+    /// Rotates now and then `period` after each pass ends, until `cancel` (the kubelet's
+    /// `Start`: `wait.Forever` with [`LOG_MONITOR_PERIOD`]); between passes, looks at the
+    /// growing logs when they are due and at the containers started.
     pub async fn run(self: Arc<Self>, period: Duration, cancel: CancellationToken) {
+        let mut started = self.started.lock().await;
+        let mut watches = Watches::default();
+        let mut next_pass = Instant::now();
         loop {
-            if let Err(e) = self.rotate_logs().await {
-                tracing::error!(error = %e, "Failed to rotate container logs");
+            if Instant::now() >= next_pass {
+                if let Err(e) = self.pass(&mut watches, period).await {
+                    tracing::error!(error = %e, "Failed to rotate container logs");
+                }
+                next_pass = Instant::now() + period;
             }
+            for (id, path) in watches.due(Instant::now()) {
+                let span = tracing::trace_span!("check_container_log", container = %id);
+                let looked = self.look(&id, &path).instrument(span).await;
+                match looked {
+                    Ok(looks) => watches.looked(&id, path, looks, self.limits(period)),
+                    Err(e) => {
+                        tracing::error!(container = %id, error = %e, "Failed to rotate container log");
+                        watches.forget(&id);
+                    }
+                }
+            }
+            let wake = watches
+                .next_due()
+                .map_or(next_pass, |due| due.min(next_pass));
             tokio::select! {
                 () = cancel.cancelled() => return,
-                () = tokio::time::sleep(period) => {}
+                () = tokio::time::sleep_until(wake) => {}
+                Some((id, path)) = started.recv() => {
+                    let look = Look { size: 0, at: Instant::now() };
+                    watches.first(&id, path, look);
+                }
             }
         }
+    }
+
+    fn limits(&self, period: Duration) -> (u64, Duration) {
+        (self.policy.max_size, period)
     }
 
     async fn log_path(&self, what: &'static str, id: &str) -> Result<PathBuf, LogsError> {
@@ -141,75 +202,112 @@ impl<C: Cri> ContainerLogManager<C> {
     /// # Errors
     /// The running containers could not be listed.
     pub async fn rotate_logs(&self) -> Result<(), LogsError> {
-        let _busy = self.busy.lock().await;
+        self.pass(&mut Watches::default(), LOG_MONITOR_PERIOD).await
+    }
+
+    /// [`Self::rotate_logs`], scheduling the next look at each container in `watches`.
+    async fn pass(&self, watches: &mut Watches, period: Duration) -> Result<(), LogsError> {
         let containers = self
             .cri
             .list_containers(crate::cri::running_containers_request())
             .await
             .map_err(LogsError::List)?
             .containers;
-        for c in containers {
+        for c in &containers {
             let span = tracing::debug_span!("rotate_container_log", container = %c.id);
-            if let Err(e) = self.rotate_if_due(&c.id).instrument(span).await {
-                tracing::error!(container = %c.id, error = %e, "Failed to rotate container log");
+            match self.rotate_if_due(&c.id).instrument(span).await {
+                Ok(Some((path, looks))) => watches.looked(&c.id, path, looks, self.limits(period)),
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::error!(container = %c.id, error = %e, "Failed to rotate container log");
+                }
             }
         }
+        let running: Vec<String> = containers.into_iter().map(|c| c.id).collect();
+        watches.retain_running(&running);
         Ok(())
     }
 
-    /// Rotates the container's log if it has reached the policy's size. A missing current
-    /// file (lost by an agent stop between a rename and the reopen) is recovered by
-    /// reopening it.
-    async fn rotate_if_due(&self, id: &str) -> Result<(), LogsError> {
+    /// Rotates the container's log if it has reached the policy's size; its path and what
+    /// was seen, or nothing for a container without a CRI log (not started by a kubelet).
+    async fn rotate_if_due(&self, id: &str) -> Result<Option<(PathBuf, (Look, Look))>, LogsError> {
         let path = self.log_path("ContainerStatus", id).await?;
         if path.as_os_str().is_empty() {
-            // Not a container with a CRI log (not started by a kubelet).
-            return Ok(());
+            return Ok(None);
         }
-        let size = match tokio::fs::metadata(&path).await {
+        let looks = self.look(id, &path).await?;
+        Ok(Some((path, looks)))
+    }
+
+    /// Looks at the container's current log `path` and rotates it if it has reached the
+    /// policy's size: the look, and the current file after it (the new one if rotated). A
+    /// missing current file (lost by an agent stop between a rename and the reopen) is
+    /// recovered by reopening it.
+    async fn look(&self, id: &str, path: &Path) -> Result<(Look, Look), LogsError> {
+        let _busy = self.busy.lock().await;
+        let size = match tokio::fs::metadata(path).await {
             Ok(m) => m.len(),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 self.reopen(id).await?;
-                tokio::fs::metadata(&path)
+                tokio::fs::metadata(path)
                     .await
-                    .map_err(io("stat after reopen", &path))?
+                    .map_err(io("stat after reopen", path))?
                     .len()
             }
-            Err(e) => return Err(io("stat", &path)(e)),
+            Err(e) => return Err(io("stat", path)(e)),
+        };
+        let seen = Look {
+            size,
+            at: Instant::now(),
         };
         if size < self.policy.max_size {
-            return Ok(());
+            return Ok((seen, seen));
         }
-        self.rotate_log(id, &path).await
+        self.rotate_log(id, path).await?;
+        let size = match tokio::fs::metadata(path).await {
+            Ok(m) => m.len(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
+            Err(e) => return Err(io("stat", path)(e)),
+        };
+        Ok((
+            seen,
+            Look {
+                size,
+                at: Instant::now(),
+            },
+        ))
     }
 
     /// Rotates the current log `path` of container `id` (`rotateLog`): leftovers of a
-    /// failed rotation go, then the oldest rotated files beyond the policy, the others are
-    /// compressed, and the current one is renamed and reopened.
+    /// failed rotation go, then the oldest rotated files beyond the policy; the current one
+    /// is renamed and reopened, then the older ones kept are compressed (the kubelet
+    /// compresses before renaming; here the current file is cut first).
     async fn rotate_log(&self, id: &str, path: &Path) -> Result<(), LogsError> {
         let started = std::time::Instant::now();
         let (dir, log) = split_path(path);
         let (in_use, unused) = split_unused(rotated_files(dir, log).await?);
         remove_all(dir, &unused).await?;
+        let rotated = dir.join(rotated_name(log, Timestamp::now(), &in_use));
         let (excess, kept) = split_excess(in_use, self.policy);
         remove_all(dir, &excess).await?;
-        for name in kept.iter().filter(|n| !n.ends_with(COMPRESS_SUFFIX)) {
-            compress(dir.join(name)).await?;
-        }
-        let rotated = dir.join(rotated_name(log, Timestamp::now()));
         tokio::fs::rename(path, &rotated)
             .await
             .map_err(io("rotate", path))?;
         if let Err(e) = self.reopen(id).await {
-            // Renamed back, to be rotated again at the next pass.
+            // Renamed back, to be rotated again at the next look.
             if let Err(back) = tokio::fs::rename(&rotated, path).await {
                 tracing::error!(rotated = %rotated.display(), log = %path.display(), error = %back, reopen_error = %e, "Failed to rename rotated log back");
             }
             return Err(e);
         }
+        let cut_ms = started.elapsed().as_millis();
+        for name in kept.iter().filter(|n| !n.ends_with(COMPRESS_SUFFIX)) {
+            compress(dir.join(name)).await?;
+        }
         tracing::debug!(
             log = %path.display(),
             rotated = %rotated.display(),
+            cut_ms,
             took_ms = started.elapsed().as_millis(),
             "rotated container log"
         );
@@ -581,6 +679,50 @@ mod tests {
         s.manager.rotate_logs().await.unwrap();
         assert_eq!(s.files(), ["a.log"]);
         assert_eq!(*crate::lock::lock(&s.runtime.reopened), ["a"]);
+    }
+
+    #[tokio::test]
+    async fn a_started_container_that_logs_fast_is_rotated_between_passes() {
+        let s = Arc::new(Setup::new("fast", 64 << 10, 3));
+        let manager = Arc::new(ContainerLogManager::new(
+            s.runtime.clone(),
+            s.manager.policy,
+        ));
+        let cancel = CancellationToken::new();
+        let running = tokio::spawn(manager.clone().run(LOG_MONITOR_PERIOD, cancel.clone()));
+        // Started after the first pass: only the start tells the manager.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let log = s.container("a", "");
+        manager.starts().started("a", log.clone());
+        // ~2 MiB/s in 8 KiB writes, to whichever file the path names, for 1.5 s.
+        let writer = tokio::task::spawn_blocking(move || {
+            use std::io::Write;
+            let line = vec![b'x'; 8 << 10];
+            for _ in 0..375 {
+                let mut f = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&log)
+                    .unwrap();
+                f.write_all(&line).unwrap();
+                std::thread::sleep(Duration::from_millis(4));
+            }
+        });
+        writer.await.unwrap();
+        cancel.cancel();
+        running.await.unwrap();
+        let reopened = crate::lock::lock(&s.runtime.reopened).len();
+        // 3 MiB at 64 KiB: dozens of rotations, all before the second pass (10 s).
+        assert!(reopened >= 10, "{reopened} rotations");
+        let files = s.files();
+        assert_eq!(files.len(), 3, "{files:?}");
+        assert!(
+            files[1].ends_with(".gz") && !files[2].ends_with(".gz"),
+            "{files:?}"
+        );
+        // Rotated near the size: within what 2 MiB/s writes in a few looks.
+        let rotated = std::fs::metadata(s.dir.join(&files[2])).unwrap().len();
+        assert!(rotated < 4 * (64 << 10), "{rotated} B rotated");
     }
 
     #[tokio::test]
