@@ -147,8 +147,6 @@ pub struct Config {
     pub file_check_frequency: Duration,
     /// `--container-log-max-size`, `--container-log-max-files`.
     pub container_log_policy: crate::logs::LogRotatePolicy,
-    /// How often container logs are checked for rotation (the kubelet's 10 s).
-    pub container_log_monitor_period: Duration,
 }
 
 /// Start-up failures.
@@ -994,8 +992,9 @@ async fn start(config: &Config, tree: &mut Tree) -> Result<bool, AppError> {
             tracing::warn!(error = %e, "no debug socket: `rkubelet inspect timeline` cannot reach this agent")
         }
     }
-    let period = config.container_log_monitor_period;
-    let rotate = Run::again(logs, move |logs, stop| logs.run(period, stop));
+    let rotate = Run::again(logs, |logs, stop| {
+        logs.run(crate::logs::LOG_MONITOR_PERIOD, stop)
+    });
     tree.start("container-logs", rotate.dropped_on_stop())?;
     let collect = Run::again(containers.clone(), ContainerGc::run);
     tree.start("container-gc", collect.dropped_on_stop())?;

@@ -683,7 +683,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_started_container_that_logs_fast_is_rotated_between_passes() {
-        let s = Arc::new(Setup::new("fast", 64 << 10, 3));
+        let s = Setup::new("fast", 64 << 10, 3);
         let manager = Arc::new(ContainerLogManager::new(
             s.runtime.clone(),
             s.manager.policy,
