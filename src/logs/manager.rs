@@ -15,8 +15,10 @@
 //! does not add to the current file; a second rotation in one second gets a sequence
 //! number after the kubelet's timestamp ([`super::rotation::rotated_name`]).
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
@@ -101,6 +103,17 @@ pub struct ContainerLogManager<C> {
     busy: tokio::sync::Mutex<()>,
     starts: StartedContainers,
     started: tokio::sync::Mutex<mpsc::UnboundedReceiver<(String, PathBuf)>>,
+    /// The compressions under way, by current log path.
+    compressing: std::sync::Mutex<HashMap<PathBuf, Compressing>>,
+}
+
+/// The compression of a log's older rotated files, in the background after a cut.
+struct Compressing {
+    /// The plain files it compresses.
+    files: Vec<String>,
+    /// Set to abandon it (its file is about to be removed).
+    stop: Arc<AtomicBool>,
+    done: tokio::task::JoinHandle<()>,
 }
 
 impl<C: Cri> ContainerLogManager<C> {
@@ -113,6 +126,7 @@ impl<C: Cri> ContainerLogManager<C> {
             busy: tokio::sync::Mutex::new(()),
             starts: StartedContainers(tx),
             started: tokio::sync::Mutex::new(rx),
+            compressing: std::sync::Mutex::default(),
         }
     }
 
@@ -137,7 +151,8 @@ impl<C: Cri> ContainerLogManager<C> {
             }
             for (id, path) in watches.due(Instant::now()) {
                 let span = tracing::trace_span!("check_container_log", container = %id);
-                let looked = self.look(&id, &path).instrument(span).await;
+                let from = watches.rotate_from(&id, self.policy.max_size);
+                let looked = self.look(&id, &path, from).instrument(span).await;
                 match looked {
                     Ok(looks) => watches.looked(&id, path, looks, self.limits(period)),
                     Err(e) => {
@@ -215,7 +230,8 @@ impl<C: Cri> ContainerLogManager<C> {
             .containers;
         for c in &containers {
             let span = tracing::debug_span!("rotate_container_log", container = %c.id);
-            match self.rotate_if_due(&c.id).instrument(span).await {
+            let from = watches.rotate_from(&c.id, self.policy.max_size);
+            match self.rotate_if_due(&c.id, from).instrument(span).await {
                 Ok(Some((path, looks))) => watches.looked(&c.id, path, looks, self.limits(period)),
                 Ok(None) => {}
                 Err(e) => {
@@ -230,20 +246,26 @@ impl<C: Cri> ContainerLogManager<C> {
 
     /// Rotates the container's log if it has reached the policy's size; its path and what
     /// was seen, or nothing for a container without a CRI log (not started by a kubelet).
-    async fn rotate_if_due(&self, id: &str) -> Result<Option<(PathBuf, (Look, Look))>, LogsError> {
+    async fn rotate_if_due(
+        &self,
+        id: &str,
+        from: u64,
+    ) -> Result<Option<(PathBuf, (Look, Look))>, LogsError> {
         let path = self.log_path("ContainerStatus", id).await?;
         if path.as_os_str().is_empty() {
             return Ok(None);
         }
-        let looks = self.look(id, &path).await?;
+        let looks = self.look(id, &path, from).await?;
         Ok(Some((path, looks)))
     }
 
-    /// Looks at the container's current log `path` and rotates it if it has reached the
-    /// policy's size: the look, and the current file after it (the new one if rotated). A
+    /// Looks at the container's current log `path` and rotates it if it holds `from` bytes
+    /// or more (the policy's size, or less for a fast writer: see
+    /// [`Watches::rotate_from`]): the look, and the current file after it (the new one if
+    /// rotated). A
     /// missing current file (lost by an agent stop between a rename and the reopen) is
     /// recovered by reopening it.
-    async fn look(&self, id: &str, path: &Path) -> Result<(Look, Look), LogsError> {
+    async fn look(&self, id: &str, path: &Path, from: u64) -> Result<(Look, Look), LogsError> {
         let _busy = self.busy.lock().await;
         let size = match tokio::fs::metadata(path).await {
             Ok(m) => m.len(),
@@ -260,7 +282,7 @@ impl<C: Cri> ContainerLogManager<C> {
             size,
             at: Instant::now(),
         };
-        if size < self.policy.max_size {
+        if size < from {
             return Ok((seen, seen));
         }
         self.rotate_log(id, path).await?;
@@ -280,11 +302,14 @@ impl<C: Cri> ContainerLogManager<C> {
 
     /// Rotates the current log `path` of container `id` (`rotateLog`): leftovers of a
     /// failed rotation go, then the oldest rotated files beyond the policy; the current one
-    /// is renamed and reopened, then the older ones kept are compressed (the kubelet
-    /// compresses before renaming; here the current file is cut first).
+    /// is renamed and reopened, then the older ones kept are compressed in the background
+    /// (the kubelet compresses before renaming, which lets the current file grow meanwhile).
+    /// A compression still under way from the rotation before is awaited, or abandoned when
+    /// its file is one too many now, so compressions never pile up.
     async fn rotate_log(&self, id: &str, path: &Path) -> Result<(), LogsError> {
         let started = std::time::Instant::now();
         let (dir, log) = split_path(path);
+        self.finish_compressing(path, Some(self.policy)).await?;
         let (in_use, unused) = split_unused(rotated_files(dir, log).await?);
         remove_all(dir, &unused).await?;
         let rotated = dir.join(rotated_name(log, Timestamp::now(), &in_use));
@@ -300,18 +325,67 @@ impl<C: Cri> ContainerLogManager<C> {
             }
             return Err(e);
         }
-        let cut_ms = started.elapsed().as_millis();
-        for name in kept.iter().filter(|n| !n.ends_with(COMPRESS_SUFFIX)) {
-            compress(dir.join(name)).await?;
+        let files: Vec<String> = kept
+            .into_iter()
+            .filter(|n| !n.ends_with(COMPRESS_SUFFIX))
+            .collect();
+        if !files.is_empty() {
+            let stop = Arc::new(AtomicBool::new(false));
+            let span = tracing::debug_span!("compress_container_logs", container = %id);
+            let done = tokio::spawn(
+                compress_all(dir.to_owned(), files.clone(), stop.clone()).instrument(span),
+            );
+            crate::lock::lock(&self.compressing)
+                .insert(path.to_owned(), Compressing { files, stop, done });
         }
         tracing::debug!(
             log = %path.display(),
             rotated = %rotated.display(),
-            cut_ms,
             took_ms = started.elapsed().as_millis(),
             "rotated container log"
         );
         Ok(())
+    }
+
+    /// Waits for the compression under way of the log at `path`, if any; abandons it when
+    /// its files are one too many for the next rotation under `policy` (or, without a
+    /// policy, always: the files are being removed).
+    async fn finish_compressing(
+        &self,
+        path: &Path,
+        policy: Option<LogRotatePolicy>,
+    ) -> Result<(), LogsError> {
+        let Some(pending) = crate::lock::lock(&self.compressing).remove(path) else {
+            return Ok(());
+        };
+        let abandon = match policy {
+            None => true,
+            Some(policy) => {
+                let (dir, log) = split_path(path);
+                let (in_use, _) = split_unused(rotated_files(dir, log).await?);
+                let (excess, _) = split_excess(in_use, policy);
+                pending.files.iter().any(|f| excess.contains(f))
+            }
+        };
+        if abandon {
+            pending.stop.store(true, Ordering::SeqCst);
+        }
+        let _ = pending.done.await;
+        Ok(())
+    }
+
+    #[cfg(test)]
+    async fn compressed(&self) {
+        let paths: Vec<PathBuf> = crate::lock::lock(&self.compressing)
+            .keys()
+            .cloned()
+            .collect();
+        for path in paths {
+            let pending = crate::lock::lock(&self.compressing).remove(&path);
+            if let Some(pending) = pending {
+                let _ = pending.done.await;
+            }
+        }
     }
 
     /// Removes every log file of the container, rotated ones included (`Clean`), before
@@ -325,6 +399,7 @@ impl<C: Cri> ContainerLogManager<C> {
         if path.as_os_str().is_empty() {
             return Ok(());
         }
+        self.finish_compressing(&path, None).await?;
         let (dir, log) = split_path(&path);
         let mut names = rotated_files(dir, log).await?;
         names.push(log.to_owned());
@@ -376,22 +451,38 @@ async fn remove_all(dir: &Path, names: &[String]) -> Result<(), LogsError> {
     Ok(())
 }
 
+/// Compresses the plain rotated files `names` of `dir`, until `stop`; a failure is logged
+/// (the files stay, and the next rotation compresses them or removes them).
+async fn compress_all(dir: PathBuf, names: Vec<String>, stop: Arc<AtomicBool>) {
+    for name in names {
+        if let Err(e) = compress(dir.join(name), stop.clone()).await {
+            tracing::error!(error = %e, "Failed to compress rotated container log");
+            return;
+        }
+    }
+}
+
 /// Compresses `log` into `<log>.gz` through `<log>.tmp` (`compressLog`), then removes
-/// `log`. The gzip work runs on the blocking pool.
-async fn compress(log: PathBuf) -> Result<(), LogsError> {
+/// `log`; when `stop` is set meanwhile, removes the `.tmp` and leaves `log`. The gzip work
+/// runs on the blocking pool.
+async fn compress(log: PathBuf, stop: Arc<AtomicBool>) -> Result<(), LogsError> {
     let tmp = PathBuf::from(format!("{}{TMP_SUFFIX}", log.display()));
     let gz = PathBuf::from(format!("{}{COMPRESS_SUFFIX}", log.display()));
     let written = tokio::task::spawn_blocking({
         let (log, tmp) = (log.clone(), tmp.clone());
-        move || gzip(&log, &tmp)
+        move || gzip(&log, &tmp, &stop)
     })
     .await
     .map_err(|e| io("compress", &log)(std::io::Error::other(e)))
     .and_then(|r| r);
     let done = match written {
-        Ok(()) => tokio::fs::rename(&tmp, &gz)
+        Ok(true) => tokio::fs::rename(&tmp, &gz)
             .await
             .map_err(io("rename compressed log", &tmp)),
+        Ok(false) => {
+            let _ = tokio::fs::remove_file(&tmp).await;
+            return Ok(());
+        }
         Err(e) => Err(e),
     };
     if let Err(e) = done {
@@ -404,14 +495,28 @@ async fn compress(log: PathBuf) -> Result<(), LogsError> {
         .map_err(io("remove log after compressing", &log))
 }
 
-/// Writes `from` gzip-compressed to `to` (blocking).
-fn gzip(from: &Path, to: &Path) -> Result<(), LogsError> {
+/// Writes `from` gzip-compressed to `to` (blocking), 64 KiB at a time; `false` when `stop`
+/// was set before the end.
+fn gzip(from: &Path, to: &Path, stop: &AtomicBool) -> Result<bool, LogsError> {
+    use std::io::{Read, Write};
     let mut input = std::fs::File::open(from).map_err(io("open log", from))?;
     let output = std::fs::File::create(to).map_err(io("create temporary log", to))?;
     let mut encoder = flate2::write::GzEncoder::new(output, flate2::Compression::default());
-    std::io::copy(&mut input, &mut encoder).map_err(io("compress log into", to))?;
+    let mut chunk = vec![0; 64 << 10];
+    loop {
+        if stop.load(Ordering::SeqCst) {
+            return Ok(false);
+        }
+        let n = input.read(&mut chunk).map_err(io("read log", from))?;
+        if n == 0 {
+            break;
+        }
+        encoder
+            .write_all(&chunk[..n])
+            .map_err(io("compress log into", to))?;
+    }
     encoder.finish().map_err(io("compress log into", to))?;
-    Ok(())
+    Ok(true)
 }
 
 #[cfg(test)]
@@ -428,7 +533,7 @@ mod tests {
     struct FakeRuntime {
         /// Running container id → log path.
         logs: Mutex<BTreeMap<String, PathBuf>>,
-        reopen_fails: std::sync::atomic::AtomicBool,
+        reopen_fails: AtomicBool,
         reopened: Mutex<Vec<String>>,
     }
 
@@ -476,7 +581,7 @@ mod tests {
             &self,
             req: api::ReopenContainerLogRequest,
         ) -> crate::cri::Result<api::ReopenContainerLogResponse> {
-            if self.reopen_fails.load(std::sync::atomic::Ordering::SeqCst) {
+            if self.reopen_fails.load(Ordering::SeqCst) {
                 return Err(CriError::Rpc {
                     rpc: "ReopenContainerLog",
                     code: tonic::Code::Unknown,
@@ -606,6 +711,7 @@ mod tests {
             }
         }
         s.manager.rotate_logs().await.unwrap();
+        s.manager.compressed().await;
         let files = s.files();
         // max 3: the current file, the one just rotated, and the newest before it.
         assert_eq!(files.len(), 3, "{files:?}");
@@ -617,17 +723,55 @@ mod tests {
             std::fs::read_to_string(s.dir.join(&files[2])).unwrap(),
             "current line\n"
         );
-        // Again, once the new current file is big enough: still 3, and the file rotated
-        // before is now compressed.
+        // Again at once, the new current file big enough: still 3, the file rotated before
+        // is now compressed, and the new one (in the same second, most likely) sorts after
+        // it: the sequence number after the timestamp.
         std::fs::write(&log, "second current line\n").unwrap();
         let before = files[2].clone();
-        tokio::time::sleep(Duration::from_millis(1100)).await;
         s.manager.rotate_logs().await.unwrap();
-        let files = s.files();
+        s.manager.compressed().await;
+        let mut files = s.files();
+        files.sort_by(|a, b| a.trim_end_matches(".gz").cmp(b.trim_end_matches(".gz")));
         assert_eq!(files.len(), 3, "{files:?}");
         assert_eq!(files[1], format!("{before}.gz"));
         assert_eq!(gunzip(&s.dir.join(&files[1])), "current line\n");
-        assert!(is_timestamped(&files[2], "a.log") && files[2] > before);
+        assert!(
+            files[2] == format!("{before}.001")
+                || (is_timestamped(&files[2], "a.log") && files[2] > before),
+            "{files:?}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(s.dir.join(&files[2])).unwrap(),
+            "second current line\n"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_compression_still_under_way_at_the_next_rotation_is_abandoned_if_excess() {
+        let s = Setup::new("abandon", 10, 3);
+        let log = s.container("a", "current line\n");
+        std::fs::write(s.dir.join("a.log.20260101-000010"), "rotated before\n").unwrap();
+        // A compression of that file that would never end on its own.
+        let stop = Arc::new(AtomicBool::new(false));
+        let done = tokio::spawn({
+            let stop = stop.clone();
+            async move {
+                while !stop.load(Ordering::SeqCst) {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+        });
+        let files = vec!["a.log.20260101-000010".to_owned()];
+        crate::lock::lock(&s.manager.compressing)
+            .insert(log.clone(), Compressing { files, stop, done });
+        std::fs::write(s.dir.join("a.log.20260101-000020"), "rotated last\n").unwrap();
+        s.manager.rotate_logs().await.unwrap();
+        s.manager.compressed().await;
+        // The abandoned file went as the oldest; the one rotated last is compressed.
+        let files = s.files();
+        assert_eq!(files.len(), 3, "{files:?}");
+        assert_eq!(files[1], "a.log.20260101-000020.gz");
+        assert!(is_timestamped(&files[2], "a.log"), "{files:?}");
     }
 
     #[tokio::test]
@@ -648,9 +792,7 @@ mod tests {
     async fn a_failed_reopen_renames_the_log_back() {
         let s = Setup::new("reopen", 1, 3);
         s.container("a", "keep me\n");
-        s.runtime
-            .reopen_fails
-            .store(true, std::sync::atomic::Ordering::SeqCst);
+        s.runtime.reopen_fails.store(true, Ordering::SeqCst);
         // The failure is the container's, logged: the pass itself succeeds.
         s.manager.rotate_logs().await.unwrap();
         assert_eq!(s.files(), ["a.log"]);
@@ -714,7 +856,8 @@ mod tests {
         let reopened = crate::lock::lock(&s.runtime.reopened).len();
         // 3 MiB at 64 KiB: dozens of rotations, all before the second pass (10 s).
         assert!(reopened >= 10, "{reopened} rotations");
-        let files = s.files();
+        let mut files = s.files();
+        files.sort_by(|a, b| a.trim_end_matches(".gz").cmp(b.trim_end_matches(".gz")));
         assert_eq!(files.len(), 3, "{files:?}");
         assert!(
             files[1].ends_with(".gz") && !files[2].ends_with(".gz"),

@@ -81,6 +81,11 @@ struct Watch {
     path: PathBuf,
     last: Look,
     due: Option<Instant>,
+    /// Bytes per second at the last look.
+    rate: f64,
+    /// How long its last rotation took to cut the file (rename and reopen): the runtime
+    /// writes to the renamed file until it has reopened.
+    cut: Duration,
 }
 
 /// The containers watched between passes, by id.
@@ -98,6 +103,8 @@ impl Watches {
                 path,
                 last: look,
                 due,
+                rate: 0.0,
+                cut: Duration::ZERO,
             },
         );
     }
@@ -125,8 +132,26 @@ impl Watches {
         };
         watch.due =
             next_check(max_size, growth, current.size, period).map(|wait| current.at + wait);
+        watch.rate = growth.rate();
+        if current != seen {
+            watch.cut = current.at.saturating_duration_since(seen.at);
+        }
         watch.path = path;
         watch.last = current;
+    }
+
+    /// From what size to rotate `id`'s log: `max_size` less what it writes, at its last
+    /// rate, while its last rotation cut the file (the runtime still writes to the renamed
+    /// file meanwhile), so that the rotated file ends near `max_size` instead of past it;
+    /// never less than half of `max_size`. `max_size` for a container not growing or not
+    /// watched (the kubelet's rule).
+    #[must_use]
+    pub fn rotate_from(&self, id: &str, max_size: u64) -> u64 {
+        let Some(watch) = self.0.get(id) else {
+            return max_size;
+        };
+        let during_cut = (watch.rate * watch.cut.as_secs_f64()) as u64;
+        max_size.saturating_sub(during_cut).max(max_size / 2)
     }
 
     /// Forgets the containers not in `running`.
@@ -269,6 +294,11 @@ mod tests {
         let current = look(MIB / 2, t2 + ms(10));
         w.looked("fast", "/l/fast.log".into(), (seen, current), limits);
         assert!(near(w.next_due(), t2 + ms(10) + ms(50)));
+        // The cut took 10 ms, at 10 MiB/s: rotated from 0.9 MiB on; never below half.
+        assert_eq!(w.rotate_from("fast", MIB), MIB - MIB / 10);
+        assert_eq!(w.rotate_from("fast", MIB / 8), MIB / 16);
+        assert_eq!(w.rotate_from("idle", MIB), MIB);
+        assert_eq!(w.rotate_from("unknown", MIB), MIB);
         // The idle one is due at twice its last interval.
         assert_eq!(w.due(t1 + ms(200)).len(), 2);
         // Stopped containers are forgotten; so is one whose log cannot be read.
