@@ -17,7 +17,7 @@ use tokio::time::Instant;
 /// The shortest time between two looks at one container's log: a look is one `stat`.
 pub const MIN_CHECK: Duration = Duration::from_millis(20);
 /// The first look at a container started or first seen.
-pub const FIRST_CHECK: Duration = Duration::from_millis(100);
+pub const FIRST_CHECK: Duration = Duration::from_millis(20);
 
 /// How a current log grew between two looks.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -244,8 +244,8 @@ mod tests {
             wait = next;
             looks += 1;
         }
-        // 100 ms, then 0.2, 0.4, … 6.4 s: 7 looks in all, then only the pass.
-        assert_eq!(looks, 6);
+        // 20 ms, then 40, 80, … 5120 ms: 9 looks in all, then only the pass.
+        assert_eq!(looks, 8);
         assert_eq!(growth(7, 7, ms(100)).rate(), 0.0);
         assert_eq!(growth(0, 7, Duration::ZERO).rate(), 0.0);
     }
@@ -262,7 +262,7 @@ mod tests {
         w.first("fast", "/l/fast.log".into(), look(0, t0));
         w.first("idle", "/l/idle.log".into(), look(0, t0));
         assert_eq!(w.next_due(), Some(t0 + FIRST_CHECK));
-        assert!(w.due(t0 + ms(99)).is_empty());
+        assert!(w.due(t0 + FIRST_CHECK - ms(1)).is_empty());
         let mut due = w.due(t0 + FIRST_CHECK);
         due.sort();
         assert_eq!(
@@ -273,7 +273,7 @@ mod tests {
             ]
         );
         // The fast one wrote 0.75 MiB in 100 ms: 7.5 MiB/s, the last 0.25 MiB in 33.3 ms.
-        let t1 = t0 + FIRST_CHECK;
+        let t1 = t0 + ms(100);
         let seen = look(MIB * 3 / 4, t1);
         w.looked("fast", "/l/fast.log".into(), (seen, seen), limits);
         let seen = look(0, t1);
