@@ -198,10 +198,6 @@ struct RunArgs {
     /// The most log files kept per container, the current one included (at least 2).
     #[arg(long, default_value_t = rkubelet::logs::DEFAULT_MAX_FILES, allow_negative_numbers = true)]
     container_log_max_files: i32,
-    /// Test knob, not a kubelet flag: how often container logs are checked for rotation
-    /// (the kubelet's fixed 10s; at least 1s, the rotated names' resolution).
-    #[arg(long, hide = true, default_value = "10s", value_parser = parse_log_monitor_period)]
-    container_log_monitor_period: Duration,
     /// Hard eviction thresholds, `<signal><<value>` comma-separated
     /// (`memory.available<100Mi,nodefs.available<10%`); signals not named get none.
     /// Default: the kubelet's (`memory.available<100Mi,nodefs.available<10%,
@@ -535,7 +531,6 @@ async fn run_command(
             args.container_log_max_files,
         )
         .context("failed to initialize container log manager")?,
-        container_log_monitor_period: args.container_log_monitor_period,
     };
     let cancel = tokio_util::sync::CancellationToken::new();
     let stop = cancel.clone();
@@ -551,16 +546,6 @@ async fn run_command(
     });
     app::run(config, cancel).await?;
     Ok(std::process::ExitCode::SUCCESS)
-}
-
-/// `--container-log-monitor-period`: a Go duration of at least a second (two rotations of
-/// a container within one second would get the same name).
-fn parse_log_monitor_period(text: &str) -> Result<Duration, String> {
-    let period = rkubelet::node::parse_go_duration(text)?;
-    if period < Duration::from_secs(1) {
-        return Err(format!("{text:?} is shorter than 1s"));
-    }
-    Ok(period)
 }
 
 async fn cri_command(args: CriArgs) -> anyhow::Result<std::process::ExitCode> {
@@ -731,10 +716,6 @@ mod tests {
         };
         let defaults = run_args(&[]);
         assert_eq!(policy(&defaults), Ok(Default::default()));
-        assert_eq!(
-            defaults.container_log_monitor_period,
-            Duration::from_secs(10)
-        );
         let dir = std::env::temp_dir().join(format!("rk-main-logrotate-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let config = dir.join("config.yaml");
@@ -765,9 +746,6 @@ mod tests {
             policy(&zero).unwrap_err().to_string(),
             "invalid MaxFiles 0, must be > 1"
         );
-        let fast = run_args(&["--container-log-monitor-period", "1s"]);
-        assert_eq!(fast.container_log_monitor_period, Duration::from_secs(1));
-        assert!(parse_log_monitor_period("500ms").is_err());
         std::fs::remove_dir_all(dir).unwrap();
     }
 }

@@ -505,19 +505,6 @@ async fn check_summary(summary: &serde_json::Value, burn: &str, client: &str, cl
     assert_eq!(ephemeral["capacityBytes"], node["fs"]["capacityBytes"]);
 }
 
-/// User and system CPU time of a process, in seconds (`/proc/<pid>/stat`, at `USER_HZ`).
-fn cpu_seconds(pid: i32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
-    let after_name = stat.rsplit_once(')').expect("comm").1;
-    let fields: Vec<f64> = after_name
-        .split_whitespace()
-        .skip(11)
-        .take(2)
-        .map(|f| f.parse().expect("ticks"))
-        .collect();
-    (fields[0] + fields[1]) / 100.0
-}
-
 /// Scrape time (through the apiserver's node proxy) and the agent's CPU per scrape of
 /// `/metrics/cadvisor` and `/stats/summary` with 30 pods; every pod is on both.
 #[tokio::test]
@@ -558,7 +545,7 @@ async fn scrape_cost_with_30_pods() {
         for name in names.iter().filter(|_| !baseline) {
             assert!(first.contains(name.as_str()), "{name} missing from {path}");
         }
-        let cpu_before = cpu_seconds(agent.pid().as_raw());
+        let cpu_before = agent.cpu_seconds();
         let mut times = Vec::new();
         for _ in 0..SCRAPES {
             let started = Instant::now();
@@ -566,7 +553,7 @@ async fn scrape_cost_with_30_pods() {
             times.push(started.elapsed());
             assert!(baseline || body.len() > 1000);
         }
-        let cpu = (cpu_seconds(agent.pid().as_raw()) - cpu_before) / f64::from(SCRAPES);
+        let cpu = (agent.cpu_seconds() - cpu_before) / f64::from(SCRAPES);
         times.sort();
         eprintln!(
             "{what} with {PODS} pods: scrape p50 {:?}, max {:?}; agent CPU per scrape {:.1} ms; {} bytes",

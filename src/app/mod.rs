@@ -147,8 +147,6 @@ pub struct Config {
     pub file_check_frequency: Duration,
     /// `--container-log-max-size`, `--container-log-max-files`.
     pub container_log_policy: crate::logs::LogRotatePolicy,
-    /// How often container logs are checked for rotation (the kubelet's 10 s).
-    pub container_log_monitor_period: Duration,
 }
 
 /// Start-up failures.
@@ -657,6 +655,7 @@ struct KubeletParts {
     services: ServiceLister,
     sysctls: SysctlWhitelist,
     cgroup_driver: crate::cm::HostDriver,
+    log_starts: crate::logs::StartedContainers,
 }
 
 /// The kubelet: sandbox settings, Secrets and ConfigMaps from one watch per referenced
@@ -677,6 +676,7 @@ async fn kubelet(
         services,
         sysctls,
         cgroup_driver,
+        log_starts,
     } = parts;
     let host_dns = match &config.resolv_conf {
         Some(path) => Some(HostDns::parse(
@@ -738,7 +738,8 @@ async fn kubelet(
             Some(config.node_ip),
             events,
             config.parallel_pod_starts,
-        ),
+        )
+        .with_log_starts(log_starts),
         volumes,
         status,
         PodAdmitter::new(node_store, registered, sysctls, client),
@@ -916,6 +917,7 @@ async fn start(config: &Config, tree: &mut Tree) -> Result<bool, AppError> {
         "service-informer",
         Run::once(|_| services_feed).dropped_on_stop(),
     )?;
+    let (containers, images, logs) = garbage_collectors(config);
     let parts = KubeletParts {
         client: client.clone(),
         registered,
@@ -927,6 +929,7 @@ async fn start(config: &Config, tree: &mut Tree) -> Result<bool, AppError> {
         services,
         sysctls,
         cgroup_driver,
+        log_starts: logs.starts(),
     };
     let kubelet = kubelet(config, parts).await?;
     let workers = PodWorkers::new(kubelet.clone(), kubelet.pod_states().clone());
@@ -989,9 +992,9 @@ async fn start(config: &Config, tree: &mut Tree) -> Result<bool, AppError> {
             tracing::warn!(error = %e, "no debug socket: `rkubelet inspect timeline` cannot reach this agent")
         }
     }
-    let (containers, images, logs) = garbage_collectors(config);
-    let period = config.container_log_monitor_period;
-    let rotate = Run::again(logs, move |logs, stop| logs.run(period, stop));
+    let rotate = Run::again(logs, |logs, stop| {
+        logs.run(crate::logs::LOG_MONITOR_PERIOD, stop)
+    });
     tree.start("container-logs", rotate.dropped_on_stop())?;
     let collect = Run::again(containers.clone(), ContainerGc::run);
     tree.start("container-gc", collect.dropped_on_stop())?;

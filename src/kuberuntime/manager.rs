@@ -123,6 +123,8 @@ pub struct RuntimeManager<C> {
     stop_slots: Semaphore,
     /// The node's IP, which a pod on the host's network has (its hooks' default host).
     host_ip: Option<IpAddr>,
+    /// Told of each container started, to watch its log from the start.
+    log_starts: Option<crate::logs::StartedContainers>,
 }
 
 /// A pod's turn to be set up in the runtime: held from the sandbox to its last container
@@ -175,7 +177,15 @@ impl<C: Cri> RuntimeManager<C> {
             start_slots: Arc::new(Semaphore::new(parallel_starts.max(1))),
             stop_slots: Semaphore::new(parallel_starts.max(1)),
             host_ip,
+            log_starts: None,
         }
+    }
+
+    /// The manager, telling the container log manager of each container it starts.
+    #[must_use]
+    pub fn with_log_starts(mut self, starts: crate::logs::StartedContainers) -> Self {
+        self.log_starts = Some(starts);
+        self
     }
 
     /// The node's IP.
@@ -624,6 +634,7 @@ impl<C: Cri> RuntimeManager<C> {
             .map_err(|e| self.config_error(id, name, &ConfigError::ImageUser(e.to_string())))?;
         let config = container_config(pod, id, container, &cctx, env.vars)
             .map_err(|e| self.config_error(id, name, &e))?;
+        let log = Path::new(&sandbox_conf.log_directory).join(&config.log_path);
         // As the kubelet: the runtime's own message (the gRPC status's), in the event and
         // in the waiting message.
         let failed = |e: crate::cri::CriError, reason: &str| {
@@ -657,6 +668,9 @@ impl<C: Cri> RuntimeManager<C> {
             })
             .await
             .map_err(|e| failed(e, "RunContainerError"))?;
+        if let Some(starts) = &self.log_starts {
+            starts.started(&created.container_id, log);
+        }
         self.events.normal(
             id,
             name,

@@ -94,13 +94,36 @@ impl Default for LogRotatePolicy {
 }
 
 /// The name the current log `log` is rotated to at `now` (UTC; the kubelet uses the node's
-/// local time, which is UTC on the usual node).
+/// local time, which is UTC on the usual node): `<log>.<YYYYmmdd-HHMMSS>` as the kubelet.
+/// The kubelet rotates at most once per 10 s pass; a fast writer is rotated more than once
+/// a second here, so when `existing` (the log's rotated files) holds a file of the same
+/// second, the name gets the next sequence number, `<log>.<YYYYmmdd-HHMMSS>.<NNN>`, which
+/// sorts after it (a rename never replaces a rotated file).
 #[must_use]
-pub fn rotated_name(log: &str, now: Timestamp) -> String {
-    format!(
+pub fn rotated_name(log: &str, now: Timestamp, existing: &[String]) -> String {
+    let base = format!(
         "{log}.{}",
         now.to_zoned(TimeZone::UTC).strftime(TIMESTAMP_FORMAT)
-    )
+    );
+    let sequence = existing
+        .iter()
+        .filter_map(|name| {
+            let stem = name.strip_suffix(TMP_SUFFIX).unwrap_or(name);
+            match age_key(stem).strip_prefix(&base)? {
+                "" => Some(0),
+                rest => rest.strip_prefix('.')?.parse::<u32>().ok(),
+            }
+        })
+        .max();
+    match sequence {
+        None => base,
+        Some(n) => format!("{base}.{:03}", n + 1),
+    }
+}
+
+/// What a rotated file sorts by, oldest first: its name without the compression suffix.
+fn age_key(name: &str) -> &str {
+    name.strip_suffix(COMPRESS_SUFFIX).unwrap_or(name)
 }
 
 /// Whether `name` is a file of the log `log` other than the current one (`<log>.*`).
@@ -132,7 +155,8 @@ pub fn split_unused(names: Vec<String>) -> (Vec<String>, Vec<String>) {
     (in_use, unused)
 }
 
-/// The rotated files in use, oldest first (by name: the timestamps sort), split into
+/// The rotated files in use, oldest first (by name without `.gz`: the timestamps and
+/// sequence numbers sort), split into
 /// those to remove before the current file is rotated and those to keep
 /// (`removeExcessLogs`).
 #[must_use]
@@ -140,7 +164,7 @@ pub fn split_excess(
     mut in_use: Vec<String>,
     policy: LogRotatePolicy,
 ) -> (Vec<String>, Vec<String>) {
-    in_use.sort();
+    in_use.sort_by(|a, b| age_key(a).cmp(age_key(b)));
     let excess = in_use.len().saturating_sub(policy.rotated_to_keep());
     let kept = in_use.split_off(excess);
     (in_use, kept)
@@ -199,7 +223,28 @@ mod tests {
     #[test]
     fn rotated_files_are_named_with_the_kubelets_timestamp() {
         let at = "2026-11-26T09:05:07.123456Z".parse::<Timestamp>().unwrap();
-        assert_eq!(rotated_name("0.log", at), "0.log.20261126-090507");
+        assert_eq!(rotated_name("0.log", at, &[]), "0.log.20261126-090507");
+        // A second rotation in the same second: the next sequence number, past the
+        // compressed and the temporary files of that second, never another second's.
+        let existing = names(&[
+            "0.log.20261126-090506.gz",
+            "0.log.20261126-090507.gz",
+            "0.log.20261126-090508",
+        ]);
+        assert_eq!(
+            rotated_name("0.log", at, &existing),
+            "0.log.20261126-090507.001"
+        );
+        let existing = names(&[
+            "0.log.20261126-090507.gz",
+            "0.log.20261126-090507.001.gz",
+            "0.log.20261126-090507.002.tmp",
+            "0.log.20261126-090507.002",
+        ]);
+        assert_eq!(
+            rotated_name("0.log", at, &existing),
+            "0.log.20261126-090507.003"
+        );
         assert!(is_rotated_of("0.log.20261126-090507", "0.log"));
         assert!(is_rotated_of("0.log.20261126-090507.gz", "0.log"));
         assert!(!is_rotated_of("0.log", "0.log"));
@@ -261,5 +306,17 @@ mod tests {
         let (removed, kept) = split_excess(rotated, policy(10));
         assert!(removed.is_empty());
         assert_eq!(kept.len(), 4);
+        // Within one second, by sequence: the compressed first file is the oldest.
+        let rotated = names(&[
+            "0.log.20260101-000000.002",
+            "0.log.20260101-000000.001.gz",
+            "0.log.20260101-000000.gz",
+        ]);
+        let (removed, kept) = split_excess(rotated, policy(3));
+        assert_eq!(
+            removed,
+            names(&["0.log.20260101-000000.gz", "0.log.20260101-000000.001.gz"])
+        );
+        assert_eq!(kept, names(&["0.log.20260101-000000.002"]));
     }
 }

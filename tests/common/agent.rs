@@ -217,6 +217,19 @@ impl AgentProcess {
         Pid::from_raw(i32::try_from(self.child.as_ref().expect("running").id()).expect("pid"))
     }
 
+    /// Its user and system CPU time so far, in seconds (`/proc/<pid>/stat`, at `USER_HZ`).
+    pub fn cpu_seconds(&self) -> f64 {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).expect("stat");
+        let after_name = stat.rsplit_once(')').expect("comm").1;
+        let fields: Vec<f64> = after_name
+            .split_whitespace()
+            .skip(11)
+            .take(2)
+            .map(|f| f.parse().expect("ticks"))
+            .collect();
+        (fields[0] + fields[1]) / 100.0
+    }
+
     /// Waits up to `timeout` for the agent to exit by itself: how it ended, or `None` if it
     /// still runs.
     pub async fn exited(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
