@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use super::StatsError;
 use super::cgroup::{CgroupPaths, CgroupReader, CgroupStats};
@@ -335,7 +335,7 @@ impl Collector {
         .map_err(|e| StatsError::Task(e.to_string()))?;
         let (cgroups, pods_cgroup, machine_figures, mut storage_figures, found) = read;
         {
-            let mut cache = self.located.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut cache = crate::lock::lock(&self.located);
             for (id, paths) in found {
                 if let Some(l) = cache.get_mut(&id) {
                     l.cgroups = Some(paths);
@@ -363,13 +363,7 @@ impl Collector {
         sandboxes: &[api::PodSandbox],
         containers: &[api::Container],
     ) -> HashMap<String, Located> {
-        let known: Vec<String> = self
-            .located
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .keys()
-            .cloned()
-            .collect();
+        let known: Vec<String> = crate::lock::lock(&self.located).keys().cloned().collect();
         let lookups = sandboxes
             .iter()
             .map(|s| (s.id.as_str(), true))
@@ -384,7 +378,7 @@ impl Collector {
                 Some((id.to_owned(), located?))
             });
         let found = futures::future::join_all(lookups).await;
-        let mut cache = self.located.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut cache = crate::lock::lock(&self.located);
         cache.extend(
             found
                 .into_iter()

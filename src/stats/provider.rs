@@ -10,7 +10,7 @@
 //! summaries, so the first has none.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
 
 use k8s_openapi::jiff::Timestamp;
 
@@ -91,12 +91,7 @@ impl StatsProvider {
         at: i64,
         usage: u64,
     ) -> CpuStats {
-        let previous = self
-            .previous
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(key)
-            .copied();
+        let previous = crate::lock::lock(&self.previous).get(key).copied();
         seen.insert(key.to_owned(), (at, usage));
         let rate = previous.and_then(|(t0, u0)| {
             let dt = u64::try_from(at - t0).ok().filter(|dt| *dt > 0)?;
@@ -165,7 +160,7 @@ impl StatsProvider {
         let mut seen = HashMap::new();
         let pods = self.pods(&snapshot, &mut seen);
         let node = self.node(node_name, &snapshot, &proc_stat, boot, &mut seen);
-        *self.previous.lock().unwrap_or_else(PoisonError::into_inner) = seen;
+        *crate::lock::lock(&self.previous) = seen;
         Ok(Summary { node, pods })
     }
 

@@ -162,9 +162,7 @@ impl Drop for Recorder {
 }
 
 fn lock(record: &Mutex<Record>) -> std::sync::MutexGuard<'_, Record> {
-    record
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
+    rkubelet::lock::lock(record)
 }
 
 fn locations(root_dir: &Path) -> Locations {
