@@ -155,6 +155,12 @@ impl<C: Cri> ContainerLogManager<C> {
                 let looked = self.look(&id, &path, from).instrument(span).await;
                 match looked {
                     Ok(looks) => watches.looked(&id, path, looks, self.limits(period)),
+                    // A container looked at between passes may have gone since the last
+                    // one: the kubelet rotates running containers only, so it is dropped.
+                    Err(e) if e.is_not_found() => {
+                        tracing::debug!(container = %id, error = %e, "container gone: its log is no longer watched");
+                        watches.forget(&id);
+                    }
                     Err(e) => {
                         tracing::error!(container = %id, error = %e, "Failed to rotate container log");
                         watches.forget(&id);
