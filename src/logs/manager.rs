@@ -155,14 +155,8 @@ impl<C: Cri> ContainerLogManager<C> {
                 let looked = self.look(&id, &path, from).instrument(span).await;
                 match looked {
                     Ok(looks) => watches.looked(&id, path, looks, self.limits(period)),
-                    // A container looked at between passes may have gone since the last
-                    // one: the kubelet rotates running containers only, so it is dropped.
-                    Err(e) if e.is_not_found() => {
-                        tracing::debug!(container = %id, error = %e, "container gone: its log is no longer watched");
-                        watches.forget(&id);
-                    }
                     Err(e) => {
-                        tracing::error!(container = %id, error = %e, "Failed to rotate container log");
+                        self.report(&id, &e).await;
                         watches.forget(&id);
                     }
                 }
@@ -178,6 +172,33 @@ impl<C: Cri> ContainerLogManager<C> {
                     watches.first(&id, path, look);
                 }
             }
+        }
+    }
+
+    /// Logs a failed look at container `id`'s log: an error if the container still runs,
+    /// quietly if it stopped or went since it was listed (its log directory may be gone
+    /// with its pod, and a stopped container's log cannot be reopened). The kubelet
+    /// rotates running containers only.
+    async fn report(&self, id: &str, e: &LogsError) {
+        if self.still_running(id).await {
+            tracing::error!(container = %id, error = %e, "Failed to rotate container log");
+        } else {
+            tracing::debug!(container = %id, error = %e, "container no longer running: its log is not rotated");
+        }
+    }
+
+    /// Whether container `id` runs, as far as the runtime says (a runtime that cannot
+    /// answer is taken to run it: its failure is reported).
+    async fn still_running(&self, id: &str) -> bool {
+        let req = api::ContainerStatusRequest {
+            container_id: id.to_owned(),
+            verbose: false,
+        };
+        match self.cri.container_status(req).await {
+            Ok(status) => status
+                .status
+                .is_some_and(|s| s.state == i32::from(api::ContainerState::ContainerRunning)),
+            Err(e) => !e.is_not_found(),
         }
     }
 
@@ -240,9 +261,7 @@ impl<C: Cri> ContainerLogManager<C> {
             match self.rotate_if_due(&c.id, from).instrument(span).await {
                 Ok(Some((path, looks))) => watches.looked(&c.id, path, looks, self.limits(period)),
                 Ok(None) => {}
-                Err(e) => {
-                    tracing::error!(container = %c.id, error = %e, "Failed to rotate container log");
-                }
+                Err(e) => self.report(&c.id, &e).await,
             }
         }
         let running: Vec<String> = containers.into_iter().map(|c| c.id).collect();
@@ -578,6 +597,7 @@ mod tests {
             Ok(api::ContainerStatusResponse {
                 status: Some(api::ContainerStatus {
                     id: req.container_id,
+                    state: api::ContainerState::ContainerRunning.into(),
                     log_path: path.display().to_string(),
                     ..Default::default()
                 }),
@@ -596,7 +616,16 @@ mod tests {
                     message: "failed to create and open log file".into(),
                 });
             }
-            let path = crate::lock::lock(&self.logs)[&req.container_id].clone();
+            let path = crate::lock::lock(&self.logs)
+                .get(&req.container_id)
+                .cloned();
+            let Some(path) = path else {
+                return Err(CriError::Rpc {
+                    rpc: "ReopenContainerLog",
+                    code: tonic::Code::NotFound,
+                    message: "no such container".into(),
+                });
+            };
             std::fs::File::create(&path).unwrap();
             crate::lock::lock(&self.reopened).push(req.container_id);
             Ok(api::ReopenContainerLogResponse {})
@@ -887,5 +916,17 @@ mod tests {
         assert_eq!(s.files(), ["b.log"]);
         let err = s.manager.clean("gone").await.unwrap_err();
         assert!(err.is_not_found(), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_container_gone_since_its_listing_is_not_a_failed_rotation() {
+        let s = Setup::new("gone", 10, 2);
+        let path = s.container("a", "");
+        std::fs::remove_file(&path).unwrap();
+        assert!(s.manager.still_running("a").await);
+        crate::lock::lock(&s.runtime.logs).remove("a");
+        let err = s.manager.look("a", &path, 10).await.unwrap_err();
+        assert!(err.is_not_found(), "{err}");
+        assert!(!s.manager.still_running("a").await);
     }
 }
