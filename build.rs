@@ -1,12 +1,23 @@
-//! Compiles the vendored CRI `runtime.v1` protocol (see proto/README.md) into a
-//! client-only tonic module, included by `src/cri/mod.rs`.
+//! Compiles the vendored protocols (see proto/README.md) into tonic modules: the CRI
+//! `runtime.v1` client-only (included by `src/cri/mod.rs`); the CSI spec's `csi.v1` and the
+//! kubelet's plugin registration `pluginregistration` with clients and servers (included by
+//! `src/volume/csi/mod.rs` and `src/pluginmanager/mod.rs`: the agent is the client, the test
+//! CSI driver serves them).
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let proto = "proto/k8s.io/cri-api/pkg/apis/runtime/v1/api.proto";
-    println!("cargo:rerun-if-changed={proto}");
+    let cri = "proto/k8s.io/cri-api/pkg/apis/runtime/v1/api.proto";
+    let csi = "proto/csi/v1/csi.proto";
+    let registration = "proto/k8s.io/kubelet/pkg/apis/pluginregistration/v1/api.proto";
+    for proto in [cri, csi, registration] {
+        println!("cargo:rerun-if-changed={proto}");
+    }
     tonic_prost_build::configure()
         .build_server(false)
         .build_client(true)
-        .compile_protos(&[proto], &["proto"])?;
+        .compile_protos(&[cri], &["proto"])?;
+    tonic_prost_build::configure()
+        .build_server(true)
+        .build_client(true)
+        .compile_protos(&[csi, registration], &["proto"])?;
     Ok(())
 }

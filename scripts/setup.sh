@@ -16,7 +16,7 @@ PACKAGES=(
   containerd runc containernetworking-plugins etcd-server
   golang-go rsync dpkg-dev
   docker-registry busybox-static skopeo debootstrap buildah systemd
-  protobuf-compiler iptables iproute2 openssl jq curl ca-certificates
+  protobuf-compiler libprotobuf-dev iptables iproute2 openssl jq curl ca-certificates
   apache2-utils nftables shellcheck conntrack podman
 )
 

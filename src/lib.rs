@@ -36,6 +36,7 @@ pub mod metrics;
 pub mod node;
 pub mod observability;
 pub mod pleg;
+pub mod pluginmanager;
 pub mod pod;
 pub mod probe;
 pub mod prober;

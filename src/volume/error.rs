@@ -176,6 +176,26 @@ pub enum VolumeError {
         #[source]
         source: io::Error,
     },
+    /// A CSI volume could not be published (or its driver refused it).
+    #[error("pod {pod}: volume {volume:?}: {source}")]
+    Csi {
+        /// The pod, `namespace/name`.
+        pod: String,
+        /// The volume's name in the pod spec.
+        volume: String,
+        /// The CSI plugin's error.
+        #[source]
+        source: Box<super::csi::CsiError>,
+    },
+    /// A pod's CSI volumes could not be unpublished: nothing of the pod was removed.
+    #[error("pod uid {pod_uid}: tearing down CSI volumes: {source}")]
+    CsiTeardown {
+        /// The pod's UID.
+        pod_uid: String,
+        /// The CSI plugin's error.
+        #[source]
+        source: Box<super::csi::CsiError>,
+    },
 }
 
 impl VolumeError {
@@ -219,6 +239,7 @@ impl VolumeError {
                 (volume, format!("failed to fetch token: {source}"))
             }
             Self::InvalidSpec { volume, reason, .. } => (volume, reason.clone()),
+            Self::Csi { volume, source, .. } => (volume, source.to_string()),
             Self::Io {
                 volume,
                 action,

@@ -31,6 +31,7 @@
 //! Knows no runtime (`kuberuntime`), pod worker, prober or image.
 
 mod atomic_writer;
+pub mod csi;
 mod downward_api;
 mod error;
 mod host_path;
@@ -270,6 +271,7 @@ pub struct VolumeManager<A = KubePodObjects, M = LinuxMounter> {
     mounter: Arc<M>,
     allocatable: BTreeMap<String, ApiQuantity>,
     tokens: TokenManager,
+    csi: Option<Arc<csi::CsiPlugin>>,
 }
 
 /// The service account tokens of a pod, cached across its volume set-ups.
@@ -434,7 +436,16 @@ impl<A: PodObjects, M: Mounter> VolumeManager<A, M> {
             mounter: Arc::new(mounter),
             allocatable: BTreeMap::new(),
             tokens: TokenManager::default(),
+            csi: None,
         }
+    }
+
+    /// Serves `csi:` volumes (and, for the claims, PVs with a `csi` source) through `csi`;
+    /// without it they are refused as unsupported.
+    #[must_use]
+    pub fn with_csi(mut self, csi: Arc<csi::CsiPlugin>) -> Self {
+        self.csi = Some(csi);
+        self
     }
 
     /// The node's allocatable resources (`Node.status.allocatable`): downward API volumes
@@ -515,6 +526,20 @@ impl<A: PodObjects, M: Mounter> VolumeManager<A, M> {
             return self
                 .setup_host_path(p, name, &source.path, source.type_.clone())
                 .await;
+        }
+        if let (Some(source), Some(csi)) = (&volume.csi, &self.csi) {
+            let host_path = csi
+                .set_up_inline(p.pod, name, source, p.fs_group())
+                .await
+                .map_err(|e| VolumeError::Csi {
+                    pod: p.key.clone(),
+                    volume: name.to_owned(),
+                    source: Box::new(e),
+                })?;
+            return Ok(HostMount {
+                host_path,
+                read_only: source.read_only.unwrap_or(false),
+            });
         }
         let mut plan = if let Some(source) = &volume.empty_dir {
             empty_dir(p, name, source)?
@@ -880,6 +905,16 @@ impl<A: PodObjects, M: Mounter> VolumeManager<A, M> {
             pod: pod_uid.to_owned(),
             reason,
         })?;
+        if let Some(csi) = &self.csi {
+            // Through the drivers first: the generic unmount below would leave them
+            // believing the volume published.
+            csi.tear_down_pod(pod_uid)
+                .await
+                .map_err(|e| VolumeError::CsiTeardown {
+                    pod_uid: pod_uid.to_owned(),
+                    source: Box::new(e),
+                })?;
+        }
         let pod_dir = self.pod_dir(pod_uid);
         let mounter = Arc::clone(&self.mounter);
         let span = tracing::info_span!("volumes_teardown", pod_uid = %pod_uid);
