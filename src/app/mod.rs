@@ -50,6 +50,9 @@ use crate::resources::Quantity;
 use crate::status::StatusManager;
 use crate::tls::ServingCertificate;
 use crate::tls::transport::ClientIdentity;
+use crate::volume::csi::{
+    CsiPlugin, Drivers, GrpcConnector, KubeCsiObjects, KubeNodeInfo, RegistrationHandler,
+};
 use crate::volume::{LinuxMounter, VolumeManager};
 use crate::watch_manager::{KubePodObjects, SourceCaches};
 use supervisor::{DeclarationError, Failure, OnFailure, Run, Supervisor, Task};
@@ -190,6 +193,9 @@ pub enum AppError {
     /// The tasks were declared in an order the supervisor cannot follow.
     #[error(transparent)]
     Declaration(#[from] DeclarationError),
+    /// The plugin manager's registration directory failed.
+    #[error(transparent)]
+    PluginManager(#[from] crate::pluginmanager::PluginManagerError),
     /// A file could not be read.
     #[error("{what}: {source}")]
     Io {
@@ -656,6 +662,7 @@ struct KubeletParts {
     sysctls: SysctlWhitelist,
     cgroup_driver: crate::cm::HostDriver,
     log_starts: crate::logs::StartedContainers,
+    csi: Arc<CsiPlugin>,
 }
 
 /// The kubelet: sandbox settings, Secrets and ConfigMaps from one watch per referenced
@@ -677,6 +684,7 @@ async fn kubelet(
         sysctls,
         cgroup_driver,
         log_starts,
+        csi,
     } = parts;
     let host_dns = match &config.resolv_conf {
         Some(path) => Some(HostDns::parse(
@@ -713,7 +721,8 @@ async fn kubelet(
         KubePodObjects::new(client.clone(), caches),
         LinuxMounter,
     )
-    .with_node_allocatable(allocatable);
+    .with_node_allocatable(allocatable)
+    .with_csi(csi);
     let capacity = node_capacity(&registered).await;
     let memory_capacity = u64::try_from(capacity.memory_bytes).unwrap_or(0);
     let cm = if config.cgroups_per_qos {
@@ -746,6 +755,44 @@ async fn kubelet(
         wake,
         env_sources,
         cm,
+    )))
+}
+
+/// Starts the plugin manager with the CSI plugin's registration handler (the node's CSINode
+/// made first, as the kubelet does); the CSI volume plugin of the drivers it registers.
+fn plugin_manager(
+    config: &Config,
+    tree: &mut Tree,
+    client: &kube::Client,
+) -> Result<Arc<CsiPlugin>, AppError> {
+    use crate::pluginmanager::{CSI_PLUGIN, Handlers, PluginHandler, PluginManager};
+    let drivers = Drivers::default();
+    let node_info = Arc::new(KubeNodeInfo::new(client.clone(), config.node_name.clone()));
+    let handler =
+        RegistrationHandler::new(drivers.clone(), Arc::new(GrpcConnector), node_info.clone());
+    let handlers: Handlers = [(
+        CSI_PLUGIN.to_owned(),
+        Arc::new(handler) as Arc<dyn PluginHandler>,
+    )]
+    .into();
+    let dir = crate::pluginmanager::registry_dir(&config.root_dir);
+    let run = Run::again(
+        (dir, handlers, node_info),
+        |(dir, handlers, node_info), stop| async move {
+            if let Err(e) = node_info.initialize().await {
+                tracing::warn!(error = %e, "creating the node's CSINode");
+            }
+            PluginManager::new(dir, handlers).run(stop).await
+        },
+    );
+    tree.start("plugin-manager", run.dropped_on_stop())?;
+    Ok(Arc::new(CsiPlugin::new(
+        config.root_dir.clone(),
+        config.node_name.clone(),
+        drivers,
+        Arc::new(GrpcConnector),
+        Arc::new(KubeCsiObjects(client.clone())),
+        Arc::new(LinuxMounter),
     )))
 }
 
@@ -806,6 +853,8 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
         Task::new("node-lease", restarted()).after(&["pleg"]),
         Task::new("node-status", restarted()).after(&["pleg"]),
         Task::new("service-informer", Stop),
+        // The kubelet's pluginManager.Run: registration sockets of CSI drivers.
+        Task::new("plugin-manager", restarted()),
         Task::new("static-pods", Stop).after(&["pleg", "status-manager"]),
         Task::new("pod-source", Stop).after(&["pleg", "status-manager"]),
         Task::new("mirror-pods", restarted()).after(&["pod-source"]),
@@ -918,6 +967,7 @@ async fn start(config: &Config, tree: &mut Tree) -> Result<bool, AppError> {
         Run::once(|_| services_feed).dropped_on_stop(),
     )?;
     let (containers, images, logs) = garbage_collectors(config);
+    let csi = plugin_manager(config, tree, &client)?;
     let parts = KubeletParts {
         client: client.clone(),
         registered,
@@ -930,6 +980,7 @@ async fn start(config: &Config, tree: &mut Tree) -> Result<bool, AppError> {
         sysctls,
         cgroup_driver,
         log_starts: logs.starts(),
+        csi,
     };
     let kubelet = kubelet(config, parts).await?;
     let workers = PodWorkers::new(kubelet.clone(), kubelet.pod_states().clone());

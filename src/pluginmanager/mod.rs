@@ -24,7 +24,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::UnixStream;
 use tonic::transport::{Channel, Uri};
 
-pub use reconciler::{Handlers, PluginManager};
+pub use reconciler::{GrpcRegistration, Handlers, PluginManager, PluginManagerError, Registration};
 
 /// Messages, client and server generated from the vendored `pluginregistration` v1 api.proto.
 #[allow(missing_docs, clippy::all, clippy::pedantic, unused_qualifications)]

@@ -306,7 +306,7 @@ impl AgentProcess {
     }
 
     /// The lines this run of the agent logged.
-    fn this_runs_log(&self) -> Result<String, String> {
+    pub fn this_runs_log(&self) -> Result<String, String> {
         let text = std::fs::read(&self.log)
             .map_err(|e| format!("reading the agent's log {}: {e}", self.log.display()))?;
         let start = usize::try_from(self.log_start).map_or(text.len(), |s| s.min(text.len()));

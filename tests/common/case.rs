@@ -83,6 +83,13 @@ impl Case {
         }
     }
 
+    /// Kills the agent (SIGKILL), as a crash would; its pods keep running.
+    pub fn crash_agent(&mut self) {
+        if let Some(agent) = self.agent.take() {
+            agent.crash();
+        }
+    }
+
     /// The running agent.
     pub fn agent(&self) -> &AgentProcess {
         self.agent.as_ref().expect("the agent runs")

@@ -406,6 +406,26 @@ fn on_disk(root: &Path, record: &Record) -> Vec<String> {
         }
     }
     left.extend(pod_cgroups_left(Path::new("/sys/fs/cgroup"), &record.pods));
+    left.extend(csi_left(root, &mountinfo));
+    left
+}
+
+/// CSI volumes still staged under `<root>/plugins/kubernetes.io/csi` and registration
+/// sockets under `<root>/plugins_registry` (the tests' drivers are stopped before their
+/// pods are looked at).
+fn csi_left(root: &Path, mountinfo: &str) -> Vec<String> {
+    let staged = root.join("plugins").join("kubernetes.io").join("csi");
+    let mut left: Vec<String> = mounts_under(mountinfo, &staged)
+        .into_iter()
+        .map(|m| format!("CSI staging mount {m}"))
+        .collect();
+    let registry = root.join("plugins_registry");
+    for name in file_names(&registry) {
+        left.push(format!(
+            "plugin registration socket {}",
+            registry.join(name).display()
+        ));
+    }
     left
 }
 

@@ -1,0 +1,321 @@
+//! CSI node plugins against the local cluster: the test's host-path CSI driver
+//! (`examples/csi-hostpath-driver.rs`) registers through `<root>/plugins_registry`, the
+//! node's CSINode lists it, an inline CSI volume is published into a pod and seen in its
+//! container, an agent killed mid-pod and started again neither publishes it twice nor
+//! leaks a mount, and the pod's deletion unpublishes it; the driver's going deregisters it.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::Duration;
+
+use common::case::{Case, delete_and_wait, root_dir, running};
+use common::leaks::mounts_under;
+use common::pods::{exec_in, sleeper};
+use common::{eventually, kube_client, node_name};
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::storage::v1::{CSIDriver, CSINode};
+use kube::api::{Api, DeleteParams, PostParams};
+use serde_json::json;
+
+/// The annotation with the drivers' node IDs.
+const NODE_ID_ANNOTATION: &str = "csi.volume.kubernetes.io/nodeid";
+
+/// The test driver, started by the test and ended by its PID (SIGTERM).
+struct Driver {
+    child: Option<Child>,
+    state: PathBuf,
+}
+
+impl Driver {
+    fn start(name: &str) -> Self {
+        // The example is built by `cargo test` beside the test binaries' `deps` dir.
+        let exe = std::env::current_exe().expect("test binary");
+        let bin = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("target dir")
+            .join("examples")
+            .join("csi-hostpath-driver");
+        assert!(
+            bin.exists(),
+            "{} is not built (cargo test builds it)",
+            bin.display()
+        );
+        let state = common::state_dir().join("csi-driver").join(name);
+        let _ = std::fs::remove_dir_all(&state);
+        let child = Command::new(&bin)
+            .args(["--name", name, "--node-id", &node_name()])
+            .arg("--root-dir")
+            .arg(root_dir())
+            .arg("--state-dir")
+            .arg(&state)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()));
+        Self {
+            child: Some(child),
+            state,
+        }
+    }
+
+    /// The driver's call log, one call a line.
+    fn calls(&self) -> Vec<String> {
+        std::fs::read_to_string(self.state.join("calls.log"))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    fn count(&self, prefix: &str) -> usize {
+        self.calls()
+            .iter()
+            .filter(|l| l.starts_with(prefix))
+            .count()
+    }
+
+    /// SIGTERM to the recorded PID, then wait for it.
+    fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("pid"));
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+async fn csi_node() -> Option<CSINode> {
+    Api::<CSINode>::all(kube_client("admin.kubeconfig").await)
+        .get_opt(&node_name())
+        .await
+        .expect("reading the CSINode")
+}
+
+async fn node_ids() -> serde_json::Value {
+    let node = Api::<Node>::all(kube_client("admin.kubeconfig").await)
+        .get(&node_name())
+        .await
+        .expect("reading the node");
+    node.metadata
+        .annotations
+        .and_then(|a| a.get(NODE_ID_ANNOTATION).cloned())
+        .map_or(json!({}), |v| serde_json::from_str(&v).expect("a JSON map"))
+}
+
+/// The CSIDriver object of the test driver, deleted when dropped.
+struct CsiDriverObject(String);
+
+impl CsiDriverObject {
+    async fn create(name: &str) -> Self {
+        let api = Api::<CSIDriver>::all(kube_client("admin.kubeconfig").await);
+        let object: CSIDriver = serde_json::from_value(json!({
+            "metadata": { "name": name },
+            "spec": {
+                "attachRequired": false,
+                "podInfoOnMount": true,
+                "volumeLifecycleModes": ["Persistent", "Ephemeral"],
+            },
+        }))
+        .expect("a CSIDriver");
+        api.create(&PostParams::default(), &object)
+            .await
+            .expect("creating the CSIDriver");
+        Self(name.to_owned())
+    }
+}
+
+impl Drop for CsiDriverObject {
+    fn drop(&mut self) {
+        let name = self.0.clone();
+        common::cleanup_blocking(move || async move {
+            let api = Api::<CSIDriver>::all(kube_client("admin.kubeconfig").await);
+            let _ = api.delete(&name, &DeleteParams::default()).await;
+        });
+    }
+}
+
+fn mountinfo() -> String {
+    std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo")
+}
+
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn a_csi_driver_registers_publishes_into_a_pod_and_survives_an_agent_restart() {
+    // Short: its socket path must fit in a sockaddr_un.
+    let name = "hostpath.csi.rkubelet.test".to_owned();
+    // Declared before the case: dropped after it, so a failing test's pods are still
+    // unpublished through the driver.
+    let mut driver = Driver::start(&name);
+    let _object = CsiDriverObject::create(&name).await;
+    let debug = [("RUST_LOG", "info,rkubelet::volume::csi=debug")];
+    let mut case = Case::new("csi").await;
+    case.start_agent_with(None, &[], &debug);
+
+    // Registration: GetInfo, NodeGetInfo, the CSINode and the node's annotation, then the
+    // driver is told.
+    let registered = eventually(
+        "the CSINode lists the driver",
+        Duration::from_secs(30),
+        || async {
+            csi_node()
+                .await?
+                .spec
+                .drivers
+                .into_iter()
+                .find(|d| d.name == name)
+        },
+    )
+    .await;
+    assert_eq!(registered.node_id, node_name());
+    assert_eq!(
+        registered.topology_keys,
+        Some(vec!["topology.hostpath.csi/node".to_owned()])
+    );
+    assert_eq!(node_ids().await[&name], json!(node_name()));
+    eventually(
+        "the driver told it is registered",
+        Duration::from_secs(10),
+        || async { (driver.count("NotifyRegistrationStatus true") == 1).then_some(()) },
+    )
+    .await;
+
+    // An inline volume, published into the pod.
+    let manifest = sleeper(json!({
+        "volumes": [{ "name": "data", "csi": { "driver": name, "volumeAttributes": { "size": "1Mi" } } }],
+        "containers": [{
+            "name": "main", "image": "busybox", "command": ["sleep", "3600"],
+            "volumeMounts": [{ "name": "data", "mountPath": "/data" }],
+        }],
+    }));
+    let pod_name = case.create("inline", manifest).await;
+    let pod = running(&pod_name).await;
+    let uid = pod.metadata.uid.expect("uid");
+    let target = root_dir()
+        .join("pods")
+        .join(&uid)
+        .join("volumes/kubernetes.io~csi/data/mount");
+    let written = exec_in(
+        &uid,
+        "main",
+        vec![
+            "sh".into(),
+            "-c".into(),
+            "echo hello > /data/f && cat /data/f".into(),
+        ],
+    )
+    .await;
+    assert_eq!(
+        String::from_utf8_lossy(&written.stdout).trim(),
+        "hello",
+        "{written:?}"
+    );
+    let publishes: Vec<String> = driver
+        .calls()
+        .into_iter()
+        .filter(|l| l.starts_with("NodePublishVolume csi-"))
+        .collect();
+    assert_eq!(publishes.len(), 1, "{publishes:?}");
+    assert!(
+        publishes[0].ends_with(&target.to_string_lossy().into_owned()),
+        "{publishes:?}"
+    );
+    let handle = publishes[0].split(' ').nth(1).expect("a handle").to_owned();
+    let data_file = driver.state.join("volumes").join(&handle).join("f");
+    assert_eq!(
+        std::fs::read_to_string(&data_file).expect("the driver's volume holds the file"),
+        "hello\n"
+    );
+    let context = driver
+        .calls()
+        .into_iter()
+        .find(|l| l.starts_with("context "))
+        .expect("the publish's context");
+    for attribute in [
+        format!("csi.storage.k8s.io/pod.name={pod_name}"),
+        format!("csi.storage.k8s.io/pod.uid={uid}"),
+        "csi.storage.k8s.io/ephemeral=true".into(),
+        "size=1Mi".into(),
+    ] {
+        assert!(
+            context.contains(&attribute),
+            "{attribute} missing in {context}"
+        );
+    }
+    let vol_data: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(target.parent().expect("volume dir").join("vol_data.json"))
+            .expect("vol_data.json"),
+    )
+    .expect("JSON");
+    assert_eq!(vol_data["driverName"], json!(name));
+    assert_eq!(vol_data["volumeLifecycleMode"], json!("Ephemeral"));
+    assert_eq!(vol_data["volumeHandle"], json!(handle));
+
+    // A crash mid-pod, then a new start: the driver registers again, the volume is found
+    // published (no second NodePublishVolume, one mount).
+    case.crash_agent();
+    case.start_agent_with(None, &[], &debug);
+    eventually(
+        "the driver registered again",
+        Duration::from_secs(30),
+        || async { (driver.count("NotifyRegistrationStatus true") == 2).then_some(()) },
+    )
+    .await;
+    eventually(
+        "the restarted agent found the volume published",
+        Duration::from_secs(60),
+        || async {
+            let log = case.agent().this_runs_log().unwrap_or_default();
+            log.contains("already published").then_some(())
+        },
+    )
+    .await;
+    assert_eq!(driver.count("NodePublishVolume"), 1, "{:?}", driver.calls());
+    let mounts = mounts_under(&mountinfo(), &target);
+    assert_eq!(mounts.len(), 1, "one mount at the target: {mounts:?}");
+    let read = exec_in(&uid, "main", vec!["cat".into(), "/data/f".into()]).await;
+    assert_eq!(String::from_utf8_lossy(&read.stdout), "hello\n");
+
+    // The pod's deletion unpublishes; the driver's data stays.
+    delete_and_wait(&pod_name).await;
+    eventually(
+        "the volume unpublished",
+        Duration::from_secs(30),
+        || async { (driver.count("NodeUnpublishVolume") == 1).then_some(()) },
+    )
+    .await;
+    let pod_dir = root_dir().join("pods").join(&uid);
+    eventually(
+        "no mount left of the pod",
+        Duration::from_secs(30),
+        || async {
+            mounts_under(&mountinfo(), &pod_dir)
+                .is_empty()
+                .then_some(())
+        },
+    )
+    .await;
+    assert!(data_file.exists(), "the volume's data was removed");
+
+    // The driver goes: its registration socket with it, and the node forgets it.
+    driver.stop();
+    eventually(
+        "the CSINode no longer lists the driver",
+        Duration::from_secs(30),
+        || async {
+            let listed = csi_node()
+                .await
+                .is_some_and(|n| n.spec.drivers.iter().any(|d| d.name == name));
+            (!listed).then_some(())
+        },
+    )
+    .await;
+    assert!(node_ids().await.get(&name).is_none());
+    let _ = std::fs::remove_dir_all(&driver.state);
+}
