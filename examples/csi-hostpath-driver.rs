@@ -20,12 +20,13 @@ use std::sync::{Arc, Mutex};
 use clap::Parser;
 use futures::future::BoxFuture;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use nix::mount::{MntFlags, MsFlags, mount, umount2};
+use nix::mount::{MsFlags, mount};
 use rkubelet::pluginmanager::api as registration;
 use rkubelet::pluginmanager::api::registration_server::{Registration, RegistrationServer};
 use rkubelet::volume::csi::api;
 use rkubelet::volume::csi::api::identity_server::{Identity, IdentityServer};
 use rkubelet::volume::csi::api::node_server::{Node, NodeServer};
+use rkubelet::volume::{LinuxMounter, Mounter};
 use tokio::net::UnixListener;
 use tonic::{Request, Response, Status};
 use tower::ServiceExt;
@@ -88,23 +89,15 @@ fn is_mount_point(path: &Path) -> Result<bool, Status> {
     let Ok(canonical) = fs::canonicalize(path) else {
         return Ok(false);
     };
-    let table = fs::read_to_string("/proc/self/mountinfo").map_err(internal)?;
-    Ok(table
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .any(|p| Path::new(p) == canonical))
+    Ok(LinuxMounter
+        .mount_points()
+        .map_err(internal)?
+        .contains(&canonical))
 }
 
 fn bind(source: &Path, target: &Path, read_only: bool) -> Result<(), Status> {
     fs::create_dir_all(target).map_err(internal)?;
-    mount(
-        Some(source),
-        target,
-        None::<&str>,
-        MsFlags::MS_BIND,
-        None::<&str>,
-    )
-    .map_err(internal)?;
+    LinuxMounter.bind_mount(source, target).map_err(internal)?;
     if read_only {
         let flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY;
         mount(None::<&str>, target, None::<&str>, flags, None::<&str>).map_err(internal)?;
@@ -114,7 +107,7 @@ fn bind(source: &Path, target: &Path, read_only: bool) -> Result<(), Status> {
 
 fn unmount(target: &Path) -> Result<(), Status> {
     if is_mount_point(target)? {
-        umount2(target, MntFlags::UMOUNT_NOFOLLOW).map_err(internal)?;
+        LinuxMounter.unmount(target).map_err(internal)?;
     }
     match fs::remove_dir(target) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(internal(e)),

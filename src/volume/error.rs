@@ -185,7 +185,7 @@ pub enum VolumeError {
         volume: String,
         /// The CSI plugin's error.
         #[source]
-        source: Box<super::csi::CsiError>,
+        source: Box<super::csi::error::CsiError>,
     },
     /// A pod's CSI volumes could not be unpublished: nothing of the pod was removed.
     #[error("pod uid {pod_uid}: tearing down CSI volumes: {source}")]
@@ -194,7 +194,7 @@ pub enum VolumeError {
         pod_uid: String,
         /// The CSI plugin's error.
         #[source]
-        source: Box<super::csi::CsiError>,
+        source: Box<super::csi::error::CsiError>,
     },
 }
 

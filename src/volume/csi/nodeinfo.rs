@@ -128,7 +128,7 @@ pub fn install_into(
             count: i32::try_from(max_volumes).ok(),
         }),
     };
-    if spec.drivers.iter().any(|d| *d == entry) {
+    if spec.drivers.contains(&entry) {
         return false;
     }
     spec.drivers.retain(|d| d.name != driver);

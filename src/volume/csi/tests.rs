@@ -46,22 +46,32 @@ struct Setup {
     plugin: CsiPlugin,
 }
 
+/// A plugin (a run of the agent) on `dir`, with `driver` as the driver's node service and
+/// mount table.
+fn plugin_on(dir: &Path, drivers: Drivers, driver: &FakeDriver, objects: FakeObjects) -> CsiPlugin {
+    CsiPlugin::new(
+        dir.to_path_buf(),
+        "node-1".into(),
+        drivers,
+        Arc::new(driver.clone()),
+        Arc::new(objects),
+        Arc::new(driver.mounter.clone()),
+    )
+}
+
+fn registered() -> Drivers {
+    let drivers = Drivers::default();
+    drivers.insert_for_test(DRIVER, "/run/csi/hostpath.sock");
+    drivers
+}
+
 fn setup(test: &str, capabilities: Vec<Capability>, objects: FakeObjects) -> Setup {
     let dir = TempDir::new(test);
     let driver = FakeDriver {
         capabilities,
         ..FakeDriver::default()
     };
-    let drivers = Drivers::default();
-    drivers.insert_for_test(DRIVER, "/run/csi/hostpath.sock");
-    let plugin = CsiPlugin::new(
-        dir.path().to_path_buf(),
-        "node-1".into(),
-        drivers,
-        Arc::new(driver.clone()),
-        Arc::new(objects),
-        Arc::new(driver.mounter.clone()),
-    );
+    let plugin = plugin_on(dir.path(), registered(), &driver, objects);
     Setup {
         dir,
         driver,
@@ -160,15 +170,11 @@ async fn a_published_target_is_not_published_again_after_a_restart() {
         .unwrap();
     assert_eq!(published(&s.driver.calls()).len(), 1);
     // A new plugin (a restarted agent) with the same mount table and pod directory.
-    let drivers = Drivers::default();
-    drivers.insert_for_test(DRIVER, "/run/csi/hostpath.sock");
-    let restarted = CsiPlugin::new(
-        s.dir.path().to_path_buf(),
-        "node-1".into(),
-        drivers,
-        Arc::new(s.driver.clone()),
-        Arc::new(ephemeral_objects(false)),
-        Arc::new(s.driver.mounter.clone()),
+    let restarted = plugin_on(
+        s.dir.path(),
+        registered(),
+        &s.driver,
+        ephemeral_objects(false),
     );
     let again = restarted
         .set_up_inline(&pod, "data", &source, None)
@@ -242,13 +248,11 @@ async fn without_its_driver_a_volume_is_neither_published_nor_torn_down() {
         "kubernetes.io/csi: driver name other.csi not found in the list of registered CSI drivers"
     );
     // The driver goes: the teardown fails and leaves the mount and its data alone.
-    let gone = CsiPlugin::new(
-        s.dir.path().to_path_buf(),
-        "node-1".into(),
+    let gone = plugin_on(
+        s.dir.path(),
         Drivers::default(),
-        Arc::new(s.driver.clone()),
-        Arc::new(FakeObjects::default()),
-        Arc::new(s.driver.mounter.clone()),
+        &s.driver,
+        FakeObjects::default(),
     );
     s.driver.calls();
     assert!(matches!(
@@ -267,13 +271,11 @@ async fn without_its_driver_a_volume_is_neither_published_nor_torn_down() {
 async fn a_failed_publish_leaves_no_directory() {
     let mut s = setup("csi-failpub", vec![], ephemeral_objects(false));
     s.driver.fail_publish = Some(tonic::Status::internal("disk on fire"));
-    let plugin = CsiPlugin::new(
-        s.dir.path().to_path_buf(),
-        "node-1".into(),
+    let plugin = plugin_on(
+        s.dir.path(),
         s.plugin.drivers.clone(),
-        Arc::new(s.driver.clone()),
-        Arc::new(ephemeral_objects(false)),
-        Arc::new(s.driver.mounter.clone()),
+        &s.driver,
+        ephemeral_objects(false),
     );
     let (pod, source) = inline("uid-5");
     let e = plugin
