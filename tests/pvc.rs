@@ -14,11 +14,11 @@ use std::time::{Duration, Instant};
 
 use common::case::{Case, delete_and_wait, get, root_dir, running};
 use common::leaks::mounts_under;
-use common::pods::{event_messages, exec_in, pods_api, sleeper};
+use common::pods::{event_messages, exec_in, is_ready, pods_api, pods_of_app, sleeper};
 use common::{eventually, kube_client, kubectl, node_name, state_dir, unique};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod};
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::json;
 
 async fn admin() -> kube::Client {
@@ -96,16 +96,15 @@ impl Drop for DataDir {
     }
 }
 
-/// The node's `kubernetes.io/hostname` label, which local PVs' node affinity names.
+/// The node's `kubernetes.io/hostname` label, which local PVs' node affinity names, once
+/// the agent registered the node.
 async fn hostname_label() -> String {
-    let node = Api::<Node>::all(admin().await)
-        .get(&node_name())
-        .await
-        .expect("the node");
-    node.metadata
-        .labels
-        .and_then(|l| l.get("kubernetes.io/hostname").cloned())
-        .expect("the node's hostname label")
+    let nodes = Api::<Node>::all(admin().await);
+    eventually("the node registered", Duration::from_secs(60), || async {
+        let node = nodes.get_opt(&node_name()).await.ok().flatten()?;
+        node.metadata.labels?.get("kubernetes.io/hostname").cloned()
+    })
+    .await
 }
 
 fn affinity(host: &str) -> serde_json::Value {
@@ -189,29 +188,15 @@ async fn sh(uid: &str, script: &str) -> (i32, String, String) {
     )
 }
 
-async fn set_pods(app: &str) -> Vec<Pod> {
-    pods_api()
-        .await
-        .list(&ListParams::default().labels(&format!("app={app}")))
-        .await
-        .expect("list pods")
-        .items
-}
-
-fn ready(p: &Pod) -> bool {
-    let conditions = p.status.as_ref().and_then(|s| s.conditions.as_ref());
-    conditions.is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
 /// The StatefulSet's `n` pods once all are ready, by name.
 async fn all_ready(app: &str, n: usize) -> std::collections::BTreeMap<String, Pod> {
     eventually(
         &format!("{n} ready pods of {app}"),
         Duration::from_secs(90),
         || async {
-            let pods = set_pods(app).await;
+            let pods = pods_of_app(app).await;
             (pods.len() == n
-                && pods.iter().all(ready)
+                && pods.iter().all(is_ready)
                 && pods.iter().all(|p| p.metadata.deletion_timestamp.is_none()))
             .then(|| {
                 pods.into_iter()
@@ -232,6 +217,17 @@ async fn names_in(pod: &Pod) -> String {
     let (code, out, err) = sh(&uid(pod), "cat /data/names").await;
     assert_eq!(code, 0, "reading /data/names: {err}");
     out
+}
+
+/// Waits until the pod `name` with UID `old` has left the API (the StatefulSet controller
+/// makes a new one of the same name at once).
+async fn replaced(name: &str, old: &str) {
+    eventually(
+        &format!("{name} ({old}) gone from the API"),
+        Duration::from_secs(30),
+        || async { get(name).await.is_none_or(|p| uid(&p) != old).then_some(()) },
+    )
+    .await;
 }
 
 async fn scale(name: &str, replicas: i32) {
@@ -330,8 +326,12 @@ async fn a_stateful_set_on_local_volumes_keeps_its_data() {
             .join(uid(pod))
             .join("volumes/kubernetes.io~local-volume")
             .join(&pv);
+        let local: Vec<String> = mounts_in_pods(Some(&uid(pod)))
+            .into_iter()
+            .filter(|m| m.contains("kubernetes.io~local-volume"))
+            .collect();
         assert_eq!(
-            mounts_in_pods(Some(&uid(pod))),
+            local,
             [mount.display().to_string()],
             "the local volume is bind-mounted at the kubelet's path"
         );
@@ -343,7 +343,12 @@ async fn a_stateful_set_on_local_volumes_keeps_its_data() {
     // A deleted pod comes back with the same data; its old mount is gone.
     let zero = format!("{app}-0");
     let old = uid(&pods[&zero]);
-    delete_and_wait(&zero).await;
+    pods_api()
+        .await
+        .delete(&zero, &DeleteParams::default())
+        .await
+        .expect("delete");
+    replaced(&zero, &old).await;
     assert_eq!(mounts_in_pods(Some(&old)), Vec::<String>::new());
     let pods = all_ready(&app, 2).await;
     assert_ne!(uid(&pods[&zero]), old);
@@ -365,15 +370,11 @@ async fn a_stateful_set_on_local_volumes_keeps_its_data() {
         )
         .await
         .expect("force delete");
-    eventually(
-        "the pod gone from the API",
-        Duration::from_secs(30),
-        || async { get(&one).await.is_none_or(|p| uid(&p) != old).then_some(()) },
-    )
-    .await;
-    assert_eq!(
-        mounts_in_pods(Some(&old)).len(),
-        1,
+    replaced(&one, &old).await;
+    assert!(
+        mounts_in_pods(Some(&old))
+            .iter()
+            .any(|m| m.contains("kubernetes.io~local-volume")),
         "still mounted while the agent is down"
     );
     let restart = Instant::now();
@@ -392,7 +393,7 @@ async fn a_stateful_set_on_local_volumes_keeps_its_data() {
     // its own.
     scale(&app, 0).await;
     eventually("no pods", Duration::from_secs(60), || async {
-        set_pods(&app).await.is_empty().then_some(())
+        pods_of_app(&app).await.is_empty().then_some(())
     })
     .await;
     eventually("no mounts", Duration::from_secs(30), || async {
@@ -420,7 +421,7 @@ async fn a_stateful_set_on_local_volumes_keeps_its_data() {
     ])
     .await;
     eventually("the set's pods gone", Duration::from_secs(60), || async {
-        set_pods(&app).await.is_empty().then_some(())
+        pods_of_app(&app).await.is_empty().then_some(())
     })
     .await;
     drop(objects);
@@ -608,21 +609,11 @@ async fn pending_claims_foreign_volumes_and_read_only_claims() {
     std::fs::write(ro_dir.join("seed"), "seeded\n").expect("seed");
     let mut spec = claim_ref(&ro);
     spec["hostPath"] = json!({"path": ro_dir, "type": "Directory"});
-    objects
-        .create(json!({
-            "apiVersion": "v1",
-            "kind": "PersistentVolume",
-            "metadata": {"name": ro_pv},
-            "spec": {
-                "capacity": {"storage": "64Mi"},
-                "accessModes": ["ReadWriteOnce"],
-                "persistentVolumeReclaimPolicy": "Retain",
-                "claimRef": spec["claimRef"],
-                "storageClassName": "",
-                "hostPath": spec["hostPath"]
-            }
-        }))
-        .await;
+    let mut host_pv = local_pv(&ro_pv, &ro_dir, "", spec);
+    let host_spec = host_pv["spec"].as_object_mut().expect("spec");
+    host_spec.remove("local");
+    host_spec.remove("nodeAffinity");
+    objects.create(host_pv).await;
     objects.create(claim(&ro, &ro_pv, json!({}))).await;
     wait_bound(&far).await;
     wait_bound(&ro).await;
