@@ -587,6 +587,14 @@ impl<A: PodObjects, M: Mounter> VolumeManager<A, M> {
             let (mounts_used, devices_used) = used_volume_names(pod);
             for volume in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()) {
                 let set_up = match &volume.persistent_volume_claim {
+                    // As the kubelet's populator: a claim no container uses is not followed.
+                    Some(_)
+                        if !mounts_used.contains(volume.name.as_str())
+                            && !devices_used.contains(volume.name.as_str()) =>
+                    {
+                        tracing::debug!(volume = %volume.name, "skipping an unused claim");
+                        continue;
+                    }
                     Some(source) => {
                         let usage = if devices_used.contains(volume.name.as_str()) {
                             Usage::Devices

@@ -968,6 +968,23 @@ async fn claims_are_followed_to_local_volumes_and_torn_down_without_their_data()
         "the volume's data is kept"
     );
 
+    // A writable claim gets the pod's fsGroup on its new mount, as other volumes do.
+    let gid = testing::fs_group_for_tests();
+    let writable = json!([{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]);
+    let mut owned = claim_pod(
+        writable,
+        json!([{"name": "data", "mountPath": "/data"}]),
+        json!([]),
+    );
+    owned.spec.as_mut().expect("spec").security_context =
+        Some(serde_json::from_value(json!({"fsGroup": gid})).expect("context"));
+    let volumes = manager.setup(&owned).await.expect("writable");
+    let mount = volumes.get("data").expect("data");
+    assert!(!mount.read_only);
+    assert_eq!(fs::metadata(&mount.host_path).expect("stat").gid(), gid);
+    assert_eq!(mode(&mount.host_path) & 0o2000, 0o2000, "setgid");
+    manager.teardown(UID).await.expect("teardown");
+
     // Block: the device reaches the container through the pod's device link.
     let raw = json!([{"name": "raw", "persistentVolumeClaim": {"claimName": "raw"}}]);
     let block_pod = claim_pod(
@@ -1043,4 +1060,14 @@ async fn a_pod_waits_for_its_claim_with_the_kubelets_event() {
         err.failed_mount_message(),
         "Unable to attach or mount volumes: unmounted volumes=[data tokens], unattached volumes=[cache data tokens]: error processing PVC shop/data: PVC is not bound"
     );
+    let unused = claim_pod(
+        json!([{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]),
+        json!([]),
+        json!([]),
+    );
+    let volumes = manager
+        .setup(&unused)
+        .await
+        .expect("an unused claim is not waited for");
+    assert!(volumes.get("data").is_none());
 }
