@@ -134,6 +134,22 @@ impl Drop for TestPods {
     }
 }
 
+/// The pods of `default` labelled `app=<app>` (a Deployment's or StatefulSet's).
+pub async fn pods_of_app(app: &str) -> Vec<Pod> {
+    pods_api()
+        .await
+        .list(&ListParams::default().labels(&format!("app={app}")))
+        .await
+        .expect("list pods")
+        .items
+}
+
+/// Whether the pod's Ready condition is true.
+pub fn is_ready(p: &Pod) -> bool {
+    let conditions = p.status.as_ref().and_then(|s| s.conditions.as_ref());
+    conditions.is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
 /// A busybox pod whose container `main` sleeps and stops at once, with `spec` merged into
 /// its spec.
 pub fn sleeper(spec: serde_json::Value) -> serde_json::Value {
