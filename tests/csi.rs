@@ -3,20 +3,33 @@
 //! node's CSINode lists it, an inline CSI volume is published into a pod and seen in its
 //! container, an agent killed mid-pod and started again neither publishes it twice nor
 //! leaks a mount, and the pod's deletion unpublishes it; the driver's going deregisters it.
+//! A claim of the driver's StorageClass (a PV the test makes, pre-bound) is staged at the
+//! kubelet's global mount, published, measured with `NodeGetVolumeStats` and unstaged.
 
 mod common;
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::case::{Case, delete_and_wait, root_dir, running};
 use common::leaks::mounts_under;
 use common::pods::{exec_in, sleeper};
 use common::{eventually, kube_client, node_name};
-use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::api::storage::v1::{CSIDriver, CSINode};
+use futures::future::BoxFuture;
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::{CSIDriver, CSINode, StorageClass};
 use kube::api::{Api, DeleteParams, PostParams};
+use rkubelet::pluginmanager::{CSI_PLUGIN, Handlers, PluginHandler, PluginManager, registry_dir};
+use rkubelet::volume::LinuxMounter;
+use rkubelet::volume::csi::{
+    CsiPlugin, Drivers, GrpcConnector, KubeCsiObjects, NodeInfoError, NodeInfoUpdater,
+    RegistrationHandler,
+};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 use serde_json::json;
 
 /// The annotation with the drivers' node IDs.
@@ -29,7 +42,7 @@ struct Driver {
 }
 
 impl Driver {
-    fn start(name: &str) -> Self {
+    fn start(name: &str, extra: &[&str]) -> Self {
         // The example is built by `cargo test` beside the test binaries' `deps` dir.
         let exe = std::env::current_exe().expect("test binary");
         let bin = exe
@@ -51,6 +64,7 @@ impl Driver {
             .arg(root_dir())
             .arg("--state-dir")
             .arg(&state)
+            .args(extra)
             .spawn()
             .unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()));
         Self {
@@ -109,36 +123,51 @@ async fn node_ids() -> serde_json::Value {
         .map_or(json!({}), |v| serde_json::from_str(&v).expect("a JSON map"))
 }
 
-/// The CSIDriver object of the test driver, deleted when dropped.
-struct CsiDriverObject(String);
+/// Deletes one object the test made, through a client of the clean-up's own runtime.
+type Deletion = Box<dyn FnOnce(kube::Client) -> BoxFuture<'static, ()> + Send>;
 
-impl CsiDriverObject {
-    async fn create(name: &str) -> Self {
-        let api = Api::<CSIDriver>::all(kube_client("admin.kubeconfig").await);
-        let object: CSIDriver = serde_json::from_value(json!({
-            "metadata": { "name": name },
-            "spec": {
-                "attachRequired": false,
-                "podInfoOnMount": true,
-                "volumeLifecycleModes": ["Persistent", "Ephemeral"],
-            },
-        }))
-        .expect("a CSIDriver");
-        api.create(&PostParams::default(), &object)
+/// The cluster objects a test made, deleted when dropped (the last made first).
+#[derive(Default)]
+struct Made(Vec<Deletion>);
+
+impl Made {
+    /// Creates `manifest` through the API `api` makes from a client.
+    async fn create<K>(&mut self, api: fn(kube::Client) -> Api<K>, manifest: serde_json::Value)
+    where
+        K: kube::Resource + Clone + DeserializeOwned + Serialize + std::fmt::Debug + Send + 'static,
+    {
+        let object: K = serde_json::from_value(manifest).expect("a manifest");
+        let name = object.meta().name.clone().expect("a name");
+        api(kube_client("admin.kubeconfig").await)
+            .create(&PostParams::default(), &object)
             .await
-            .expect("creating the CSIDriver");
-        Self(name.to_owned())
+            .unwrap_or_else(|e| panic!("creating {name}: {e}"));
+        self.0.push(Box::new(move |client| {
+            Box::pin(async move {
+                let _ = api(client).delete(&name, &DeleteParams::default()).await;
+            })
+        }));
     }
 }
 
-impl Drop for CsiDriverObject {
+impl Drop for Made {
     fn drop(&mut self) {
-        let name = self.0.clone();
+        let deletions = std::mem::take(&mut self.0);
         common::cleanup_blocking(move || async move {
-            let api = Api::<CSIDriver>::all(kube_client("admin.kubeconfig").await);
-            let _ = api.delete(&name, &DeleteParams::default()).await;
+            let client = kube_client("admin.kubeconfig").await;
+            for delete in deletions.into_iter().rev() {
+                delete(client.clone()).await;
+            }
         });
     }
+}
+
+/// The test driver's CSIDriver: no attach, the pod's attributes on publish.
+fn csi_driver(name: &str, modes: &[&str]) -> serde_json::Value {
+    json!({
+        "metadata": { "name": name },
+        "spec": { "attachRequired": false, "podInfoOnMount": true, "volumeLifecycleModes": modes },
+    })
 }
 
 fn mountinfo() -> String {
@@ -152,8 +181,13 @@ async fn a_csi_driver_registers_publishes_into_a_pod_and_survives_an_agent_resta
     let name = "hostpath.csi.rkubelet.test".to_owned();
     // Declared before the case: dropped after it, so a failing test's pods are still
     // unpublished through the driver.
-    let mut driver = Driver::start(&name);
-    let _object = CsiDriverObject::create(&name).await;
+    let mut driver = Driver::start(&name, &[]);
+    let mut made = Made::default();
+    made.create(
+        Api::<CSIDriver>::all,
+        csi_driver(&name, &["Persistent", "Ephemeral"]),
+    )
+    .await;
     let debug = [("RUST_LOG", "info,rkubelet::volume::csi=debug")];
     let mut case = Case::new("csi").await;
     case.start_agent_with(None, &[], &debug);
@@ -317,5 +351,196 @@ async fn a_csi_driver_registers_publishes_into_a_pod_and_survives_an_agent_resta
     )
     .await;
     assert!(node_ids().await.get(&name).is_none());
+    let _ = std::fs::remove_dir_all(&driver.state);
+}
+
+/// Records nothing on the node: the test's own plugin manager only needs the drivers.
+struct NoNodeInfo;
+
+impl NodeInfoUpdater for NoNodeInfo {
+    fn install_driver<'a>(
+        &'a self,
+        _: &'a str,
+        _: &'a str,
+        _: i64,
+        _: HashMap<String, String>,
+    ) -> BoxFuture<'a, Result<(), NodeInfoError>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    fn uninstall_driver<'a>(&'a self, _: &'a str) -> BoxFuture<'a, Result<(), NodeInfoError>> {
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// The CSI plugin as the stats provider would call it, its drivers registered by a plugin
+/// manager of the test's own on the agent's registration directory.
+async fn stats_plugin() -> CsiPlugin {
+    let drivers = Drivers::default();
+    let handler = RegistrationHandler::new(
+        drivers.clone(),
+        Arc::new(GrpcConnector),
+        Arc::new(NoNodeInfo),
+    );
+    let handlers: Handlers = [(
+        CSI_PLUGIN.to_owned(),
+        Arc::new(handler) as Arc<dyn PluginHandler>,
+    )]
+    .into();
+    let mut manager = PluginManager::new(registry_dir(&root_dir()), handlers);
+    manager.reconcile().await.expect("reading plugins_registry");
+    CsiPlugin::new(
+        root_dir(),
+        node_name(),
+        drivers,
+        Arc::new(GrpcConnector),
+        Arc::new(KubeCsiObjects(kube_client("admin.kubeconfig").await)),
+        Arc::new(LinuxMounter),
+    )
+}
+
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn a_claim_of_the_csi_drivers_class_is_staged_published_measured_and_unstaged() {
+    let name = "staged.csi.rkubelet.test".to_owned();
+    let mut driver = Driver::start(&name, &["--stage"]);
+    let suffix = common::unique("csi");
+    let (class, pv, claim) = (
+        format!("{suffix}-sc"),
+        format!("{suffix}-pv"),
+        format!("{suffix}-pvc"),
+    );
+    let handle = format!("{suffix}-handle");
+    let mut made = Made::default();
+    made.create(Api::<CSIDriver>::all, csi_driver(&name, &["Persistent"]))
+        .await;
+    made.create(
+        Api::<StorageClass>::all,
+        json!({ "metadata": { "name": class }, "provisioner": name, "reclaimPolicy": "Retain" }),
+    )
+    .await;
+    made.create(
+        Api::<PersistentVolume>::all,
+        json!({
+            "metadata": { "name": pv },
+            "spec": {
+                "capacity": { "storage": "1Gi" },
+                "accessModes": ["ReadWriteOnce"],
+                "persistentVolumeReclaimPolicy": "Retain",
+                "storageClassName": class,
+                "claimRef": { "namespace": "default", "name": claim },
+                "csi": { "driver": name, "volumeHandle": handle, "volumeAttributes": { "kind": "test" } },
+            },
+        }),
+    )
+    .await;
+    made.create(
+        |c| Api::<PersistentVolumeClaim>::namespaced(c, "default"),
+        json!({
+            "metadata": { "name": claim, "namespace": "default" },
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "storageClassName": class,
+                "volumeName": pv,
+                "resources": { "requests": { "storage": "1Gi" } },
+            },
+        }),
+    )
+    .await;
+    let case = Case::with_agent("csi-pvc", &[]).await;
+    eventually("the driver registered", Duration::from_secs(30), || async {
+        (driver.count("NotifyRegistrationStatus true") == 1).then_some(())
+    })
+    .await;
+    let manifest = sleeper(json!({
+        "volumes": [{ "name": "data", "persistentVolumeClaim": { "claimName": claim } }],
+        "containers": [{
+            "name": "main", "image": "busybox", "command": ["sleep", "3600"],
+            "volumeMounts": [{ "name": "data", "mountPath": "/data" }],
+        }],
+    }));
+    let pod_name = case.create("claim", manifest).await;
+    let pod = running(&pod_name).await;
+    let uid = pod.metadata.uid.expect("uid");
+    let global = root_dir().join(format!("plugins/kubernetes.io/csi/pv/{pv}/globalmount"));
+    let target = root_dir().join(format!("pods/{uid}/volumes/kubernetes.io~csi/{pv}/mount"));
+    assert_eq!(
+        driver
+            .calls()
+            .into_iter()
+            .filter(|l| l.starts_with("Node"))
+            .collect::<Vec<_>>(),
+        vec![
+            format!("NodeStageVolume {handle} {}", global.display()),
+            format!("NodePublishVolume {handle} {}", target.display()),
+        ]
+    );
+    let script = "dd if=/dev/zero of=/data/blob bs=1M count=10 2>/dev/null && sync && ls /data";
+    let written = exec_in(&uid, "main", vec!["sh".into(), "-c".into(), script.into()]).await;
+    assert_eq!(
+        String::from_utf8_lossy(&written.stdout).trim(),
+        "blob",
+        "{written:?}"
+    );
+    let blob = driver.state.join("volumes").join(&handle).join("blob");
+    assert_eq!(
+        std::fs::metadata(&blob)
+            .expect("the driver's volume holds the file")
+            .len(),
+        10 << 20
+    );
+    assert_eq!(mounts_under(&mountinfo(), &global).len(), 1);
+
+    // NodeGetVolumeStats through the driver, as the stats provider asks for it: what
+    // statvfs says of the volume's file system.
+    let plugin = stats_plugin().await;
+    let stats = plugin
+        .volume_stats(&uid, &pv)
+        .await
+        .expect("NodeGetVolumeStats")
+        .expect("stats");
+    let fs = nix::sys::statvfs::statvfs(&blob).expect("statvfs");
+    let capacity = fs.blocks() * fs.fragment_size();
+    assert_eq!(stats.capacity_bytes, capacity);
+    let used = capacity - fs.blocks_available() * fs.fragment_size();
+    assert!(
+        stats.used_bytes.abs_diff(used) < capacity / 100,
+        "{stats:?} against {used} used"
+    );
+    assert!(stats.inodes > 0 && stats.inodes_used > 0, "{stats:?}");
+    assert!(
+        driver
+            .calls()
+            .iter()
+            .any(|l| l == &format!("NodeGetVolumeStats {handle} {}", target.display()))
+    );
+
+    // The pod goes: unpublished, then unstaged (no other pod uses the volume); the data stays.
+    delete_and_wait(&pod_name).await;
+    eventually("the volume unstaged", Duration::from_secs(30), || async {
+        (driver.count("NodeUnstageVolume") == 1).then_some(())
+    })
+    .await;
+    let node_calls: Vec<String> = driver
+        .calls()
+        .into_iter()
+        .filter(|l| l.starts_with("Node"))
+        .collect();
+    assert_eq!(
+        node_calls[node_calls.len() - 2..],
+        [
+            format!("NodeUnpublishVolume {handle} {}", target.display()),
+            format!("NodeUnstageVolume {handle} {}", global.display()),
+        ]
+    );
+    assert!(mounts_under(&mountinfo(), &global).is_empty());
+    assert!(
+        !global.parent().expect("pv dir").exists(),
+        "the PV's global mount dir is removed"
+    );
+    assert!(blob.exists(), "the volume's data was removed");
+    // Stopped first: the case's leak check looks for registration sockets.
+    driver.stop();
+    drop(case);
     let _ = std::fs::remove_dir_all(&driver.state);
 }

@@ -123,6 +123,8 @@ enum Backing {
     LocalDir(String),
     /// A local PV of volumeMode Block: its device.
     LocalDevice(String),
+    /// A PV of a CSI driver: published through it.
+    Csi,
 }
 
 /// The names of the volumes the pod's containers (init, app and ephemeral) use in
@@ -775,7 +777,8 @@ impl<A: PodObjects, M: Mounter> VolumeManager<A, M> {
                     "hostPath PersistentVolume with volumeMode Block".into(),
                 ));
             }
-            // The CSI plugin's place: until this node has one, refused.
+            PvSource::Csi { .. } if self.csi.is_some() && !bound.block => Backing::Csi,
+            // Without the CSI plugin, and raw block CSI volumes: refused.
             PvSource::Csi { driver } => {
                 return Err(unsupported(format!(
                     "csi (PersistentVolume {pv_name}, driver {driver})"
@@ -811,6 +814,22 @@ impl<A: PodObjects, M: Mounter> VolumeManager<A, M> {
             source: e.source,
         };
         match backing {
+            Backing::Csi => {
+                let csi = self.csi.as_ref().ok_or_else(|| unsupported("csi".into()))?;
+                let host_path = csi
+                    .set_up_persistent(p.pod, &bound.pv, bound.read_only, p.fs_group())
+                    .instrument(span)
+                    .await
+                    .map_err(|e| VolumeError::Csi {
+                        pod: p.key.clone(),
+                        volume: name.to_owned(),
+                        source: Box::new(e),
+                    })?;
+                Ok(Claimed::Mount(HostMount {
+                    host_path,
+                    read_only: bound.read_only,
+                }))
+            }
             Backing::HostPath(path, type_) => {
                 let mount = self
                     .setup_host_path(p, &pv_name, &path, type_)

@@ -217,8 +217,6 @@ impl CsiPlugin {
 
     /// Publishes (after staging, where the driver stages) the PersistentVolume `pv`, whose
     /// source is `csi`, for `pod`; the target path. `read_only` from the claim or the pod.
-    // The claims' dispatch point (the PersistentVolumeClaim plugin) calls it once merged.
-    #[cfg_attr(not(test), allow(dead_code))]
     pub(super) async fn set_up_persistent(
         &self,
         pod: &Pod,
@@ -647,7 +645,6 @@ fn list_dirs(dir: &Path) -> Result<Vec<PathBuf>, CsiError> {
 }
 
 /// The CSI access mode of a PV's first access mode (the kubelet's mapping).
-#[cfg_attr(not(test), allow(dead_code))]
 fn access_mode(mode: Option<&str>) -> Mode {
     match mode {
         Some("ReadOnlyMany") => Mode::MultiNodeReaderOnly,
