@@ -220,7 +220,10 @@ impl Node for Driver {
         request: Request<api::NodeGetVolumeStatsRequest>,
     ) -> Result<Response<api::NodeGetVolumeStatsResponse>, Status> {
         let r = request.into_inner();
-        self.record(&format!("NodeGetVolumeStats {} {}", r.volume_id, r.volume_path));
+        self.record(&format!(
+            "NodeGetVolumeStats {} {}",
+            r.volume_id, r.volume_path
+        ));
         let path = Path::new(&r.volume_path);
         if !is_mount_point(path)? {
             return Err(Status::not_found(format!(

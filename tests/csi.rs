@@ -2,7 +2,8 @@
 //! (`examples/csi-hostpath-driver.rs`) registers through `<root>/plugins_registry`, the
 //! node's CSINode lists it, an inline CSI volume is published into a pod and seen in its
 //! container, an agent killed mid-pod and started again neither publishes it twice nor
-//! leaks a mount, and the pod's deletion unpublishes it; the driver's going deregisters it.
+//! leaks a mount, and the pod deleted while the agent is down is unpublished after its next
+//! start; the driver's going deregisters it.
 //! A claim of the driver's StorageClass (a PV the test makes, pre-bound) is staged at the
 //! kubelet's global mount, published, measured with `NodeGetVolumeStats` and unstaged.
 
@@ -19,7 +20,7 @@ use common::leaks::mounts_under;
 use common::pods::{exec_in, sleeper};
 use common::{eventually, kube_client, node_name};
 use futures::future::BoxFuture;
-use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::{CSIDriver, CSINode, StorageClass};
 use kube::api::{Api, DeleteParams, PostParams};
 use rkubelet::pluginmanager::{CSI_PLUGIN, Handlers, PluginHandler, PluginManager, registry_dir};
@@ -316,8 +317,21 @@ async fn a_csi_driver_registers_publishes_into_a_pod_and_survives_an_agent_resta
     let read = exec_in(&uid, "main", vec!["cat".into(), "/data/f".into()]).await;
     assert_eq!(String::from_utf8_lossy(&read.stdout), "hello\n");
 
-    // The pod's deletion unpublishes; the driver's data stays.
-    delete_and_wait(&pod_name).await;
+    // The pod deleted while the agent is down: the next start tears it down through the
+    // driver (from its vol_data.json); the driver's data stays.
+    case.crash_agent();
+    let pods = Api::<Pod>::namespaced(kube_client("admin.kubeconfig").await, "default");
+    pods.delete(
+        &pod_name,
+        &DeleteParams {
+            grace_period_seconds: Some(0),
+            ..DeleteParams::default()
+        },
+    )
+    .await
+    .expect("deleting the pod");
+    assert_eq!(driver.count("NodeUnpublishVolume"), 0);
+    case.start_agent_with(None, &[], &debug);
     eventually(
         "the volume unpublished",
         Duration::from_secs(30),
