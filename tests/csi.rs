@@ -106,6 +106,22 @@ impl Drop for Driver {
     }
 }
 
+/// The node's turn with the test driver, started once the turn is taken (so that no other
+/// test's agent registers it); when dropped, the case's pods go first, while the driver
+/// still runs to unpublish their volumes, then the driver.
+struct DriverCase {
+    case: Case,
+    driver: Driver,
+}
+
+impl DriverCase {
+    async fn new(prefix: &str, name: &str, extra: &[&str]) -> Self {
+        let case = Case::new(prefix).await;
+        let driver = Driver::start(name, extra);
+        Self { case, driver }
+    }
+}
+
 async fn csi_node() -> Option<CSINode> {
     Api::<CSINode>::all(kube_client("admin.kubeconfig").await)
         .get_opt(&node_name())
@@ -180,9 +196,8 @@ fn mountinfo() -> String {
 async fn a_csi_driver_registers_publishes_into_a_pod_and_survives_an_agent_restart() {
     // Short: its socket path must fit in a sockaddr_un.
     let name = "hostpath.csi.rkubelet.test".to_owned();
-    // Declared before the case: dropped after it, so a failing test's pods are still
-    // unpublished through the driver.
-    let mut driver = Driver::start(&name, &[]);
+    let mut turn = DriverCase::new("csi", &name, &[]).await;
+    let DriverCase { case, driver } = &mut turn;
     let mut made = Made::default();
     made.create(
         Api::<CSIDriver>::all,
@@ -190,7 +205,6 @@ async fn a_csi_driver_registers_publishes_into_a_pod_and_survives_an_agent_resta
     )
     .await;
     let debug = [("RUST_LOG", "info,rkubelet::volume::csi=debug")];
-    let mut case = Case::new("csi").await;
     case.start_agent_with(None, &[], &debug);
 
     // Registration: GetInfo, NodeGetInfo, the CSINode and the node's annotation, then the
@@ -417,7 +431,8 @@ async fn stats_plugin() -> CsiPlugin {
 #[ignore = "needs root and the local cluster: run scripts/test.sh"]
 async fn a_claim_of_the_csi_drivers_class_is_staged_published_measured_and_unstaged() {
     let name = "staged.csi.rkubelet.test".to_owned();
-    let mut driver = Driver::start(&name, &["--stage"]);
+    let mut turn = DriverCase::new("csi-pvc", &name, &["--stage"]).await;
+    let DriverCase { case, driver } = &mut turn;
     let suffix = common::unique("csi");
     let (class, pv, claim) = (
         format!("{suffix}-sc"),
@@ -461,7 +476,7 @@ async fn a_claim_of_the_csi_drivers_class_is_staged_published_measured_and_unsta
         }),
     )
     .await;
-    let case = Case::with_agent("csi-pvc", &[]).await;
+    case.start_agent(&[]);
     eventually("the driver registered", Duration::from_secs(30), || async {
         (driver.count("NotifyRegistrationStatus true") == 1).then_some(())
     })
@@ -553,8 +568,7 @@ async fn a_claim_of_the_csi_drivers_class_is_staged_published_measured_and_unsta
         "the PV's global mount dir is removed"
     );
     assert!(blob.exists(), "the volume's data was removed");
-    // Stopped first: the case's leak check looks for registration sockets.
+    // Stopped before the case ends: its leak check looks for registration sockets.
     driver.stop();
-    drop(case);
     let _ = std::fs::remove_dir_all(&driver.state);
 }
