@@ -1002,9 +1002,10 @@ async fn start(config: &Config, tree: &mut Tree) -> Result<bool, AppError> {
     tree.start("image-gc", collect.dropped_on_stop())?;
     let stats = crate::kubelet::eviction_stats::NodeStats::new(
         config.cri.clone(),
-        Arc::new(LinuxMachine),
-        config.root_dir.clone(),
+        LinuxMachine,
+        stats_config(config),
         config.pod_logs_dir.clone(),
+        config.node_name.clone(),
     );
     let pods =
         crate::kubelet::evictor::KubeletPods::new(store.clone(), workers.clone(), kubelet.clone());

@@ -55,6 +55,8 @@ pub use machine::{FsStats, HugePages, LinuxMachine, MachineInfo, Memory, MemoryU
 pub use registration::{pod_cidr_at_start, wait_for_pod_cidr};
 pub use runtime::{ContainerRuntime, ReadinessCheck, RuntimeVersion, image_fs_mountpoint};
 pub use signals::{Observations, Signal, thresholds_met};
+/// A whole number in the API's canonical decimal form (`512`, `2k`, `20M`).
+pub(crate) use quantity::count as decimal_quantity;
 
 /// Sleeps for `duration` unless `cancel` fires first; false when cancelled.
 async fn sleep_or_cancel(cancel: &CancellationToken, duration: Duration) -> bool {
