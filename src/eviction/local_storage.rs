@@ -326,7 +326,9 @@ mod tests {
             exceeded(&p, &s, false),
             Some(Exceeded {
                 signal: LimitSignal::EphemeralPodFs,
-                message: "Pod ephemeral local storage usage exceeds the total limit of containers 10Mi. ".into(),
+                message:
+                    "Pod ephemeral local storage usage exceeds the total limit of containers 10Mi. "
+                        .into(),
             })
         );
         // Within it: nothing.
@@ -377,12 +379,18 @@ mod tests {
                 ..Volume::default()
             },
         ]);
-        let within = storage(vec![usage("a", MIB, 0)], &[("ram", 50 * MIB), ("secret", MIB)]);
+        let within = storage(
+            vec![usage("a", MIB, 0)],
+            &[("ram", 50 * MIB), ("secret", MIB)],
+        );
         assert_eq!(exceeded(&p, &within, false), None);
         let over = storage(vec![usage("a", MIB, 0)], &[("disk", 19 * MIB)]);
         assert_eq!(
             exceeded(&p, &over, false).map(|e| e.message),
-            Some("Pod ephemeral local storage usage exceeds the total limit of containers 20Mi. ".into())
+            Some(
+                "Pod ephemeral local storage usage exceeds the total limit of containers 20Mi. "
+                    .into()
+            )
         );
     }
 
@@ -398,10 +406,7 @@ mod tests {
         );
         assert_eq!(pod_limit(&p).unwrap().to_string(), "20485760");
         let spec = p.spec.as_mut().unwrap();
-        spec.init_containers = Some(vec![with_limit(
-            spec.containers[0].clone(),
-            Some("1Gi"),
-        )]);
+        spec.init_containers = Some(vec![with_limit(spec.containers[0].clone(), Some("1Gi"))]);
         spec.overhead = Some([(EPHEMERAL_STORAGE.to_owned(), ApiQuantity("1Mi".into()))].into());
         assert_eq!(pod_limit(&p).unwrap().to_string(), "1025Mi");
         assert_eq!(pod_limit(&pod(&[("a", None)])), None);
@@ -420,7 +425,11 @@ mod tests {
         ]);
         let s = storage(
             vec![usage("a", 20 * MIB, 0)],
-            &[("unlimited", 100 * MIB), ("cache", 11 * MIB), ("shm", 2 * MIB)],
+            &[
+                ("unlimited", 100 * MIB),
+                ("cache", 11 * MIB),
+                ("shm", 2 * MIB),
+            ],
         );
         assert_eq!(
             exceeded(&p, &s, false),

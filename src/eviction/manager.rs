@@ -514,8 +514,11 @@ mod tests {
     async fn pods_over_their_local_storage_limits_are_evicted_at_once_before_pressure() {
         let (over, over_usage) = limited("over", &[], 20 * MIB);
         let (within, within_usage) = limited("within", &[], MIB);
-        let (critical, critical_usage) =
-            limited("static", &[("kubernetes.io/config.source", "file")], 20 * MIB);
+        let (critical, critical_usage) = limited(
+            "static",
+            &[("kubernetes.io/config.source", "file")],
+            20 * MIB,
+        );
         let (second, second_usage) = limited("second", &[], 11 * MIB);
         let fake = Fake {
             // Memory pressure too: the local storage evictions end the pass.

@@ -34,10 +34,10 @@ pub mod signals;
 use k8s_openapi::api::core::v1::Pod;
 
 pub use crate::node::{Observations, Signal, thresholds_met};
+pub use local_storage::{LocalStorage, PodStorage};
 pub use manager::{
     EvictionManager, MONITORING_INTERVAL, NoReclaim, NodeReclaimer, Pass, PodEvictor, StatsSource,
 };
-pub use local_storage::{LocalStorage, PodStorage};
 pub use rank::{ContainerUsage, PodUsage, REASON};
 pub use signals::{ParsedThresholds, parse_eviction_hard};
 

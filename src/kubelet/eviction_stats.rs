@@ -322,7 +322,13 @@ mod tests {
     fn a_directory_is_on_its_own_device() {
         let here = std::env::temp_dir();
         assert!(!on_different_devices(&here, &here));
-        assert!(on_different_devices(Path::new("/proc/self"), Path::new("/")));
-        assert!(!on_different_devices(&here.join("missing-rk"), Path::new("/")));
+        assert!(on_different_devices(
+            Path::new("/proc/self"),
+            Path::new("/")
+        ));
+        assert!(!on_different_devices(
+            &here.join("missing-rk"),
+            Path::new("/")
+        ));
     }
 }

@@ -999,6 +999,26 @@ mod tests {
     }
 
     #[test]
+    fn ephemeral_storage_requests_count_against_allocatable_minus_the_admitted_pods() {
+        let mut n = big_node();
+        let allocatable = n.status.as_mut().unwrap().allocatable.as_mut().unwrap();
+        allocatable.insert("ephemeral-storage".into(), ApiQuantity("10Gi".into()));
+        let first = requesting("first", &[("ephemeral-storage", "6Gi")]);
+        assert_eq!(rejected(&first, &[], &n), None);
+        let second = requesting("second", &[("ephemeral-storage", "5Gi")]);
+        assert_eq!(
+            rejected(&second, &[&first], &n),
+            Some(Rejection {
+                reason: "OutOfephemeral-storage".into(),
+                message: "Node didn't have enough resource: ephemeral-storage, requested: 5368709120, used: 6442450944, capacity: 10737418240".into(),
+            })
+        );
+        // What is left fits exactly.
+        let rest = requesting("rest", &[("ephemeral-storage", "4Gi")]);
+        assert_eq!(rejected(&rest, &[&first], &n), None);
+    }
+
+    #[test]
     fn init_containers_count_at_their_maximum_and_overhead_is_added() {
         let mut p = requesting("p", &[("cpu", "500m")]);
         let spec = p.spec.as_mut().unwrap();

@@ -52,11 +52,11 @@ pub use error::{MachineError, NodeError};
 pub use lease::{LeaseController, NODE_LEASE_NAMESPACE};
 pub use lister::{node_lister, nodes_lister};
 pub use machine::{FsStats, HugePages, LinuxMachine, MachineInfo, Memory, MemoryUsage, PidUsage};
+/// A whole number in the API's canonical decimal form (`512`, `2k`, `20M`).
+pub(crate) use quantity::count as decimal_quantity;
 pub use registration::{pod_cidr_at_start, wait_for_pod_cidr};
 pub use runtime::{ContainerRuntime, ReadinessCheck, RuntimeVersion, image_fs_mountpoint};
 pub use signals::{Observations, Signal, thresholds_met};
-/// A whole number in the API's canonical decimal form (`512`, `2k`, `20M`).
-pub(crate) use quantity::count as decimal_quantity;
 
 /// Sleeps for `duration` unless `cancel` fires first; false when cancelled.
 async fn sleep_or_cancel(cancel: &CancellationToken, duration: Duration) -> bool {

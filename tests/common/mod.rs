@@ -73,6 +73,27 @@ pub async fn node_condition(kind: &str) -> Option<bool> {
     Some(condition.status == "True")
 }
 
+/// The node's allocatable `name`, in milli units for cpu, else in units.
+pub async fn node_allocatable(name: &str) -> i64 {
+    let node =
+        kube::Api::<k8s_openapi::api::core::v1::Node>::all(kube_client("admin.kubeconfig").await)
+            .get(&node_name())
+            .await
+            .expect("the node");
+    let q = node
+        .status
+        .and_then(|s| s.allocatable)
+        .and_then(|a| a.get(name).cloned())
+        .expect("allocatable");
+    let q = rkubelet::resources::Quantity::parse(&q.0).expect("a quantity");
+    let v = if name == "cpu" {
+        q.milli_value()
+    } else {
+        q.value()
+    };
+    i64::try_from(v).expect("fits")
+}
+
 /// A `/proc/meminfo` figure, in bytes.
 pub fn meminfo(key: &str) -> u64 {
     let text = std::fs::read_to_string("/proc/meminfo").expect("/proc/meminfo");
