@@ -471,6 +471,8 @@ mod tests {
             ..Fake::default()
         };
         assert_eq!(manager(&fake).synchronize().await, Pass::NoPressure);
+        // No pod sets a local storage limit: their storage is not read.
+        assert_eq!(*fake.storage_reads.lock().unwrap(), 0);
         fake.memory = Mutex::new(vec![MIB]);
         fake.pods = None;
         assert_eq!(
@@ -554,19 +556,18 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn without_local_storage_limits_the_storage_is_not_read() {
+    async fn a_pod_within_its_local_storage_limits_is_left_alone() {
         let (within, within_usage) = limited("within", &[], MIB);
-        let mut fake = Fake {
+        let fake = Fake {
             memory: Mutex::new(vec![10_000 * MIB]),
             disk: Mutex::new(vec![50]),
-            pods: Some(vec![pod("besteffort", &[], None)]),
+            pods: Some(vec![within]),
+            storage: LocalStorage {
+                dedicated_image_fs: false,
+                pods: [("uid-within".into(), within_usage)].into(),
+            },
             ..Fake::default()
         };
-        assert_eq!(manager(&fake).synchronize().await, Pass::NoPressure);
-        assert_eq!(*fake.storage_reads.lock().unwrap(), 0);
-        // A pod within its limit: read, nothing evicted, the pass goes on.
-        fake.pods = Some(vec![within]);
-        fake.storage.pods = [("uid-within".into(), within_usage)].into();
         assert_eq!(manager(&fake).synchronize().await, Pass::NoPressure);
         assert_eq!(*fake.storage_reads.lock().unwrap(), 1);
         assert!(fake.evicted.lock().unwrap().is_empty());
