@@ -1,9 +1,10 @@
 //! Ephemeral containers end to end, against the local cluster (its API server has the
 //! 1.20 `EphemeralContainers` gate on): the debug container starts in the pod's sandbox in
 //! its target's PID namespace (`ps` in it shows the target's process), `kubectl attach`
-//! carries its input and output, its status appears in `ephemeralContainerStatuses`,
-//! `kubectl logs` reads its log, it is not restarted after it exits, and it goes with the
-//! pod.
+//! carries its input and output (also through a terminal, as `kubectl debug -it`, for one
+//! without a target, which sees its own processes only), its status appears in
+//! `ephemeralContainerStatuses`, `kubectl logs` reads its log, it is not restarted after it
+//! exits, and it goes with the pod.
 //!
 //! The container is added as `kubectl debug` adds it, through the API directly: the
 //! machine's kubectl (v1.32) sends a strategic merge patch of a Pod to
@@ -42,6 +43,61 @@ async fn runtime_containers(uid: &str) -> Vec<(String, u32)> {
         .collect();
     names.sort();
     names
+}
+
+/// What the debug shells print last: computed, so that a terminal's echo of the input
+/// does not show it.
+const DONE: &str = "42-done";
+
+/// Waits for the ephemeral container to run, then attaches to its shell with `kubectl
+/// attach -i` (`-it` in a terminal that `script` provides, when `tty`), has it run `ps`
+/// and exit; answers what came back.
+async fn debug_shell(pod: &str, container: &str, tty: bool) -> String {
+    eventually(
+        &format!("{pod}: {container} running"),
+        Duration::from_secs(30),
+        || async {
+            let p = get(pod).await?;
+            let statuses = p.status?.ephemeral_container_statuses?;
+            let s = statuses.into_iter().find(|s| s.name == container)?;
+            s.state?.running.map(|_| ())
+        },
+    )
+    .await;
+    let mut attach = if tty {
+        let kubeconfig = common::state_dir().join("pki/admin.kubeconfig");
+        let kubectl = format!(
+            "kubectl --kubeconfig {} attach -it {pod} -c {container}",
+            kubeconfig.display()
+        );
+        let mut cmd = tokio::process::Command::new("script");
+        cmd.args(["-qec", &kubectl, "/dev/null"]);
+        cmd
+    } else {
+        kubectl_command(&["attach", pod, "-c", container, "-i"])
+    };
+    let mut child = attach
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("kubectl runs");
+    let mut stdin = child.stdin.take().expect("stdin");
+    stdin
+        .write_all(b"ps -o pid,args; echo $((6*7))-done; exit 0\n")
+        .await
+        .expect("write to kubectl");
+    let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+        .await
+        .expect("kubectl attach ends within 60 s")
+        .expect("kubectl attach output");
+    drop(stdin);
+    format!(
+        "{}\nstderr: {}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
 }
 
 /// Adds an ephemeral container to the pod through `pods/ephemeralcontainers`, with the JSON
@@ -95,40 +151,12 @@ async fn kubectl_debug_targets_a_container_and_the_debugger_runs_once() {
         }),
     )
     .await;
-    // As kubectl debug: wait for it to run, then attach with the input piped; the shell's
-    // `ps` comes back through the attach stream.
-    eventually(
-        &format!("{name}: the debugger running"),
-        Duration::from_secs(30),
-        || async {
-            let s = debugger_status(&get(&name).await?)?;
-            s.state?.running.map(|_| ())
-        },
-    )
-    .await;
-    let mut attach = kubectl_command(&["attach", &name, "-c", "debugger", "-i"]);
-    let mut child = attach
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("kubectl runs");
-    let mut stdin = child.stdin.take().expect("stdin");
-    stdin
-        .write_all(b"ps -o pid,args; echo debugger-done; exit 0\n")
-        .await
-        .expect("write to kubectl");
-    let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
-        .await
-        .expect("kubectl attach ends within 60 s")
-        .expect("kubectl attach output");
-    drop(stdin);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    // As kubectl debug -i: wait for it to run, then attach; the shell's `ps` comes back
+    // through the attach stream.
+    let out = debug_shell(&name, "debugger", false).await;
     assert!(
-        stdout.contains(TARGET_PROCESS) && stdout.contains("debugger-done"),
-        "the debug shell's ps through attach shows the target's process:\n{stdout}\nstderr: {stderr}"
+        out.contains(TARGET_PROCESS) && out.contains(DONE),
+        "the debug shell's ps through attach shows the target's process:\n{out}"
     );
 
     // Its status: it ran and ended, in the spec's ephemeral containers.
@@ -169,12 +197,37 @@ async fn kubectl_debug_targets_a_container_and_the_debugger_runs_once() {
         "a Started event for spec.ephemeralContainers{{debugger}}"
     );
 
-    // Never restarted: one run of it in the runtime, a while after it ended; the app
+    // `kubectl debug -it` without a target: a terminal, and the shell's own PID namespace
+    // (the target's process is not there).
+    add_ephemeral_container(
+        &name,
+        json!({
+            "name": "shell",
+            "image": "busybox",
+            "imagePullPolicy": "IfNotPresent",
+            "command": ["sh"],
+            "stdin": true,
+            "tty": true,
+            "terminationMessagePolicy": "File",
+        }),
+    )
+    .await;
+    let out = debug_shell(&name, "shell", true).await;
+    assert!(
+        out.contains(DONE) && !out.contains(TARGET_PROCESS),
+        "the untargeted shell's ps through a terminal shows its own processes only:\n{out}"
+    );
+
+    // Never restarted: one run of each in the runtime, a while after they ended; the app
     // container still runs.
     tokio::time::sleep(Duration::from_secs(4)).await;
     assert_eq!(
         runtime_containers(&uid).await,
-        [("app".to_owned(), 0), ("debugger".to_owned(), 0)]
+        [
+            ("app".to_owned(), 0),
+            ("debugger".to_owned(), 0),
+            ("shell".to_owned(), 0)
+        ]
     );
     let pod = get(&name).await.expect("the pod");
     let status = debugger_status(&pod).expect("its status");
