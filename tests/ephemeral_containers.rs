@@ -49,10 +49,12 @@ async fn runtime_containers(uid: &str) -> Vec<(String, u32)> {
 /// does not show it.
 const DONE: &str = "42-done";
 
-/// Waits for the ephemeral container to run, then attaches to its shell with `kubectl
+/// Waits for the ephemeral container just added to run (the time is printed as a figure),
+/// then attaches to its shell with `kubectl
 /// attach -i` (`-it` in a terminal that `script` provides, when `tty`), has it run `ps`
 /// and exit; answers what came back.
 async fn debug_shell(pod: &str, container: &str, tty: bool) -> String {
+    let added = std::time::Instant::now();
     eventually(
         &format!("{pod}: {container} running"),
         Duration::from_secs(30),
@@ -64,6 +66,10 @@ async fn debug_shell(pod: &str, container: &str, tty: bool) -> String {
         },
     )
     .await;
+    eprintln!(
+        "FIGURE ephemeral container {container} added -> running (200 ms polls): {:?}",
+        added.elapsed()
+    );
     let mut attach = if tty {
         let kubeconfig = common::state_dir().join("pki/admin.kubeconfig");
         let kubectl = format!(
