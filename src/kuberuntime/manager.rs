@@ -219,7 +219,9 @@ impl<C: Cri> RuntimeManager<C> {
         let mut outcome = SyncOutcome::default();
         let actions = compute_pod_actions(pod, status, ctx.probes.as_deref());
         tracing::debug!(?actions, "computed pod actions");
-        let starts = actions.next_init.is_some() || !actions.start.is_empty();
+        let starts = actions.next_init.is_some()
+            || !actions.start.is_empty()
+            || !actions.ephemeral.is_empty();
         outcome.acted = actions.kill_pod
             || !actions.kill.is_empty()
             || actions.create_sandbox.is_some()
@@ -292,19 +294,48 @@ impl<C: Cri> RuntimeManager<C> {
                 return outcome;
             }
         };
+        // Ephemeral containers first (the kubelet starts them before the init container, so
+        // that they run while a pod fails to initialize), each with the container whose PID
+        // namespace it joins.
+        let ephemeral: Vec<(Container, Option<&str>)> = actions
+            .ephemeral
+            .iter()
+            .filter_map(|&i| spec.ephemeral_containers.as_ref()?.get(i))
+            .map(|ec| {
+                let target = ec
+                    .target_container_name
+                    .as_deref()
+                    .filter(|t| !t.is_empty());
+                (crate::pod::ephemeral_container(ec), target)
+            })
+            .collect();
+        let mut to_start: Vec<(&Container, u32, Involved<'_>, Option<&str>)> = ephemeral
+            .iter()
+            .map(|(c, target)| (c, 0, Involved::EphemeralContainer(&c.name), *target))
+            .collect();
         // The next init container, else the app containers: never both in one sync.
-        let mut to_start: Vec<(&Container, u32, Involved<'_>)> = Vec::new();
         if let Some((i, restarts)) = actions.next_init
             && let Some(c) = init.get(i)
         {
-            to_start.push((c, restarts, Involved::InitContainer(&c.name)));
+            to_start.push((c, restarts, Involved::InitContainer(&c.name), None));
         }
         for &(i, restarts) in &actions.start {
             if let Some(c) = app.get(i) {
-                to_start.push((c, restarts, Involved::Container(&c.name)));
+                to_start.push((c, restarts, Involved::Container(&c.name), None));
             }
         }
-        for (container, restart_count, involved) in to_start {
+        for (container, restart_count, involved, target) in to_start {
+            // The kubelet's `getTargetID`: the target's latest container, whatever its state.
+            let pid_target = match target.map(|t| (t, status.latest(t))) {
+                None => None,
+                Some((_, Some(c))) => Some(c.id.clone()),
+                Some((t, None)) => {
+                    let e = format!("unable to find target container {t}");
+                    let waiting = self.config_error(id, involved, &e);
+                    outcome.waiting.insert(container.name.clone(), waiting);
+                    continue;
+                }
+            };
             let previous_exit = status
                 .latest(&container.name)
                 .is_some_and(|c| c.state == RunState::Exited);
@@ -338,7 +369,7 @@ impl<C: Cri> RuntimeManager<C> {
                     pod,
                     id,
                     (container, involved),
-                    restart_count,
+                    (restart_count, pid_target),
                     &sandbox_id,
                     &sandbox_conf,
                     &sandbox_ips,
@@ -544,7 +575,7 @@ impl<C: Cri> RuntimeManager<C> {
         pod: &Pod,
         id: &PodId,
         (container, name): (&Container, Involved<'_>),
-        restart_count: u32,
+        (restart_count, pid_target): (u32, Option<String>),
         sandbox_id: &str,
         sandbox_conf: &api::PodSandboxConfig,
         ips: &[IpAddr],
@@ -610,6 +641,7 @@ impl<C: Cri> RuntimeManager<C> {
             seccomp_profile_root: ctx.seccomp_profile_root.clone(),
             sources: sources.clone(),
             memory_capacity: ctx.memory_capacity,
+            pid_target,
         };
         let env =
             environment(pod, container, &cctx).map_err(|e| self.config_error(id, name, &e))?;
