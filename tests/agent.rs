@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::agent::{AgentProcess, Owner};
 use common::leaks::Recorder;
+use common::pods::{is_ready as ready, pods_of_app as pods};
 use common::{cri, eventually, kube_client, node_name, unique};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
@@ -63,19 +64,6 @@ async fn create_deployment_on(name: &str, image: &str, replicas: i32, node: &str
         .create(&PostParams::default(), &deployment)
         .await
         .expect("create deployment");
-}
-
-async fn pods(app: &str) -> Vec<Pod> {
-    Api::<Pod>::namespaced(admin().await, "default")
-        .list(&ListParams::default().labels(&format!("app={app}")))
-        .await
-        .expect("list pods")
-        .items
-}
-
-fn ready(p: &Pod) -> bool {
-    let conditions = p.status.as_ref().and_then(|s| s.conditions.as_ref());
-    conditions.is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 async fn all_ready(app: &str, n: usize, timeout: Duration) -> Vec<Pod> {

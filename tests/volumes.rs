@@ -116,6 +116,25 @@ impl PodObjects for OneSecret {
     async fn create_token(&self, _: &str, _: &str, _: &TokenRequest) -> kube::Result<TokenRequest> {
         unreachable!("no token volumes in this test")
     }
+
+    async fn get_persistent_volume_claim(
+        &self,
+        _: &str,
+        _: &str,
+    ) -> kube::Result<k8s_openapi::api::core::v1::PersistentVolumeClaim> {
+        unreachable!("no claims in this test")
+    }
+
+    async fn get_persistent_volume(
+        &self,
+        _: &str,
+    ) -> kube::Result<k8s_openapi::api::core::v1::PersistentVolume> {
+        unreachable!("no claims in this test")
+    }
+
+    fn node_labels(&self) -> Option<BTreeMap<String, String>> {
+        unreachable!("no claims in this test")
+    }
 }
 
 #[tokio::test]

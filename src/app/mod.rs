@@ -710,7 +710,8 @@ async fn kubelet(
     let env_sources = EnvSourceReader::new(caches.clone(), services, allocatable.clone());
     let volumes = VolumeManager::new(
         config.root_dir.clone(),
-        KubePodObjects::new(client.clone(), caches),
+        KubePodObjects::new(client.clone(), caches)
+            .with_node(node_store.clone(), &config.node_name),
         LinuxMounter,
     )
     .with_node_allocatable(allocatable);

@@ -664,8 +664,20 @@ impl<C: Cri> RuntimeManager<C> {
         cctx.image_user = image_user(&self.cri, &cctx.image_ref)
             .await
             .map_err(|e| self.config_error(id, name, &ConfigError::ImageUser(e.to_string())))?;
-        let config = container_config(pod, id, container, &cctx, env.vars)
+        let mut config = container_config(pod, id, container, &cctx, env.vars)
             .map_err(|e| self.config_error(id, name, &e))?;
+        // Block volumes (the kubelet's `makeDevices`): each volumeDevice as a CRI device.
+        let devices = ctx
+            .volumes
+            .container_devices(container)
+            .map_err(|e| self.config_error(id, name, &e))?;
+        config
+            .devices
+            .extend(devices.into_iter().map(|d| api::Device {
+                container_path: d.container_path,
+                host_path: d.host_path.to_string_lossy().into_owned(),
+                permissions: "mrw".into(),
+            }));
         let log = Path::new(&sandbox_conf.log_directory).join(&config.log_path);
         // As the kubelet: the runtime's own message (the gRPC status's), in the event and
         // in the waiting message.

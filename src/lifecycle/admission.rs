@@ -394,7 +394,7 @@ fn requirement_matches(
 /// Whether any term matches the node (the API's `MatchNodeSelectorTerms`): an empty term
 /// matches nothing; within a term every expression (on labels) and field (only
 /// `metadata.name`, `In`/`NotIn` with one value) must match.
-fn terms_match(terms: &[NodeSelectorTerm], node: &Node) -> bool {
+pub fn terms_match(terms: &[NodeSelectorTerm], node: &Node) -> bool {
     let labels = node.metadata.labels.clone().unwrap_or_default();
     let name = node.metadata.name.clone().unwrap_or_default();
     terms.iter().any(|term| {

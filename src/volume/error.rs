@@ -121,6 +121,46 @@ pub enum VolumeError {
         /// What is wrong, as the kubelet says it.
         message: String,
     },
+    /// A `persistentVolumeClaim` volume cannot be followed to its PersistentVolume yet (the
+    /// claim is not Bound, ...); the pod waits, and the set-up is retried.
+    #[error("pod {pod}: volume {volume:?}: {source}")]
+    Claim {
+        /// The pod, `namespace/name`.
+        pod: String,
+        /// The volume's name in the pod spec.
+        volume: String,
+        /// The pod's volumes used by containers and not set up (sorted).
+        unmounted: Vec<String>,
+        /// The pod's volumes used by containers (the kubelet's list of those "unattached",
+        /// which names them all).
+        unattached: Vec<String>,
+        /// Why, in the kubelet's words.
+        #[source]
+        source: Box<super::pvc::ClaimError>,
+    },
+    /// The node does not satisfy the PersistentVolume's node affinity: the volume is not
+    /// mounted, and the pod waits (the kubelet does not reject it).
+    #[error("pod {pod}: persistent volume {pv:?}: {operation}.NodeAffinity check failed: {reason}")]
+    NodeAffinity {
+        /// The pod, `namespace/name`.
+        pod: String,
+        /// The PersistentVolume's name.
+        pv: String,
+        /// `MountVolume` or `MapVolume` (block).
+        operation: &'static str,
+        /// Why, in the kubelet's words.
+        reason: String,
+    },
+    /// A volumeDevice names a volume the pod does not have as a block volume.
+    #[error("cannot find volume {volume:?} to pass into container {container:?}")]
+    UnknownDevice {
+        /// The pod, `namespace/name`.
+        pod: String,
+        /// The volume the device names.
+        volume: String,
+        /// The container.
+        container: String,
+    },
     /// A volumeMount names a volume the pod does not have.
     #[error("cannot find volume {volume:?} to mount into container {container:?}")]
     UnknownVolume {
@@ -226,6 +266,28 @@ impl VolumeError {
                 source,
                 ..
             } => (volume, format!("{action} {}: {source}", path.display())),
+            Self::Claim {
+                unmounted,
+                unattached,
+                source,
+                ..
+            } => {
+                return format!(
+                    "Unable to attach or mount volumes: unmounted volumes=[{}], unattached volumes=[{}]: {source}",
+                    unmounted.join(" "),
+                    unattached.join(" ")
+                );
+            }
+            Self::NodeAffinity {
+                pv,
+                operation,
+                reason,
+                ..
+            } => {
+                return format!(
+                    "{operation}.NodeAffinity check failed for volume {pv:?} : {reason}"
+                );
+            }
             _ => return self.to_string(),
         };
         format!("MountVolume.SetUp failed for volume {volume:?} : {what}")
@@ -324,6 +386,30 @@ mod tests {
         assert_eq!(
             err.failed_mount_message(),
             r#"MountVolume.SetUp failed for volume "cfg" : configmap references non-existent config key: app.yaml"#
+        );
+        let err = VolumeError::Claim {
+            pod: "default/db-0".into(),
+            volume: "data".into(),
+            unmounted: vec!["data".into()],
+            unattached: vec!["data".into(), "default-token-x".into()],
+            source: Box::new(crate::volume::pvc::ClaimError::NotBound {
+                namespace: "default".into(),
+                claim: "data-db-0".into(),
+            }),
+        };
+        assert_eq!(
+            err.failed_mount_message(),
+            "Unable to attach or mount volumes: unmounted volumes=[data], unattached volumes=[data default-token-x]: error processing PVC default/data-db-0: PVC is not bound"
+        );
+        let err = VolumeError::NodeAffinity {
+            pod: "default/db-0".into(),
+            pv: "local-pv".into(),
+            operation: "MountVolume",
+            reason: "no matching NodeSelectorTerms".into(),
+        };
+        assert_eq!(
+            err.failed_mount_message(),
+            r#"MountVolume.NodeAffinity check failed for volume "local-pv" : no matching NodeSelectorTerms"#
         );
         let err = VolumeError::UnknownVolume {
             pod: "default/web".into(),

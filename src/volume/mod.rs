@@ -22,7 +22,16 @@
 //!   ([`PodVolumes::container_mounts`]), made and bind-mounted without following symlinks
 //!   out of the volume, under `<pod dir>/volume-subpaths/`.
 //!
-//! Every other volume type is refused with [`VolumeError::Unsupported`].
+//! - persistentVolumeClaim: the claim followed to its PersistentVolume once Bound
+//!   (`pvc.rs`, with the kubelet's texts while it is not), the volume's node affinity checked
+//!   against the node's labels; `local` volumes bind-mounted at
+//!   `kubernetes.io~local-volume/<pv name>` or, with volumeMode Block, linked from
+//!   `<pod dir>/volumeDevices/kubernetes.io~local-volume/<pv name>` for the containers'
+//!   `volumeDevices` (`local.rs`); `hostPath` volumes as the pod's own hostPath volumes.
+//!   Teardown removes only their empty mount points, never what is in a volume.
+//!
+//! Every other volume type (and a PersistentVolume of another source, CSI included) is
+//! refused with [`VolumeError::Unsupported`].
 //!
 //! The two boundaries are traits: [`PodObjects`] (the API server, read through the node's
 //! caches; [`KubePodObjects`]) and [`Mounter`] (tmpfs and bind mounts, the mount table;
@@ -34,9 +43,11 @@ mod atomic_writer;
 mod downward_api;
 mod error;
 mod host_path;
+mod local;
 mod mounter;
 mod ownership;
 mod payload;
+pub mod pvc;
 mod set_ups;
 mod subpath;
 mod teardown;
@@ -52,8 +63,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{
-    ConfigMapVolumeSource, Container, EmptyDirVolumeSource, Pod, ProjectedVolumeSource,
-    SecretVolumeSource, ServiceAccountTokenProjection, Volume, VolumeMount,
+    ConfigMapVolumeSource, Container, EmptyDirVolumeSource, PersistentVolumeClaimVolumeSource, Pod,
+    ProjectedVolumeSource, SecretVolumeSource, ServiceAccountTokenProjection, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as ApiQuantity;
 use tracing::Instrument;
@@ -70,6 +81,7 @@ use crate::resources::Quantity;
 use error::FsError;
 use ownership::FsGroup;
 use payload::{FileProjection, KeyPayloadError, Payload};
+use pvc::{PvSource, Usage};
 use teardown::teardown_pod_dir;
 use token::{DEFAULT_EXPIRATION_SECONDS, TokenKey, TokenManager};
 
@@ -93,6 +105,52 @@ impl Plugin {
             Self::DownwardApi => "kubernetes.io~downward-api",
         }
     }
+}
+
+/// A volume once set up: a mount for containers' volumeMounts, or a device for their
+/// volumeDevices.
+enum Claimed {
+    Mount(HostMount),
+    Device(PathBuf),
+}
+
+/// What serves a PersistentVolume on this node.
+enum Backing {
+    /// A hostPath PV: the path, with its `type`.
+    HostPath(String, Option<String>),
+    /// A local PV of volumeMode Filesystem: its directory.
+    LocalDir(String),
+    /// A local PV of volumeMode Block: its device.
+    LocalDevice(String),
+}
+
+/// The names of the volumes the pod's containers (init, app and ephemeral) use in
+/// volumeMounts and in volumeDevices (the kubelet's `GetPodVolumeNames`).
+fn used_volume_names(
+    pod: &Pod,
+) -> (
+    std::collections::BTreeSet<&str>,
+    std::collections::BTreeSet<&str>,
+) {
+    let mut mounts = std::collections::BTreeSet::new();
+    let mut devices = std::collections::BTreeSet::new();
+    let Some(spec) = pod.spec.as_ref() else {
+        return (mounts, devices);
+    };
+    let containers = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .chain(&spec.containers);
+    for c in containers {
+        mounts.extend(c.volume_mounts.iter().flatten().map(|m| m.name.as_str()));
+        devices.extend(c.volume_devices.iter().flatten().map(|d| d.name.as_str()));
+    }
+    for c in spec.ephemeral_containers.iter().flatten() {
+        mounts.extend(c.volume_mounts.iter().flatten().map(|m| m.name.as_str()));
+        devices.extend(c.volume_devices.iter().flatten().map(|d| d.name.as_str()));
+    }
+    (mounts, devices)
 }
 
 /// Mode of the pod, `volumes` and plugin directories.
@@ -119,6 +177,8 @@ pub struct PodVolumes {
     /// `<root_dir>/pods/<uid>`: subpath bind mounts go under it.
     pod_dir: PathBuf,
     volumes: BTreeMap<String, HostMount>,
+    /// Block volumes: the host path of each one's device (a link to the device node).
+    devices: BTreeMap<String, PathBuf>,
     mounter: Arc<dyn Mounter>,
 }
 
@@ -129,6 +189,7 @@ impl Default for PodVolumes {
             pod: String::new(),
             pod_dir: PathBuf::new(),
             volumes: BTreeMap::new(),
+            devices: BTreeMap::new(),
             mounter: Arc::new(LinuxMounter),
         }
     }
@@ -139,6 +200,7 @@ impl std::fmt::Debug for PodVolumes {
         f.debug_struct("PodVolumes")
             .field("pod", &self.pod)
             .field("volumes", &self.volumes)
+            .field("devices", &self.devices)
             .finish_non_exhaustive()
     }
 }
@@ -154,7 +216,42 @@ pub struct ContainerMount {
     pub read_only: bool,
 }
 
+/// A container's volumeDevice resolved to the host (a CRI device, `mrw` as the kubelet's).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerDevice {
+    /// Where the container sees the device node (`devicePath`).
+    pub container_path: String,
+    /// The host path of the device (the kubelet's pod device map path, a link to it).
+    pub host_path: PathBuf,
+}
+
 impl PodVolumes {
+    /// The container's volumeDevices (the kubelet's `makeBlockVolumes`).
+    ///
+    /// # Errors
+    /// [`VolumeError::UnknownDevice`] for a device naming no block volume of the pod.
+    pub fn container_devices(&self, container: &Container) -> Result<Vec<ContainerDevice>> {
+        container
+            .volume_devices
+            .iter()
+            .flatten()
+            .map(|device| {
+                let host_path =
+                    self.devices
+                        .get(&device.name)
+                        .ok_or_else(|| VolumeError::UnknownDevice {
+                            pod: self.pod.clone(),
+                            volume: device.name.clone(),
+                            container: container.name.clone(),
+                        })?;
+                Ok(ContainerDevice {
+                    container_path: device.device_path.clone(),
+                    host_path: host_path.clone(),
+                })
+            })
+            .collect()
+    }
+
     /// The host directory (or, for hostPath, file) of the volume named `volume_name`.
     #[must_use]
     pub fn host_path(&self, volume_name: &str) -> Option<&Path> {
@@ -486,19 +583,60 @@ impl<A: PodObjects, M: Mounter> VolumeManager<A, M> {
         let span = tracing::info_span!("volumes_setup", pod = %p.key, pod_uid = %p.uid);
         async {
             let mut volumes = BTreeMap::new();
+            let mut devices = BTreeMap::new();
+            let (mounts_used, devices_used) = used_volume_names(pod);
             for volume in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()) {
-                let mount = self.setup_volume(&p, volume).await?;
-                tracing::debug!(
-                    volume = %volume.name,
-                    path = %mount.host_path.display(),
-                    "volume set up"
-                );
-                volumes.insert(volume.name.clone(), mount);
+                let set_up = match &volume.persistent_volume_claim {
+                    // As the kubelet's populator: a claim no container uses is not followed.
+                    Some(_)
+                        if !mounts_used.contains(volume.name.as_str())
+                            && !devices_used.contains(volume.name.as_str()) =>
+                    {
+                        tracing::debug!(volume = %volume.name, "skipping an unused claim");
+                        continue;
+                    }
+                    Some(source) => {
+                        let usage = if devices_used.contains(volume.name.as_str()) {
+                            Usage::Devices
+                        } else {
+                            Usage::Mounts
+                        };
+                        self.setup_claim(&p, &volume.name, source, usage).await
+                    }
+                    None => self.setup_volume(&p, volume).await.map(Claimed::Mount),
+                };
+                let set_up = set_up.map_err(|mut e| {
+                    if let VolumeError::Claim {
+                        unmounted,
+                        unattached,
+                        ..
+                    } = &mut e
+                    {
+                        let used = mounts_used.union(&devices_used);
+                        *unattached = used.clone().map(|v| (*v).to_owned()).collect();
+                        *unmounted = used
+                            .filter(|v| !volumes.contains_key(**v) && !devices.contains_key(**v))
+                            .map(|v| (*v).to_owned())
+                            .collect();
+                    }
+                    e
+                })?;
+                match set_up {
+                    Claimed::Mount(mount) => {
+                        tracing::debug!(volume = %volume.name, path = %mount.host_path.display(), "volume set up");
+                        volumes.insert(volume.name.clone(), mount);
+                    }
+                    Claimed::Device(path) => {
+                        tracing::debug!(volume = %volume.name, path = %path.display(), "block volume mapped");
+                        devices.insert(volume.name.clone(), path);
+                    }
+                }
             }
             Ok(PodVolumes {
                 pod: p.key.clone(),
                 pod_dir: self.pod_dir(p.uid),
                 volumes,
+                devices,
                 mounter: Arc::clone(&self.mounter) as Arc<dyn Mounter>,
             })
         }
@@ -568,6 +706,136 @@ impl<A: PodObjects, M: Mounter> VolumeManager<A, M> {
             host_path,
             read_only,
         })
+    }
+
+    /// A `persistentVolumeClaim` volume: the claim followed to its volume, the volume's
+    /// node affinity checked, then the plugin of its source. This is the dispatch point of
+    /// PersistentVolume sources (a `csi` one goes to a CSI mounter once there is one).
+    async fn setup_claim(
+        &self,
+        p: &PodRef<'_>,
+        name: &str,
+        source: &PersistentVolumeClaimVolumeSource,
+        usage: Usage,
+    ) -> Result<Claimed> {
+        let bound = pvc::resolve(&self.api, p.namespace, name, source, usage)
+            .await
+            .map_err(|source| VolumeError::Claim {
+                pod: p.key.clone(),
+                volume: name.to_owned(),
+                unmounted: Vec::new(),
+                unattached: Vec::new(),
+                source: Box::new(source),
+            })?;
+        let pv_name = bound.name().to_owned();
+        if check_uid(&pv_name).is_err() || pv_name.starts_with("..") {
+            return Err(p.invalid(
+                name,
+                format!("PersistentVolume name {pv_name:?} is not a plain path element"),
+            ));
+        }
+        let plugin = PvSource::of(&bound.pv);
+        let unsupported = |kind: String| VolumeError::Unsupported {
+            pod: p.key.clone(),
+            volume: name.to_owned(),
+            kind,
+        };
+        let unique_name = pvc::unique_volume_name(&plugin, &pv_name, p.uid);
+        let backing = match plugin {
+            PvSource::Local { path } if bound.block => Backing::LocalDevice(path),
+            PvSource::Local { path } => Backing::LocalDir(path),
+            PvSource::HostPath { path, type_ } if !bound.block => Backing::HostPath(path, type_),
+            PvSource::HostPath { .. } => {
+                return Err(unsupported(
+                    "hostPath PersistentVolume with volumeMode Block".into(),
+                ));
+            }
+            // The CSI plugin's place: until this node has one, refused.
+            PvSource::Csi { driver } => {
+                return Err(unsupported(format!(
+                    "csi (PersistentVolume {pv_name}, driver {driver})"
+                )));
+            }
+            PvSource::Other(kind) => {
+                return Err(unsupported(format!("{kind} (PersistentVolume {pv_name})")));
+            }
+        };
+        let operation = if bound.block {
+            "MapVolume"
+        } else {
+            "MountVolume"
+        };
+        let affinity_error = |reason: String| VolumeError::NodeAffinity {
+            pod: p.key.clone(),
+            pv: pv_name.clone(),
+            operation,
+            reason,
+        };
+        let labels = self
+            .api
+            .node_labels()
+            .ok_or_else(|| affinity_error("error retrieving node: node not found".into()))?;
+        pvc::check_node_affinity(&bound.pv, &labels).map_err(|r| affinity_error(r.into()))?;
+        let span =
+            tracing::info_span!("persistent_volume", volume = %name, unique_name = %unique_name);
+        let io_error = |e: FsError| VolumeError::Io {
+            pod: p.key.clone(),
+            volume: pv_name.clone(),
+            action: e.action,
+            path: e.path,
+            source: e.source,
+        };
+        match backing {
+            Backing::HostPath(path, type_) => {
+                let mount = self
+                    .setup_host_path(p, &pv_name, &path, type_)
+                    .instrument(span)
+                    .await?;
+                Ok(Claimed::Mount(HostMount {
+                    read_only: bound.read_only,
+                    ..mount
+                }))
+            }
+            Backing::LocalDevice(path) => {
+                let link = self
+                    .pod_dir(p.uid)
+                    .join(local::DEVICES_DIR)
+                    .join(local::PLUGIN_DIR)
+                    .join(&pv_name);
+                let made = link.clone();
+                blocking(move || local::map_device(Path::new(&path), &made))
+                    .instrument(span)
+                    .await
+                    .map_err(io_error)?;
+                Ok(Claimed::Device(link))
+            }
+            Backing::LocalDir(path) => {
+                let dir = self
+                    .pod_dir(p.uid)
+                    .join("volumes")
+                    .join(local::PLUGIN_DIR)
+                    .join(&pv_name);
+                let (mounter, target) = (Arc::clone(&self.mounter), dir.clone());
+                let (read_only, fs_group) = (bound.read_only, p.fs_group());
+                blocking(move || {
+                    let fresh = local::mount_dir(&*mounter, Path::new(&path), &target, read_only)?;
+                    // As the kubelet's local plugin: ownership on a new, writable mount.
+                    match fs_group {
+                        Some(group) if fresh && !read_only => {
+                            ownership::set_volume_ownership(&target, group, false)
+                        }
+                        _ => Ok(()),
+                    }
+                })
+                .instrument(span)
+                .await
+                .map_err(io_error)?;
+                Ok(Claimed::Mount(HostMount {
+                    host_path: dir,
+                    read_only,
+                }))
+            }
+        }
     }
 
     async fn setup_host_path(

@@ -1,4 +1,5 @@
-//! The OS mount boundary: tmpfs mounts for memory-backed volumes, bind mounts of subpaths,
+//! The OS mount boundary: tmpfs mounts for memory-backed volumes, bind mounts of subpaths
+//! and local persistent volumes (read-only by a remount),
 //! their unmount, and the mount table. Behind a trait so the volume logic is tested without root.
 
 use std::io;
@@ -20,6 +21,12 @@ pub trait Mounter: Send + Sync + 'static {
     /// # Errors
     /// The OS error of the mount.
     fn bind_mount(&self, source: &Path, target: &Path) -> io::Result<()>;
+
+    /// Makes the bind mount on `target` read-only (a bind remount with `MS_RDONLY`).
+    ///
+    /// # Errors
+    /// The OS error of the remount.
+    fn remount_read_only(&self, target: &Path) -> io::Result<()>;
 
     /// Unmounts the file system mounted on `target` (the topmost one, if stacked).
     ///
@@ -65,6 +72,18 @@ impl Mounter for LinuxMounter {
             target,
             None::<&str>,
             MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .map_err(io::Error::from)
+    }
+
+    fn remount_read_only(&self, target: &Path) -> io::Result<()> {
+        use nix::mount::{MsFlags, mount};
+        mount(
+            None::<&str>,
+            target,
+            None::<&str>,
+            MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY,
             None::<&str>,
         )
         .map_err(io::Error::from)

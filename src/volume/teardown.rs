@@ -1,6 +1,7 @@
 //! Teardown of a pod's directory: unmount what the mount table shows under it (volumes and
-//! subpath bind mounts), then remove its volumes and subpath targets without ever crossing
-//! into another file system. Blocking: call from a blocking thread.
+//! subpath bind mounts, local persistent volumes), then remove its volumes, subpath targets
+//! and block device links without ever crossing into another file system or removing what
+//! a persistent volume's mount point holds. Blocking: call from a blocking thread.
 
 use std::fs;
 use std::io;
@@ -8,6 +9,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use super::error::FsError;
+use super::local;
 use super::mounter::Mounter;
 use super::subpath::SUBPATHS_DIR;
 
@@ -50,8 +52,13 @@ pub(super) fn teardown_pod_dir<M: Mounter>(
             nix::errno::Errno::EBUSY.into(),
         ));
     }
+    // Persistent volumes' mount points first, and only while empty: their data is never
+    // removed, whatever the mount table said.
+    local::remove_mount_points(&pod_dir.join("volumes").join(local::PLUGIN_DIR))?;
     remove_all_one_filesystem(&pod_dir.join("volumes"))?;
     remove_all_one_filesystem(&pod_dir.join(SUBPATHS_DIR))?;
+    // Links to block devices: removed as links, the devices untouched.
+    remove_all_one_filesystem(&pod_dir.join(local::DEVICES_DIR))?;
     if whole {
         remove_all_one_filesystem(&pod_dir)?;
     } else {

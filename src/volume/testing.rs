@@ -63,6 +63,9 @@ pub(crate) enum MountCall {
         source: PathBuf,
         target: PathBuf,
     },
+    RemountReadOnly {
+        target: PathBuf,
+    },
     Unmount {
         target: PathBuf,
     },
@@ -113,6 +116,16 @@ impl Mounter for FakeMounter {
             target: target.to_owned(),
         });
         lock(&self.inner.table).push(target.to_owned());
+        Ok(())
+    }
+
+    fn remount_read_only(&self, target: &Path) -> io::Result<()> {
+        if !lock(&self.inner.table).iter().any(|p| p == target) {
+            return Err(nix::errno::Errno::EINVAL.into());
+        }
+        lock(&self.inner.calls).push(MountCall::RemountReadOnly {
+            target: target.to_owned(),
+        });
         Ok(())
     }
 

@@ -90,7 +90,9 @@ impl Fixture {
             .into_iter()
             .filter_map(|c| match c {
                 MountCall::Tmpfs { target, .. } => Some(target),
-                MountCall::Unmount { .. } | MountCall::Bind { .. } => None,
+                MountCall::Unmount { .. }
+                | MountCall::Bind { .. }
+                | MountCall::RemountReadOnly { .. } => None,
             })
             .collect()
     }
@@ -415,10 +417,6 @@ async fn projected_volumes_merge_all_sources_and_a_bound_token() {
 async fn unsupported_volume_types_are_named() {
     let f = fixture();
     for (source, kind) in [
-        (
-            json!({"persistentVolumeClaim": {"claimName": "data"}}),
-            "persistentVolumeClaim",
-        ),
         (json!({"csi": {"driver": "x"}}), "csi"),
         (json!({"nfs": {"server": "s", "path": "/"}}), "nfs"),
         (
@@ -654,7 +652,9 @@ async fn teardown_unmounts_everything_under_the_pod_and_removes_its_dirs() {
         .into_iter()
         .filter_map(|c| match c {
             MountCall::Unmount { target } => Some(target),
-            MountCall::Tmpfs { .. } | MountCall::Bind { .. } => None,
+            MountCall::Tmpfs { .. }
+            | MountCall::Bind { .. }
+            | MountCall::RemountReadOnly { .. } => None,
         })
         .collect();
     let canon = |name: &str| {
@@ -849,4 +849,225 @@ async fn fs_group_owns_the_volumes_and_their_updates() {
     let token = dir("creds").join("token");
     assert_eq!(gid_of(&token), gid, "an update is owned too");
     assert_eq!(mode(&token), 0o440);
+}
+
+/// A claim `name` in `shop`, Bound to the volume `pv` (UID `claim-<name>`).
+fn bound_claim(name: &str, pv: &str) -> k8s_openapi::api::core::v1::PersistentVolumeClaim {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "shop", "uid": format!("claim-{name}")},
+        "spec": {"volumeName": pv},
+        "status": {"phase": "Bound"}
+    }))
+    .expect("claim")
+}
+
+/// A PersistentVolume `name` bound to the claim `claim` of `shop`, with `source` and a node
+/// affinity to the host `node-a`.
+fn persistent_volume(
+    name: &str,
+    claim: &str,
+    source: serde_json::Value,
+) -> k8s_openapi::api::core::v1::PersistentVolume {
+    let mut spec = json!({
+        "claimRef": {"namespace": "shop", "name": claim, "uid": format!("claim-{claim}")},
+        "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+            {"key": "kubernetes.io/hostname", "operator": "In", "values": ["node-a"]}
+        ]}]}}
+    });
+    for (k, v) in source.as_object().into_iter().flatten() {
+        spec[k] = v.clone();
+    }
+    serde_json::from_value(json!({"metadata": {"name": name}, "spec": spec})).expect("pv")
+}
+
+fn claim_pod(
+    volumes: serde_json::Value,
+    mounts: serde_json::Value,
+    devices: serde_json::Value,
+) -> Pod {
+    let mut pod = pod(volumes);
+    let container = &mut pod.spec.as_mut().expect("spec").containers[0];
+    container.volume_mounts = serde_json::from_value(mounts).expect("mounts");
+    container.volume_devices = serde_json::from_value(devices).expect("devices");
+    pod
+}
+
+#[tokio::test]
+async fn claims_are_followed_to_local_volumes_and_torn_down_without_their_data() {
+    let tmp = TempDir::new("pvc");
+    let root = fs::canonicalize(tmp.path()).expect("root");
+    let disk = root.join("disk");
+    fs::create_dir(&disk).expect("mkdir");
+    fs::write(disk.join("kept"), "data").expect("write");
+    let api = FakeApi::default()
+        .with_node_labels(&[("kubernetes.io/hostname", "node-a")])
+        .with_claim(bound_claim("data", "local-1"))
+        .with_persistent_volume(persistent_volume(
+            "local-1",
+            "data",
+            json!({"local": {"path": disk.to_str().expect("utf-8")}}),
+        ))
+        .with_claim(bound_claim("raw", "block-1"))
+        .with_persistent_volume(persistent_volume(
+            "block-1",
+            "raw",
+            json!({"local": {"path": "/dev/null"}, "volumeMode": "Block"}),
+        ))
+        .with_claim(bound_claim("shared", "csi-1"))
+        .with_persistent_volume(persistent_volume(
+            "csi-1",
+            "shared",
+            json!({"csi": {"driver": "hostpath.csi.k8s.io", "volumeHandle": "v"}}),
+        ));
+    let mounter = FakeMounter::default();
+    let manager = VolumeManager::new(&root, api.clone(), mounter.clone());
+    let data =
+        json!([{"name": "data", "persistentVolumeClaim": {"claimName": "data", "readOnly": true}}]);
+    let pod_ = claim_pod(
+        data.clone(),
+        json!([{"name": "data", "mountPath": "/data"}]),
+        json!([]),
+    );
+    let volumes = manager.setup(&pod_).await.expect("set up");
+    let dir = root
+        .join("pods")
+        .join(UID)
+        .join("volumes/kubernetes.io~local-volume/local-1");
+    assert_eq!(
+        volumes.get("data"),
+        Some(&HostMount {
+            host_path: dir.clone(),
+            read_only: true
+        })
+    );
+    assert_eq!(
+        mounter.calls(),
+        [
+            MountCall::Bind {
+                source: disk.clone(),
+                target: dir.clone()
+            },
+            MountCall::RemountReadOnly {
+                target: dir.clone()
+            },
+        ]
+    );
+    manager.setup(&pod_).await.expect("again");
+    assert_eq!(mounter.calls().len(), 2, "a mounted volume is kept");
+
+    // The mount point holds what the volume holds while mounted; teardown unmounts it and
+    // removes the empty mount point only.
+    manager.teardown(UID).await.expect("teardown");
+    assert!(
+        matches!(mounter.calls().last(), Some(MountCall::Unmount { target }) if *target == dir)
+    );
+    assert!(!root.join("pods").join(UID).exists());
+    assert_eq!(
+        read(&disk.join("kept")),
+        "data",
+        "the volume's data is kept"
+    );
+
+    // A writable claim gets the pod's fsGroup on its new mount, as other volumes do.
+    let gid = testing::fs_group_for_tests();
+    let writable = json!([{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]);
+    let mut owned = claim_pod(
+        writable,
+        json!([{"name": "data", "mountPath": "/data"}]),
+        json!([]),
+    );
+    owned.spec.as_mut().expect("spec").security_context =
+        Some(serde_json::from_value(json!({"fsGroup": gid})).expect("context"));
+    let volumes = manager.setup(&owned).await.expect("writable");
+    let mount = volumes.get("data").expect("data");
+    assert!(!mount.read_only);
+    assert_eq!(fs::metadata(&mount.host_path).expect("stat").gid(), gid);
+    assert_eq!(mode(&mount.host_path) & 0o2000, 0o2000, "setgid");
+    manager.teardown(UID).await.expect("teardown");
+
+    // Block: the device reaches the container through the pod's device link.
+    let raw = json!([{"name": "raw", "persistentVolumeClaim": {"claimName": "raw"}}]);
+    let block_pod = claim_pod(
+        raw,
+        json!([]),
+        json!([{"name": "raw", "devicePath": "/dev/xvda"}]),
+    );
+    let err = manager
+        .setup(&block_pod)
+        .await
+        .expect_err("/dev/null is no block device");
+    assert!(
+        err.failed_mount_message()
+            .starts_with(r#"MountVolume.SetUp failed for volume "block-1" : a local volume of volumeMode Block must be a block device: /dev/null"#),
+        "{err}"
+    );
+
+    // The node must match the volume's node affinity.
+    let elsewhere = VolumeManager::new(
+        &root,
+        api.clone()
+            .with_node_labels(&[("kubernetes.io/hostname", "node-b")]),
+        mounter.clone(),
+    );
+    let err = elsewhere.setup(&pod_).await.expect_err("wrong node");
+    assert_eq!(
+        err.failed_mount_message(),
+        r#"MountVolume.NodeAffinity check failed for volume "local-1" : no matching NodeSelectorTerms"#
+    );
+
+    // A CSI volume is refused until this node has a CSI mounter.
+    let shared = json!([{"name": "shared", "persistentVolumeClaim": {"claimName": "shared"}}]);
+    let csi_pod = claim_pod(
+        shared,
+        json!([{"name": "shared", "mountPath": "/s"}]),
+        json!([]),
+    );
+    assert!(matches!(
+        manager.setup(&csi_pod).await,
+        Err(VolumeError::Unsupported { kind, .. }) if kind == "csi (PersistentVolume csi-1, driver hostpath.csi.k8s.io)"
+    ));
+}
+
+#[tokio::test]
+async fn a_pod_waits_for_its_claim_with_the_kubelets_event() {
+    let tmp = TempDir::new("pending");
+    let root = fs::canonicalize(tmp.path()).expect("root");
+    let pending: k8s_openapi::api::core::v1::PersistentVolumeClaim =
+        serde_json::from_value(json!({
+            "metadata": {"name": "data", "namespace": "shop", "uid": "c"},
+            "spec": {},
+            "status": {"phase": "Pending"}
+        }))
+        .expect("claim");
+    let api = FakeApi::default().with_node_labels(&[]).with_claim(pending);
+    let manager = VolumeManager::new(&root, api, FakeMounter::default());
+    let pod_ = claim_pod(
+        json!([
+            {"name": "cache", "emptyDir": {}},
+            {"name": "data", "persistentVolumeClaim": {"claimName": "data"}},
+            {"name": "unused", "emptyDir": {}},
+            {"name": "tokens", "emptyDir": {}}
+        ]),
+        json!([
+            {"name": "tokens", "mountPath": "/t"},
+            {"name": "data", "mountPath": "/data"},
+            {"name": "cache", "mountPath": "/c"}
+        ]),
+        json!([]),
+    );
+    let err = manager.setup(&pod_).await.expect_err("pending");
+    assert_eq!(
+        err.failed_mount_message(),
+        "Unable to attach or mount volumes: unmounted volumes=[data tokens], unattached volumes=[cache data tokens]: error processing PVC shop/data: PVC is not bound"
+    );
+    let unused = claim_pod(
+        json!([{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]),
+        json!([]),
+        json!([]),
+    );
+    let volumes = manager
+        .setup(&unused)
+        .await
+        .expect("an unused claim is not waited for");
+    assert!(volumes.get("data").is_none());
 }

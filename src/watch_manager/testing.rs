@@ -9,7 +9,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestStatus};
-use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 
@@ -28,6 +28,18 @@ struct FakeApiState {
     config_maps: Mutex<HashMap<(String, String), ConfigMap>>,
     forbidden: Mutex<HashSet<String>>,
     token_requests: Mutex<Vec<(String, String, TokenRequest)>>,
+    claims: Mutex<HashMap<(String, String), PersistentVolumeClaim>>,
+    volumes: Mutex<HashMap<String, PersistentVolume>>,
+    node_labels: Mutex<Option<BTreeMap<String, String>>>,
+}
+
+/// The API's 404 for `kind` `name`.
+fn not_found(kind: &str, name: &str) -> kube::Error {
+    kube::Error::Api(
+        kube::core::Status::failure(&format!("{kind} \"{name}\" not found"), "NotFound")
+            .with_code(404)
+            .boxed(),
+    )
 }
 
 fn meta(namespace: &str, name: &str) -> ObjectMeta {
@@ -88,6 +100,33 @@ impl FakeApi {
     }
 
     /// Every read of an object of this name fails as for a watch the API server refuses.
+    /// Holds the claim (its namespace and name from its metadata).
+    pub(crate) fn with_claim(self, claim: PersistentVolumeClaim) -> Self {
+        let key = (
+            claim.metadata.namespace.clone().unwrap_or_default(),
+            claim.metadata.name.clone().unwrap_or_default(),
+        );
+        lock(&self.inner.claims).insert(key, claim);
+        self
+    }
+
+    /// Holds the persistent volume.
+    pub(crate) fn with_persistent_volume(self, pv: PersistentVolume) -> Self {
+        let name = pv.metadata.name.clone().unwrap_or_default();
+        lock(&self.inner.volumes).insert(name, pv);
+        self
+    }
+
+    /// The node is known, with `labels`.
+    pub(crate) fn with_node_labels(self, labels: &[(&str, &str)]) -> Self {
+        let labels = labels
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        *lock(&self.inner.node_labels) = Some(labels);
+        self
+    }
+
     pub(crate) fn forbid(self, name: &str) -> Self {
         lock(&self.inner.forbidden).insert(name.into());
         self
@@ -146,5 +185,27 @@ impl PodObjects for FakeApi {
             expiration_timestamp: Time(Timestamp::from_second(expires).expect("in range")),
         });
         Ok(response)
+    }
+
+    async fn get_persistent_volume_claim(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> kube::Result<PersistentVolumeClaim> {
+        lock(&self.inner.claims)
+            .get(&(namespace.into(), name.into()))
+            .cloned()
+            .ok_or_else(|| not_found("persistentvolumeclaims", name))
+    }
+
+    async fn get_persistent_volume(&self, name: &str) -> kube::Result<PersistentVolume> {
+        lock(&self.inner.volumes)
+            .get(name)
+            .cloned()
+            .ok_or_else(|| not_found("persistentvolumes", name))
+    }
+
+    fn node_labels(&self) -> Option<BTreeMap<String, String>> {
+        lock(&self.inner.node_labels).clone()
     }
 }

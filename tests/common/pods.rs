@@ -56,6 +56,14 @@ impl TestPods {
         created
     }
 
+    /// Records a pod this test did not create itself (a controller's, labelled
+    /// `rk-test=<label>`), so that the leak check looks at what it left.
+    pub fn track(&self, pod: &Pod) {
+        if let (Some(uid), Some(name)) = (&pod.metadata.uid, &pod.metadata.name) {
+            self.recorder.pod(uid, name);
+        }
+    }
+
     /// What was recorded of the pods so far (for the leak check).
     pub fn record(&self) -> leaks::Record {
         self.recorder.record.lock().expect("record").clone()
@@ -132,6 +140,22 @@ impl Drop for TestPods {
             panic!("{report}");
         }
     }
+}
+
+/// The pods of `default` labelled `app=<app>` (a Deployment's or StatefulSet's).
+pub async fn pods_of_app(app: &str) -> Vec<Pod> {
+    pods_api()
+        .await
+        .list(&ListParams::default().labels(&format!("app={app}")))
+        .await
+        .expect("list pods")
+        .items
+}
+
+/// Whether the pod's Ready condition is true.
+pub fn is_ready(p: &Pod) -> bool {
+    let conditions = p.status.as_ref().and_then(|s| s.conditions.as_ref());
+    conditions.is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 /// A busybox pod whose container `main` sleeps and stops at once, with `spec` merged into
