@@ -411,6 +411,20 @@ impl DeviceManager {
         result
     }
 
+    /// The kubelet's `sanitizeNodeAllocatable` (its `UpdatePluginResources`): for a pod
+    /// that holds devices, the devices held by all pods, per resource, below which the
+    /// admission's allocatable must not go — so pods admitted before can be admitted
+    /// again after a restart, before their plugin registers again. Empty for other pods.
+    pub fn allocatable_floor(&self, uid: &str) -> BTreeMap<String, u64> {
+        let state = self.state();
+        if !state.pods.contains(uid) {
+            return BTreeMap::new();
+        }
+        (state.allocated.iter())
+            .map(|(resource, held)| (resource.clone(), held.len() as u64))
+            .collect()
+    }
+
     /// Forgets the pods `keep` refuses (pods removed from the node, or finished), freeing
     /// their devices; the checkpoint follows.
     pub fn free(&self, keep: &dyn Fn(&str) -> bool) {
@@ -806,6 +820,9 @@ mod tests {
         let restored = DeviceManager::new(Path::new("/nonexistent"), Box::new(|| {}));
         restored.restore(&data);
         assert_eq!(held(&restored, "a", "c"), ["dev-0", "dev-1"]);
+        // Admitting the pod again counts on its devices, not on the (zero) capacity.
+        assert_eq!(restored.allocatable_floor("a"), BTreeMap::from([(DEV.to_owned(), 2)]));
+        assert!(restored.allocatable_floor("b").is_empty());
         let cap = restored.capacity();
         assert_eq!((cap.capacity[DEV], cap.allocatable[DEV]), (0, 0));
         // Its devices stay held when the plugin comes back.

@@ -70,6 +70,10 @@ impl PodDevices {
         self.pods.keys().cloned().collect()
     }
 
+    pub fn contains(&self, uid: &str) -> bool {
+        self.pods.contains_key(uid)
+    }
+
     pub fn insert(&mut self, uid: &str, container: &str, resource: &str, allocation: Allocation) {
         self.pods
             .entry(uid.to_owned())
