@@ -57,7 +57,10 @@ impl Drop for NodeCleanup {
                 .expect("taking the resource out of the Node's status");
         });
         if !std::thread::panicking() {
-            assert!(left.is_empty(), "left in the device plugin directory: {left:?}");
+            assert!(
+                left.is_empty(),
+                "left in the device plugin directory: {left:?}"
+            );
         }
     }
 }
@@ -120,7 +123,10 @@ async fn node_devices() -> (Option<String>, Option<String>) {
     let node = nodes().await.get(&node_name()).await.expect("the node");
     let status = node.status.unwrap_or_default();
     let of = |list: Option<std::collections::BTreeMap<_, _>>| {
-        list.and_then(|l| l.get(RESOURCE).map(|q: &k8s_openapi::apimachinery::pkg::api::resource::Quantity| q.0.clone()))
+        list.and_then(|l| {
+            l.get(RESOURCE)
+                .map(|q: &k8s_openapi::apimachinery::pkg::api::resource::Quantity| q.0.clone())
+        })
     };
     (of(status.capacity), of(status.allocatable))
 }
@@ -162,26 +168,40 @@ async fn devices_seen(case: &Case, pod: &Pod) -> Vec<String> {
     let name = pod.metadata.name.clone().unwrap_or_default();
     let uid = pod.metadata.uid.clone().unwrap_or_default();
     let log = case.log_of(&name, &uid, "main");
-    let text = eventually(&format!("{name} printed its devices"), Duration::from_secs(30), || async {
-        let text = std::fs::read_to_string(&log).ok()?;
-        text.contains("/dev/sample-").then_some(text)
-    })
+    let text = eventually(
+        &format!("{name} printed its devices"),
+        Duration::from_secs(30),
+        || async {
+            let text = std::fs::read_to_string(&log).ok()?;
+            text.contains("/dev/sample-").then_some(text)
+        },
+    )
     .await;
-    let lines: Vec<&str> = text.lines().filter_map(|l| l.splitn(4, ' ').nth(3)).collect();
+    let lines: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.splitn(4, ' ').nth(3))
+        .collect();
     let env = lines
         .iter()
         .find_map(|l| l.strip_prefix("env="))
         .unwrap_or_else(|| panic!("no env in {text}"));
     let ids: Vec<String> = env.split(',').map(str::to_owned).collect();
-    let files: Vec<&str> = lines.iter().filter_map(|l| l.strip_prefix("file=")).collect();
-    let nodes: Vec<&str> = lines.iter().filter_map(|l| l.strip_prefix("/dev/sample-")).collect();
+    let files: Vec<&str> = lines
+        .iter()
+        .filter_map(|l| l.strip_prefix("file="))
+        .collect();
+    let nodes: Vec<&str> = lines
+        .iter()
+        .filter_map(|l| l.strip_prefix("/dev/sample-"))
+        .collect();
     assert_eq!(files, ids, "the mounted device files: {text}");
     assert_eq!(nodes, ids, "the device nodes: {text}");
     ids
 }
 
 fn checkpoint() -> serde_json::Value {
-    let bytes = std::fs::read(plugin_dir().join("kubelet_internal_checkpoint")).expect("checkpoint");
+    let bytes =
+        std::fs::read(plugin_dir().join("kubelet_internal_checkpoint")).expect("checkpoint");
     serde_json::from_slice(&bytes).expect("checkpoint JSON")
 }
 
@@ -210,9 +230,11 @@ async fn device_plugin_devices_reach_pods_survive_restarts_and_are_freed() {
     let mut case = Case::new("dp").await;
     case.start_agent(&[]);
     let socket = plugin_dir().join("kubelet.sock");
-    eventually("the registration socket", Duration::from_secs(60), || async {
-        socket.exists().then_some(())
-    })
+    eventually(
+        "the registration socket",
+        Duration::from_secs(60),
+        || async { socket.exists().then_some(()) },
+    )
     .await;
     let mut plugin = SamplePlugin::start(&devices);
     node_shows("4", "4").await;
@@ -225,16 +247,29 @@ async fn device_plugin_devices_reach_pods_survive_restarts_and_are_freed() {
     let (seen_a, seen_b) = (devices_seen(&case, &a).await, devices_seen(&case, &b).await);
     assert_eq!(seen_a.len(), 2);
     assert_eq!(seen_b.len(), 2);
-    assert!(seen_a.iter().all(|d| !seen_b.contains(d)), "{seen_a:?} {seen_b:?}");
-    assert_eq!(plugin.log("allocate.log").lines().count(), 2, "one Allocate per container");
-    assert_eq!(plugin.log("prestart.log").lines().count(), 2, "PreStartContainer, as asked");
+    assert!(
+        seen_a.iter().all(|d| !seen_b.contains(d)),
+        "{seen_a:?} {seen_b:?}"
+    );
+    assert_eq!(
+        plugin.log("allocate.log").lines().count(),
+        2,
+        "one Allocate per container"
+    );
+    assert_eq!(
+        plugin.log("prestart.log").lines().count(),
+        2,
+        "PreStartContainer, as asked"
+    );
     let c = case.create("c", asking(2)).await;
     let c = failed(&c, Duration::from_secs(30)).await;
     let status = c.status.clone().unwrap_or_default();
     assert_eq!(status.reason.as_deref(), Some("UnexpectedAdmissionError"));
     assert_eq!(
         status.message.as_deref(),
-        Some("Pod Allocate failed due to requested number of devices unavailable for example.com/dev. Requested: 2, Available: 0, which is unexpected")
+        Some(
+            "Pod Allocate failed due to requested number of devices unavailable for example.com/dev. Requested: 2, Available: 0, which is unexpected"
+        )
     );
 
     // An unhealthy device leaves allocatable.
@@ -248,9 +283,11 @@ async fn device_plugin_devices_reach_pods_survive_restarts_and_are_freed() {
     assert_eq!(checkpointed_pods(), held);
     let registered = plugin.registrations();
     case.start_agent(&[]);
-    eventually("the plugin registered again", Duration::from_secs(60), || async {
-        (plugin.registrations() > registered).then_some(())
-    })
+    eventually(
+        "the plugin registered again",
+        Duration::from_secs(60),
+        || async { (plugin.registrations() > registered).then_some(()) },
+    )
     .await;
     node_shows("4", "3").await;
     assert_eq!(checkpointed_pods(), held);
@@ -265,7 +302,10 @@ async fn device_plugin_devices_reach_pods_survive_restarts_and_are_freed() {
     );
     for pod in [&a, &b] {
         let now = running(pod.metadata.name.as_deref().unwrap_or_default()).await;
-        let restarts = now.status.and_then(|s| s.container_statuses).map(|c| c[0].restart_count);
+        let restarts = now
+            .status
+            .and_then(|s| s.container_statuses)
+            .map(|c| c[0].restart_count);
         assert_eq!(restarts, Some(0));
     }
 
@@ -276,9 +316,11 @@ async fn device_plugin_devices_reach_pods_survive_restarts_and_are_freed() {
     assert_eq!(devices_seen(&case, &e).await, seen_a, "the freed devices");
     let mut held = vec![uid(&b), uid(&e)];
     held.sort();
-    eventually("the checkpoint follows", Duration::from_secs(10), || async {
-        (checkpointed_pods() == held).then_some(())
-    })
+    eventually(
+        "the checkpoint follows",
+        Duration::from_secs(10),
+        || async { (checkpointed_pods() == held).then_some(()) },
+    )
     .await;
 
     // The plugin goes: capacity is kept (for the grace period), nothing is allocatable.

@@ -898,7 +898,9 @@ async fn start(config: &Config, tree: &mut Tree) -> Result<bool, AppError> {
     let trigger = StatusTrigger::default();
     let changed = trigger.clone();
     let (devices, registration) = DeviceManager::start(
-        &config.root_dir.join(crate::cm::devicemanager::DEVICE_PLUGIN_DIR),
+        &config
+            .root_dir
+            .join(crate::cm::devicemanager::DEVICE_PLUGIN_DIR),
         Box::new(move || changed.update_now()),
     )?;
     tree.start("device-manager", Run::once(|stop| registration.run(stop)))?;

@@ -72,13 +72,14 @@ impl device_plugin_server::DevicePlugin for Plugin {
         &self,
         _: Request<api::Empty>,
     ) -> Result<Response<Self::ListAndWatchStream>, Status> {
-        let stream = futures::stream::unfold((self.health.clone(), true), |(mut rx, first)| async move {
-            if !first {
-                rx.changed().await.ok()?;
-            }
-            let devices = rx.borrow_and_update().clone();
-            Some((Ok(api::ListAndWatchResponse { devices }), (rx, false)))
-        });
+        let stream =
+            futures::stream::unfold((self.health.clone(), true), |(mut rx, first)| async move {
+                if !first {
+                    rx.changed().await.ok()?;
+                }
+                let devices = rx.borrow_and_update().clone();
+                Some((Ok(api::ListAndWatchResponse { devices }), (rx, false)))
+            });
         Ok(Response::new(Box::pin(stream)))
     }
 
@@ -98,26 +99,28 @@ impl device_plugin_server::DevicePlugin for Plugin {
             let ids = container.devices_i_ds;
             append(&self.devices_dir.join("allocate.log"), &ids.join(","))?;
             let joined = ids.join(",");
-            answer.container_responses.push(api::ContainerAllocateResponse {
-                envs: BTreeMap::from([("SAMPLE_DEVICES".to_owned(), joined.clone())]),
-                mounts: ids
-                    .iter()
-                    .map(|id| api::Mount {
-                        container_path: format!("/sample/{id}"),
-                        host_path: self.devices_dir.join(id).to_string_lossy().into_owned(),
-                        read_only: true,
-                    })
-                    .collect(),
-                devices: ids
-                    .iter()
-                    .map(|id| api::DeviceSpec {
-                        container_path: format!("/dev/sample-{id}"),
-                        host_path: "/dev/null".into(),
-                        permissions: "rw".into(),
-                    })
-                    .collect(),
-                annotations: BTreeMap::from([("example.com/devices".to_owned(), joined)]),
-            });
+            answer
+                .container_responses
+                .push(api::ContainerAllocateResponse {
+                    envs: BTreeMap::from([("SAMPLE_DEVICES".to_owned(), joined.clone())]),
+                    mounts: ids
+                        .iter()
+                        .map(|id| api::Mount {
+                            container_path: format!("/sample/{id}"),
+                            host_path: self.devices_dir.join(id).to_string_lossy().into_owned(),
+                            read_only: true,
+                        })
+                        .collect(),
+                    devices: ids
+                        .iter()
+                        .map(|id| api::DeviceSpec {
+                            container_path: format!("/dev/sample-{id}"),
+                            host_path: "/dev/null".into(),
+                            permissions: "rw".into(),
+                        })
+                        .collect(),
+                    annotations: BTreeMap::from([("example.com/devices".to_owned(), joined)]),
+                });
         }
         Ok(Response::new(answer))
     }
@@ -157,7 +160,12 @@ fn devices(dir: &Path, count: usize) -> Vec<api::Device> {
 }
 
 /// Registers `resource` served on `endpoint` (a name in `plugin_dir`), retrying for 30 s.
-async fn register(plugin_dir: &Path, endpoint: &str, resource: &str, options: api::DevicePluginOptions) -> Result<(), String> {
+async fn register(
+    plugin_dir: &Path,
+    endpoint: &str,
+    resource: &str,
+    options: api::DevicePluginOptions,
+) -> Result<(), String> {
     let socket = plugin_dir.join(KUBELET_SOCKET);
     let mut last = String::new();
     for _ in 0..150 {
@@ -211,7 +219,10 @@ async fn serve_once(
     );
     let server = tokio::spawn(server);
     register(plugin_dir, &name, resource, plugin.options()).await?;
-    eprintln!("sample-device-plugin: registered {resource} on {}", socket.display());
+    eprintln!(
+        "sample-device-plugin: registered {resource} on {}",
+        socket.display()
+    );
     let again = loop {
         tokio::select! {
             _ = signals.0.recv() => break false,
@@ -230,7 +241,9 @@ async fn serve_once(
 async fn main() -> std::process::ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let [plugin_dir, devices_dir, resource, count, rest @ ..] = args.as_slice() else {
-        eprintln!("usage: sample-device-plugin <device-plugin-dir> <devices-dir> <resource> <count> [--pre-start]");
+        eprintln!(
+            "usage: sample-device-plugin <device-plugin-dir> <devices-dir> <resource> <count> [--pre-start]"
+        );
         return std::process::ExitCode::from(2);
     };
     let Ok(count) = count.parse::<usize>() else {

@@ -614,17 +614,17 @@ fn admit_pod_with(
 }
 
 /// The kubelet's `resourceAllocator.Admit`: devices for the pod's extended resources,
-/// among the devices the `active` pods do not hold. Then its `UpdatePluginResources`:
+/// among the devices the pods not `gone` (finished or refused) hold. Then its `UpdatePluginResources`:
 /// for a pod holding devices, the node with allocatable raised to the devices held, so a
 /// pod admitted before a restart is admitted again before its plugin registers.
 fn allocate_devices(
     devices: &DeviceManager,
     pod: &Pod,
     node: &Node,
-    active: &HashSet<&str>,
+    gone: &HashSet<&str>,
 ) -> Result<Option<Node>, Rejection> {
     devices
-        .allocate(pod, &|uid| active.contains(uid))
+        .allocate(pod, &|uid| gone.contains(uid))
         .map_err(|e| Rejection {
             reason: "UnexpectedAdmissionError".into(),
             message: format!("Allocate failed due to {e}, which is unexpected"),
@@ -649,7 +649,10 @@ fn raise_allocatable(node: &Node, floor: &BTreeMap<String, u64>) -> Option<Node>
     }
     let mut node = node.clone();
     let status = node.status.get_or_insert_with(Default::default);
-    status.allocatable.get_or_insert_with(BTreeMap::new).extend(raised);
+    status
+        .allocatable
+        .get_or_insert_with(BTreeMap::new)
+        .extend(raised);
     Some(node)
 }
 
@@ -756,12 +759,13 @@ impl PodAdmitter {
             .map(AsRef::as_ref)
             .filter(|p| !finished(p))
             .collect();
-        let active: HashSet<&str> = others
-            .iter()
-            .filter_map(|p| p.metadata.uid.as_deref())
+        // Pods not seen yet since a restart keep their devices.
+        let finished_pods = state.pods.iter().filter(|(_, p)| finished(p));
+        let gone: HashSet<&str> = (finished_pods.map(|(uid, _)| uid.as_str()))
+            .chain(state.decided.iter().map(String::as_str))
             .collect();
         let allocate = |pod: &Pod| match &self.devices {
-            Some(devices) => allocate_devices(devices, pod, &node, &active),
+            Some(devices) => allocate_devices(devices, pod, &node, &gone),
             None => Ok(None),
         };
         let since = Some(self.started);
@@ -1061,9 +1065,16 @@ mod tests {
         // ...unless the pod holds devices: allocatable is raised to the devices held.
         let floor = BTreeMap::from([("example.com/dev".to_owned(), 2)]);
         let raised = raise_allocatable(&n, &floor);
-        let quantity = |node: &Node| node.status.as_ref().unwrap().allocatable.as_ref().unwrap()["example.com/dev"].0.clone();
+        let quantity = |node: &Node| {
+            node.status.as_ref().unwrap().allocatable.as_ref().unwrap()["example.com/dev"]
+                .0
+                .clone()
+        };
         assert_eq!(raised.as_ref().map(quantity).as_deref(), Some("2"));
-        assert_eq!(admit_pod_with(&dev, &[], &n, &sysctls, None, |_| Ok(raised)), Ok(()));
+        assert_eq!(
+            admit_pod_with(&dev, &[], &n, &sysctls, None, |_| Ok(raised)),
+            Ok(())
+        );
         let floor = BTreeMap::from([("example.com/dev".to_owned(), 0)]);
         assert!(raise_allocatable(&n, &floor).is_none(), "never lowered");
     }

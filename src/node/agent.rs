@@ -15,8 +15,8 @@ use tokio_util::sync::CancellationToken;
 use super::machine::MachineInfo;
 use super::runtime::{ContainerRuntime, ReadinessCheck};
 use super::status::{
-    self, Capacity, ExtendedResources, Observation, Pressure, PressureTracker, SystemFacts, set_node_status,
-    status_changed, status_patch,
+    self, Capacity, ExtendedResources, Observation, Pressure, PressureTracker, SystemFacts,
+    set_node_status, status_changed, status_patch,
 };
 use super::{LeaseController, NodeConfig, NodeError};
 use crate::cri::RuntimeHealth;
@@ -331,7 +331,11 @@ impl NodeAgent {
             runtime_health,
             failed_checks,
             images,
-            extended: self.extended.as_ref().map(|read| read()).unwrap_or_default(),
+            extended: self
+                .extended
+                .as_ref()
+                .map(|read| read())
+                .unwrap_or_default(),
         };
         let observed = Pressure::observed(&obs, &self.config.eviction_hard);
         if observed != Pressure::default() {

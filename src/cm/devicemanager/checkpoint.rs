@@ -85,9 +85,8 @@ fn spew_strings(out: &mut String, list: &[String]) {
 /// go-spew's `%#v` rendering of the kubelet's `checkpointData` (sorted keys, no methods),
 /// the text its checksum hashes.
 fn spew(data: &CheckpointData) -> String {
-    let mut out = String::from(
-        "(checkpoint.checkpointData){PodDeviceEntries:([]checkpoint.PodDevicesEntry)",
-    );
+    let mut out =
+        String::from("(checkpoint.checkpointData){PodDeviceEntries:([]checkpoint.PodDevicesEntry)");
     match &data.pod_device_entries {
         None => out.push_str("<nil>"),
         Some(entries) => {
@@ -224,7 +223,10 @@ mod tests {
         let full = CheckpointData {
             pod_device_entries: Some(vec![entry()]),
             registered_devices: Some(BTreeMap::from([
-                ("example.com/dev".into(), vec!["dev-3".into(), "dev-0".into()]),
+                (
+                    "example.com/dev".into(),
+                    vec!["dev-3".into(), "dev-0".into()],
+                ),
                 ("a.b/c".into(), vec![]),
             ])),
         };
@@ -258,7 +260,10 @@ mod tests {
         assert_eq!(decode(&bytes).unwrap(), data);
         let tampered = String::from_utf8(bytes).unwrap().replace("dev-1", "dev-9");
         let err = decode(tampered.as_bytes()).unwrap_err();
-        assert_eq!(err.to_string(), "device manager checkpoint: checkpoint is corrupted");
+        assert_eq!(
+            err.to_string(),
+            "device manager checkpoint: checkpoint is corrupted"
+        );
     }
 
     #[tokio::test]

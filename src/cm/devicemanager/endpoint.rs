@@ -28,9 +28,9 @@ impl PluginClient {
         let endpoint = tonic::transport::Endpoint::from_static("http://device-plugin.local")
             .connect_timeout(DIAL_TIMEOUT);
         let connect = endpoint.connect_with_connector(tower::service_fn(move |_: Uri| {
-                let path = path.clone();
-                async move { UnixStream::connect(path).await.map(TokioIo::new) }
-            }));
+            let path = path.clone();
+            async move { UnixStream::connect(path).await.map(TokioIo::new) }
+        }));
         let channel = tokio::time::timeout(DIAL_TIMEOUT, connect)
             .await
             .map_err(|_| DeviceError::Dial(format!("{}: timed out", socket.display())))?
@@ -43,10 +43,12 @@ impl PluginClient {
         &self,
     ) -> Result<tonic::Streaming<api::ListAndWatchResponse>, DeviceError> {
         let answer = self.0.clone().list_and_watch(api::Empty {}).await;
-        answer.map(tonic::Response::into_inner).map_err(|status| DeviceError::Rpc {
-            rpc: "ListAndWatch",
-            status: Box::new(status),
-        })
+        answer
+            .map(tonic::Response::into_inner)
+            .map_err(|status| DeviceError::Rpc {
+                rpc: "ListAndWatch",
+                status: Box::new(status),
+            })
     }
 
     /// `Allocate` for one container's devices: its answer.
@@ -65,9 +67,13 @@ impl PluginClient {
             status: Box::new(status),
         })?;
         let answer = answer.into_inner();
-        answer.container_responses.into_iter().next().ok_or_else(|| {
-            DeviceError::Allocation("no containers return in allocation response".into())
-        })
+        answer
+            .container_responses
+            .into_iter()
+            .next()
+            .ok_or_else(|| {
+                DeviceError::Allocation("no containers return in allocation response".into())
+            })
     }
 
     /// `PreStartContainer` for one container's devices, within 30 s.

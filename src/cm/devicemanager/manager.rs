@@ -211,9 +211,8 @@ impl State {
                 out.removed.push(resource);
                 continue;
             }
-            let count = |m: &BTreeMap<String, DeviceSet>| {
-                m.get(&resource).map_or(0, |d| d.len() as u64)
-            };
+            let count =
+                |m: &BTreeMap<String, DeviceSet>| m.get(&resource).map_or(0, |d| d.len() as u64);
             let healthy = count(&self.healthy);
             if self.healthy.contains_key(&resource) {
                 out.allocatable.insert(resource.clone(), healthy);
@@ -349,7 +348,10 @@ impl DeviceManager {
             };
             state.endpoints.insert(resource.clone(), endpoint);
         }
-        tracing::info!(pods = state.pods.pods().len(), "device allocations read from the checkpoint");
+        tracing::info!(
+            pods = state.pods.pods().len(),
+            "device allocations read from the checkpoint"
+        );
     }
 
     /// Writes the checkpoint as the state is now.
@@ -373,7 +375,9 @@ impl DeviceManager {
     }
 
     /// The admission step (the kubelet's `resourceAllocator.Admit` → `Allocate` for each
-    /// init then app container): first frees the pods not in `active` (this pod is), then
+    /// init then app container): first frees the pods `gone` names (finished or refused;
+    /// the kubelet frees the pods not active once all its pod sources were read — pods not
+    /// seen yet since a restart are kept here), then
     /// chooses devices for each container, init containers' devices reusable by the
     /// containers after them. The plugin's `Allocate` is called at the container's
     /// creation ([`run_options`](Self::run_options)).
@@ -381,7 +385,7 @@ impl DeviceManager {
     /// # Errors
     /// The first container whose devices cannot be chosen, with the kubelet's text
     /// (`requested number of devices unavailable for ...`).
-    pub fn allocate(&self, pod: &Pod, active: &dyn Fn(&str) -> bool) -> Result<(), DeviceError> {
+    pub fn allocate(&self, pod: &Pod, gone: &dyn Fn(&str) -> bool) -> Result<(), DeviceError> {
         let Some(uid) = pod.metadata.uid.as_deref() else {
             return Ok(());
         };
@@ -389,7 +393,7 @@ impl DeviceManager {
             return Ok(());
         };
         let mut state = self.state();
-        if state.free(&|u| u == uid || active(u)) {
+        if state.free(&|u| u == uid || !gone(u)) {
             self.dirty.notify_one();
         }
         let mut reusable = match state.reuse.take() {
@@ -461,16 +465,17 @@ impl DeviceManager {
                 let client = client.and_then(|e| e.client.clone());
                 let pre_start = endpoint.is_some_and(|e| e.options.pre_start_required);
                 let held = state.pods.get(uid, &container.name, &resource);
-                let devices: Vec<String> = held.map(|a| a.ids().into_iter().collect()).unwrap_or_default();
+                let devices: Vec<String> = held
+                    .map(|a| a.ids().into_iter().collect())
+                    .unwrap_or_default();
                 let answer = held.and_then(|a| a.answer.clone());
                 (client, pre_start, devices, answer)
             };
             if devices.is_empty() {
                 continue;
             }
-            let stopped = || {
-                DeviceError::Allocation(format!("endpoint {resource} has been stopped"))
-            };
+            let stopped =
+                || DeviceError::Allocation(format!("endpoint {resource} has been stopped"));
             if answer.is_none() {
                 let client = client.clone().ok_or_else(stopped)?;
                 let answer = client.allocate(devices.clone()).await?;
@@ -498,7 +503,8 @@ impl DeviceManager {
         if request.version != VERSION {
             let message = format!(
                 "requested API version {:?} is not supported by kubelet. Supported version is {:?}",
-                request.version, [VERSION]
+                request.version,
+                [VERSION]
             );
             tracing::info!(%resource, %message, "bad registration request from device plugin");
             return Err(message);
@@ -567,14 +573,24 @@ impl DeviceManager {
         loop {
             match stream.message().await {
                 Ok(Some(answer)) => {
-                    let healthy = answer.devices.iter().filter(|d| d.health == HEALTHY).count();
-                    tracing::info!(devices = answer.devices.len(), healthy, "state pushed by device plugin");
+                    let healthy = answer
+                        .devices
+                        .iter()
+                        .filter(|d| d.health == HEALTHY)
+                        .count();
+                    tracing::info!(
+                        devices = answer.devices.len(),
+                        healthy,
+                        "state pushed by device plugin"
+                    );
                     self.state().update_devices(resource, &answer.devices);
                     self.save().await;
                     (self.changed)();
                 }
                 Ok(None) => {
-                    tracing::error!("listAndWatch ended unexpectedly for device plugin: end of stream");
+                    tracing::error!(
+                        "listAndWatch ended unexpectedly for device plugin: end of stream"
+                    );
                     return;
                 }
                 Err(error) => {
@@ -599,7 +615,9 @@ fn remove_stale_files(dir: &Path) {
             continue;
         }
         match std::fs::remove_file(&path) {
-            Ok(()) => tracing::info!(path = %path.display(), "removed stale file in the device plugin directory"),
+            Ok(()) => {
+                tracing::info!(path = %path.display(), "removed stale file in the device plugin directory")
+            }
             Err(error) => tracing::error!(path = %path.display(), %error, "failed to remove file"),
         }
     }
@@ -668,7 +686,12 @@ mod tests {
     fn device(id: &str, healthy: bool) -> api::Device {
         api::Device {
             id: id.into(),
-            health: if healthy { HEALTHY } else { super::super::UNHEALTHY }.into(),
+            health: if healthy {
+                HEALTHY
+            } else {
+                super::super::UNHEALTHY
+            }
+            .into(),
             topology: None,
         }
     }
@@ -720,15 +743,21 @@ mod tests {
 
     fn held(m: &DeviceManager, uid: &str, c: &str) -> Vec<String> {
         let state = m.state();
-        state.pods.get(uid, c, DEV).map(|a| a.ids().into_iter().collect()).unwrap_or_default()
+        state
+            .pods
+            .get(uid, c, DEV)
+            .map(|a| a.ids().into_iter().collect())
+            .unwrap_or_default()
     }
 
     #[test]
     fn admission_arithmetic_refuses_the_pod_that_does_not_fit() {
         let m = manager();
-        let all = |_: &str| true;
-        m.allocate(&pod("a", vec![], vec![container("c", 2)]), &all).unwrap();
-        m.allocate(&pod("b", vec![], vec![container("c", 2)]), &all).unwrap();
+        let all = |_: &str| false;
+        m.allocate(&pod("a", vec![], vec![container("c", 2)]), &all)
+            .unwrap();
+        m.allocate(&pod("b", vec![], vec![container("c", 2)]), &all)
+            .unwrap();
         assert_eq!(held(&m, "a", "c"), ["dev-0", "dev-1"]);
         assert_eq!(held(&m, "b", "c"), ["dev-2", "dev-3"]);
         let err = m
@@ -739,15 +768,19 @@ mod tests {
             "requested number of devices unavailable for example.com/dev. Requested: 2, Available: 0"
         );
         // Admitting again keeps what was chosen.
-        m.allocate(&pod("a", vec![], vec![container("c", 2)]), &all).unwrap();
+        m.allocate(&pod("a", vec![], vec![container("c", 2)]), &all)
+            .unwrap();
         assert_eq!(held(&m, "a", "c"), ["dev-0", "dev-1"]);
         // A changed request is refused as by the kubelet.
         let err = m
             .allocate(&pod("a", vec![], vec![container("c", 1)]), &all)
             .unwrap_err();
-        assert!(err.to_string().contains("changed request for resource"), "{err}");
+        assert!(
+            err.to_string().contains("changed request for resource"),
+            "{err}"
+        );
         // When a pod is no longer active its devices are free again.
-        m.allocate(&pod("c", vec![], vec![container("c", 2)]), &|u| u != "a")
+        m.allocate(&pod("c", vec![], vec![container("c", 2)]), &|u| u == "a")
             .unwrap();
         assert_eq!(held(&m, "c", "c"), ["dev-0", "dev-1"]);
         assert!(held(&m, "a", "c").is_empty());
@@ -756,7 +789,7 @@ mod tests {
     #[test]
     fn init_container_devices_are_reused_by_app_containers() {
         let m = manager();
-        let all = |_: &str| true;
+        let all = |_: &str| false;
         let p = pod(
             "p",
             vec![container("init", 3)],
@@ -765,11 +798,18 @@ mod tests {
         m.allocate(&p, &all).unwrap();
         assert_eq!(held(&m, "p", "init"), ["dev-0", "dev-1", "dev-2"]);
         assert_eq!(held(&m, "p", "one"), ["dev-0", "dev-1"], "reused from init");
-        assert_eq!(held(&m, "p", "two"), ["dev-2", "dev-3"], "one reused, one new");
+        assert_eq!(
+            held(&m, "p", "two"),
+            ["dev-2", "dev-3"],
+            "one reused, one new"
+        );
         // Unregistered resources are not the device manager's.
         let mut other = container("x", 0);
         other.resources = Some(ResourceRequirements {
-            limits: Some(BTreeMap::from([("other.com/x".to_owned(), Quantity("1".into()))])),
+            limits: Some(BTreeMap::from([(
+                "other.com/x".to_owned(),
+                Quantity("1".into()),
+            )])),
             ..Default::default()
         });
         m.allocate(&pod("q", vec![], vec![other]), &all).unwrap();
@@ -782,7 +822,9 @@ mod tests {
         let (cap, _) = m.state().capacity(now);
         assert_eq!(cap.capacity[DEV], 4);
         assert_eq!(cap.allocatable[DEV], 4);
-        let devices: Vec<_> = (0..4).map(|i| device(&format!("dev-{i}"), i != 2)).collect();
+        let devices: Vec<_> = (0..4)
+            .map(|i| device(&format!("dev-{i}"), i != 2))
+            .collect();
         m.state().update_devices(DEV, &devices);
         let (cap, _) = m.state().capacity(now);
         assert_eq!((cap.capacity[DEV], cap.allocatable[DEV]), (4, 3));
@@ -793,7 +835,10 @@ mod tests {
             state.mark_unhealthy(DEV);
         }
         let (cap, removed) = m.state().capacity(now);
-        assert_eq!((cap.capacity[DEV], cap.allocatable[DEV], removed), (4, 0, false));
+        assert_eq!(
+            (cap.capacity[DEV], cap.allocatable[DEV], removed),
+            (4, 0, false)
+        );
         let later = now + ENDPOINT_STOP_GRACE_PERIOD + Duration::from_secs(1);
         let (cap, removed) = m.state().capacity(later);
         assert!(removed);
@@ -803,15 +848,18 @@ mod tests {
         let m = manager();
         m.state().update_devices(DEV, &devices);
         let err = m
-            .allocate(&pod("a", vec![], vec![container("c", 4)]), &|_| true)
+            .allocate(&pod("a", vec![], vec![container("c", 4)]), &|_| false)
             .unwrap_err();
-        assert!(err.to_string().ends_with("Requested: 4, Available: 3"), "{err}");
+        assert!(
+            err.to_string().ends_with("Requested: 4, Available: 3"),
+            "{err}"
+        );
     }
 
     #[test]
     fn the_checkpoint_restores_allocations_and_resources_without_devices() {
         let m = manager();
-        m.allocate(&pod("a", vec![], vec![container("c", 2)]), &|_| true)
+        m.allocate(&pod("a", vec![], vec![container("c", 2)]), &|_| false)
             .unwrap();
         m.state().pods.get_mut("a", "c", DEV).unwrap().answer =
             Some(api::ContainerAllocateResponse::default());
@@ -821,7 +869,10 @@ mod tests {
         restored.restore(&data);
         assert_eq!(held(&restored, "a", "c"), ["dev-0", "dev-1"]);
         // Admitting the pod again counts on its devices, not on the (zero) capacity.
-        assert_eq!(restored.allocatable_floor("a"), BTreeMap::from([(DEV.to_owned(), 2)]));
+        assert_eq!(
+            restored.allocatable_floor("a"),
+            BTreeMap::from([(DEV.to_owned(), 2)])
+        );
         assert!(restored.allocatable_floor("b").is_empty());
         let cap = restored.capacity();
         assert_eq!((cap.capacity[DEV], cap.allocatable[DEV]), (0, 0));
@@ -832,7 +883,7 @@ mod tests {
             state.update_devices(DEV, &devices);
         }
         restored
-            .allocate(&pod("b", vec![], vec![container("c", 2)]), &|_| true)
+            .allocate(&pod("b", vec![], vec![container("c", 2)]), &|_| false)
             .unwrap();
         assert_eq!(held(&restored, "b", "c"), ["dev-2", "dev-3"]);
     }

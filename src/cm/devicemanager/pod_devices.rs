@@ -99,7 +99,10 @@ impl PodDevices {
         container: &str,
         resource: &str,
     ) -> Option<&mut Allocation> {
-        self.pods.get_mut(uid)?.get_mut(container)?.get_mut(resource)
+        self.pods
+            .get_mut(uid)?
+            .get_mut(container)?
+            .get_mut(resource)
     }
 
     /// The devices of a container, by resource.
@@ -115,7 +118,10 @@ impl PodDevices {
         reusable: &mut BTreeMap<String, DeviceSet>,
     ) {
         for (resource, a) in self.container(uid, container).into_iter().flatten() {
-            reusable.entry(resource.clone()).or_default().extend(a.ids());
+            reusable
+                .entry(resource.clone())
+                .or_default()
+                .extend(a.ids());
         }
     }
 
@@ -265,8 +271,18 @@ mod tests {
     #[test]
     fn run_options_merge_answers_first_setting_wins() {
         let mut pd = PodDevices::default();
-        pd.insert("u", "c", "a.com/x", allocation(&["x0"], Some(answer("x", "/dev/x"))));
-        pd.insert("u", "c", "b.com/y", allocation(&["y0"], Some(answer("y", "/dev/y"))));
+        pd.insert(
+            "u",
+            "c",
+            "a.com/x",
+            allocation(&["x0"], Some(answer("x", "/dev/x"))),
+        );
+        pd.insert(
+            "u",
+            "c",
+            "b.com/y",
+            allocation(&["y0"], Some(answer("y", "/dev/y"))),
+        );
         let opts = pd.run_options("u", "c");
         assert_eq!(opts.envs.len(), 1);
         assert_eq!(opts.envs[0].value, "x", "the first resource's env wins");
@@ -290,14 +306,26 @@ mod tests {
     #[test]
     fn only_answered_allocations_are_checkpointed_and_load_back() {
         let mut pd = PodDevices::default();
-        pd.insert("u", "init", "a.com/x", allocation(&["x0", "x1"], Some(answer("x", "/dev/x"))));
+        pd.insert(
+            "u",
+            "init",
+            "a.com/x",
+            allocation(&["x0", "x1"], Some(answer("x", "/dev/x"))),
+        );
         pd.insert("u", "app", "a.com/x", allocation(&["x2"], None));
-        assert_eq!(pd.devices()["a.com/x"].len(), 3, "chosen devices count as held");
+        assert_eq!(
+            pd.devices()["a.com/x"].len(),
+            3,
+            "chosen devices count as held"
+        );
         let entries = pd.to_entries();
         assert_eq!(entries.len(), 1);
         let mut back = PodDevices::default();
         back.load(&entries);
-        assert_eq!(back.get("u", "init", "a.com/x"), pd.get("u", "init", "a.com/x"));
+        assert_eq!(
+            back.get("u", "init", "a.com/x"),
+            pd.get("u", "init", "a.com/x")
+        );
         assert!(back.delete(&["u".to_owned()]));
         assert!(back.pods().is_empty());
     }
