@@ -5,13 +5,14 @@
 //! with the kubelet's `UnexpectedAdmissionError`; a device marked unhealthy drops
 //! allocatable to 3; after an agent restart the plugin registers again and the running
 //! pods keep their devices (the checkpoint); a deleted pod's devices go to the next pod;
-//! a plugin that goes leaves capacity with nothing allocatable.
+//! a plugin that goes leaves capacity with nothing allocatable, and registers again when
+//! it starts again.
 
 mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::case::{Case, delete_and_wait, failed, root_dir, running};
 use common::{cleanup_blocking, eventually, kube_client, node_name, unique};
@@ -236,8 +237,13 @@ async fn device_plugin_devices_reach_pods_survive_restarts_and_are_freed() {
         || async { socket.exists().then_some(()) },
     )
     .await;
+    let started = Instant::now();
     let mut plugin = SamplePlugin::start(&devices);
     node_shows("4", "4").await;
+    eprintln!(
+        "plugin started → Node shows 4 devices: {:?}",
+        started.elapsed()
+    );
 
     // Two pods get two devices each; the third does not fit and is refused at admission.
     let a = case.create("a", asking(2)).await;
@@ -273,8 +279,13 @@ async fn device_plugin_devices_reach_pods_survive_restarts_and_are_freed() {
     );
 
     // An unhealthy device leaves allocatable.
+    let marked = Instant::now();
     std::fs::write(devices.join(format!("{}.unhealthy", seen_b[1])), "").expect("mark");
     node_shows("4", "3").await;
+    eprintln!(
+        "device marked unhealthy → allocatable 3: {:?}",
+        marked.elapsed()
+    );
 
     // The agent restarts: the plugin registers again, the pods keep running with their
     // devices (a new pod finds none free), from the checkpoint.
@@ -282,6 +293,7 @@ async fn device_plugin_devices_reach_pods_survive_restarts_and_are_freed() {
     held.sort();
     assert_eq!(checkpointed_pods(), held);
     let registered = plugin.registrations();
+    let restarted = Instant::now();
     case.start_agent(&[]);
     eventually(
         "the plugin registered again",
@@ -290,6 +302,10 @@ async fn device_plugin_devices_reach_pods_survive_restarts_and_are_freed() {
     )
     .await;
     node_shows("4", "3").await;
+    eprintln!(
+        "agent restarted → plugin registered again, Node 4/3: {:?}",
+        restarted.elapsed()
+    );
     assert_eq!(checkpointed_pods(), held);
     let d = case.create("d", asking(1)).await;
     let d = failed(&d, Duration::from_secs(30)).await;
@@ -326,6 +342,10 @@ async fn device_plugin_devices_reach_pods_survive_restarts_and_are_freed() {
     // The plugin goes: capacity is kept (for the grace period), nothing is allocatable.
     plugin.stop();
     node_shows("4", "0").await;
+    // A plugin that starts again registers again (the unhealthy device still marked).
+    let again = SamplePlugin::start(&devices);
+    node_shows("4", "3").await;
+    drop(again);
     drop(plugin);
     drop(case);
     drop(cleanup);
