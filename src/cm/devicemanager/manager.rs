@@ -641,8 +641,7 @@ impl registration_server::Registration for Registrar {
 
 impl Serving {
     /// Serves registrations and writes the checkpoint when asked, until `stop`; then
-    /// ends the plugins' streams, writes the checkpoint a last time and removes the
-    /// socket.
+    /// ends the plugins' streams, makes a write still asked for, and removes the socket.
     ///
     /// # Errors
     /// The gRPC server failed.
@@ -666,7 +665,11 @@ impl Serving {
             () = writer => Ok(()),
         };
         manager.stop.cancel();
-        manager.save().await;
+        // A write asked for and not yet made; with nothing changed no file is written, as
+        // the kubelet writes its checkpoint on changes only.
+        if futures::FutureExt::now_or_never(manager.dirty.notified()).is_some() {
+            manager.save().await;
+        }
         if let Err(error) = std::fs::remove_file(&socket) {
             tracing::warn!(%error, socket = %socket.display(), "removing the registration socket");
         }
@@ -813,6 +816,25 @@ mod tests {
             ..Default::default()
         });
         m.allocate(&pod("q", vec![], vec![other]), &all).unwrap();
+    }
+
+    #[test]
+    fn registrations_with_another_version_or_a_bad_resource_name_are_refused() {
+        let m = Arc::new(manager());
+        let request = |version: &str, resource: &str| api::RegisterRequest {
+            version: version.into(),
+            endpoint: "plugin.sock".into(),
+            resource_name: resource.into(),
+            options: None,
+        };
+        assert_eq!(
+            m.register(request("v1alpha", DEV)).unwrap_err(),
+            r#"requested API version "v1alpha" is not supported by kubelet. Supported version is ["v1beta1"]"#
+        );
+        assert_eq!(
+            m.register(request(VERSION, "cpu")).unwrap_err(),
+            r#"the ResourceName "cpu" is invalid"#
+        );
     }
 
     #[test]
