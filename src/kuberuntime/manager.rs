@@ -125,6 +125,8 @@ pub struct RuntimeManager<C> {
     host_ip: Option<IpAddr>,
     /// Told of each container started, to watch its log from the start.
     log_starts: Option<crate::logs::StartedContainers>,
+    /// The device manager: a container's devices, mounts, env and annotations.
+    devices: Option<Arc<crate::cm::devicemanager::DeviceManager>>,
 }
 
 /// A pod's turn to be set up in the runtime: held from the sandbox to its last container
@@ -178,7 +180,15 @@ impl<C: Cri> RuntimeManager<C> {
             stop_slots: Semaphore::new(parallel_starts.max(1)),
             host_ip,
             log_starts: None,
+            devices: None,
         }
+    }
+
+    /// The manager, giving containers what the device manager holds for them.
+    #[must_use]
+    pub fn with_devices(mut self, devices: Arc<crate::cm::devicemanager::DeviceManager>) -> Self {
+        self.devices = Some(devices);
+        self
     }
 
     /// The manager, telling the container log manager of each container it starts.
@@ -666,6 +676,14 @@ impl<C: Cri> RuntimeManager<C> {
             .map_err(|e| self.config_error(id, name, &ConfigError::ImageUser(e.to_string())))?;
         let mut config = container_config(pod, id, container, &cctx, env.vars)
             .map_err(|e| self.config_error(id, name, &e))?;
+        // The kubelet's GetResources: the devices' options (the plugin's Allocate the first
+        // time) before the container's own.
+        if let Some(devices) = &self.devices {
+            let options = devices.run_options(pod, container).await;
+            options
+                .map_err(|e| self.config_error(id, name, &e))?
+                .apply(&mut config);
+        }
         // Block volumes (the kubelet's `makeDevices`): each volumeDevice as a CRI device.
         let devices = ctx
             .volumes
