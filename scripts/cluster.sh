@@ -514,6 +514,9 @@ private_registry_ready() {
 # Serves on 127.0.0.1 only. It advertises $NODE_IP, not 127.0.0.1: the `kubernetes`
 # Endpoints may not hold a loopback address (with 127.0.0.1 the apiserver logs an error
 # every 10s). Nothing listens on $NODE_IP:6443, so pods cannot reach the apiserver.
+# EphemeralContainers (alpha in 1.20, GA and on by default since 1.25) serves the
+# pods/ephemeralcontainers subresource `kubectl debug` writes; a kubelet without the gate
+# (the benchmark's) ignores ephemeral containers, and pods without them are unchanged.
 start_apiserver() {
   write_audit_policy
   start_proc kube-apiserver "$K8S_BIN/kube-apiserver" \
@@ -536,6 +539,7 @@ start_apiserver() {
     --enable-admission-plugins=NodeRestriction \
     --enable-bootstrap-token-auth=true \
     --allow-privileged=true \
+    --feature-gates=EphemeralContainers=true \
     --kubelet-client-certificate="$PKI/apiserver-kubelet-client.crt" \
     --kubelet-client-key="$PKI/apiserver-kubelet-client.key" \
     --kubelet-preferred-address-types=InternalIP \

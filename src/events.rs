@@ -40,7 +40,8 @@ pub struct PodEvent {
 }
 
 /// What in a pod an event is about: the pod itself, or one of its containers, named by
-/// the kubelet's `fieldPath` (`spec.containers{name}`, `spec.initContainers{name}`).
+/// the kubelet's `fieldPath` (`spec.containers{name}`, `spec.initContainers{name}`,
+/// `spec.ephemeralContainers{name}`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Involved<'a> {
     /// The pod.
@@ -49,6 +50,8 @@ pub enum Involved<'a> {
     Container(&'a str),
     /// An init container, by name.
     InitContainer(&'a str),
+    /// An ephemeral container, by name.
+    EphemeralContainer(&'a str),
 }
 
 impl Involved<'_> {
@@ -57,6 +60,7 @@ impl Involved<'_> {
             Self::Pod => None,
             Self::Container(name) => Some(format!("spec.containers{{{name}}}")),
             Self::InitContainer(name) => Some(format!("spec.initContainers{{{name}}}")),
+            Self::EphemeralContainer(name) => Some(format!("spec.ephemeralContainers{{{name}}}")),
         }
     }
 }

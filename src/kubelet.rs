@@ -36,6 +36,7 @@ use crate::pod::store::PodAdmission;
 use crate::pod::workers::{Next, PodSyncer, PodWork, PodWorkers};
 use crate::pod::{PodId, store::PodStore};
 use crate::prober::ProberManager;
+use crate::status::manager::merge_pod_status;
 use crate::status::{StatusInputs, StatusManager, generate_pod_status};
 use crate::volume::{LinuxMounter, PodVolumes, SetUps, VolumeError, VolumeManager};
 use crate::watch_manager::KubePodObjects;
@@ -225,10 +226,11 @@ impl<C: Cri + Clone> Kubelet<C> {
             .cloned()
             .unwrap_or_default();
         // Start from what the API last saw, with our last status on top of it, so that
-        // transition times and the start time are kept.
+        // transition times and the start time are kept; the conditions others own
+        // (readiness gates') are the API's.
         let mut base = pod.clone();
         if let Some(ours) = self.status.get(&id.uid) {
-            base.status = Some(ours);
+            base.status = Some(merge_pod_status(pod.status.as_ref(), ours));
         }
         let inputs = StatusInputs {
             runtime,

@@ -3,7 +3,9 @@
 //! (`api`, `file`), the stamp every source puts on the pods it delivers
 //! ([`stamp_source`]), and what it tells: a static pod ([`is_static_pod`]), a mirror pod
 //! ([`is_mirror_pod`]). The pod sources, the container manager's critical-pod policy and
-//! the status manager use it from above.
+//! the status manager use it from above. And, from `pod_status.go`, the pod conditions the
+//! kubelet owns ([`pod_condition_by_kubelet`]): the others (readiness gates) are set by
+//! controllers through `pods/status`.
 //!
 //! Knows no other module of the agent: no source, store, cgroup or API client.
 
@@ -60,4 +62,15 @@ pub fn is_static_pod(pod: &Pod) -> bool {
 #[must_use]
 pub fn mirrored_uid(mirror: &Pod) -> Option<&str> {
     annotation(mirror, CONFIG_MIRROR)
+}
+
+/// The pod conditions the kubelet owns (the kubelet's `PodConditionsByKubelet`); the
+/// others (readiness gates' conditions) belong to whoever sets them through `pods/status`.
+pub const POD_CONDITIONS_BY_KUBELET: [&str; 4] =
+    ["PodScheduled", "Ready", "Initialized", "ContainersReady"];
+
+/// The condition type is the kubelet's own (the kubelet's `PodConditionByKubelet`).
+#[must_use]
+pub fn pod_condition_by_kubelet(condition_type: &str) -> bool {
+    POD_CONDITIONS_BY_KUBELET.contains(&condition_type)
 }

@@ -13,10 +13,9 @@ use std::time::{Duration, Instant};
 use common::agent::AgentProcess;
 use common::case::{Case, delete_and_wait, failed, get, phase, running};
 use common::pods::{events_of, pods_api, running_containers_of, sandboxes_of, sleeper};
-use common::{TestRuntimeClass, eventually, kube_client, node_name};
-use k8s_openapi::api::core::v1::{Event, Node, Pod};
-use kube::api::{Api, ListParams, Patch, PatchParams};
-use rkubelet::resources::Quantity;
+use common::{TestRuntimeClass, eventually, node_allocatable as allocatable, node_name};
+use k8s_openapi::api::core::v1::{Event, Pod};
+use kube::api::{ListParams, Patch, PatchParams};
 use serde_json::json;
 
 fn requesting(requests: serde_json::Value) -> serde_json::Value {
@@ -74,26 +73,6 @@ async fn assert_still_rejected(agent: &AgentProcess, name: &str) {
     let pod = get(name).await.expect("the rejected pod");
     assert_eq!(phase(&pod), Some("Failed"));
     assert_no_trace(agent, &pod).await;
-}
-
-/// The node's allocatable `name`, in milli units for cpu, else in units.
-async fn allocatable(name: &str) -> i64 {
-    let node = Api::<Node>::all(kube_client("admin.kubeconfig").await)
-        .get(&node_name())
-        .await
-        .expect("the node");
-    let q = node
-        .status
-        .and_then(|s| s.allocatable)
-        .and_then(|a| a.get(name).cloned())
-        .expect("allocatable");
-    let q = Quantity::parse(&q.0).expect("a quantity");
-    let v = if name == "cpu" {
-        q.milli_value()
-    } else {
-        q.value()
-    };
-    i64::try_from(v).expect("fits")
 }
 
 /// Pods bound to the node that have not finished (other tests' leftovers would change

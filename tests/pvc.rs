@@ -189,12 +189,13 @@ async fn sh(uid: &str, script: &str) -> (i32, String, String) {
 }
 
 /// The StatefulSet's `n` pods once all are ready, by name.
-async fn all_ready(app: &str, n: usize) -> std::collections::BTreeMap<String, Pod> {
+async fn all_ready(case: &Case, app: &str, n: usize) -> std::collections::BTreeMap<String, Pod> {
     eventually(
         &format!("{n} ready pods of {app}"),
         Duration::from_secs(90),
         || async {
             let pods = pods_of_app(app).await;
+            pods.iter().for_each(|p| case.pods.track(p));
             (pods.len() == n
                 && pods.iter().all(is_ready)
                 && pods.iter().all(|p| p.metadata.deletion_timestamp.is_none()))
@@ -313,7 +314,7 @@ async fn a_stateful_set_on_local_volumes_keeps_its_data() {
     }
 
     // Each replica writes its name to its own volume, bind-mounted at the kubelet's path.
-    let pods = all_ready(&app, 2).await;
+    let pods = all_ready(&case, &app, 2).await;
     let first_start = started.elapsed();
     let claims = Api::<PersistentVolumeClaim>::namespaced(admin().await, "default");
     let mut dir_of = std::collections::BTreeMap::new();
@@ -350,7 +351,7 @@ async fn a_stateful_set_on_local_volumes_keeps_its_data() {
         .expect("delete");
     replaced(&zero, &old).await;
     assert_eq!(mounts_in_pods(Some(&old)), Vec::<String>::new());
-    let pods = all_ready(&app, 2).await;
+    let pods = all_ready(&case, &app, 2).await;
     assert_ne!(uid(&pods[&zero]), old);
     assert_eq!(names_in(&pods[&zero]).await, format!("{zero}\n{zero}\n"));
 
@@ -379,7 +380,7 @@ async fn a_stateful_set_on_local_volumes_keeps_its_data() {
     );
     let restart = Instant::now();
     case.start_agent(&[]);
-    let pods = all_ready(&app, 2).await;
+    let pods = all_ready(&case, &app, 2).await;
     eventually(
         "the deleted pod's mount gone",
         Duration::from_secs(30),
@@ -402,7 +403,7 @@ async fn a_stateful_set_on_local_volumes_keeps_its_data() {
     .await;
     assert_eq!(host_names(&zero), format!("{zero}\n{zero}\n"));
     scale(&app, 2).await;
-    let pods = all_ready(&app, 2).await;
+    let pods = all_ready(&case, &app, 2).await;
     for name in [&zero, &one] {
         assert_eq!(
             names_in(&pods[name]).await,

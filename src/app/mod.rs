@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 use crate::backoff::Backoff;
 use crate::certificate::csr::{CsrTemplate, EXIT_AFTER_EXPIRY, Rotation};
 use crate::certificate::{CertificateError, bootstrap};
+use crate::cm::devicemanager::DeviceManager;
 use crate::cm::{ContainerManager, NodeCapacity};
 use crate::cni::{self, Cni, ProcessExec};
 use crate::cri::{Cri, CriClient, RuntimeHealth, api};
@@ -175,6 +176,9 @@ pub enum AppError {
     /// The QoS cgroups could not be set up.
     #[error(transparent)]
     Cgroups(#[from] crate::cm::CmError),
+    /// The device plugin registration could not be set up, or its server failed.
+    #[error(transparent)]
+    Devices(#[from] crate::cm::devicemanager::DeviceError),
     /// The admission configuration is invalid.
     #[error(transparent)]
     Admission(#[from] crate::lifecycle::admission::AdmissionError),
@@ -359,11 +363,13 @@ impl ReadinessCheck for PlegCheck {
     }
 }
 
-/// The node agent for `config`, reporting the PLEG's health in its Ready condition.
+/// The node agent for `config`, reporting the PLEG's health in its Ready condition and
+/// the device plugins' resources.
 fn node_agent(
     config: &Config,
     client: kube::Client,
     pleg: &Arc<Pleg>,
+    devices: &Arc<DeviceManager>,
 ) -> Result<Arc<NodeAgent>, AppError> {
     let mut node_config = NodeConfig::new(config.node_name.clone(), config.node_ip);
     node_config.root_dir = config.root_dir.clone();
@@ -387,13 +393,25 @@ fn node_agent(
         node_config.daemon_port = server.port;
     }
     let checks: Vec<Arc<dyn ReadinessCheck>> = vec![Arc::new(PlegCheck(pleg.clone()))];
-    Ok(Arc::new(NodeAgent::new(
-        client,
-        node_config,
-        Arc::new(LinuxMachine),
-        Arc::new(config.cri.clone()),
-        checks,
-    )?))
+    let devices = devices.clone();
+    let extended = Box::new(move || {
+        let c = devices.capacity();
+        crate::node::ExtendedResources {
+            capacity: c.capacity,
+            allocatable: c.allocatable,
+            removed: c.removed,
+        }
+    });
+    Ok(Arc::new(
+        NodeAgent::new(
+            client,
+            node_config,
+            Arc::new(LinuxMachine),
+            Arc::new(config.cri.clone()),
+            checks,
+        )?
+        .with_extended_resources(extended),
+    ))
 }
 
 /// Waits up to `timeout` for the runtime to report NetworkReady (containerd notices a new
@@ -663,6 +681,7 @@ struct KubeletParts {
     cgroup_driver: crate::cm::HostDriver,
     log_starts: crate::logs::StartedContainers,
     csi: Arc<CsiPlugin>,
+    devices: Arc<DeviceManager>,
 }
 
 /// The kubelet: sandbox settings, Secrets and ConfigMaps from one watch per referenced
@@ -685,6 +704,7 @@ async fn kubelet(
         cgroup_driver,
         log_starts,
         csi,
+        devices,
     } = parts;
     let host_dns = match &config.resolv_conf {
         Some(path) => Some(HostDns::parse(
@@ -749,10 +769,11 @@ async fn kubelet(
             events,
             config.parallel_pod_starts,
         )
-        .with_log_starts(log_starts),
+        .with_log_starts(log_starts)
+        .with_devices(devices.clone()),
         volumes,
         status,
-        PodAdmitter::new(node_store, registered, sysctls, client),
+        PodAdmitter::new(node_store, registered, sysctls, client).with_devices(devices),
         wake,
         env_sources,
         cm,
@@ -847,6 +868,8 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
         Task::new("status-manager", restarted()),
         // Before the node registers, so the first status it reports is Ready.
         Task::new("pleg", restarted()),
+        // The kubelet's device manager owns its bound registration socket.
+        Task::new("device-manager", Stop),
         Task::new("node-informer", Stop),
         Task::new("network-gc", restarted()),
         Task::new("cni-shim", Stop),
@@ -921,7 +944,17 @@ async fn start(config: &Config, tree: &mut Tree) -> Result<bool, AppError> {
     });
     tree.start("pleg", relist.dropped_on_stop())?;
     pleg.wait_for_first_relist(Duration::from_secs(10)).await;
-    let node = node_agent(config, api.heartbeat, &pleg)?;
+    // Before the node reports its capacity and pods are admitted: the checkpoint is read.
+    let trigger = StatusTrigger::default();
+    let changed = trigger.clone();
+    let (devices, registration) = DeviceManager::start(
+        &config
+            .root_dir
+            .join(crate::cm::devicemanager::DEVICE_PLUGIN_DIR),
+        Box::new(move || changed.update_now()),
+    )?;
+    tree.start("device-manager", Run::once(|stop| registration.run(stop)))?;
+    let node = node_agent(config, api.heartbeat, &pleg, &devices)?;
     let registered = node.register(tree.stopping()).await?;
     // Admission reads the node's labels and allocatable from a watch on it.
     let (node_store, node_feed) = crate::node::node_lister(client.clone(), &config.node_name);
@@ -951,7 +984,6 @@ async fn start(config: &Config, tree: &mut Tree) -> Result<bool, AppError> {
         tree.start("pod-network-routes", program)?;
     }
     wait_for_network_ready(&config.cri, Duration::from_secs(5)).await;
-    let trigger = StatusTrigger::default();
     tree.start(
         "node-lease",
         Run::again(node.clone(), |node, stop| node.lease().run(stop)),
@@ -982,6 +1014,7 @@ async fn start(config: &Config, tree: &mut Tree) -> Result<bool, AppError> {
         cgroup_driver,
         log_starts: logs.starts(),
         csi,
+        devices,
     };
     let kubelet = kubelet(config, parts).await?;
     let workers = PodWorkers::new(kubelet.clone(), kubelet.pod_states().clone());
@@ -1054,9 +1087,10 @@ async fn start(config: &Config, tree: &mut Tree) -> Result<bool, AppError> {
     tree.start("image-gc", collect.dropped_on_stop())?;
     let stats = crate::kubelet::eviction_stats::NodeStats::new(
         config.cri.clone(),
-        Arc::new(LinuxMachine),
-        config.root_dir.clone(),
+        LinuxMachine,
+        stats_config(config),
         config.pod_logs_dir.clone(),
+        config.node_name.clone(),
     );
     let pods =
         crate::kubelet::evictor::KubeletPods::new(store.clone(), workers.clone(), kubelet.clone());

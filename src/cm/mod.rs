@@ -17,6 +17,7 @@
 
 mod cgroup_manager;
 pub mod cgroupfs;
+pub mod devicemanager;
 mod policy;
 mod resource_config;
 mod runtime_driver;

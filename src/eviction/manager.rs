@@ -2,7 +2,9 @@
 //! monitoring interval, observe the signals; when a hard threshold is met, first try to
 //! reclaim node-level resources (dead containers and unused images, through a
 //! [`NodeReclaimer`]), then rank the active pods and evict one, with grace period 0;
-//! after an eviction, wait for the pod to be cleaned up before the next pass.
+//! after an eviction, wait for the pod to be cleaned up before the next pass. Before the
+//! thresholds are acted on, every pod over one of its local storage limits is evicted
+//! ([`super::local_storage`]), and then the pass ends there, as in the kubelet.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -12,6 +14,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use tokio_util::sync::CancellationToken;
 
+use super::local_storage::{LocalStorage, exceeded, has_limits};
 use super::rank::{Candidate, PodUsage, eviction_message, rank};
 use super::{EvictionError, is_critical_or_static};
 use crate::node::EvictionHard;
@@ -25,6 +28,8 @@ const CLEANUP_TIMEOUT: Duration = Duration::from_secs(30);
 const CLEANUP_POLL: Duration = Duration::from_secs(1);
 /// Hard thresholds evict at once: the pod's grace period is overridden to 0.
 const HARD_EVICTION_GRACE_SECONDS: i64 = 0;
+/// A pod over a local storage limit is evicted at once too (`evictPod(pod, 0, ...)`).
+const LOCAL_STORAGE_GRACE_SECONDS: i64 = 0;
 
 /// Where the manager's figures come from: the node's signals and the running pods' usage.
 pub trait StatsSource: Send + Sync {
@@ -34,6 +39,10 @@ pub trait StatsSource: Send + Sync {
     fn pod_usage(
         &self,
     ) -> impl Future<Output = Result<HashMap<String, PodUsage>, EvictionError>> + Send;
+    /// What each running pod holds on the node's local storage (the kubelet's summary:
+    /// writable layers, logs, volumes), and whether the images have a filesystem of their
+    /// own.
+    fn local_storage(&self) -> impl Future<Output = Result<LocalStorage, EvictionError>> + Send;
 }
 
 /// The pods, and how one is evicted: the kubelet's `ActivePodsFunc`, `KillPodFunc` and
@@ -85,6 +94,8 @@ pub enum Pass {
     NothingEvicted(Signal),
     /// This pod (by UID) was evicted for this signal.
     Evicted(Signal, String),
+    /// These pods (by UID) were evicted for going over their local storage limits.
+    LocalStorage(Vec<String>),
 }
 
 /// The eviction manager.
@@ -111,6 +122,10 @@ impl<S: StatsSource, E: PodEvictor, R: NodeReclaimer> EvictionManager<S, E, R> {
     pub async fn synchronize(&self) -> Pass {
         let observations = self.stats.observe().await;
         let met = thresholds_met(&observations, &self.hard);
+        let evicted = self.local_storage_eviction().await;
+        if !evicted.is_empty() {
+            return Pass::LocalStorage(evicted);
+        }
         let Some(&signal) = met.first() else {
             tracing::trace!("no resources are starved");
             return Pass::NoPressure;
@@ -178,8 +193,57 @@ impl<S: StatsSource, E: PodEvictor, R: NodeReclaimer> EvictionManager<S, E, R> {
         Pass::NothingEvicted(signal)
     }
 
+    /// The kubelet's `localStorageEviction`: every active pod over one of its local storage
+    /// limits is evicted, with grace period 0; their UIDs. The usage is read only while a
+    /// pod sets such a limit.
+    async fn local_storage_eviction(&self) -> Vec<String> {
+        let Some(pods) = self.evictor.active_pods() else {
+            return Vec::new();
+        };
+        let limited: Vec<Arc<Pod>> = pods.into_iter().filter(|p| has_limits(p)).collect();
+        if limited.is_empty() {
+            return Vec::new();
+        }
+        let storage = match self.stats.local_storage().await {
+            Ok(storage) => storage,
+            Err(e) => {
+                tracing::error!(error = %e, "failed to get the pods' local storage stats");
+                return Vec::new();
+            }
+        };
+        let mut evicted = Vec::new();
+        for pod in limited {
+            let Some(uid) = pod.metadata.uid.as_deref() else {
+                continue;
+            };
+            let Some(over) = storage
+                .pods
+                .get(uid)
+                .and_then(|usage| exceeded(&pod, usage, storage.dedicated_image_fs))
+            else {
+                continue;
+            };
+            let name = pod.metadata.name.as_deref().unwrap_or_default();
+            if is_critical_or_static(&pod) {
+                tracing::error!(pod = name, "cannot evict a critical pod");
+                continue;
+            }
+            tracing::info!(
+                pod = name,
+                signal = over.signal.name(),
+                message = %over.message,
+                "evicting pod over its local storage limit"
+            );
+            self.evictor
+                .evict(&pod, &over.message, LOCAL_STORAGE_GRACE_SECONDS)
+                .await;
+            evicted.push(uid.to_owned());
+        }
+        evicted
+    }
+
     /// Runs passes every [`MONITORING_INTERVAL`] until `cancel` fires; after an eviction,
-    /// the next pass waits until the evicted pod is cleaned up (at most 30 s) instead.
+    /// the next pass waits until the evicted pods are cleaned up (at most 30 s) instead.
     pub async fn run(self, cancel: CancellationToken) {
         tracing::info!(hard = ?self.hard, "eviction manager started");
         loop {
@@ -189,7 +253,8 @@ impl<S: StatsSource, E: PodEvictor, R: NodeReclaimer> EvictionManager<S, E, R> {
             };
             let wait = async {
                 match &pass {
-                    Pass::Evicted(_, uid) => self.wait_for_cleanup(uid).await,
+                    Pass::Evicted(_, uid) => self.wait_for_cleanup(std::slice::from_ref(uid)).await,
+                    Pass::LocalStorage(uids) => self.wait_for_cleanup(uids).await,
                     _ => tokio::time::sleep(MONITORING_INTERVAL).await,
                 }
             };
@@ -200,18 +265,20 @@ impl<S: StatsSource, E: PodEvictor, R: NodeReclaimer> EvictionManager<S, E, R> {
         }
     }
 
-    async fn wait_for_cleanup(&self, uid: &str) {
+    async fn wait_for_cleanup(&self, uids: &[String]) {
         let waited = tokio::time::timeout(CLEANUP_TIMEOUT, async {
-            while !self.evictor.cleaned_up(uid).await {
-                tokio::time::sleep(CLEANUP_POLL).await;
+            for uid in uids {
+                while !self.evictor.cleaned_up(uid).await {
+                    tokio::time::sleep(CLEANUP_POLL).await;
+                }
             }
         })
         .await;
         match waited {
-            Ok(()) => tracing::info!(uid, "evicted pod cleaned up"),
+            Ok(()) => tracing::info!(?uids, "evicted pods cleaned up"),
             Err(_) => tracing::warn!(
-                uid,
-                "timed out waiting for the evicted pod to be cleaned up"
+                ?uids,
+                "timed out waiting for the evicted pods to be cleaned up"
             ),
         }
     }
@@ -221,7 +288,10 @@ impl<S: StatsSource, E: PodEvictor, R: NodeReclaimer> EvictionManager<S, E, R> {
 mod tests {
     use std::sync::Mutex;
 
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity as ApiQuantity;
+
     use super::*;
+    use crate::eviction::PodStorage;
     use crate::eviction::rank::{ContainerUsage, testing};
     use crate::node::FsStats;
 
@@ -237,6 +307,8 @@ mod tests {
         usage: HashMap<String, PodUsage>,
         evicted: Mutex<Vec<(String, String, i64)>>,
         reclaimed: Mutex<Vec<Signal>>,
+        storage: LocalStorage,
+        storage_reads: Mutex<usize>,
     }
 
     impl StatsSource for &Fake {
@@ -263,6 +335,10 @@ mod tests {
         }
         async fn pod_usage(&self) -> Result<HashMap<String, PodUsage>, EvictionError> {
             Ok(self.usage.clone())
+        }
+        async fn local_storage(&self) -> Result<LocalStorage, EvictionError> {
+            *self.storage_reads.lock().unwrap() += 1;
+            Ok(self.storage.clone())
         }
     }
 
@@ -395,6 +471,8 @@ mod tests {
             ..Fake::default()
         };
         assert_eq!(manager(&fake).synchronize().await, Pass::NoPressure);
+        // No pod sets a local storage limit: their storage is not read.
+        assert_eq!(*fake.storage_reads.lock().unwrap(), 0);
         fake.memory = Mutex::new(vec![MIB]);
         fake.pods = None;
         assert_eq!(
@@ -410,6 +488,88 @@ mod tests {
             manager(&fake).synchronize().await,
             Pass::NothingEvicted(Signal::MemoryAvailable)
         );
+        assert!(fake.evicted.lock().unwrap().is_empty());
+    }
+
+    /// A pod with a 10Mi ephemeral-storage limit, its container `c` using `used` bytes of
+    /// writable layer.
+    fn limited(name: &str, annotations: &[(&str, &str)], used: u64) -> (Arc<Pod>, PodStorage) {
+        let mut p = (*pod(name, annotations, None)).clone();
+        let limits = [("ephemeral-storage".to_owned(), ApiQuantity("10Mi".into()))].into();
+        p.spec.as_mut().unwrap().containers[0]
+            .resources
+            .get_or_insert_default()
+            .limits = Some(limits);
+        let storage = PodStorage {
+            containers: vec![ContainerUsage {
+                name: "c".into(),
+                rootfs_bytes: Some(used),
+                logs_bytes: Some(0),
+                ..ContainerUsage::default()
+            }],
+            ..PodStorage::default()
+        };
+        (Arc::new(p), storage)
+    }
+
+    #[tokio::test]
+    async fn pods_over_their_local_storage_limits_are_evicted_at_once_before_pressure() {
+        let (over, over_usage) = limited("over", &[], 20 * MIB);
+        let (within, within_usage) = limited("within", &[], MIB);
+        let (critical, critical_usage) = limited(
+            "static",
+            &[("kubernetes.io/config.source", "file")],
+            20 * MIB,
+        );
+        let (second, second_usage) = limited("second", &[], 11 * MIB);
+        let fake = Fake {
+            // Memory pressure too: the local storage evictions end the pass.
+            memory: Mutex::new(vec![MIB]),
+            disk: Mutex::new(vec![50]),
+            pods: Some(vec![over, within, critical, second]),
+            storage: LocalStorage {
+                dedicated_image_fs: false,
+                pods: [
+                    ("uid-over".into(), over_usage),
+                    ("uid-within".into(), within_usage),
+                    ("uid-static".into(), critical_usage),
+                    ("uid-second".into(), second_usage),
+                ]
+                .into(),
+            },
+            ..Fake::default()
+        };
+        let pass = manager(&fake).synchronize().await;
+        assert_eq!(
+            pass,
+            Pass::LocalStorage(vec!["uid-over".into(), "uid-second".into()])
+        );
+        let message =
+            "Pod ephemeral local storage usage exceeds the total limit of containers 10Mi. ";
+        assert_eq!(
+            *fake.evicted.lock().unwrap(),
+            [
+                ("over".to_owned(), message.to_owned(), 0),
+                ("second".to_owned(), message.to_owned(), 0)
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_pod_within_its_local_storage_limits_is_left_alone() {
+        let (within, within_usage) = limited("within", &[], MIB);
+        let fake = Fake {
+            memory: Mutex::new(vec![10_000 * MIB]),
+            disk: Mutex::new(vec![50]),
+            pods: Some(vec![within]),
+            storage: LocalStorage {
+                dedicated_image_fs: false,
+                pods: [("uid-within".into(), within_usage)].into(),
+            },
+            ..Fake::default()
+        };
+        assert_eq!(manager(&fake).synchronize().await, Pass::NoPressure);
+        assert_eq!(*fake.storage_reads.lock().unwrap(), 1);
         assert!(fake.evicted.lock().unwrap().is_empty());
     }
 }

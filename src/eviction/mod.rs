@@ -14,6 +14,9 @@
 //! - [`signals`]: parsing `--eviction-hard`; the signals and which thresholds an
 //!   observation meets are the node's ([`crate::node::thresholds_met`]).
 //! - [`rank`]: the eviction order and message (pure).
+//! - [`local_storage`]: local storage capacity isolation (pure): a pod over an emptyDir's
+//!   `sizeLimit`, its total or a container's `limits.ephemeral-storage` is evicted, before
+//!   the thresholds are looked at, with the kubelet's messages.
 //! - [`manager`]: the control loop, over the [`StatsSource`], [`PodEvictor`] and
 //!   [`NodeReclaimer`] traits.
 //! - The real stats, from the machine and CRI ([`crate::kubelet::eviction_stats`]), and the
@@ -23,6 +26,7 @@
 //! Knows no runtime, kubelet or pod worker: stats, pods and node-level reclaim come through
 //! its three traits.
 
+pub mod local_storage;
 pub mod manager;
 pub mod rank;
 pub mod signals;
@@ -30,10 +34,11 @@ pub mod signals;
 use k8s_openapi::api::core::v1::Pod;
 
 pub use crate::node::{Observations, Signal, thresholds_met};
+pub use local_storage::{LocalStorage, PodStorage};
 pub use manager::{
     EvictionManager, MONITORING_INTERVAL, NoReclaim, NodeReclaimer, Pass, PodEvictor, StatsSource,
 };
-pub use rank::{PodUsage, REASON};
+pub use rank::{ContainerUsage, PodUsage, REASON};
 pub use signals::{ParsedThresholds, parse_eviction_hard};
 
 /// What went wrong in the eviction manager.
@@ -50,6 +55,9 @@ pub enum EvictionError {
     /// Reading the pods' stats from the runtime failed.
     #[error("reading pod stats from the runtime: {0}")]
     Runtime(#[from] crate::cri::CriError),
+    /// The stats provider could not read the pods' local storage.
+    #[error("reading the pods' local storage from the stats provider: {0}")]
+    Storage(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 
 /// The kubelet's `IsCriticalPod` as eviction applies it: static pods (from a file or

@@ -171,13 +171,14 @@ pub fn rank(signal: Signal, pods: &mut [Candidate]) {
     });
 }
 
-/// A byte count as the kubelet prints a `BinarySI` quantity: plain below 1024 or when not
-/// a whole multiple of 1024, else with the largest whole binary suffix (`5268Ki`, `64Mi`).
+/// A byte count as the kubelet prints a `BinarySI` quantity: in decimal below 1024 (`512`,
+/// `1k`), plain when not a whole multiple of 1024, else with the largest whole binary
+/// suffix (`5268Ki`, `64Mi`).
 #[must_use]
 pub fn format_bytes(bytes: u64) -> String {
     const SUFFIXES: [&str; 6] = ["Ki", "Mi", "Gi", "Ti", "Pi", "Ei"];
     if bytes < 1024 {
-        return bytes.to_string();
+        return crate::node::decimal_quantity(bytes).0;
     }
     let mut value = bytes;
     let mut suffix = "";
@@ -382,7 +383,8 @@ mod tests {
     #[test]
     fn formats_bytes_as_binary_si() {
         assert_eq!(format_bytes(0), "0");
-        assert_eq!(format_bytes(1000), "1000");
+        assert_eq!(format_bytes(1000), "1k");
+        assert_eq!(format_bytes(512), "512");
         assert_eq!(format_bytes(1536), "1536");
         assert_eq!(format_bytes(5_394_432), "5268Ki");
         assert_eq!(format_bytes(64 * MIB), "64Mi");

@@ -5,28 +5,35 @@
 //! are; `ListContainerStats` of the running containers: working set and writable layer),
 //! plus each container's log files. The eviction manager takes it as its [`StatsSource`]
 //! (the kubelet's summary provider), so eviction knows neither the runtime's labels nor
-//! where logs live.
+//! where logs live. The pods' local storage (writable layers, logs, volumes) is the stats
+//! provider's summary ([`crate::stats`]), with each pod's managed hosts file and whether
+//! the images are on a filesystem of their own.
 
 use std::collections::HashMap;
+use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use crate::cri::{Cri, api};
-use crate::eviction::rank::{ContainerUsage, PodUsage};
-use crate::eviction::{EvictionError, Observations, StatsSource};
+use crate::eviction::{
+    ContainerUsage, EvictionError, LocalStorage, Observations, PodStorage, PodUsage, StatsSource,
+};
 use crate::kuberuntime::labels;
+use crate::kuberuntime::names::etc_hosts_path;
 use crate::kuberuntime::sandbox::pod_log_dir;
 use crate::node::{MachineInfo, image_fs_mountpoint};
+use crate::stats::{StatsConfig, StatsProvider, Summary};
 
 /// Stats from the machine and the runtime.
-pub struct NodeStats<C, M: ?Sized> {
+pub struct NodeStats<C, M> {
     cri: C,
-    machine: Arc<M>,
+    machine: M,
     root_dir: PathBuf,
     pod_logs_dir: PathBuf,
+    node_name: String,
+    provider: StatsProvider,
 }
 
-impl<C, M: ?Sized> std::fmt::Debug for NodeStats<C, M> {
+impl<C, M> std::fmt::Debug for NodeStats<C, M> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NodeStats")
             .field("root_dir", &self.root_dir)
@@ -34,16 +41,70 @@ impl<C, M: ?Sized> std::fmt::Debug for NodeStats<C, M> {
     }
 }
 
-impl<C, M: ?Sized> NodeStats<C, M> {
-    /// Stats of the node whose state lives in `root_dir` (the nodefs) and whose pod logs
-    /// live in `pod_logs_dir`.
-    pub fn new(cri: C, machine: Arc<M>, root_dir: PathBuf, pod_logs_dir: PathBuf) -> Self {
+impl<C, M> NodeStats<C, M> {
+    /// Stats of the node `node_name`, read where `stats` says (its root dir is the
+    /// nodefs), whose pod logs live in `pod_logs_dir`.
+    pub fn new(
+        cri: C,
+        machine: M,
+        stats: StatsConfig,
+        pod_logs_dir: PathBuf,
+        node_name: String,
+    ) -> Self {
         Self {
             cri,
             machine,
-            root_dir,
+            root_dir: stats.root_dir.clone(),
             pod_logs_dir,
+            node_name,
+            provider: StatsProvider::new(stats),
         }
+    }
+}
+
+/// The pods' local storage in a summary, each with its hosts file's size from `hosts`.
+fn local_storage(
+    summary: &Summary,
+    hosts: &HashMap<String, u64>,
+    dedicated_image_fs: bool,
+) -> LocalStorage {
+    let pods = summary.pods.iter().map(|pod| {
+        let uid = pod.pod_ref.uid.clone();
+        let containers = pod
+            .containers
+            .iter()
+            .map(|c| ContainerUsage {
+                name: c.name.clone(),
+                working_set_bytes: c.memory.as_ref().and_then(|m| m.working_set_bytes),
+                rootfs_bytes: c.rootfs.as_ref().and_then(|fs| fs.used_bytes),
+                logs_bytes: c.logs.as_ref().and_then(|fs| fs.used_bytes),
+            })
+            .collect();
+        let volumes = pod
+            .volume_stats
+            .iter()
+            .filter_map(|v| Some((v.name.clone(), v.fs.used_bytes?)))
+            .collect();
+        let etc_hosts_bytes = hosts.get(&uid).copied();
+        let storage = PodStorage {
+            containers,
+            volumes,
+            etc_hosts_bytes,
+        };
+        (uid, storage)
+    });
+    LocalStorage {
+        dedicated_image_fs,
+        pods: pods.collect(),
+    }
+}
+
+/// Whether `a` and `b` are on different filesystems (the kubelet compares the devices of
+/// the root and image filesystems); false when either cannot be read.
+fn on_different_devices(a: &Path, b: &Path) -> bool {
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(a), Ok(b)) => a.dev() != b.dev(),
+        _ => false,
     }
 }
 
@@ -65,10 +126,10 @@ fn dir_bytes(dir: &Path) -> u64 {
         .sum()
 }
 
-impl<C: Cri, M: MachineInfo + ?Sized + 'static> StatsSource for NodeStats<C, M> {
+impl<C: Cri, M: MachineInfo + Clone + 'static> StatsSource for NodeStats<C, M> {
     async fn observe(&self) -> Observations {
         let imagefs = image_fs_mountpoint(&self.cri).await;
-        let machine = Arc::clone(&self.machine);
+        let machine = self.machine.clone();
         let root_dir = self.root_dir.clone();
         let read = tokio::task::spawn_blocking(move || {
             let ok = |what: &str, e: crate::node::MachineError| {
@@ -168,6 +229,31 @@ impl<C: Cri, M: MachineInfo + ?Sized + 'static> StatsSource for NodeStats<C, M> 
         }
         Ok(by_pod)
     }
+
+    async fn local_storage(&self) -> Result<LocalStorage, EvictionError> {
+        let summary = self
+            .provider
+            .summary(&self.node_name, &self.cri, &self.machine)
+            .await
+            .map_err(|e| EvictionError::Storage(Box::new(e)))?;
+        let imagefs = image_fs_mountpoint(&self.cri).await;
+        let root_dir = self.root_dir.clone();
+        let uids: Vec<String> = summary.pods.iter().map(|p| p.pod_ref.uid.clone()).collect();
+        let (dedicated, hosts) = tokio::task::spawn_blocking(move || {
+            let dedicated = imagefs.is_some_and(|m| on_different_devices(&root_dir, &m));
+            let hosts: HashMap<String, u64> = uids
+                .into_iter()
+                .filter_map(|uid| {
+                    let path = etc_hosts_path(&root_dir.join("pods").join(&uid));
+                    Some((uid, std::fs::metadata(path).ok()?.len()))
+                })
+                .collect();
+            (dedicated, hosts)
+        })
+        .await
+        .map_err(|e| EvictionError::Storage(Box::new(e)))?;
+        Ok(local_storage(&summary, &hosts, dedicated))
+    }
 }
 
 #[cfg(test)]
@@ -183,5 +269,66 @@ mod tests {
         assert_eq!(dir_bytes(&dir), 128);
         assert_eq!(dir_bytes(&dir.join("missing")), 0);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_summarys_pods_become_their_local_storage() {
+        use crate::stats::{ContainerStats, FsStats, PodReference, PodStats, VolumeStats};
+        let used = |bytes| {
+            Some(FsStats {
+                used_bytes: Some(bytes),
+                ..FsStats::default()
+            })
+        };
+        let summary = Summary {
+            pods: vec![PodStats {
+                pod_ref: PodReference {
+                    uid: "u-1".into(),
+                    ..PodReference::default()
+                },
+                containers: vec![ContainerStats {
+                    name: "app".into(),
+                    rootfs: used(20),
+                    logs: used(3),
+                    ..ContainerStats::default()
+                }],
+                volume_stats: vec![VolumeStats {
+                    fs: used(7).unwrap(),
+                    name: "cache".into(),
+                }],
+                ..PodStats::default()
+            }],
+            node: crate::stats::NodeStats::default(),
+        };
+        let hosts = HashMap::from([("u-1".to_owned(), 200)]);
+        let storage = local_storage(&summary, &hosts, true);
+        assert!(storage.dedicated_image_fs);
+        assert_eq!(
+            storage.pods["u-1"],
+            PodStorage {
+                containers: vec![ContainerUsage {
+                    name: "app".into(),
+                    rootfs_bytes: Some(20),
+                    logs_bytes: Some(3),
+                    working_set_bytes: None,
+                }],
+                volumes: [("cache".to_owned(), 7)].into(),
+                etc_hosts_bytes: Some(200),
+            }
+        );
+    }
+
+    #[test]
+    fn a_directory_is_on_its_own_device() {
+        let here = std::env::temp_dir();
+        assert!(!on_different_devices(&here, &here));
+        assert!(on_different_devices(
+            Path::new("/proc/self"),
+            Path::new("/")
+        ));
+        assert!(!on_different_devices(
+            &here.join("missing-rk"),
+            Path::new("/")
+        ));
     }
 }

@@ -21,6 +21,10 @@ pub struct PodActions {
     pub next_init: Option<(usize, u32)>,
     /// Indexes into `spec.containers` of the containers to start, with their restart count.
     pub start: Vec<(usize, u32)>,
+    /// Indexes into `spec.ephemeralContainers` of the ephemeral containers to start: those
+    /// the runtime never ran (they are never restarted), in the pod's ready sandbox, also
+    /// while it initializes.
+    pub ephemeral: Vec<usize>,
     /// Running containers to stop: (container id, name, why).
     pub kill: Vec<(String, String, String)>,
 }
@@ -150,6 +154,11 @@ pub fn compute_pod_actions(
         return actions;
     };
     actions.sandbox_id = Some(sandbox.id.clone());
+    actions.ephemeral = crate::pod::ephemeral_containers(pod)
+        .enumerate()
+        .filter(|(_, ec)| status.latest(&ec.name).is_none())
+        .map(|(i, _)| i)
+        .collect();
     match init_progress(init, status, &sandbox.id) {
         InitProgress::Done => {}
         // Initialization is under way: the app containers wait.
@@ -209,9 +218,10 @@ pub fn compute_pod_actions(
             Some(_) => {}
         }
     }
-    // Running containers that are no longer in the spec.
+    // Running containers that are no longer in the spec (ephemeral containers stay).
     for s in &status.containers {
-        let wanted = spec.containers.iter().chain(init).any(|c| c.name == s.name);
+        let wanted = spec.containers.iter().chain(init).any(|c| c.name == s.name)
+            || crate::pod::ephemeral_containers(pod).any(|c| c.name == s.name);
         if s.state == RunState::Running && !wanted {
             actions.kill.push((
                 s.id.clone(),
@@ -400,6 +410,44 @@ mod tests {
             sandboxes: vec![sandbox("s1", 0, true)],
             containers,
         }
+    }
+
+    fn with_debugger(mut p: Pod) -> Pod {
+        p.spec.as_mut().unwrap().ephemeral_containers =
+            Some(vec![k8s_openapi::api::core::v1::EphemeralContainer {
+                name: "debugger".into(),
+                image: Some("busybox".into()),
+                target_container_name: Some("a".into()),
+                ..Default::default()
+            }]);
+        p
+    }
+
+    /// An ephemeral container starts once in the ready sandbox (also while the pod
+    /// initializes), is never restarted once it ran, is no stray, and a new sandbox does
+    /// not start it.
+    #[test]
+    fn ephemeral_containers_start_once_and_are_never_restarted() {
+        let p = with_debugger(pod("web", &[("a", "nginx")]));
+        let app = container(&p, "a", "s1", 0, RunState::Running, 0);
+        let actions = compute_pod_actions(&p, &in_sandbox(vec![app.clone()]), None);
+        assert_eq!(actions.ephemeral, [0]);
+        assert!(actions.start.is_empty());
+        for state in [RunState::Running, RunState::Exited] {
+            let debugger = ran("debugger", "s1", 0, state, 1);
+            let status = in_sandbox(vec![app.clone(), debugger]);
+            let actions = compute_pod_actions(&p, &status, None);
+            assert!(actions.ephemeral.is_empty(), "{state:?}");
+            assert!(actions.kill.is_empty() && actions.start.is_empty());
+        }
+        let new_sandbox = compute_pod_actions(&p, &PodRuntimeStatus::default(), None);
+        assert!(new_sandbox.ephemeral.is_empty());
+        let initializing = with_debugger(with_init(&["one"]));
+        let status = in_sandbox(vec![ran("one", "s1", 0, RunState::Running, 0)]);
+        assert_eq!(
+            compute_pod_actions(&initializing, &status, None).ephemeral,
+            [0]
+        );
     }
 
     #[test]

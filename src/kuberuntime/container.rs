@@ -88,6 +88,22 @@ pub fn log_path(container: &str, restart_count: u32) -> PathBuf {
     PathBuf::from(container).join(format!("{restart_count}.log"))
 }
 
+/// An ephemeral container with a target joins its target's PID namespace, unless it
+/// shares the pod's or the node's already (the kubelet's `generateLinuxContainerConfig`):
+/// CRI namespace mode `TARGET` with the target's id.
+fn with_pid_target(
+    mut sc: api::LinuxContainerSecurityContext,
+    target: Option<&str>,
+) -> api::LinuxContainerSecurityContext {
+    if let (Some(target), Some(ns)) = (target, sc.namespace_options.as_mut())
+        && ns.pid() == api::NamespaceMode::Container
+    {
+        ns.set_pid(api::NamespaceMode::Target);
+        ns.target_id = target.to_owned();
+    }
+    sc
+}
+
 /// The full container config, with `envs`, the container's environment
 /// ([`super::env::environment`]), made before its mounts as the kubelet does.
 ///
@@ -163,11 +179,14 @@ pub fn container_config(
         tty: container.tty.unwrap_or(false),
         linux: Some(api::LinuxContainerConfig {
             resources: Some(resources(pod, container, ctx.memory_capacity)?),
-            security_context: Some(security_context::container(
-                pod,
-                container,
-                &ctx.image_user,
-                &ctx.seccomp_profile_root,
+            security_context: Some(with_pid_target(
+                security_context::container(
+                    pod,
+                    container,
+                    &ctx.image_user,
+                    &ctx.seccomp_profile_root,
+                ),
+                ctx.pid_target.as_deref(),
             )),
         }),
         ..Default::default()
@@ -297,6 +316,39 @@ mod tests {
         let r = config.linux.unwrap().resources.unwrap();
         assert_eq!((r.cpu_shares, r.cpu_quota, r.cpu_period), (2, 0, 100_000));
         assert_eq!(r.oom_score_adj, 750);
+    }
+
+    /// An ephemeral container with a target sees the target's processes: CRI PID
+    /// namespace `TARGET` with the target's id; in a pod sharing one PID namespace it stays
+    /// in the pod's.
+    #[test]
+    fn an_ephemeral_container_joins_its_targets_pid_namespace() {
+        let mut p = pod("web", &[("c", "busybox")]);
+        let id = PodId::of(&p).unwrap();
+        let container = p.spec.as_ref().unwrap().containers[0].clone();
+        let ctx = ContainerContext {
+            pid_target: Some("target-id".into()),
+            ..Default::default()
+        };
+        let namespaces = |p: &Pod, ctx: &ContainerContext| {
+            let config = made(p, &id, &container, ctx);
+            let sc = config.linux.unwrap().security_context.unwrap();
+            let ns = sc.namespace_options.unwrap();
+            (ns.pid(), ns.target_id)
+        };
+        assert_eq!(
+            namespaces(&p, &ctx),
+            (api::NamespaceMode::Target, "target-id".to_owned())
+        );
+        assert_eq!(
+            namespaces(&p, &ContainerContext::default()),
+            (api::NamespaceMode::Container, String::new())
+        );
+        p.spec.as_mut().unwrap().share_process_namespace = Some(true);
+        assert_eq!(
+            namespaces(&p, &ctx),
+            (api::NamespaceMode::Pod, String::new())
+        );
     }
 
     #[test]

@@ -81,6 +81,9 @@ pub struct ContainerContext {
     pub seccomp_profile_root: PathBuf,
     /// The node's memory capacity in bytes, for the container's OOM score.
     pub memory_capacity: u64,
+    /// The runtime's id of the container whose PID namespace an ephemeral container
+    /// joins (its `targetContainerName`): the kubelet's namespace target.
+    pub pid_target: Option<String>,
 }
 
 /// What a lookup in a cache gave: the object, not found (`None`), or why it failed.

@@ -125,6 +125,8 @@ pub struct RuntimeManager<C> {
     host_ip: Option<IpAddr>,
     /// Told of each container started, to watch its log from the start.
     log_starts: Option<crate::logs::StartedContainers>,
+    /// The device manager: a container's devices, mounts, env and annotations.
+    devices: Option<Arc<crate::cm::devicemanager::DeviceManager>>,
 }
 
 /// A pod's turn to be set up in the runtime: held from the sandbox to its last container
@@ -178,7 +180,15 @@ impl<C: Cri> RuntimeManager<C> {
             stop_slots: Semaphore::new(parallel_starts.max(1)),
             host_ip,
             log_starts: None,
+            devices: None,
         }
+    }
+
+    /// The manager, giving containers what the device manager holds for them.
+    #[must_use]
+    pub fn with_devices(mut self, devices: Arc<crate::cm::devicemanager::DeviceManager>) -> Self {
+        self.devices = Some(devices);
+        self
     }
 
     /// The manager, telling the container log manager of each container it starts.
@@ -219,7 +229,9 @@ impl<C: Cri> RuntimeManager<C> {
         let mut outcome = SyncOutcome::default();
         let actions = compute_pod_actions(pod, status, ctx.probes.as_deref());
         tracing::debug!(?actions, "computed pod actions");
-        let starts = actions.next_init.is_some() || !actions.start.is_empty();
+        let starts = actions.next_init.is_some()
+            || !actions.start.is_empty()
+            || !actions.ephemeral.is_empty();
         outcome.acted = actions.kill_pod
             || !actions.kill.is_empty()
             || actions.create_sandbox.is_some()
@@ -292,19 +304,48 @@ impl<C: Cri> RuntimeManager<C> {
                 return outcome;
             }
         };
+        // Ephemeral containers first (the kubelet starts them before the init container, so
+        // that they run while a pod fails to initialize), each with the container whose PID
+        // namespace it joins.
+        let ephemeral: Vec<(Container, Option<&str>)> = actions
+            .ephemeral
+            .iter()
+            .filter_map(|&i| spec.ephemeral_containers.as_ref()?.get(i))
+            .map(|ec| {
+                let target = ec
+                    .target_container_name
+                    .as_deref()
+                    .filter(|t| !t.is_empty());
+                (crate::pod::ephemeral_container(ec), target)
+            })
+            .collect();
+        let mut to_start: Vec<(&Container, u32, Involved<'_>, Option<&str>)> = ephemeral
+            .iter()
+            .map(|(c, target)| (c, 0, Involved::EphemeralContainer(&c.name), *target))
+            .collect();
         // The next init container, else the app containers: never both in one sync.
-        let mut to_start: Vec<(&Container, u32, Involved<'_>)> = Vec::new();
         if let Some((i, restarts)) = actions.next_init
             && let Some(c) = init.get(i)
         {
-            to_start.push((c, restarts, Involved::InitContainer(&c.name)));
+            to_start.push((c, restarts, Involved::InitContainer(&c.name), None));
         }
         for &(i, restarts) in &actions.start {
             if let Some(c) = app.get(i) {
-                to_start.push((c, restarts, Involved::Container(&c.name)));
+                to_start.push((c, restarts, Involved::Container(&c.name), None));
             }
         }
-        for (container, restart_count, involved) in to_start {
+        for (container, restart_count, involved, target) in to_start {
+            // The kubelet's `getTargetID`: the target's latest container, whatever its state.
+            let pid_target = match target.map(|t| (t, status.latest(t))) {
+                None => None,
+                Some((_, Some(c))) => Some(c.id.clone()),
+                Some((t, None)) => {
+                    let e = format!("unable to find target container {t}");
+                    let waiting = self.config_error(id, involved, &e);
+                    outcome.waiting.insert(container.name.clone(), waiting);
+                    continue;
+                }
+            };
             let previous_exit = status
                 .latest(&container.name)
                 .is_some_and(|c| c.state == RunState::Exited);
@@ -338,7 +379,7 @@ impl<C: Cri> RuntimeManager<C> {
                     pod,
                     id,
                     (container, involved),
-                    restart_count,
+                    (restart_count, pid_target),
                     &sandbox_id,
                     &sandbox_conf,
                     &sandbox_ips,
@@ -544,7 +585,7 @@ impl<C: Cri> RuntimeManager<C> {
         pod: &Pod,
         id: &PodId,
         (container, name): (&Container, Involved<'_>),
-        restart_count: u32,
+        (restart_count, pid_target): (u32, Option<String>),
         sandbox_id: &str,
         sandbox_conf: &api::PodSandboxConfig,
         ips: &[IpAddr],
@@ -610,6 +651,7 @@ impl<C: Cri> RuntimeManager<C> {
             seccomp_profile_root: ctx.seccomp_profile_root.clone(),
             sources: sources.clone(),
             memory_capacity: ctx.memory_capacity,
+            pid_target,
         };
         let env =
             environment(pod, container, &cctx).map_err(|e| self.config_error(id, name, &e))?;
@@ -634,6 +676,14 @@ impl<C: Cri> RuntimeManager<C> {
             .map_err(|e| self.config_error(id, name, &ConfigError::ImageUser(e.to_string())))?;
         let mut config = container_config(pod, id, container, &cctx, env.vars)
             .map_err(|e| self.config_error(id, name, &e))?;
+        // The kubelet's GetResources: the devices' options (the plugin's Allocate the first
+        // time) before the container's own.
+        if let Some(devices) = &self.devices {
+            let options = devices.run_options(pod, container).await;
+            options
+                .map_err(|e| self.config_error(id, name, &e))?
+                .apply(&mut config);
+        }
         // Block volumes (the kubelet's `makeDevices`): each volumeDevice as a CRI device.
         let devices = ctx
             .volumes

@@ -9,8 +9,10 @@
 //! the requests of the admitted pods that have not finished (`OutOf<resource>`),
 //! `nodeSelector` and required node affinity against the Node's labels (`NodeAffinity`),
 //! `spec.nodeName` (`NodeName`) and host ports in use (`NodePorts`). Only the first
-//! failure is reported, as by the kubelet. A rejected pod ends `Failed` with
-//! `Pod <message>`; it is never admitted later.
+//! failure is reported, as by the kubelet. Between the sysctls and the predicates, as the
+//! kubelet's resource allocator, the device manager chooses the devices of the pod's
+//! extended resources (`UnexpectedAdmissionError`, `Allocate failed due to ...`). A
+//! rejected pod ends `Failed` with `Pod <message>`; it is never admitted later.
 //!
 //! It also resolves a pod's `runtimeClassName` to its handler (the kubelet's RuntimeClass
 //! manager): an unknown RuntimeClass is not an admission failure in v1.20 but fails the
@@ -28,6 +30,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity as ApiQuantity;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::reflector::Store;
 
+use crate::cm::devicemanager::DeviceManager;
 use crate::pod::state::ForgetPod;
 use crate::resources::{QosClass, Quantity, qos_class};
 
@@ -590,9 +593,67 @@ pub fn admit_pod(
     sysctls: &SysctlWhitelist,
     since: Option<Timestamp>,
 ) -> Result<(), Rejection> {
+    admit_pod_with(pod, others, node, sysctls, since, |_| Ok(None))
+}
+
+/// [`admit_pod`] with the resource allocator's step, `allocate`, between the sysctls and
+/// the general predicates, where the kubelet's `resourceAllocator` stands; it may give
+/// the node the predicates see (the kubelet's `UpdatePluginResources`).
+fn admit_pod_with(
+    pod: &Pod,
+    others: &[&Pod],
+    node: &Node,
+    sysctls: &SysctlWhitelist,
+    since: Option<Timestamp>,
+    allocate: impl FnOnce(&Pod) -> Result<Option<Node>, Rejection>,
+) -> Result<(), Rejection> {
     pressure_admit(pod, node, since)?;
     sysctls.admit(pod)?;
-    general_predicates(pod, others, node)
+    let sanitized = allocate(pod)?;
+    general_predicates(pod, others, sanitized.as_ref().unwrap_or(node))
+}
+
+/// The kubelet's `resourceAllocator.Admit`: devices for the pod's extended resources,
+/// among the devices the pods not `gone` (finished or refused) hold. Then its `UpdatePluginResources`:
+/// for a pod holding devices, the node with allocatable raised to the devices held, so a
+/// pod admitted before a restart is admitted again before its plugin registers.
+fn allocate_devices(
+    devices: &DeviceManager,
+    pod: &Pod,
+    node: &Node,
+    gone: &HashSet<&str>,
+) -> Result<Option<Node>, Rejection> {
+    devices
+        .allocate(pod, &|uid| gone.contains(uid))
+        .map_err(|e| Rejection {
+            reason: "UnexpectedAdmissionError".into(),
+            message: format!("Allocate failed due to {e}, which is unexpected"),
+        })?;
+    let floor = devices.allocatable_floor(pod.metadata.uid.as_deref().unwrap_or_default());
+    Ok(raise_allocatable(node, &floor))
+}
+
+/// `node` with each allocatable in `floor` raised to it, if one was lower.
+fn raise_allocatable(node: &Node, floor: &BTreeMap<String, u64>) -> Option<Node> {
+    let allocatable = node.status.as_ref().and_then(|s| s.allocatable.as_ref());
+    let below = |(name, min): (&String, &u64)| {
+        let has = allocatable
+            .and_then(|a| a.get(name))
+            .and_then(|q| Quantity::parse(&q.0).ok())
+            .map_or(0, Quantity::value);
+        (has < u128::from(*min)).then(|| (name.clone(), ApiQuantity(min.to_string())))
+    };
+    let raised: Vec<(String, ApiQuantity)> = floor.iter().filter_map(below).collect();
+    if raised.is_empty() {
+        return None;
+    }
+    let mut node = node.clone();
+    let status = node.status.get_or_insert_with(Default::default);
+    status
+        .allocatable
+        .get_or_insert_with(BTreeMap::new)
+        .extend(raised);
+    Some(node)
 }
 
 /// The status of a rejected pod (the kubelet's `rejectPod`): Failed, the reason, and the
@@ -627,6 +688,8 @@ pub struct PodAdmitter {
     admitted: Mutex<Admitted>,
     /// When this admitter was made: pressure the Node reported before is not ours.
     started: Timestamp,
+    /// The device manager, which chooses devices for admitted pods.
+    devices: Option<Arc<DeviceManager>>,
 }
 
 impl std::fmt::Debug for PodAdmitter {
@@ -654,7 +717,16 @@ impl PodAdmitter {
             runtime_classes: kube::Api::all(client),
             admitted: Mutex::default(),
             started: Timestamp::now(),
+            devices: None,
         }
+    }
+
+    /// The admitter, with `devices` choosing devices for the pods it admits and freeing
+    /// them when the pods are forgotten.
+    #[must_use]
+    pub fn with_devices(mut self, devices: Arc<DeviceManager>) -> Self {
+        self.devices = Some(devices);
+        self
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Admitted> {
@@ -687,7 +759,17 @@ impl PodAdmitter {
             .map(AsRef::as_ref)
             .filter(|p| !finished(p))
             .collect();
-        match admit_pod(pod, &others, &node, &self.sysctls, Some(self.started)) {
+        // Pods not seen yet since a restart keep their devices.
+        let finished_pods = state.pods.iter().filter(|(_, p)| finished(p));
+        let gone: HashSet<&str> = (finished_pods.map(|(uid, _)| uid.as_str()))
+            .chain(state.decided.iter().map(String::as_str))
+            .collect();
+        let allocate = |pod: &Pod| match &self.devices {
+            Some(devices) => allocate_devices(devices, pod, &node, &gone),
+            None => Ok(None),
+        };
+        let since = Some(self.started);
+        match admit_pod_with(pod, &others, &node, &self.sysctls, since, allocate) {
             Ok(()) => {
                 state.pods.insert(uid, pod.clone());
                 None
@@ -704,6 +786,9 @@ impl PodAdmitter {
         let mut state = self.lock();
         state.pods.retain(|uid, _| listed.contains(uid));
         state.decided.retain(|uid| listed.contains(uid));
+        if let Some(devices) = &self.devices {
+            devices.free(&|uid| listed.contains(uid));
+        }
     }
 
     /// The runtime handler of the pod's RuntimeClass, `""` without one (the kubelet's
@@ -755,6 +840,9 @@ impl ForgetPod for PodAdmitter {
         let mut state = self.lock();
         state.pods.remove(uid);
         state.decided.remove(uid);
+        if let Some(devices) = &self.devices {
+            devices.free(&|held| held != uid);
+        }
     }
 }
 
@@ -956,6 +1044,42 @@ mod tests {
     }
 
     #[test]
+    fn device_allocation_runs_before_the_predicates_and_may_raise_allocatable() {
+        let mut n = big_node();
+        let allocatable = n.status.as_mut().unwrap().allocatable.as_mut().unwrap();
+        allocatable.insert("example.com/dev".into(), ApiQuantity("0".into()));
+        let sysctls = SysctlWhitelist::new(&[]).unwrap();
+        let dev = requesting("d", &[("example.com/dev", "2")]);
+        // The allocator's refusal is reported, not the predicates' OutOf...
+        let refusal = || {
+            Err(Rejection {
+                reason: "UnexpectedAdmissionError".into(),
+                message: "Allocate failed".into(),
+            })
+        };
+        let got = admit_pod_with(&dev, &[], &n, &sysctls, None, |_| refusal()).unwrap_err();
+        assert_eq!(got.reason, "UnexpectedAdmissionError");
+        // With no allocatable, the predicates refuse the pod...
+        let got = admit_pod_with(&dev, &[], &n, &sysctls, None, |_| Ok(None)).unwrap_err();
+        assert_eq!(got.reason, "OutOfexample.com/dev");
+        // ...unless the pod holds devices: allocatable is raised to the devices held.
+        let floor = BTreeMap::from([("example.com/dev".to_owned(), 2)]);
+        let raised = raise_allocatable(&n, &floor);
+        let quantity = |node: &Node| {
+            node.status.as_ref().unwrap().allocatable.as_ref().unwrap()["example.com/dev"]
+                .0
+                .clone()
+        };
+        assert_eq!(raised.as_ref().map(quantity).as_deref(), Some("2"));
+        assert_eq!(
+            admit_pod_with(&dev, &[], &n, &sysctls, None, |_| Ok(raised)),
+            Ok(())
+        );
+        let floor = BTreeMap::from([("example.com/dev".to_owned(), 0)]);
+        assert!(raise_allocatable(&n, &floor).is_none(), "never lowered");
+    }
+
+    #[test]
     fn huge_pages_and_extended_resources_are_checked_by_name_and_missing_extended_ones_dropped() {
         let mut n = big_node();
         let allocatable = n.status.as_mut().unwrap().allocatable.as_mut().unwrap();
@@ -996,6 +1120,26 @@ mod tests {
             rejected(&p, &[], &n).map(|r| r.reason),
             Some("OutOfephemeral-storage".into())
         );
+    }
+
+    #[test]
+    fn ephemeral_storage_requests_count_against_allocatable_minus_the_admitted_pods() {
+        let mut n = big_node();
+        let allocatable = n.status.as_mut().unwrap().allocatable.as_mut().unwrap();
+        allocatable.insert("ephemeral-storage".into(), ApiQuantity("10Gi".into()));
+        let first = requesting("first", &[("ephemeral-storage", "6Gi")]);
+        assert_eq!(rejected(&first, &[], &n), None);
+        let second = requesting("second", &[("ephemeral-storage", "5Gi")]);
+        assert_eq!(
+            rejected(&second, &[&first], &n),
+            Some(Rejection {
+                reason: "OutOfephemeral-storage".into(),
+                message: "Node didn't have enough resource: ephemeral-storage, requested: 5368709120, used: 6442450944, capacity: 10737418240".into(),
+            })
+        );
+        // What is left fits exactly.
+        let rest = requesting("rest", &[("ephemeral-storage", "4Gi")]);
+        assert_eq!(rejected(&rest, &[&first], &n), None);
     }
 
     #[test]

@@ -15,8 +15,8 @@ use tokio_util::sync::CancellationToken;
 use super::machine::MachineInfo;
 use super::runtime::{ContainerRuntime, ReadinessCheck};
 use super::status::{
-    self, Capacity, Observation, Pressure, PressureTracker, SystemFacts, set_node_status,
-    status_changed, status_patch,
+    self, Capacity, ExtendedResources, Observation, Pressure, PressureTracker, SystemFacts,
+    set_node_status, status_changed, status_patch,
 };
 use super::{LeaseController, NodeConfig, NodeError};
 use crate::cri::RuntimeHealth;
@@ -64,6 +64,8 @@ pub struct NodeAgent {
     machine: Arc<dyn MachineInfo>,
     runtime: Arc<dyn ContainerRuntime>,
     checks: Vec<Arc<dyn ReadinessCheck>>,
+    /// The device plugins' resources, read at each status computation.
+    extended: Option<Box<dyn Fn() -> ExtendedResources + Send + Sync>>,
     /// Held for a whole status computation and report, so two never interleave.
     pub(super) state: Mutex<StatusState>,
 }
@@ -102,8 +104,19 @@ impl NodeAgent {
             machine,
             runtime,
             checks,
+            extended: None,
             state: Mutex::new(StatusState::default()),
         })
+    }
+
+    /// The agent, reporting the device plugins' resources `extended` gives.
+    #[must_use]
+    pub fn with_extended_resources(
+        mut self,
+        extended: Box<dyn Fn() -> ExtendedResources + Send + Sync>,
+    ) -> Self {
+        self.extended = Some(extended);
+        self
     }
 
     /// The agent's configuration.
@@ -318,6 +331,11 @@ impl NodeAgent {
             runtime_health,
             failed_checks,
             images,
+            extended: self
+                .extended
+                .as_ref()
+                .map(|read| read())
+                .unwrap_or_default(),
         };
         let observed = Pressure::observed(&obs, &self.config.eviction_hard);
         if observed != Pressure::default() {

@@ -9,7 +9,8 @@
 //! - **Node status**: addresses, capacity and allocatable measured on the machine
 //!   ([`MachineInfo`]), `nodeInfo`, the daemon endpoint, images, and the conditions
 //!   MemoryPressure, DiskPressure, PIDPressure (from the hard eviction thresholds) and Ready
-//!   (from the runtime's health, [`ContainerRuntime`], and injected [`ReadinessCheck`]s).
+//!   (from the runtime's health, [`ContainerRuntime`], and injected [`ReadinessCheck`]s);
+//!   the device plugins' resources as they are given ([`ExtendedResources`]).
 //!   Computed every 10 s, patched onto `nodes/status` when it changed or once a minute.
 //! - **Lease** ([`LeaseController`]): `kube-node-lease/<name>`, renewed every 10 s.
 //! - **Lister** ([`node_lister`]): the Node as last seen through a watch, for admission.
@@ -52,9 +53,12 @@ pub use error::{MachineError, NodeError};
 pub use lease::{LeaseController, NODE_LEASE_NAMESPACE};
 pub use lister::{node_lister, nodes_lister};
 pub use machine::{FsStats, HugePages, LinuxMachine, MachineInfo, Memory, MemoryUsage, PidUsage};
+/// A whole number in the API's canonical decimal form (`512`, `2k`, `20M`).
+pub(crate) use quantity::count as decimal_quantity;
 pub use registration::{pod_cidr_at_start, wait_for_pod_cidr};
 pub use runtime::{ContainerRuntime, ReadinessCheck, RuntimeVersion, image_fs_mountpoint};
 pub use signals::{Observations, Signal, thresholds_met};
+pub use status::ExtendedResources;
 
 /// Sleeps for `duration` unless `cancel` fires first; false when cancelled.
 async fn sleep_or_cancel(cancel: &CancellationToken, duration: Duration) -> bool {

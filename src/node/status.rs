@@ -73,6 +73,21 @@ pub(crate) struct Observation {
     pub failed_checks: Vec<String>,
     /// `None` when the image list could not be read: the reported list is kept.
     pub images: Option<Vec<ContainerImage>>,
+    /// The device plugins' resources.
+    pub extended: ExtendedResources,
+}
+
+/// The device plugins' resources in the node status (the kubelet's
+/// `GetDevicePluginResourceCapacity`): devices per resource in capacity, healthy ones in
+/// allocatable, and resources whose plugin is gone for good, whose capacity turns 0.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ExtendedResources {
+    /// Devices per resource.
+    pub capacity: BTreeMap<String, u64>,
+    /// Healthy devices per resource.
+    pub allocatable: BTreeMap<String, u64>,
+    /// Resources no longer served.
+    pub removed: Vec<String>,
 }
 
 /// Which pressure conditions hold.
@@ -276,6 +291,19 @@ fn set_machine_info(status: &mut NodeStatus, config: &NodeConfig, obs: &Observat
         let total = quantity::bytes(h.page_size_bytes.saturating_mul(h.pages));
         capacity.push((name.clone(), total.clone()));
         allocatable.push((name, total));
+    }
+    // Device plugin resources: allocatable as capacity, then the healthy devices; a
+    // resource whose plugin is gone keeps its name with capacity 0 (so it is known to be
+    // a device plugin's).
+    let extended = &obs.extended;
+    for (name, count) in &extended.capacity {
+        capacity.push((name.clone(), quantity::count(*count)));
+        let healthy = extended.allocatable.get(name).unwrap_or(count);
+        allocatable.push((name.clone(), quantity::count(*healthy)));
+    }
+    for name in &extended.removed {
+        capacity.push((name.clone(), quantity::count(0)));
+        allocatable.push((name.clone(), quantity::count(0)));
     }
     status
         .capacity
@@ -581,6 +609,7 @@ mod tests {
             runtime_health: Some(healthy()),
             failed_checks: Vec::new(),
             images: None,
+            extended: ExtendedResources::default(),
         }
     }
 
@@ -696,6 +725,23 @@ mod tests {
             .map(|c| c["type"].as_str().unwrap())
             .collect();
         assert_eq!(patched, OWN_CONDITIONS);
+    }
+
+    #[test]
+    fn device_plugin_resources_report_healthy_devices_and_zero_when_removed() {
+        let mut obs = observation();
+        obs.extended.capacity.insert("example.com/dev".into(), 4);
+        obs.extended.allocatable.insert("example.com/dev".into(), 3);
+        let s = computed(&NodeStatus::default(), &config(), &obs, 0);
+        assert_eq!(quantity(&s.capacity, "example.com/dev"), "4");
+        assert_eq!(quantity(&s.allocatable, "example.com/dev"), "3");
+        obs.extended = ExtendedResources {
+            removed: vec!["example.com/dev".into()],
+            ..Default::default()
+        };
+        let s = computed(&s, &config(), &obs, 1);
+        assert_eq!(quantity(&s.capacity, "example.com/dev"), "0");
+        assert_eq!(quantity(&s.allocatable, "example.com/dev"), "0");
     }
 
     #[test]

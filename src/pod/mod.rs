@@ -12,7 +12,7 @@ pub mod state;
 pub mod store;
 pub mod workers;
 
-use k8s_openapi::api::core::v1::{Container, Pod, PodStatus};
+use k8s_openapi::api::core::v1::{Container, EphemeralContainer, Pod, PodStatus};
 
 /// The identity of one pod: the UID is the key; namespace and name are for humans, API
 /// paths and CRI metadata.
@@ -82,6 +82,53 @@ pub fn containers(pod: &Pod) -> impl Iterator<Item = &Container> {
     })
 }
 
+/// An ephemeral container as the container it runs: every field of its
+/// `EphemeralContainerCommon` (the kubelet casts it to a `Container`); its target is the
+/// caller's to read.
+#[must_use]
+pub fn ephemeral_container(ec: &EphemeralContainer) -> Container {
+    // Every field named once: a field added to either type fails to compile here.
+    macro_rules! common {
+        ($($field:ident),*) => {{
+            let EphemeralContainer { $($field,)* target_container_name: _ } = ec.clone();
+            Container { $($field),* }
+        }};
+    }
+    common!(
+        args,
+        command,
+        env,
+        env_from,
+        image,
+        image_pull_policy,
+        lifecycle,
+        liveness_probe,
+        name,
+        ports,
+        readiness_probe,
+        resize_policy,
+        resources,
+        restart_policy,
+        security_context,
+        startup_probe,
+        stdin,
+        stdin_once,
+        termination_message_path,
+        termination_message_policy,
+        tty,
+        volume_devices,
+        volume_mounts,
+        working_dir
+    )
+}
+
+/// The pod's ephemeral containers (`spec.ephemeralContainers`), in spec order.
+pub fn ephemeral_containers(pod: &Pod) -> impl Iterator<Item = &EphemeralContainer> {
+    pod.spec
+        .iter()
+        .flat_map(|s| s.ephemeral_containers.iter().flatten())
+}
+
 /// The pod's container (init or app) named `name`.
 #[must_use]
 pub fn container<'a>(pod: &'a Pod, name: &str) -> Option<&'a Container> {
@@ -145,8 +192,10 @@ pub fn is_worker_terminal(pod: &Pod, status: Option<&PodStatus>) -> bool {
 }
 
 /// Whether an update of a pod asks for a sync: its spec, labels, annotations or deletion
-/// changed (the kubelet's `podsDifferSemantically`). A change of status alone — mostly
-/// this agent's own writes coming back through the watch — does not.
+/// changed (the kubelet's `podsDifferSemantically`), or the condition of one of its
+/// readiness gates did (the kubelet syncs a pod whose Ready condition no longer matches
+/// its gates, `NeedToReconcilePodReadiness`). Another change of status alone — mostly this
+/// agent's own writes coming back through the watch — does not.
 #[must_use]
 pub fn differs_semantically(a: &Pod, b: &Pod) -> bool {
     let (m, n) = (&a.metadata, &b.metadata);
@@ -155,6 +204,27 @@ pub fn differs_semantically(a: &Pod, b: &Pod) -> bool {
         || m.annotations != n.annotations
         || m.deletion_timestamp != n.deletion_timestamp
         || m.deletion_grace_period_seconds != n.deletion_grace_period_seconds
+        || readiness_gate_conditions(a) != readiness_gate_conditions(b)
+}
+
+/// The status of each of the pod's readiness gates' conditions, in gate order (`None`
+/// where the condition does not exist).
+fn readiness_gate_conditions(pod: &Pod) -> Vec<Option<&str>> {
+    let conditions = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or_default();
+    pod.spec
+        .iter()
+        .flat_map(|s| s.readiness_gates.iter().flatten())
+        .map(|gate| {
+            conditions
+                .iter()
+                .find(|c| c.type_ == gate.condition_type)
+                .map(|c| c.status.as_str())
+        })
+        .collect()
 }
 
 /// The pod's restart policy: `Always` (default), `OnFailure` or `Never`.
@@ -169,8 +239,45 @@ pub fn restart_policy(pod: &Pod) -> &str {
 #[cfg(test)]
 pub(crate) mod testing {
     //! Pods for unit tests.
-    use k8s_openapi::api::core::v1::{Container, ContainerPort, Pod, PodSpec};
+    use k8s_openapi::api::core::v1::{
+        Container, ContainerPort, Pod, PodCondition, PodReadinessGate, PodSpec, PodStatus,
+    };
     use kube::api::ObjectMeta;
+
+    /// Pod conditions, each (type, status).
+    pub fn conditions(list: &[(&str, &str)]) -> Vec<PodCondition> {
+        list.iter()
+            .map(|(kind, status)| PodCondition {
+                type_: (*kind).into(),
+                status: (*status).into(),
+                ..Default::default()
+            })
+            .collect()
+    }
+
+    /// A pod `web` (container `a`, nginx) with a readiness gate for each condition type.
+    pub fn gated(gates: &[&str]) -> Pod {
+        let mut p = pod("web", &[("a", "nginx")]);
+        p.spec.as_mut().expect("spec").readiness_gates = Some(
+            gates
+                .iter()
+                .map(|kind| PodReadinessGate {
+                    condition_type: (*kind).into(),
+                })
+                .collect(),
+        );
+        p
+    }
+
+    /// The pod with a status that holds only these conditions, each (type, status).
+    pub fn with_conditions(pod: &Pod, list: &[(&str, &str)]) -> Pod {
+        let mut p = pod.clone();
+        p.status = Some(PodStatus {
+            conditions: Some(conditions(list)),
+            ..Default::default()
+        });
+        p
+    }
 
     /// A pod with an app container `app` (nginx) and busybox init containers `names`.
     pub fn with_init(names: &[&str]) -> Pod {
@@ -295,5 +402,25 @@ mod tests {
         let mut respecced = pod.clone();
         respecced.spec.as_mut().unwrap().containers[0].image = Some("nginx:2".into());
         assert!(differs_semantically(&pod, &respecced));
+    }
+
+    /// A pod with a readiness gate is synced when the gate's condition appears or changes,
+    /// not when another condition does.
+    #[test]
+    fn a_readiness_gates_condition_asks_for_a_sync() {
+        let pod = testing::gated(&["example.com/lb"]);
+        let with = |conditions: &[(&str, &str)]| testing::with_conditions(&pod, conditions);
+        let none = with(&[("Ready", "False")]);
+        assert!(!differs_semantically(&none, &with(&[("Ready", "True")])));
+        let closed = with(&[("example.com/lb", "False")]);
+        assert!(differs_semantically(&none, &closed));
+        assert!(differs_semantically(
+            &closed,
+            &with(&[("example.com/lb", "True")])
+        ));
+        assert!(!differs_semantically(
+            &closed,
+            &with(&[("Ready", "False"), ("example.com/lb", "False")])
+        ));
     }
 }

@@ -612,13 +612,20 @@ impl Server {
             Ok(v) => v,
             Err(refusal) => return refusal.response(),
         };
-        // The terminal setting is the container's own: it cannot change after start.
+        // The terminal setting is the container's own (an app or ephemeral container's):
+        // it cannot change after start.
         let tty = pod
             .spec
             .iter()
             .flat_map(|s| s.containers.iter())
             .find(|c| c.name == container)
-            .and_then(|c| c.tty)
+            .map(|c| c.tty)
+            .or_else(|| {
+                crate::pod::ephemeral_containers(&pod)
+                    .find(|c| c.name == container)
+                    .map(|c| c.tty)
+            })
+            .flatten()
             .unwrap_or(false);
         self.container_session(req, &uid, container, query, |cri, id, opts| async move {
             let req = api::AttachRequest {

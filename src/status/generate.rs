@@ -1,6 +1,8 @@
 //! The Pod's API status from its runtime state: container statuses, phase, conditions,
 //! IPs, start time and QoS class — the kubelet's `generateAPIPodStatus`, `getPhase` and
-//! `convertToAPIContainerStatuses`.
+//! `convertToAPIContainerStatuses`. The conditions others own (readiness gates') are kept
+//! as the pod's status holds them, and the Ready condition waits for its readiness gates
+//! (the kubelet's `GeneratePodReadyCondition`).
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -15,6 +17,7 @@ use k8s_openapi::jiff::Timestamp;
 use crate::kuberuntime::actions::should_restart;
 use crate::kuberuntime::runtime_status::{ContainerState as RuntimeContainer, pod_ips};
 use crate::kuberuntime::{PodRuntimeStatus, RunState, Waiting};
+use crate::kubetypes::pod_condition_by_kubelet;
 use crate::probe::ProbeResult;
 use crate::probe::results::{ProbeKind, Results};
 
@@ -103,6 +106,8 @@ enum Kind {
     Init,
     /// `spec.containers`: ready while it runs.
     App,
+    /// `spec.ephemeralContainers`: never ready (no probe may say so), never restarted.
+    Ephemeral,
 }
 
 /// The status of each container of one list of the spec, in spec order (the kubelet's
@@ -135,9 +140,11 @@ fn statuses_of(
             // An init container that succeeded is done: no reason to wait applies to it.
             let succeeded = kind == Kind::Init
                 && latest.is_some_and(|c| c.state == RunState::Exited && c.exit_code == 0);
-            let cached = reasons
-                .get(&spec.name)
-                .filter(|_| !succeeded && will_restart(pod, latest));
+            let restarts = match kind {
+                Kind::Ephemeral => latest.is_none(),
+                Kind::Init | Kind::App => !succeeded && will_restart(pod, latest),
+            };
+            let cached = reasons.get(&spec.name).filter(|_| restarts);
             let state = match (latest, cached) {
                 (Some(c), _) if c.state == RunState::Running => ContainerState {
                     running: Some(ContainerStateRunning {
@@ -172,6 +179,7 @@ fn statuses_of(
                         )
                 }
                 Kind::Init => state.terminated.as_ref().is_some_and(|t| t.exit_code == 0),
+                Kind::Ephemeral => false,
             };
             ContainerStatus {
                 name: spec.name.clone(),
@@ -204,6 +212,16 @@ pub fn container_statuses(pod: &Pod, inputs: &StatusInputs<'_>) -> Vec<Container
         .map(|s| s.containers.as_slice())
         .unwrap_or_default();
     statuses_of(pod, containers, Kind::App, inputs)
+}
+
+/// The status of each ephemeral container of the spec, in spec order (the kubelet's
+/// `convertToAPIContainerStatuses` over them, with the `EphemeralContainers` gate on).
+#[must_use]
+pub fn ephemeral_container_statuses(pod: &Pod, inputs: &StatusInputs<'_>) -> Vec<ContainerStatus> {
+    let containers: Vec<Container> = crate::pod::ephemeral_containers(pod)
+        .map(crate::pod::ephemeral_container)
+        .collect();
+    statuses_of(pod, &containers, Kind::Ephemeral, inputs)
 }
 
 /// The status of each init container of the spec, in spec order.
@@ -310,6 +328,34 @@ fn condition(
     }
 }
 
+/// The reason of a Ready condition that is False because of readiness gates.
+pub const READINESS_GATES_NOT_READY: &str = "ReadinessGatesNotReady";
+
+/// Why the pod's readiness gates hold it not Ready, given the pod's conditions: each gate
+/// whose condition is missing or not True, in the kubelet's words
+/// (`GeneratePodReadyCondition`); `None` when every gate is open.
+#[must_use]
+pub fn readiness_gates_unready(pod: &Pod, conditions: &[PodCondition]) -> Option<String> {
+    let gates = pod.spec.as_ref()?.readiness_gates.as_deref()?;
+    let unready: Vec<String> = gates
+        .iter()
+        .filter_map(|gate| {
+            let kind = &gate.condition_type;
+            match conditions.iter().find(|c| &c.type_ == kind) {
+                None => Some(format!(
+                    "corresponding condition of pod readiness gate \"{kind}\" does not exist."
+                )),
+                Some(c) if c.status != "True" => Some(format!(
+                    "the status of pod readiness gate \"{kind}\" is not \"True\", but {}",
+                    c.status
+                )),
+                Some(_) => None,
+            }
+        })
+        .collect();
+    (!unready.is_empty()).then(|| unready.join(", "))
+}
+
 /// The full status of a pod that should be running.
 #[must_use]
 pub fn generate_pod_status(pod: &Pod, inputs: &StatusInputs<'_>) -> PodStatus {
@@ -317,6 +363,7 @@ pub fn generate_pod_status(pod: &Pod, inputs: &StatusInputs<'_>) -> PodStatus {
     let old_conditions = old.conditions.clone().unwrap_or_default();
     let init_statuses = init_container_statuses(pod, inputs);
     let statuses = container_statuses(pod, inputs);
+    let ephemeral_statuses = ephemeral_container_statuses(pod, inputs);
     let mut phase = phase(crate::pod::restart_policy(pod), &init_statuses, &statuses).to_owned();
     // A terminal phase never changes again, nor why it was reached (`Evicted`,
     // `DeadlineExceeded`).
@@ -346,12 +393,28 @@ pub fn generate_pod_status(pod: &Pod, inputs: &StatusInputs<'_>) -> PodStatus {
         .cloned()
         .unwrap_or_else(|| condition(&[], "PodScheduled", true, None, None, now));
     let (reason, message) = if ready { (None, None) } else { not_ready() };
+    // The conditions others own stay as they are, first, as the kubelet keeps them.
+    let others: Vec<PodCondition> = old_conditions
+        .iter()
+        .filter(|c| !pod_condition_by_kubelet(&c.type_))
+        .cloned()
+        .collect();
+    let gates = if ready {
+        readiness_gates_unready(pod, &others)
+    } else {
+        None
+    };
+    let (pod_ready, ready_reason, ready_message) = match gates {
+        Some(why) => (false, Some(READINESS_GATES_NOT_READY.to_owned()), Some(why)),
+        None => (ready, reason.clone(), message.clone()),
+    };
     let uninitialized: Vec<&str> = init_statuses
         .iter()
         .filter(|s| !s.ready)
         .map(|s| s.name.as_str())
         .collect();
-    let conditions = vec![
+    let mut conditions = others;
+    conditions.extend([
         condition(
             &old_conditions,
             "Initialized",
@@ -366,9 +429,9 @@ pub fn generate_pod_status(pod: &Pod, inputs: &StatusInputs<'_>) -> PodStatus {
         condition(
             &old_conditions,
             "Ready",
-            ready,
-            reason.clone(),
-            message.clone(),
+            pod_ready,
+            ready_reason,
+            ready_message,
             now,
         ),
         condition(
@@ -380,7 +443,7 @@ pub fn generate_pod_status(pod: &Pod, inputs: &StatusInputs<'_>) -> PodStatus {
             now,
         ),
         scheduled,
-    ];
+    ]);
     let sandbox_ips = inputs.runtime.and_then(|r| r.ready_sandbox());
     let sandbox_ips = sandbox_ips.map(|s| s.ips.as_slice()).unwrap_or_default();
     let pod_ips: Vec<String> = pod_ips(pod, sandbox_ips, inputs.host_ip)
@@ -404,6 +467,8 @@ pub fn generate_pod_status(pod: &Pod, inputs: &StatusInputs<'_>) -> PodStatus {
             .map(|s| crate::resources::qos_class(s).as_str().to_owned()),
         container_statuses: Some(statuses),
         init_container_statuses: (!init_statuses.is_empty()).then_some(init_statuses),
+        ephemeral_container_statuses: (!ephemeral_statuses.is_empty())
+            .then_some(ephemeral_statuses),
         reason: old.reason.clone().filter(|_| terminal),
         message: old.message.clone().filter(|_| terminal),
         ..Default::default()
@@ -415,7 +480,7 @@ mod tests {
     use super::*;
     use crate::kuberuntime::runtime_status::SandboxState;
     use crate::kuberuntime::runtime_status::testing::container;
-    use crate::pod::testing::{pod, with_init};
+    use crate::pod::testing::{gated, pod, with_conditions, with_init};
 
     fn rc(name: &str, attempt: u32, state: RunState, exit_code: i32) -> RuntimeContainer {
         RuntimeContainer {
@@ -497,6 +562,102 @@ mod tests {
         assert_eq!(check(&results), (Some(true), true, "True".to_owned()));
         results.set("a0", ProbeKind::Readiness, ProbeResult::Failure);
         assert_eq!(check(&results), (Some(true), false, "False".to_owned()));
+    }
+
+    /// A pod with readiness gates is Ready only once its containers are and every gate's
+    /// condition is True, with the kubelet's reason and message meanwhile; the gates'
+    /// conditions, set by others, stay in the status.
+    #[test]
+    fn readiness_gates_hold_ready_until_their_conditions_are_true() {
+        let p = gated(&["example.com/lb", "example.com/dns"]);
+        let w = HashMap::new();
+        let with = |gates: &[(&str, &str)], rt: &PodRuntimeStatus| {
+            generate_pod_status(&with_conditions(&p, gates), &inputs(rt, &w))
+        };
+        let running = running_a(vec![]);
+        let status = with(&[("example.com/lb", "False")], &running);
+        assert_eq!(condition_of(&status, "ContainersReady").status, "True");
+        let ready = condition_of(&status, "Ready");
+        assert_eq!(
+            (
+                ready.status.as_str(),
+                ready.reason.as_deref(),
+                ready.message.as_deref()
+            ),
+            (
+                "False",
+                Some("ReadinessGatesNotReady"),
+                Some(
+                    "the status of pod readiness gate \"example.com/lb\" is not \"True\", but False, \
+                     corresponding condition of pod readiness gate \"example.com/dns\" does not exist."
+                )
+            )
+        );
+        assert_eq!(condition_of(&status, "example.com/lb").status, "False");
+        let open = [("example.com/lb", "True"), ("example.com/dns", "True")];
+        let status = with(&open, &running);
+        assert_eq!(condition_of(&status, "Ready").status, "True");
+        assert_eq!(condition_of(&status, "Ready").reason, None);
+        assert_eq!(condition_of(&status, "example.com/dns").status, "True");
+        // Containers not ready: the containers' reason, whatever the gates say.
+        let status = with(&open, &PodRuntimeStatus::default());
+        let ready = condition_of(&status, "Ready");
+        assert_eq!(ready.reason.as_deref(), Some("ContainersNotReady"));
+        let status = with(&[], &PodRuntimeStatus::default());
+        assert_eq!(
+            condition_of(&status, "Ready").message.as_deref(),
+            Some("containers with unready status: [a]")
+        );
+    }
+
+    /// Ephemeral containers have statuses of their own, never ready or started, that show
+    /// a run that ended as terminated (it is not restarted), and count for neither the
+    /// phase nor readiness.
+    #[test]
+    fn ephemeral_containers_have_their_own_statuses() {
+        let mut p = pod("web", &[("a", "nginx")]);
+        p.spec.as_mut().unwrap().ephemeral_containers =
+            Some(vec![k8s_openapi::api::core::v1::EphemeralContainer {
+                name: "debugger".into(),
+                image: Some("busybox".into()),
+                ..Default::default()
+            }]);
+        let w = HashMap::new();
+        let mut rt = running_a(vec![]);
+        let status = generate_pod_status(&p, &inputs(&rt, &w));
+        let debugger = &status.ephemeral_container_statuses.as_ref().unwrap()[0];
+        assert_eq!(debugger.name, "debugger");
+        assert_eq!(waiting_reason(debugger), Some("ContainerCreating"));
+        assert_eq!((debugger.ready, debugger.started), (false, None));
+        assert_eq!(condition_of(&status, "Ready").status, "True");
+        rt.containers.push(rc("debugger", 0, RunState::Running, 0));
+        let status = generate_pod_status(&p, &inputs(&rt, &w));
+        let debugger = &status.ephemeral_container_statuses.as_ref().unwrap()[0];
+        assert!(debugger.state.as_ref().unwrap().running.is_some());
+        assert!(!debugger.ready);
+        assert_eq!(status.container_statuses.as_ref().unwrap().len(), 1);
+        rt.containers[1] = rc("debugger", 0, RunState::Exited, 0);
+        // A stale reason to wait does not apply: it is never started again.
+        let w = HashMap::from([(
+            "debugger".to_owned(),
+            Waiting {
+                reason: "ErrImagePull".into(),
+                message: "old".into(),
+            },
+        )]);
+        let status = generate_pod_status(&p, &inputs(&rt, &w));
+        let debugger = &status.ephemeral_container_statuses.as_ref().unwrap()[0];
+        let done = debugger
+            .state
+            .as_ref()
+            .unwrap()
+            .terminated
+            .as_ref()
+            .unwrap();
+        assert_eq!(done.reason.as_deref(), Some("Completed"));
+        assert_eq!(status.phase.as_deref(), Some("Running"));
+        let plain = generate_pod_status(&pod("web", &[("a", "nginx")]), &inputs(&rt, &w));
+        assert_eq!(plain.ephemeral_container_statuses, None);
     }
 
     #[test]

@@ -15,6 +15,7 @@ use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use kube::api::{Api, Patch, PatchParams};
 use tracing::Instrument;
 
+use crate::kubetypes::pod_condition_by_kubelet;
 use crate::pod::PodId;
 use crate::pod::state::ForgetPod;
 
@@ -119,7 +120,8 @@ impl StatusManager {
             sent: None,
             retry: None,
         });
-        if entry.sent.as_ref() == Some(&status) {
+        // Only what the kubelet owns counts: others' conditions are never sent.
+        if entry.sent.as_ref().map(by_kubelet) == Some(by_kubelet(&status)) {
             entry.status = status;
             return;
         }
@@ -404,13 +406,41 @@ impl ForgetPod for StatusManager {
     }
 }
 
+/// The kubelet's `mergePodStatus`: the conditions others own (readiness gates') as the
+/// API's status of the pod has them, with the rest of the status ours.
+#[must_use]
+pub fn merge_pod_status(api: Option<&PodStatus>, mut ours: PodStatus) -> PodStatus {
+    let others = api
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or_default()
+        .iter()
+        .filter(|c| !pod_condition_by_kubelet(&c.type_));
+    let own = ours
+        .conditions
+        .iter()
+        .flatten()
+        .filter(|c| pod_condition_by_kubelet(&c.type_));
+    ours.conditions = Some(others.chain(own).cloned().collect());
+    ours
+}
+
+/// The part of a status the kubelet owns: without the conditions others own, which are
+/// never sent (a strategic merge patch leaves them as they are in the API).
+fn by_kubelet(status: &PodStatus) -> PodStatus {
+    let mut own = status.clone();
+    if let Some(conditions) = own.conditions.as_mut() {
+        conditions.retain(|c| pod_condition_by_kubelet(&c.type_));
+    }
+    own
+}
+
 /// Whether the API's status of a pod says something else than the one we sent: another
-/// phase, or one of our conditions with another status (or missing). Conditions that
-/// others own (`PodScheduled`) and fields the API fills in do not count.
+/// phase, or one of the kubelet's conditions with another status (or missing). Conditions
+/// others own and fields the API fills in do not count.
 fn differs(sent: &PodStatus, api: &PodStatus) -> bool {
     let theirs = api.conditions.as_deref().unwrap_or_default();
     sent.phase != api.phase
-        || sent.conditions.iter().flatten().any(|ours| {
+        || by_kubelet(sent).conditions.iter().flatten().any(|ours| {
             !theirs
                 .iter()
                 .any(|c| c.type_ == ours.type_ && c.status == ours.status)
@@ -426,11 +456,13 @@ fn is_ready(status: &PodStatus) -> bool {
         .any(|c| c.type_ == "Ready" && c.status == "True")
 }
 
-/// The strategic merge patch of a pod's status. The uid is a precondition: a pod
-/// re-created under the same name is never given the old pod's status. `podIPs` merges
-/// by IP, so a new sandbox's IP would be added to the old one (which the API refuses):
-/// the list is replaced instead.
+/// The strategic merge patch of a pod's status, with only the conditions the kubelet owns
+/// (conditions merge by type: the others stay as their owners set them). The uid is a
+/// precondition: a pod re-created under the same name is never given the old pod's
+/// status. `podIPs` merges by IP, so a new sandbox's IP would be added to the old one
+/// (which the API refuses): the list is replaced instead.
 fn patch_body(id: &PodId, status: &PodStatus) -> serde_json::Value {
+    let status = by_kubelet(status);
     let mut body = serde_json::json!({ "metadata": { "uid": id.uid }, "status": status });
     if let Some(serde_json::Value::Array(ips)) = body["status"].get_mut("podIPs") {
         ips.insert(0, serde_json::json!({ "$patch": "replace" }));
@@ -703,6 +735,71 @@ mod tests {
         manager.forget("static");
         assert!(!manager.holds("static"));
         assert!(manager.get("static").is_none());
+    }
+
+    fn conditions(list: &[(&str, &str)]) -> Option<Vec<k8s_openapi::api::core::v1::PodCondition>> {
+        Some(crate::pod::testing::conditions(list))
+    }
+
+    fn types_and_statuses(status: &serde_json::Value) -> Vec<(String, String)> {
+        status["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|c| (c["type"].to_string(), c["status"].to_string()))
+            .collect()
+    }
+
+    /// Conditions others own (a readiness gate's) come from the API's status, never from
+    /// ours, and are never sent: a strategic merge patch leaves them as their owner set
+    /// them; a change in them alone sends nothing.
+    #[tokio::test]
+    async fn conditions_others_own_are_taken_from_the_api_and_never_sent() {
+        let api = PodStatus {
+            conditions: conditions(&[("Ready", "False"), ("example.com/lb", "True")]),
+            ..Default::default()
+        };
+        let ours = PodStatus {
+            conditions: conditions(&[("Ready", "True"), ("example.com/lb", "False")]),
+            ..Default::default()
+        };
+        let merged = merge_pod_status(Some(&api), ours);
+        assert_eq!(
+            merged.conditions,
+            conditions(&[("example.com/lb", "True"), ("Ready", "True")])
+        );
+        let id = PodId {
+            namespace: "default".into(),
+            name: "p".into(),
+            uid: "u".into(),
+        };
+        let body = patch_body(&id, &merged);
+        assert_eq!(
+            types_and_statuses(&body["status"]),
+            [("\"Ready\"".to_owned(), "\"True\"".to_owned())]
+        );
+        assert!(!differs(
+            &merged,
+            &PodStatus {
+                conditions: conditions(&[("Ready", "True")]),
+                ..Default::default()
+            }
+        ));
+        let (manager, requests) = sending_one_status(0).await;
+        manager.set_pod_status(&id, merged.clone());
+        for _ in 0..100 {
+            if manager.lock().pods["u"].sent.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let before = requests.load(Ordering::SeqCst);
+        let mut gate_closed = merged;
+        gate_closed.conditions = conditions(&[("example.com/lb", "False"), ("Ready", "True")]);
+        manager.set_pod_status(&id, gate_closed);
+        assert!(manager.lock().dirty.is_empty(), "nothing of ours changed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(requests.load(Ordering::SeqCst), before);
     }
 
     #[test]

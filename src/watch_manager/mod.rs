@@ -319,10 +319,13 @@ fn names_in(pod: &Pod, places: &Places) -> HashSet<String> {
         let sources = projected.into_iter().flatten();
         names.extend(sources.filter_map(|s| (places.projection)(s).map(str::to_owned)));
     }
-    for c in crate::pod::containers(pod) {
-        let from = c.env_from.iter().flatten();
+    // Every container's environment, ephemeral ones' too (the kubelet visits them all).
+    let app = crate::pod::containers(pod).map(|c| (&c.env_from, &c.env));
+    let ephemeral = crate::pod::ephemeral_containers(pod).map(|c| (&c.env_from, &c.env));
+    for (env_from, env) in app.chain(ephemeral) {
+        let from = env_from.iter().flatten();
         names.extend(from.filter_map(|e| (places.env_from)(e).map(str::to_owned)));
-        let values = c.env.iter().flatten().filter_map(|e| e.value_from.as_ref());
+        let values = env.iter().flatten().filter_map(|e| e.value_from.as_ref());
         names.extend(values.filter_map(|v| (places.value_from)(v).map(str::to_owned)));
     }
     names.remove("");
@@ -459,11 +462,15 @@ mod tests {
                 {"name": "A", "valueFrom": {"secretKeyRef": {"name": "env-secret", "key": "k"}}},
                 {"name": "B", "valueFrom": {"configMapKeyRef": {"name": "env-cm", "key": "k"}}},
                 {"name": "C", "value": "plain"}
-            ], "envFrom": [{"configMapRef": {"name": "from-cm"}}]}]
+            ], "envFrom": [{"configMapRef": {"name": "from-cm"}}]}],
+            "ephemeralContainers": [{"name": "debugger", "env": [
+                {"name": "D", "valueFrom": {"secretKeyRef": {"name": "debug-secret", "key": "k"}}}
+            ]}]
         }));
         assert_eq!(
             sorted(Secret::names(&pod)),
             [
+                "debug-secret",
                 "env-secret",
                 "init-secret",
                 "proj-secret",

@@ -73,6 +73,29 @@ pub async fn node_condition(kind: &str) -> Option<bool> {
     Some(condition.status == "True")
 }
 
+/// The node's allocatable `name`, in milli units for cpu, else in units; waited for (the
+/// agent may not have registered the node yet).
+pub async fn node_allocatable(name: &str) -> i64 {
+    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> =
+        kube::Api::all(kube_client("admin.kubeconfig").await);
+    let q = eventually(
+        &format!("the node's allocatable {name}"),
+        Duration::from_secs(60),
+        || async {
+            let node = nodes.get_opt(&node_name()).await.ok()??;
+            node.status?.allocatable?.get(name).cloned()
+        },
+    )
+    .await;
+    let q = rkubelet::resources::Quantity::parse(&q.0).expect("a quantity");
+    let v = if name == "cpu" {
+        q.milli_value()
+    } else {
+        q.value()
+    };
+    i64::try_from(v).expect("fits")
+}
+
 /// A `/proc/meminfo` figure, in bytes.
 pub fn meminfo(key: &str) -> u64 {
     let text = std::fs::read_to_string("/proc/meminfo").expect("/proc/meminfo");

@@ -56,6 +56,14 @@ impl TestPods {
         created
     }
 
+    /// Records a pod this test did not create itself (a controller's, labelled
+    /// `rk-test=<label>`), so that the leak check looks at what it left.
+    pub fn track(&self, pod: &Pod) {
+        if let (Some(uid), Some(name)) = (&pod.metadata.uid, &pod.metadata.name) {
+            self.recorder.pod(uid, name);
+        }
+    }
+
     /// What was recorded of the pods so far (for the leak check).
     pub fn record(&self) -> leaks::Record {
         self.recorder.record.lock().expect("record").clone()
