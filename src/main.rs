@@ -306,7 +306,6 @@ impl ServerFlags {
             node_name: node_name.to_owned(),
             node_ip,
             configuration,
-            stats: rkubelet::stats::StatsConfig::default(),
         })
     }
 }

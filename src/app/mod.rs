@@ -882,6 +882,8 @@ pub async fn run(config: Config, cancel: CancellationToken) -> Result<(), AppErr
         Task::new("static-pods", Stop).after(&["pleg", "status-manager"]),
         Task::new("pod-source", Stop).after(&["pleg", "status-manager"]),
         Task::new("mirror-pods", restarted()).after(&["pod-source"]),
+        // cAdvisor's housekeeping: the stats every reader shares, read in the background.
+        Task::new("stats-housekeeping", restarted()).after(&["pod-source"]),
         // As the kubelet's ListenAndServe, a server that fails ends the agent.
         Task::new("server", Stop).after(&["pod-source", "status-manager"]),
         Task::new("debug-socket", Ignore),
@@ -1053,8 +1055,17 @@ async fn start(config: &Config, tree: &mut Tree) -> Result<bool, AppError> {
         mirror::run(m, node, statics, store, stop)
     });
     tree.start("mirror-pods", mirror.dropped_on_stop())?;
-    if let Some(mut server) = config.server.clone() {
-        server.stats = stats_config(config);
+    let stats = Arc::new(crate::stats::Housekeeping::new(
+        stats_config(config),
+        config.node_name.clone(),
+        (config.cri.clone(), LinuxMachine),
+        Box::new(store.clone()),
+        // Claims and CSI volumes report their figures through this hook once mounted here.
+        Box::new(crate::stats::NoPersistentVolumes),
+    ));
+    let housekeep = Run::again(stats.clone(), |stats, stop| stats.run(stop));
+    tree.start("stats-housekeeping", housekeep.dropped_on_stop())?;
+    if let Some(server) = config.server.clone() {
         let serving = crate::server::start(
             server,
             client,
@@ -1062,6 +1073,7 @@ async fn start(config: &Config, tree: &mut Tree) -> Result<bool, AppError> {
             store.clone(),
             config.timelines.clone(),
             status,
+            stats.clone(),
         )
         .await?;
         tree.start("server", Run::once(|stop| serving.run(stop)))?;
@@ -1085,13 +1097,7 @@ async fn start(config: &Config, tree: &mut Tree) -> Result<bool, AppError> {
     tree.start("container-gc", collect.dropped_on_stop())?;
     let collect = Run::again(images.clone(), RuntimeImageGc::run);
     tree.start("image-gc", collect.dropped_on_stop())?;
-    let stats = crate::kubelet::eviction_stats::NodeStats::new(
-        config.cri.clone(),
-        LinuxMachine,
-        stats_config(config),
-        config.pod_logs_dir.clone(),
-        config.node_name.clone(),
-    );
+    let stats = crate::kubelet::eviction_stats::NodeStats::new(stats, config.root_dir.clone());
     let pods =
         crate::kubelet::evictor::KubeletPods::new(store.clone(), workers.clone(), kubelet.clone());
     let hard = node.config().eviction_hard;

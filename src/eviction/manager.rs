@@ -33,8 +33,9 @@ const LOCAL_STORAGE_GRACE_SECONDS: i64 = 0;
 
 /// Where the manager's figures come from: the node's signals and the running pods' usage.
 pub trait StatsSource: Send + Sync {
-    /// The node's signals now.
-    fn observe(&self) -> impl Future<Output = Observations> + Send;
+    /// The node's signals: the stats' last reading, or, with `update`, a reading made now
+    /// (after node-level reclaim, as the kubelet's `Get(updateStats)`).
+    fn observe(&self, update: bool) -> impl Future<Output = Observations> + Send;
     /// The usage of each running pod, by UID.
     fn pod_usage(
         &self,
@@ -120,7 +121,7 @@ impl<S: StatsSource, E: PodEvictor, R: NodeReclaimer> EvictionManager<S, E, R> {
 
     /// One pass (`synchronize`): at most one pod is evicted.
     pub async fn synchronize(&self) -> Pass {
-        let observations = self.stats.observe().await;
+        let observations = self.stats.observe(false).await;
         let met = thresholds_met(&observations, &self.hard);
         let evicted = self.local_storage_eviction().await;
         if !evicted.is_empty() {
@@ -139,7 +140,7 @@ impl<S: StatsSource, E: PodEvictor, R: NodeReclaimer> EvictionManager<S, E, R> {
         );
         if signal.node_reclaimable() {
             self.reclaimer.reclaim(signal).await;
-            let after = self.stats.observe().await;
+            let after = self.stats.observe(true).await;
             if thresholds_met(&after, &self.hard).is_empty() {
                 tracing::info!(resource, "pressure relieved without evicting pods");
                 return Pass::Reclaimed(signal);
@@ -312,7 +313,7 @@ mod tests {
     }
 
     impl StatsSource for &Fake {
-        async fn observe(&self) -> Observations {
+        async fn observe(&self, _update: bool) -> Observations {
             fn next(figures: &Mutex<Vec<u64>>) -> u64 {
                 let mut figures = figures.lock().unwrap();
                 if figures.len() > 1 {

@@ -52,12 +52,9 @@ pub enum EvictionError {
         /// Why.
         why: String,
     },
-    /// Reading the pods' stats from the runtime failed.
-    #[error("reading pod stats from the runtime: {0}")]
-    Runtime(#[from] crate::cri::CriError),
-    /// The stats provider could not read the pods' local storage.
-    #[error("reading the pods' local storage from the stats provider: {0}")]
-    Storage(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The pods' stats could not be read from the stats provider.
+    #[error("reading the pods' stats from the stats provider: {0}")]
+    Stats(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 
 /// The kubelet's `IsCriticalPod` as eviction applies it: static pods (from a file or

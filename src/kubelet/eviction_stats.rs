@@ -1,36 +1,34 @@
-//! Where the eviction manager's figures come from on a real node: the machine (the
-//! node agent's [`MachineInfo`]: memory capacity less the root cgroup's working set, the
-//! filesystems of `--root-dir` and of
-//! the runtime's images, PIDs) and the runtime (CRI `ImageFsInfo` for where its images
-//! are; `ListContainerStats` of the running containers: working set and writable layer),
-//! plus each container's log files. The eviction manager takes it as its [`StatsSource`]
-//! (the kubelet's summary provider), so eviction knows neither the runtime's labels nor
-//! where logs live. The pods' local storage (writable layers, logs, volumes) is the stats
-//! provider's summary ([`crate::stats`]), with each pod's managed hosts file and whether
-//! the images are on a filesystem of their own.
+//! The eviction manager's figures on a real node: a view of the stats housekeeping's
+//! reading ([`crate::stats::housekeeping`]), as the kubelet's eviction manager reads the
+//! summary provider. The node's signals are the reading's machine memory (capacity less
+//! the root cgroup's working set), the filesystems of `--root-dir` and of the runtime's
+//! images, and the PIDs; each running pod's usage is its summary entry (containers'
+//! working sets, writable layers and logs), and its local storage (writable layers, logs,
+//! volumes) with its managed hosts file and whether the images are on a filesystem of
+//! their own. The last reading is shared with the endpoints; after a node-level reclaim
+//! the manager asks for a reading made then. So eviction knows neither the runtime's
+//! labels nor where logs live, and reads nothing twice.
 
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
 
-use crate::cri::{Cri, api};
+use crate::cri::Cri;
 use crate::eviction::{
     ContainerUsage, EvictionError, LocalStorage, Observations, PodStorage, PodUsage, StatsSource,
 };
-use crate::kuberuntime::labels;
 use crate::kuberuntime::names::etc_hosts_path;
-use crate::kuberuntime::sandbox::pod_log_dir;
-use crate::node::{MachineInfo, image_fs_mountpoint};
-use crate::stats::{StatsConfig, StatsProvider, Summary};
+use crate::node::{FsStats, MachineInfo};
+use crate::stats::fs::FsInfo;
+use crate::stats::housekeeping::HOUSEKEEPING_INTERVAL;
+use crate::stats::{Figures, Housekeeping, Reading, Summary};
 
-/// Stats from the machine and the runtime.
+/// The eviction manager's view of the stats housekeeping.
 pub struct NodeStats<C, M> {
-    cri: C,
-    machine: M,
+    stats: Arc<Housekeeping<C, M>>,
     root_dir: PathBuf,
-    pod_logs_dir: PathBuf,
-    node_name: String,
-    provider: StatsProvider,
 }
 
 impl<C, M> std::fmt::Debug for NodeStats<C, M> {
@@ -42,24 +40,66 @@ impl<C, M> std::fmt::Debug for NodeStats<C, M> {
 }
 
 impl<C, M> NodeStats<C, M> {
-    /// Stats of the node `node_name`, read where `stats` says (its root dir is the
-    /// nodefs), whose pod logs live in `pod_logs_dir`.
-    pub fn new(
-        cri: C,
-        machine: M,
-        stats: StatsConfig,
-        pod_logs_dir: PathBuf,
-        node_name: String,
-    ) -> Self {
-        Self {
-            cri,
-            machine,
-            root_dir: stats.root_dir.clone(),
-            pod_logs_dir,
-            node_name,
-            provider: StatsProvider::new(stats),
-        }
+    /// The view of `stats`, on the node whose pods' directories are under `root_dir`.
+    pub fn new(stats: Arc<Housekeeping<C, M>>, root_dir: PathBuf) -> Self {
+        Self { stats, root_dir }
     }
+}
+
+impl<C: Cri, M: MachineInfo + Clone + 'static> NodeStats<C, M> {
+    /// The last reading (the housekeeping keeps it at most an interval old), or one made
+    /// now with `update`.
+    async fn reading(&self, update: bool) -> Reading {
+        let max_age = if update {
+            Duration::ZERO
+        } else {
+            HOUSEKEEPING_INTERVAL
+        };
+        self.stats.updated(max_age).await
+    }
+}
+
+fn fs(info: Option<&FsInfo>) -> Option<FsStats> {
+    info.map(|f| FsStats {
+        capacity_bytes: f.capacity_bytes,
+        available_bytes: f.available_bytes,
+        inodes: f.inodes,
+        inodes_free: f.inodes_free,
+    })
+}
+
+/// The signals of a reading.
+fn observations(figures: &Figures) -> Observations {
+    let snapshot = &figures.snapshot;
+    Observations {
+        memory_available_bytes: snapshot.machine.memory.and_then(|m| m.available_bytes()),
+        nodefs: fs(snapshot.storage.root_fs.as_ref()),
+        imagefs: fs(snapshot.storage.image_fs.as_ref()),
+        pids: snapshot.machine.pids,
+    }
+}
+
+/// Each pod's usage in a reading, by UID.
+fn pod_usage(figures: &Figures) -> HashMap<String, PodUsage> {
+    figures
+        .summary
+        .pods
+        .iter()
+        .map(|p| {
+            let mut containers: Vec<ContainerUsage> = p
+                .containers
+                .iter()
+                .map(|c| ContainerUsage {
+                    name: c.name.clone(),
+                    working_set_bytes: c.memory.as_ref().and_then(|m| m.working_set_bytes),
+                    rootfs_bytes: c.rootfs.as_ref().and_then(|f| f.used_bytes),
+                    logs_bytes: c.logs.as_ref().and_then(|f| f.used_bytes),
+                })
+                .collect();
+            containers.sort_by(|a, b| a.name.cmp(&b.name));
+            (p.pod_ref.uid.clone(), PodUsage { containers })
+        })
+        .collect()
 }
 
 /// The pods' local storage in a summary, each with its hosts file's size from `hosts`.
@@ -108,137 +148,39 @@ fn on_different_devices(a: &Path, b: &Path) -> bool {
     }
 }
 
-/// Bytes of the regular files under `dir` (0 when it cannot be read).
-fn dir_bytes(dir: &Path) -> u64 {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return 0;
-    };
-    entries
-        .flatten()
-        .filter_map(|e| {
-            let meta = e.metadata().ok()?;
-            Some(if meta.is_dir() {
-                dir_bytes(&e.path())
-            } else {
-                meta.len()
-            })
-        })
-        .sum()
-}
-
 impl<C: Cri, M: MachineInfo + Clone + 'static> StatsSource for NodeStats<C, M> {
-    async fn observe(&self) -> Observations {
-        let imagefs = image_fs_mountpoint(&self.cri).await;
-        let machine = self.machine.clone();
-        let root_dir = self.root_dir.clone();
-        let read = tokio::task::spawn_blocking(move || {
-            let ok = |what: &str, e: crate::node::MachineError| {
-                tracing::warn!(error = %e, signal = what, "eviction signal unavailable");
-            };
-            Observations {
-                memory_available_bytes: machine
-                    .memory()
-                    .map_err(|e| ok("memory.available", e))
-                    .ok()
-                    .and_then(|m| m.available_bytes()),
-                nodefs: machine
-                    .fs_stats(&root_dir)
-                    .map_err(|e| ok("nodefs.available", e))
-                    .ok(),
-                imagefs: imagefs.and_then(|path| {
-                    machine
-                        .fs_stats(&path)
-                        .map_err(|e| ok("imagefs.available", e))
-                        .ok()
-                }),
-                pids: machine.pid_usage().map_err(|e| ok("pid.available", e)).ok(),
+    async fn observe(&self, update: bool) -> Observations {
+        match self.reading(update).await.as_ref() {
+            Ok(figures) => observations(figures),
+            Err(e) => {
+                tracing::warn!(error = %e, "eviction signals unavailable");
+                Observations::default()
             }
-        })
-        .await;
-        read.unwrap_or_else(|e| {
-            tracing::warn!(error = %e, "reading the eviction signals failed");
-            Observations::default()
-        })
+        }
     }
 
     async fn pod_usage(&self) -> Result<HashMap<String, PodUsage>, EvictionError> {
-        let running: std::collections::HashSet<String> = self
-            .cri
-            .list_containers(crate::cri::running_containers_request())
-            .await?
-            .containers
-            .into_iter()
-            .map(|c| c.id)
-            .collect();
-        let stats = self
-            .cri
-            .list_container_stats(api::ListContainerStatsRequest { filter: None })
-            .await?
-            .stats;
-        let mut by_pod: HashMap<String, PodUsage> = HashMap::new();
-        let mut log_dirs = Vec::new();
-        for s in stats {
-            let Some(attributes) = s.attributes.as_ref() else {
-                continue;
-            };
-            if !running.contains(&attributes.id) {
-                continue;
-            }
-            let (Some(pod), Some(name)) = (
-                labels::pod_of(&attributes.labels),
-                attributes.labels.get(labels::CONTAINER_NAME),
-            ) else {
-                continue;
-            };
-            let usage = by_pod.entry(pod.uid.clone()).or_default();
-            log_dirs.push((
-                pod.uid.clone(),
-                usage.containers.len(),
-                pod_log_dir(&self.pod_logs_dir, &pod).join(name),
-            ));
-            usage.containers.push(ContainerUsage {
-                name: name.clone(),
-                working_set_bytes: s
-                    .memory
-                    .as_ref()
-                    .and_then(|m| m.working_set_bytes.as_ref())
-                    .map(|v| v.value),
-                rootfs_bytes: s
-                    .writable_layer
-                    .as_ref()
-                    .and_then(|w| w.used_bytes.as_ref())
-                    .map(|v| v.value),
-                logs_bytes: None,
-            });
-        }
-        let sizes = tokio::task::spawn_blocking(move || {
-            log_dirs
-                .into_iter()
-                .map(|(uid, i, dir)| (uid, i, dir_bytes(&dir)))
-                .collect::<Vec<_>>()
-        })
-        .await
-        .unwrap_or_default();
-        for (uid, i, bytes) in sizes {
-            if let Some(c) = by_pod.get_mut(&uid).and_then(|u| u.containers.get_mut(i)) {
-                c.logs_bytes = Some(bytes);
-            }
-        }
-        for usage in by_pod.values_mut() {
-            usage.containers.sort_by(|a, b| a.name.cmp(&b.name));
-        }
-        Ok(by_pod)
+        let reading = self.reading(false).await;
+        Ok(pod_usage(figures(&reading)?))
     }
 
     async fn local_storage(&self) -> Result<LocalStorage, EvictionError> {
-        let summary = self
-            .provider
-            .summary(&self.node_name, &self.cri, &self.machine)
-            .await
-            .map_err(|e| EvictionError::Storage(Box::new(e)))?;
-        let imagefs = image_fs_mountpoint(&self.cri).await;
+        let reading = self.reading(false).await;
+        let figures = figures(&reading)?;
+        let imagefs = figures
+            .snapshot
+            .storage
+            .image_fs_usage
+            .as_ref()
+            .and_then(|u| u.fs_id.as_ref())
+            .map(|id| PathBuf::from(&id.mountpoint));
         let root_dir = self.root_dir.clone();
-        let uids: Vec<String> = summary.pods.iter().map(|p| p.pod_ref.uid.clone()).collect();
+        let uids: Vec<String> = figures
+            .summary
+            .pods
+            .iter()
+            .map(|p| p.pod_ref.uid.clone())
+            .collect();
         let (dedicated, hosts) = tokio::task::spawn_blocking(move || {
             let dedicated = imagefs.is_some_and(|m| on_different_devices(&root_dir, &m));
             let hosts: HashMap<String, u64> = uids
@@ -251,24 +193,105 @@ impl<C: Cri, M: MachineInfo + Clone + 'static> StatsSource for NodeStats<C, M> {
             (dedicated, hosts)
         })
         .await
-        .map_err(|e| EvictionError::Storage(Box::new(e)))?;
-        Ok(local_storage(&summary, &hosts, dedicated))
+        .map_err(|e| EvictionError::Stats(Box::new(e)))?;
+        Ok(local_storage(&figures.summary, &hosts, dedicated))
     }
+}
+
+/// The figures of a reading, or why there are none.
+fn figures(reading: &Reading) -> Result<&Figures, EvictionError> {
+    reading
+        .as_ref()
+        .as_ref()
+        .map_err(|e| EvictionError::Stats(e.to_string().into()))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::node::{Memory, MemoryUsage, PidUsage};
+    use crate::stats::{
+        ContainerStats, FsStats as SummaryFs, MemoryStats, PodReference, PodStats, Snapshot,
+        Summary,
+    };
+
+    fn used(bytes: u64) -> Option<SummaryFs> {
+        Some(SummaryFs {
+            used_bytes: Some(bytes),
+            ..SummaryFs::default()
+        })
+    }
 
     #[test]
-    fn dir_bytes_sums_files_recursively_and_ignores_a_missing_dir() {
-        let dir = std::env::temp_dir().join(format!("rk-eviction-logs-{}", std::process::id()));
-        std::fs::create_dir_all(dir.join("sub")).unwrap();
-        std::fs::write(dir.join("0.log"), [0u8; 100]).unwrap();
-        std::fs::write(dir.join("sub/1.log"), [0u8; 28]).unwrap();
-        assert_eq!(dir_bytes(&dir), 128);
-        assert_eq!(dir_bytes(&dir.join("missing")), 0);
-        std::fs::remove_dir_all(&dir).unwrap();
+    fn signals_and_pod_usage_are_the_readings() {
+        let mut snapshot = Snapshot::default();
+        snapshot.machine.memory = Some(Memory {
+            total_bytes: 1000,
+            usage: Some(MemoryUsage {
+                usage_bytes: 900,
+                working_set_bytes: 700,
+            }),
+        });
+        snapshot.machine.pids = Some(PidUsage {
+            running: 10,
+            max: 100,
+        });
+        let disk = FsInfo {
+            capacity_bytes: 100,
+            available_bytes: 40,
+            used_bytes: 55,
+            inodes: 10,
+            inodes_free: 4,
+        };
+        snapshot.storage.root_fs = Some(disk);
+        let container = |name: &str, ws: u64| ContainerStats {
+            name: name.into(),
+            memory: Some(MemoryStats {
+                working_set_bytes: Some(ws),
+                ..MemoryStats::default()
+            }),
+            rootfs: used(ws * 2),
+            logs: used(ws * 3),
+            ..ContainerStats::default()
+        };
+        let figures = Figures {
+            snapshot,
+            summary: Summary {
+                node: crate::stats::NodeStats::default(),
+                pods: vec![PodStats {
+                    pod_ref: PodReference {
+                        uid: "u1".into(),
+                        ..PodReference::default()
+                    },
+                    containers: vec![container("web", 5), container("app", 7)],
+                    ..PodStats::default()
+                }],
+            },
+        };
+        let seen = observations(&figures);
+        assert_eq!(seen.memory_available_bytes, Some(300));
+        assert_eq!(
+            seen.nodefs,
+            Some(FsStats {
+                capacity_bytes: 100,
+                available_bytes: 40,
+                inodes: 10,
+                inodes_free: 4
+            })
+        );
+        assert_eq!(seen.imagefs, None);
+        assert_eq!(seen.pids.map(|p| p.max), Some(100));
+        let usage = pod_usage(&figures);
+        let app = &usage["u1"].containers[0];
+        assert_eq!(
+            (
+                app.name.as_str(),
+                app.working_set_bytes,
+                app.rootfs_bytes,
+                app.logs_bytes
+            ),
+            ("app", Some(7), Some(14), Some(21))
+        );
     }
 
     #[test]
@@ -295,6 +318,7 @@ mod tests {
                 volume_stats: vec![VolumeStats {
                     fs: used(7).unwrap(),
                     name: "cache".into(),
+                    pvc_ref: None,
                 }],
                 ..PodStats::default()
             }],

@@ -11,7 +11,7 @@
 //! | `/attach/{ns}/{pod}[/{uid}]/{container}` | attach through CRI | `nodes/proxy` |
 //! | `/portForward/{ns}/{pod}[/{uid}]` | port-forward through CRI | `nodes/proxy` |
 //! | `/configz` | the running KubeletConfiguration ([`configz`]) | `nodes/proxy` |
-//! | `/metrics` | Prometheus text ([`metrics`]) | `nodes/metrics` |
+//! | `/metrics` | Prometheus text ([`metrics`]), volume gauges ([`volume_metrics`]) | `nodes/metrics` |
 //! | `/metrics/resource` | CPU and memory of node, pods, containers ([`resource_metrics`]) | `nodes/metrics` |
 //! | `/metrics/probes` | probe results ([`probe_metrics`]) | `nodes/metrics` |
 //! //! | `/metrics/cadvisor` | cAdvisor's container series ([`cadvisor`]) | `nodes/metrics` |
@@ -27,7 +27,8 @@
 //! self-signed ([`tls`]).
 //!
 //! Knows no pod worker and decides nothing for a pod: it reads the pod store, the status
-//! manager, the runtime and the registry of metrics, and serves them.
+//! manager, the runtime, the registry of metrics and the stats housekeeping's last reading
+//! ([`crate::stats::housekeeping`]; no stats are read for a request), and serves them.
 
 pub mod auth;
 pub mod cadvisor;
@@ -43,6 +44,7 @@ pub mod stats;
 pub mod streaming;
 pub mod syslogs;
 pub mod tls;
+pub mod volume_metrics;
 
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
@@ -60,8 +62,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
 use crate::cri::{Cri, CriClient, api};
-use crate::node::LinuxMachine;
 use crate::pod::store::PodStore;
+use crate::stats::housekeeping::LinuxHousekeeping;
 use crate::status::StatusManager;
 use crate::timeline::Timelines;
 use crate::tls::{TlsError, x509};
@@ -143,8 +145,6 @@ pub struct ServerConfig {
     pub node_ip: IpAddr,
     /// The running configuration, served on `/configz`.
     pub configuration: serde_json::Value,
-    /// Where the stats provider behind `/stats/summary` and `/metrics/cadvisor` reads.
-    pub stats: crate::stats::StatsConfig,
 }
 
 /// Start-up failures of the server.
@@ -321,7 +321,7 @@ struct Server {
     cri: CriClient,
     pods: PodStore,
     auth: Auth<ApiReviews>,
-    stats: stats::StatsProvider,
+    stats: Arc<LinuxHousekeeping>,
     timelines: Arc<Timelines>,
     statuses: StatusManager,
     configz: configz::Configz,
@@ -456,45 +456,51 @@ impl Server {
                 "metrics without running pods and containers: the runtime did not answer"
             );
         }
-        prometheus_text(crate::metrics::global().render(&self.node_name, counts.as_ref()))
+        let mut page = crate::metrics::global().render(&self.node_name, counts.as_ref());
+        // The volume gauges from the housekeeping's last reading (none before the first).
+        let reading = self.stats.current();
+        let figures = reading.as_deref().and_then(|r| r.as_ref().ok());
+        page.push_str(&volume_metrics::render(figures.map(|f| &f.summary)));
+        prometheus_text(page)
+    }
+
+    /// The housekeeping's last reading, or why there is none (the figures are never read
+    /// for a request).
+    async fn figures(&self, what: &str) -> Option<crate::stats::Reading> {
+        let reading = self.stats.latest().await;
+        match reading.as_deref() {
+            None => tracing::warn!(what, "no stats reading yet"),
+            Some(Err(e)) => tracing::warn!(what, error = %e, "the last stats reading failed"),
+            Some(Ok(_)) => {}
+        }
+        reading
     }
 
     async fn resource_metrics(&self) -> Response<Body> {
-        // The kubelet's resource collector asks for CPU and memory only
-        // (`GetCPUAndMemoryStats`): no filesystem, log or volume walk.
-        let summary = self
-            .stats
-            .cpu_and_memory(&self.node_name, &self.cri, &LinuxMachine)
-            .await;
-        if let Err(e) = &summary {
-            tracing::warn!(error = %e, "resource metrics without the runtime's figures");
-        }
-        prometheus_text(resource_metrics::render(summary.as_ref().ok()))
+        let reading = self.figures("resource metrics").await;
+        let figures = reading.as_deref().and_then(|r| r.as_ref().ok());
+        prometheus_text(resource_metrics::render(figures.map(|f| &f.summary)))
     }
 
     async fn cadvisor(&self) -> Response<Body> {
-        let snapshot = self
-            .stats
-            .snapshot(&self.cri, &LinuxMachine)
-            .await
-            .inspect_err(|e| tracing::warn!(error = %e, "container metrics unavailable"))
-            .ok();
+        let reading = self.figures("container metrics").await;
+        let figures = reading.as_deref().and_then(|r| r.as_ref().ok());
         Response::builder()
             .header("content-type", "text/plain; version=0.0.4; charset=utf-8")
-            .body(full(cadvisor::render(snapshot.as_ref())))
+            .body(full(cadvisor::render(figures.map(|f| &f.snapshot))))
             .unwrap_or_else(|_| Response::new(empty()))
     }
 
     async fn summary(&self) -> Response<Body> {
-        match self
-            .stats
-            .summary(&self.node_name, &self.cri, &LinuxMachine)
-            .await
-        {
-            Ok(summary) => json(&summary),
-            Err(e) => text(
+        match self.figures("summary").await.as_deref() {
+            Some(Ok(figures)) => json(&figures.summary),
+            Some(Err(e)) => text(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 format!("Internal Error: {e}"),
+            ),
+            None => text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "Internal Error: no stats reading yet",
             ),
         }
     }
@@ -803,6 +809,7 @@ pub async fn start(
     pods: PodStore,
     timelines: Arc<Timelines>,
     statuses: StatusManager,
+    stats: Arc<LinuxHousekeeping>,
 ) -> Result<Serving, ServerError> {
     let (store, certificates) = serving_certificates(&config, &client).await?;
     let tls = tls::server_config(store, config.client_ca_file.as_deref())?;
@@ -822,7 +829,7 @@ pub async fn start(
         cri,
         pods,
         auth: Auth::new(ApiReviews(client), config.node_name.clone()),
-        stats: stats::StatsProvider::new(config.stats.clone()),
+        stats,
         timelines,
         statuses,
         configz: configz::Configz::new(config.configuration),

@@ -4,6 +4,6 @@
 //! `server::stats`) use.
 
 pub use crate::stats::{
-    ContainerStats, CpuStats, MemoryStats, NodeStats, PodReference, PodStats, StatsProvider,
-    Summary, parse_proc_stat,
+    ContainerStats, CpuStats, MemoryStats, NodeStats, PodReference, PodStats, Summary,
+    parse_proc_stat,
 };

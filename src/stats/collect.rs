@@ -13,8 +13,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use super::StatsError;
 use super::cgroup::{CgroupPaths, CgroupReader, CgroupStats};
-use super::fs::{self, FsInfo};
+use super::fs::{self, DiskUsage, FsInfo};
 use super::network::{self, InterfaceCounters};
+use super::volume::{SpecVolume, VolumeUsage, read_in_tree};
 use crate::cm::{CgroupLayout, LinuxCgroupFs};
 use crate::cri::{Cri, VerboseInfo, api};
 use crate::node::{MachineInfo, Memory, PidUsage};
@@ -100,26 +101,6 @@ pub struct MachineFigures {
     pub boot_id: String,
 }
 
-/// The disk usage of a directory tree.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct DiskUsage {
-    /// Allocated bytes.
-    pub bytes: u64,
-    /// Inodes.
-    pub inodes: u64,
-}
-
-/// An emptyDir volume of a pod.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct VolumeUsage {
-    /// Its name in the pod spec.
-    pub name: String,
-    /// What it holds.
-    pub usage: DiskUsage,
-    /// The filesystem it is on (tmpfs for `medium: Memory`).
-    pub fs: Option<FsInfo>,
-}
-
 /// The storage figures of `/stats/summary` (not read for `/metrics/cadvisor`).
 #[derive(Debug, Clone, Default)]
 pub struct Storage {
@@ -133,7 +114,7 @@ pub struct Storage {
     pub container_logs: HashMap<String, DiskUsage>,
     /// Files directly in each pod's log directory, by pod UID.
     pub pod_logs: HashMap<String, DiskUsage>,
-    /// Each pod's emptyDir volumes, by pod UID.
+    /// Each pod's volumes, by pod UID: the ephemeral ones first, each group by name.
     pub volumes: HashMap<String, Vec<VolumeUsage>>,
 }
 
@@ -225,16 +206,17 @@ impl Collector {
         &self.config
     }
 
-    /// Reads the node now; with `storage`, also the filesystems, logs and volumes.
+    /// Reads the node now: cgroups, network, the filesystems, logs, and the in-tree volumes
+    /// of each pod's spec (`volumes`, by pod UID).
     ///
     /// # Errors
     /// A failed CRI list call, or the blocking reads did not finish.
-    #[tracing::instrument(level = "debug", skip_all, fields(storage))]
+    #[tracing::instrument(level = "debug", skip_all)]
     pub async fn snapshot<C: Cri, M: MachineInfo + Clone + 'static>(
         &self,
         cri: &C,
         machine: &M,
-        storage: bool,
+        volumes: HashMap<String, Vec<SpecVolume>>,
     ) -> Result<Snapshot, StatsError> {
         let sandboxes: Vec<api::PodSandbox> = cri
             .list_pod_sandbox(api::ListPodSandboxRequest {
@@ -258,15 +240,12 @@ impl Collector {
             .into_iter()
             .filter_map(|s| Some((s.attributes.as_ref()?.id.clone(), s)))
             .collect();
-        let image_fs_usage = if storage {
-            cri.image_fs_info(api::ImageFsInfoRequest {})
-                .await
-                .inspect_err(|e| tracing::warn!(error = %e, "ImageFsInfo failed"))
-                .ok()
-                .and_then(|r| r.image_filesystems.into_iter().next())
-        } else {
-            None
-        };
+        let image_fs_usage = cri
+            .image_fs_info(api::ImageFsInfoRequest {})
+            .await
+            .inspect_err(|e| tracing::warn!(error = %e, "ImageFsInfo failed"))
+            .ok()
+            .and_then(|r| r.image_filesystems.into_iter().next());
 
         let located = self.locate(cri, &sandboxes, &containers).await;
         let mut targets = Vec::new();
@@ -316,6 +295,7 @@ impl Collector {
             .as_ref()
             .and_then(|u| u.fs_id.as_ref())
             .map(|id| PathBuf::from(&id.mountpoint));
+        let time_ns = now_ns();
         let read = tokio::task::spawn_blocking(move || {
             let layout = layout.get_or_init(|| {
                 std::fs::read_to_string(config.proc.join("self/mountinfo"))
@@ -327,7 +307,7 @@ impl Collector {
                 layout.as_ref(),
                 &machine,
                 targets,
-                storage,
+                &volumes,
                 image_mount,
             )
         })
@@ -344,7 +324,7 @@ impl Collector {
         }
         storage_figures.image_fs_usage = image_fs_usage;
         Ok(Snapshot {
-            time_ns: now_ns(),
+            time_ns,
             sandboxes,
             containers,
             container_stats,
@@ -472,7 +452,7 @@ fn read_files<M: MachineInfo>(
     layout: Option<&CgroupLayout>,
     machine: &M,
     targets: Vec<Target>,
-    storage: bool,
+    volumes: &HashMap<String, Vec<SpecVolume>>,
     image_mount: Option<PathBuf>,
 ) -> Read {
     let reader = layout.map(|l| CgroupReader::new(LinuxCgroupFs, l.clone()));
@@ -513,16 +493,14 @@ fn read_files<M: MachineInfo>(
             found.push((target.runtime_id.clone(), paths.clone()));
             Some(paths)
         });
-        if storage && let Some(dir) = &target.located.log_dir {
+        if let Some(dir) = &target.located.log_dir {
             let (bytes, inodes) = fs::disk_usage(dir);
             container_logs.insert(target.runtime_id.clone(), DiskUsage { bytes, inodes });
             if let Some(pod_dir) = dir.parent() {
                 pod_log_dirs.insert(target.pod.uid.clone(), pod_dir.to_owned());
             }
         }
-        if storage {
-            storage_pods.insert(target.pod.uid.clone());
-        }
+        storage_pods.insert(target.pod.uid.clone());
         let Some(paths) = paths else {
             continue;
         };
@@ -591,19 +569,16 @@ fn read_files<M: MachineInfo>(
         system_uuid: machine.system_uuid().unwrap_or_default(),
         boot_id: machine.boot_id().unwrap_or_default(),
     };
-    let storage_figures = if storage {
-        let uids: Vec<String> = storage_pods.into_iter().collect();
-        read_storage(
-            config,
-            &uids,
-            &pod_log_dirs,
-            root_fs,
-            image_mount.as_deref(),
-            container_logs,
-        )
-    } else {
-        Storage::default()
-    };
+    let uids: Vec<String> = storage_pods.into_iter().collect();
+    let storage_figures = read_storage(
+        config,
+        &uids,
+        volumes,
+        &pod_log_dirs,
+        root_fs,
+        image_mount.as_deref(),
+        container_logs,
+    );
     (
         cgroups,
         pods_cgroup,
@@ -613,12 +588,10 @@ fn read_files<M: MachineInfo>(
     )
 }
 
-/// The kubelet's emptyDir plugin directory of a pod's volumes.
-const EMPTY_DIR: &str = "volumes/kubernetes.io~empty-dir";
-
 fn read_storage(
     config: &StatsConfig,
     uids: &[String],
+    specs: &HashMap<String, Vec<SpecVolume>>,
     pod_log_dirs: &HashMap<String, PathBuf>,
     root_fs: Option<FsInfo>,
     image_mount: Option<&Path>,
@@ -638,22 +611,8 @@ fn read_storage(
             }
             pod_logs.insert(uid.clone(), usage);
         }
-        let volume_dir = config.root_dir.join("pods").join(uid).join(EMPTY_DIR);
-        let mut found: Vec<VolumeUsage> = std::fs::read_dir(&volume_dir)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .map(|e| {
-                let (bytes, inodes) = fs::disk_usage(&e.path());
-                VolumeUsage {
-                    name: e.file_name().to_string_lossy().into_owned(),
-                    usage: DiskUsage { bytes, inodes },
-                    fs: fs::fs_info(&e.path()),
-                }
-            })
-            .collect();
-        found.sort_by(|a, b| a.name.cmp(&b.name));
-        volumes.insert(uid.clone(), found);
+        let spec = specs.get(uid).map_or(&[][..], Vec::as_slice);
+        volumes.insert(uid.clone(), read_in_tree(&config.root_dir, uid, spec));
     }
     Storage {
         root_fs,
@@ -815,7 +774,12 @@ mod tests {
             logs,
             status_calls: 0.into(),
         };
-        let snapshot = collector.snapshot(&runtime, &Machine, true).await.unwrap();
+        let cache = SpecVolume::InTree {
+            name: "cache".into(),
+            plugin: crate::stats::volume::InTree::EmptyDir { memory: false },
+        };
+        let specs = HashMap::from([("u-1".to_owned(), vec![cache])]);
+        let snapshot = collector.snapshot(&runtime, &Machine, specs).await.unwrap();
 
         let ids: Vec<(&str, CgroupKind)> = snapshot
             .cgroups
@@ -863,7 +827,10 @@ mod tests {
         assert_eq!(volumes[0].name, "cache");
         assert_eq!(volumes[0].usage.inodes, 2);
         // The PIDs are asked once: a second reading uses what the first found.
-        let again = collector.snapshot(&runtime, &Machine, false).await.unwrap();
+        let again = collector
+            .snapshot(&runtime, &Machine, HashMap::new())
+            .await
+            .unwrap();
         assert_eq!(again.cgroups.len(), 4);
         assert_eq!(
             runtime
@@ -871,7 +838,10 @@ mod tests {
                 .load(std::sync::atomic::Ordering::SeqCst),
             1
         );
-        assert!(again.storage.container_logs.is_empty());
+        assert!(
+            again.storage.volumes["u-1"].is_empty(),
+            "a volume is read only when the pod's spec has it"
+        );
         std::fs::remove_dir_all(dir).unwrap();
     }
 

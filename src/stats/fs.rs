@@ -29,6 +29,15 @@ impl FsInfo {
     }
 }
 
+/// The disk usage of a directory tree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DiskUsage {
+    /// Allocated bytes.
+    pub bytes: u64,
+    /// Inodes.
+    pub inodes: u64,
+}
+
 /// The filesystem holding `path` (or its nearest existing ancestor).
 #[must_use]
 pub fn fs_info(path: &Path) -> Option<FsInfo> {

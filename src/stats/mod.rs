@@ -2,7 +2,9 @@
 //! cAdvisor it uses): what the node, its pods and their containers use of CPU, memory,
 //! network and storage, read from the cgroups, the pods' network namespaces, the file
 //! systems and the runtime (CRI), with no second agent. It builds the `stats/v1alpha1`
-//! summary ([`summary`]) and the readings `/metrics/cadvisor` renders ([`Snapshot`]).
+//! summary ([`summary`]) with the pods' volumes ([`volume`]) and the readings
+//! `/metrics/cadvisor` renders ([`Snapshot`]), read in the background by the
+//! [`housekeeping`] task, whose last reading every reader shares.
 //!
 //! It knows nothing of HTTP or of the Prometheus text format: the server serves what it
 //! gives.
@@ -10,21 +12,25 @@
 pub mod cgroup;
 mod collect;
 pub mod fs;
+pub mod housekeeping;
 pub mod network;
 mod provider;
 pub mod summary;
 #[cfg(test)]
 mod testing;
+pub mod volume;
 
 pub use collect::{
-    CgroupInfo, CgroupKind, Collector, DiskUsage, MachineFigures, Snapshot, StatsConfig, Storage,
-    VolumeUsage,
+    CgroupInfo, CgroupKind, Collector, MachineFigures, Snapshot, StatsConfig, Storage,
 };
-pub use provider::{StatsProvider, parse_proc_stat, rfc3339};
+pub use fs::DiskUsage;
+pub use housekeeping::{Housekeeping, PodSpecs, Reading};
+pub use provider::{Figures, StatsProvider, parse_proc_stat, rfc3339};
 pub use summary::{
     ContainerStats, CpuStats, FsStats, InterfaceStats, MemoryStats, NetworkStats, NodeStats,
-    PodReference, PodStats, RlimitStats, RuntimeStats, Summary, VolumeStats,
+    PodReference, PodStats, PvcReference, RlimitStats, RuntimeStats, Summary, VolumeStats,
 };
+pub use volume::{NoPersistentVolumes, PersistentVolumeMetrics, SpecVolume, VolumeUsage};
 
 /// Why the stats could not be read.
 #[derive(Debug, thiserror::Error)]

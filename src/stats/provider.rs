@@ -3,11 +3,12 @@
 //! (the runtime's `ListContainerStats` when a cgroup cannot be found), their writable
 //! layer (`rootfs`) from the runtime and their `logs` from their log directory; a pod's
 //! CPU and memory from its pod cgroup (else summed over its containers), its network
-//! from its sandbox's namespace, its emptyDir volumes and its ephemeral storage (writable
-//! layers + logs + emptyDir volumes); the node's from the root cgroup, the host's
-//! interfaces, the root directory's and the image filesystem, and the PID counters; and
-//! the `pods` system container. CPU rates (`usageNanoCores`) are computed between two
-//! summaries, so the first has none.
+//! from its sandbox's namespace, its volumes ([`super::volume`], with `pvcRef` for claims)
+//! and its ephemeral storage (writable layers + logs + ephemeral volumes); the node's from
+//! the root cgroup, the host's interfaces, the root directory's and the image filesystem,
+//! and the PID counters; and the `pods` system container. CPU rates (`usageNanoCores`)
+//! are computed between two consecutive readings (cAdvisor's two samples), so the first
+//! has none. Readings are taken by the housekeeping ([`super::housekeeping`]) only.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
@@ -16,14 +17,16 @@ use k8s_openapi::jiff::Timestamp;
 
 use super::StatsError;
 use super::cgroup::CgroupStats;
-use super::collect::{CgroupInfo, Collector, DiskUsage, Snapshot, StatsConfig};
+use super::collect::{CgroupInfo, Collector, Snapshot, StatsConfig};
+use super::fs::DiskUsage;
 use super::fs::FsInfo;
 use super::network::InterfaceCounters;
 use super::summary::SYSTEM_CONTAINER_PODS;
 use super::summary::{
     ContainerStats, CpuStats, FsStats, InterfaceStats, MemoryStats, NetworkStats, NodeStats,
-    PodReference, PodStats, RlimitStats, RuntimeStats, Summary, VolumeStats,
+    PodReference, PodStats, PvcReference, RlimitStats, RuntimeStats, Summary, VolumeStats,
 };
+use super::volume::{PersistentVolumeMetrics, SpecVolume, persistent_usage, sort_volumes};
 use crate::cri::{Cri, api};
 use crate::node::MachineInfo;
 
@@ -63,6 +66,16 @@ pub fn parse_proc_stat(text: &str, ticks_per_second: u64) -> (Option<u64>, Optio
         }
     }
     (usage, boot)
+}
+
+/// One reading of the node: what `/metrics/cadvisor` renders, and the summary
+/// (`/stats/summary`, `/metrics/resource`, the volume gauges, the eviction manager).
+#[derive(Debug, Clone)]
+pub struct Figures {
+    /// The reading.
+    pub snapshot: Snapshot,
+    /// The summary built from it.
+    pub summary: Summary,
 }
 
 /// The stats provider: reads snapshots and keeps the previous CPU sample of each
@@ -105,54 +118,38 @@ impl StatsProvider {
         }
     }
 
-    /// A reading for `/metrics/cadvisor` (no storage walk).
-    ///
-    /// # Errors
-    /// A failed CRI call, or the file reads did not finish.
-    pub async fn snapshot<C: Cri, M: MachineInfo + Clone + 'static>(
-        &self,
-        cri: &C,
-        machine: &M,
-    ) -> Result<Snapshot, StatsError> {
-        self.collector.snapshot(cri, machine, false).await
-    }
-
-    /// The summary now.
+    /// One reading of the node and the summary built from it, with CPU rates against the
+    /// previous reading (the first has none); `volumes` are the volumes of each pod's spec,
+    /// by pod UID, and `persistent` gives the figures of its claims and CSI volumes.
     ///
     /// # Errors
     /// A failed CRI call, or the file reads did not finish.
     #[tracing::instrument(level = "debug", skip_all, fields(node = node_name))]
-    pub async fn summary<C: Cri, M: MachineInfo + Clone + 'static>(
+    pub async fn read<C: Cri, M: MachineInfo + Clone + 'static>(
         &self,
         node_name: &str,
         cri: &C,
         machine: &M,
-    ) -> Result<Summary, StatsError> {
-        self.build(node_name, cri, machine, true).await
-    }
-
-    /// The summary without the storage figures (the kubelet's `GetCPUAndMemoryStats`, what
-    /// `/metrics/resource` needs): no filesystem, log or volume walk.
-    ///
-    /// # Errors
-    /// A failed CRI call, or the file reads did not finish.
-    pub async fn cpu_and_memory<C: Cri, M: MachineInfo + Clone + 'static>(
-        &self,
-        node_name: &str,
-        cri: &C,
-        machine: &M,
-    ) -> Result<Summary, StatsError> {
-        self.build(node_name, cri, machine, false).await
-    }
-
-    async fn build<C: Cri, M: MachineInfo + Clone + 'static>(
-        &self,
-        node_name: &str,
-        cri: &C,
-        machine: &M,
-        storage: bool,
-    ) -> Result<Summary, StatsError> {
-        let snapshot = self.collector.snapshot(cri, machine, storage).await?;
+        volumes: HashMap<String, Vec<SpecVolume>>,
+        persistent: &dyn PersistentVolumeMetrics,
+    ) -> Result<Figures, StatsError> {
+        let mut others = Vec::new();
+        for (uid, spec) in &volumes {
+            for v in spec
+                .iter()
+                .filter(|v| !matches!(v, SpecVolume::InTree { .. }))
+            {
+                if let Some(figures) = persistent.metrics(uid, v).await {
+                    others.push((uid.clone(), persistent_usage(v, figures)));
+                }
+            }
+        }
+        let mut snapshot = self.collector.snapshot(cri, machine, volumes).await?;
+        for (uid, usage) in others {
+            let list = snapshot.storage.volumes.entry(uid).or_default();
+            list.push(usage);
+            sort_volumes(list);
+        }
         let proc_stat = tokio::fs::read_to_string(self.collector.config().proc.join("stat"))
             .await
             .unwrap_or_default();
@@ -161,7 +158,10 @@ impl StatsProvider {
         let pods = self.pods(&snapshot, &mut seen);
         let node = self.node(node_name, &snapshot, &proc_stat, boot, &mut seen);
         *crate::lock::lock(&self.previous) = seen;
-        Ok(Summary { node, pods })
+        Ok(Figures {
+            summary: Summary { node, pods },
+            snapshot,
+        })
     }
 
     fn container(
@@ -263,25 +263,36 @@ impl StatsProvider {
                 .cgroup_of(&s.id)
                 .and_then(|cg| network_stats(&cg.network, now));
             let storage = &snapshot.storage;
-            let volume_stats: Vec<VolumeStats> = storage
+            let volumes: Vec<(bool, VolumeStats)> = storage
                 .volumes
                 .get(&id.uid)
                 .map(|volumes| {
                     volumes
                         .iter()
-                        .map(|v| VolumeStats {
-                            fs: used_on(rfc3339(now), v.fs.as_ref(), v.usage),
-                            name: v.name.clone(),
+                        .map(|v| {
+                            let stats = VolumeStats {
+                                fs: used_on(rfc3339(now), v.fs.as_ref(), v.usage),
+                                name: v.name.clone(),
+                                pvc_ref: v.claim.as_ref().map(|claim| PvcReference {
+                                    name: claim.clone(),
+                                    namespace: id.namespace.clone(),
+                                }),
+                            };
+                            (v.ephemeral, stats)
                         })
                         .collect()
                 })
                 .unwrap_or_default();
+            let ephemeral_volumes: Vec<&VolumeStats> = volumes
+                .iter()
+                .filter_map(|(ephemeral, v)| ephemeral.then_some(v))
+                .collect();
             let ephemeral_storage = storage.root_fs.as_ref().map(|root| {
                 ephemeral(
                     rfc3339(now),
                     root,
                     &containers,
-                    &volume_stats,
+                    &ephemeral_volumes,
                     storage.pod_logs.get(&id.uid).copied(),
                 )
             });
@@ -296,7 +307,7 @@ impl StatsProvider {
                 cpu,
                 memory,
                 network,
-                volume_stats,
+                volume_stats: volumes.into_iter().map(|(_, v)| v).collect(),
                 ephemeral_storage,
             });
         }
@@ -431,12 +442,13 @@ fn add(a: Option<u64>, b: Option<u64>) -> Option<u64> {
 }
 
 /// The kubelet's pod ephemeral storage: each container's writable layer and logs, the
-/// emptyDir volumes and the files in the pod's log directory, on the root filesystem.
+/// ephemeral volumes (emptyDir on disk, configMap) and the files in the pod's log
+/// directory, on the root filesystem.
 fn ephemeral(
     time: String,
     root: &FsInfo,
     containers: &[ContainerStats],
-    volumes: &[VolumeStats],
+    volumes: &[&VolumeStats],
     pod_logs: Option<DiskUsage>,
 ) -> FsStats {
     let mut total = fs_stats(time, Some(root));
@@ -519,6 +531,7 @@ mod tests {
     use super::*;
     use crate::pod::PodId;
     use crate::stats::testing::Machine;
+    use crate::stats::volume::NoPersistentVolumes;
 
     #[test]
     fn node_cpu_time_and_boot_from_proc_stat() {
@@ -635,17 +648,17 @@ mod tests {
             root_dir: "/nonexistent-root".into(),
             pods_cgroup: None,
         });
-        let first = provider
-            .summary(
-                "n1",
-                &Runtime {
-                    cpu: 1_000_000_000,
-                    at: 1_000_000_000,
-                },
-                &Machine,
-            )
-            .await
-            .unwrap();
+        let read = |cpu: u64, at: i64| {
+            let provider = &provider;
+            async move {
+                let runtime = Runtime { cpu, at };
+                let no_volumes = HashMap::new();
+                let read =
+                    provider.read("n1", &runtime, &Machine, no_volumes, &NoPersistentVolumes);
+                read.await.unwrap().summary
+            }
+        };
+        let first = read(1_000_000_000, 1_000_000_000).await;
         assert_eq!(first.pods.len(), 2);
         let p1 = &first.pods[0];
         assert_eq!(p1.pod_ref.uid, "u1");
@@ -674,17 +687,7 @@ mod tests {
         );
 
         // Half a core each over the next two seconds.
-        let second = provider
-            .summary(
-                "n1",
-                &Runtime {
-                    cpu: 2_000_000_000,
-                    at: 3_000_000_000,
-                },
-                &Machine,
-            )
-            .await
-            .unwrap();
+        let second = read(2_000_000_000, 3_000_000_000).await;
         let cpu = second.pods[0].cpu.as_ref().unwrap();
         assert_eq!(cpu.usage_nano_cores, Some(1_000_000_000));
         let json = serde_json::to_value(&second).unwrap();
@@ -701,26 +704,93 @@ mod tests {
         assert_eq!(json["node"]["runtime"]["imageFs"]["inodesUsed"], 500);
         assert_eq!(json["node"]["rlimit"]["maxpid"], 4_194_304);
         assert_eq!(json["node"]["rlimit"]["curproc"], 120);
-        // Without storage (what /metrics/resource reads): no image filesystem asked.
-        let light = provider
-            .cpu_and_memory(
-                "n1",
-                &Runtime {
-                    cpu: 3_000_000_000,
-                    at: 4_000_000_000,
-                },
-                &Machine,
-            )
-            .await
-            .unwrap();
-        assert!(light.node.runtime.is_none() && light.node.fs.is_none());
+        // The rate is against the reading before, not the first.
+        let third = read(3_000_000_000, 4_000_000_000).await;
         assert_eq!(
-            light.pods[0].cpu.as_ref().unwrap().usage_nano_cores,
+            third.pods[0].cpu.as_ref().unwrap().usage_nano_cores,
             Some(2_000_000_000)
         );
         // A root directory not made yet is on its nearest ancestor's filesystem; no
         // namespace to read: no network.
         assert!(json["node"]["fs"]["capacityBytes"].as_u64() > Some(0));
         assert!(json["node"].get("network").is_none());
+    }
+
+    /// A claim `data-0` mounted for pod `u1` as volume `data`, 4 KiB used on a filesystem
+    /// of 1 MiB.
+    struct OneClaim;
+    impl PersistentVolumeMetrics for OneClaim {
+        fn metrics<'a>(
+            &'a self,
+            uid: &'a str,
+            volume: &'a SpecVolume,
+        ) -> futures::future::BoxFuture<'a, Option<(DiskUsage, Option<FsInfo>)>> {
+            let found = (uid == "u1" && volume.claim() == Some("data-0")).then(|| {
+                let fs = FsInfo {
+                    capacity_bytes: 1 << 20,
+                    available_bytes: (1 << 20) - 4096,
+                    used_bytes: 4096,
+                    inodes: 100,
+                    inodes_free: 90,
+                };
+                (
+                    DiskUsage {
+                        bytes: 4096,
+                        inodes: 10,
+                    },
+                    Some(fs),
+                )
+            });
+            Box::pin(async move { found })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_claims_volume_has_its_pvc_ref_and_is_not_ephemeral() {
+        let provider = StatsProvider::new(StatsConfig {
+            proc: "/nonexistent-proc".into(),
+            root_dir: "/nonexistent-root".into(),
+            pods_cgroup: None,
+        });
+        let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p-u1", "namespace": "default", "uid": "u1"},
+            "spec": {"containers": [], "volumes": [
+                {"name": "data", "persistentVolumeClaim": {"claimName": "data-0"}},
+                {"name": "other", "persistentVolumeClaim": {"claimName": "not-mounted"}},
+                {"name": "scratch", "emptyDir": {}},
+            ]},
+        }))
+        .unwrap();
+        let volumes = HashMap::from([("u1".to_owned(), SpecVolume::all_of(&pod))]);
+        let runtime = Runtime { cpu: 1, at: 1 };
+        let figures = provider
+            .read("n1", &runtime, &Machine, volumes, &OneClaim)
+            .await
+            .unwrap();
+        let json = serde_json::to_value(&figures.summary).unwrap();
+        let pod = &json["pods"][0];
+        // The emptyDir is not set up under this root: no entry; the unmounted claim none.
+        assert_eq!(
+            pod["volume"],
+            serde_json::json!([{
+                "time": pod["volume"][0]["time"],
+                "availableBytes": 1_044_480,
+                "capacityBytes": 1_048_576,
+                "usedBytes": 4096,
+                "inodesFree": 90,
+                "inodes": 100,
+                "inodesUsed": 10,
+                "name": "data",
+                "pvcRef": {"name": "data-0", "namespace": "default"},
+            }])
+        );
+        // Not ephemeral: the pod's ephemeral storage is its containers' alone.
+        let containers_used: u64 = pod["containers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["rootfs"]["usedBytes"].as_u64().unwrap())
+            .sum();
+        assert_eq!(pod["ephemeral-storage"]["usedBytes"], containers_used);
     }
 }

@@ -100,7 +100,7 @@ pub struct PodStats {
     /// The interfaces of its network namespace.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub network: Option<NetworkStats>,
-    /// Its emptyDir volumes.
+    /// Its volumes (ephemeral first, then persistent).
     #[serde(rename = "volume", skip_serializing_if = "Vec::is_empty")]
     pub volume_stats: Vec<VolumeStats>,
     /// Writable layers, logs and emptyDir volumes together.
@@ -237,4 +237,16 @@ pub struct VolumeStats {
     pub fs: FsStats,
     /// The volume's name in the pod spec.
     pub name: String,
+    /// The PersistentVolumeClaim it comes from.
+    #[serde(rename = "pvcRef", skip_serializing_if = "Option::is_none")]
+    pub pvc_ref: Option<PvcReference>,
+}
+
+/// A PersistentVolumeClaim: its name and namespace (the pod's).
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct PvcReference {
+    /// The claim's name.
+    pub name: String,
+    /// The claim's namespace.
+    pub namespace: String,
 }
