@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use chrono::{DateTime, Utc};
 use common::case::{Case, root_dir};
 use common::pods::{TestPods, exec_in, running_containers_of};
 use common::{cri, eventually, node_name, state_dir, unique};
@@ -141,6 +142,23 @@ async fn scrape() -> Scrape {
     Scrape::parse(text.lines().map(|l| Ok(l.to_owned()))).expect("the page parses")
 }
 
+/// The first page whose `metric` sample of container `id` was read after `since`: the
+/// agent serves what its housekeeping read last (every 10 s), as the kubelet's cAdvisor.
+async fn scrape_read_after(metric: &str, id: &str, since: DateTime<Utc>) -> Scrape {
+    eventually(
+        "a reading taken after the kernel's counters were read",
+        Duration::from_secs(30),
+        || async {
+            let page = scrape().await;
+            let fresh = find(&page, metric, &[("name", id)])
+                .first()
+                .is_some_and(|s| s.timestamp > since);
+            fresh.then_some(page)
+        },
+    )
+    .await
+}
+
 /// The pod's sandbox pause PID, from the runtime's verbose status.
 async fn sandbox_pid(uid: &str) -> u32 {
     let sandbox = common::pods::sandboxes_of(uid)
@@ -206,7 +224,22 @@ async fn cadvisor_metrics_and_summary_agree_with_the_kernel() {
 
     // The burner holds its 64 MiB.
     let burn_id = running_containers_of(&uid(&burn)).await[0].id.clone();
-    let first = scrape().await;
+    // The container is on the page from the first housekeeping after it started.
+    let first = eventually(
+        "the burner on the page",
+        Duration::from_secs(30),
+        || async {
+            let page = scrape().await;
+            let found = !find(
+                &page,
+                "container_memory_working_set_bytes",
+                &[("name", &burn_id)],
+            )
+            .is_empty();
+            found.then_some(page)
+        },
+    )
+    .await;
     let burn_cgroup = one(
         &first,
         "container_memory_working_set_bytes",
@@ -251,11 +284,13 @@ async fn cadvisor_metrics_and_summary_agree_with_the_kernel() {
     );
     let client_pid = sandbox_pid(&uid(&client)).await;
 
-    // One scrape, with the kernel's counters read around it.
+    // A reading taken after the kernel's counters were read, and them read again.
     let cpu_before = cgroup_number("cpuacct", &cgroup, "cpuacct.usage", None) as f64 / 1e9;
     let rx_before = rx_bytes_in_netns(client_pid).await;
+    let since = Utc::now();
+    let page = scrape_read_after("container_cpu_usage_seconds_total", &burn_id, since).await;
     let started = Instant::now();
-    let page = scrape().await;
+    scrape().await;
     let scrape_time = started.elapsed();
     let cpu_after = cgroup_number("cpuacct", &cgroup, "cpuacct.usage", None) as f64 / 1e9;
     let rx_after = rx_bytes_in_netns(client_pid).await;
@@ -494,6 +529,13 @@ async fn check_summary(summary: &serde_json::Value, burn: &str, client: &str, cl
         u(&container["memory"]["rssBytes"]) as f64 >= 60.0 * MIB,
         "{container}"
     );
+    // A busy loop: its rate from two consecutive readings, as cAdvisor's two samples.
+    let nano_cores = u(&container["cpu"]["usageNanoCores"]) as f64;
+    let cores = std::thread::available_parallelism().map_or(1, usize::from) as f64;
+    assert!(
+        nano_cores > 0.2e9 && nano_cores <= cores * 1.05e9,
+        "{container}"
+    );
     assert!(container["rootfs"]["usedBytes"].is_u64(), "{container}");
     let logs = u(&container["logs"]["usedBytes"]);
     assert!(logs > 0, "the log holds a line: {container}");
@@ -525,6 +567,16 @@ async fn scrape_cost_with_30_pods() {
         running(name).await;
     }
     let node = node_name();
+    // Every pod is on the pages from the first housekeeping after it started.
+    let cadvisor = format!("/api/v1/nodes/{node}/proxy/metrics/cadvisor");
+    eventually("every pod read", Duration::from_secs(30), || async {
+        let page = raw(&cadvisor).await;
+        names
+            .iter()
+            .all(|name| page.contains(name.as_str()))
+            .then_some(())
+    })
+    .await;
     // `/healthz` through the same proxy: what kubectl and the proxy cost by themselves.
     for (path, what) in [
         (

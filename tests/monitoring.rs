@@ -238,18 +238,30 @@ async fn resource_metrics_of_a_pod_holding_64_mib_and_burning_cpu_match_its_cgro
 
     let (ws_before, cpu_before) = (cgroup.working_set(), cgroup.cpu_seconds());
     let started = Utc::now();
-    let scrape = scrape("/metrics/resource").await;
+    let container = [
+        ("container", "burn"),
+        ("namespace", "default"),
+        ("pod", name.as_str()),
+    ];
+    // The agent serves its housekeeping's last reading (every 10 s, as the kubelet's
+    // cAdvisor): the first one taken after the cgroup was read.
+    let scrape = eventually(
+        "a reading taken after the cgroup's",
+        Duration::from_secs(30),
+        || async {
+            let scrape = scrape("/metrics/resource").await;
+            let fresh = sample(&scrape, "container_cpu_usage_seconds_total", &container)
+                .is_some_and(|s| s.timestamp > started);
+            fresh.then_some(scrape)
+        },
+    )
+    .await;
     let (ws_after, cpu_after) = (cgroup.working_set(), cgroup.cpu_seconds());
     assert!(
         ws_before > 64.0 * 1024.0 * 1024.0,
         "the container holds 64 MiB: {ws_before}"
     );
 
-    let container = [
-        ("container", "burn"),
-        ("namespace", "default"),
-        ("pod", name.as_str()),
-    ];
     let memory = sample(&scrape, "container_memory_working_set_bytes", &container)
         .expect("the container's working set");
     let cpu = sample(&scrape, "container_cpu_usage_seconds_total", &container)

@@ -619,12 +619,9 @@ async fn metrics_and_stats_summary_through_the_apiserver() {
         s.starts_with("kubelet_pod_worker_duration_seconds_bucket{operation_type=\"create\"")
     }));
 
-    // One entry per running pod; CPU rates from the second summary on.
+    // One entry per running pod, from the housekeeping's first reading after it started
+    // (every 10 s); CPU rates from its second reading on.
     let summary_path = format!("/api/v1/nodes/{node}/proxy/stats/summary");
-    let _ = kubectl_ok(&["get", "--raw", &summary_path]).await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let summary: serde_json::Value =
-        serde_json::from_str(&kubectl_ok(&["get", "--raw", &summary_path]).await).expect("JSON");
     let running_on_node: BTreeSet<String> = pods_api()
         .await
         .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
@@ -635,6 +632,26 @@ async fn metrics_and_stats_summary_through_the_apiserver() {
         .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
         .filter_map(|p| p.metadata.uid)
         .collect();
+    let summary: serde_json::Value = eventually(
+        "every running pod in the summary, with CPU rates",
+        Duration::from_secs(30),
+        || async {
+            let summary: serde_json::Value =
+                serde_json::from_str(&kubectl_ok(&["get", "--raw", &summary_path]).await)
+                    .expect("JSON");
+            let entries = summary["pods"].as_array()?;
+            let uids: BTreeSet<&str> = entries
+                .iter()
+                .filter(|p| p["cpu"]["usageNanoCores"].is_u64())
+                .filter_map(|p| p["podRef"]["uid"].as_str())
+                .collect();
+            running_on_node
+                .iter()
+                .all(|uid| uids.contains(uid.as_str()))
+                .then_some(summary)
+        },
+    )
+    .await;
     let entries = summary["pods"].as_array().expect("pods");
     let uids: BTreeSet<String> = entries
         .iter()
