@@ -547,6 +547,39 @@ async fn check_summary(summary: &serde_json::Value, burn: &str, client: &str, cl
     assert_eq!(ephemeral["capacityBytes"], node["fs"]["capacityBytes"]);
 }
 
+/// The wall times (busy and idle) of the spans whose close lines in an agent's log (run
+/// with `--log-span-timings`) contain `marker`.
+fn span_times(log: &str, marker: &str) -> Vec<Duration> {
+    let duration = |text: &str| -> Option<Duration> {
+        let split = text.find(|c: char| c.is_ascii_alphabetic() || c == 'µ')?;
+        let (number, unit) = text.split_at(split);
+        let n: f64 = number.parse().ok()?;
+        let scale = match unit {
+            "s" => 1.0,
+            "ms" => 1e-3,
+            "µs" | "us" => 1e-6,
+            "ns" => 1e-9,
+            _ => return None,
+        };
+        Some(Duration::from_secs_f64(n * scale))
+    };
+    log.lines()
+        .filter(|l| l.contains(marker) && l.contains("close"))
+        .filter_map(|l| {
+            let field = |name: &str| {
+                let rest = l.split(&format!("{name}=")).nth(1)?;
+                duration(rest.split_whitespace().next()?)
+            };
+            Some(field("time.busy")? + field("time.idle")?)
+        })
+        .collect()
+}
+
+fn median(mut times: Vec<Duration>) -> Duration {
+    times.sort();
+    times[times.len() / 2]
+}
+
 /// Scrape time (through the apiserver's node proxy) and the agent's CPU per scrape of
 /// `/metrics/cadvisor`, `/metrics/resource` and `/stats/summary` with 30 pods; every pod
 /// is on each. The pages are the housekeeping's last reading: a scrape reads nothing, so
@@ -557,7 +590,8 @@ async fn check_summary(summary: &serde_json::Value, burn: &str, client: &str, cl
 async fn scrape_cost_with_30_pods() {
     const PODS: usize = 30;
     const SCRAPES: u32 = 10;
-    let case = Case::with_agent("scrape", &[]).await;
+    // Every span's time in the agent's log: the housekeeping's passes and each request.
+    let case = Case::with_agent("scrape", &["--log-span-timings"]).await;
     let (agent, pods) = (case.agent(), &case.pods);
     let label = unique("scrape");
     let names: Vec<String> = (0..PODS).map(|i| format!("{label}-{i}")).collect();
@@ -590,6 +624,7 @@ async fn scrape_cost_with_30_pods() {
         idle_per_period * 1000.0
     );
     // `/healthz` through the same proxy: what kubectl and the proxy cost by themselves.
+    let mut handler_p50 = Vec::new();
     for (path, what) in [
         (
             format!("/api/v1/nodes/{node}/proxy/healthz"),
@@ -631,9 +666,34 @@ async fn scrape_cost_with_30_pods() {
             first.len()
         );
         assert!(times[times.len() / 2] < Duration::from_secs(2), "{times:?}");
+        let endpoint = path.split("/proxy").nth(1).expect("the endpoint");
+        let log = std::fs::read_to_string(&agent.log).expect("the agent's log");
+        let handled = span_times(
+            &log,
+            &format!("route{{path={endpoint}}}: rkubelet::server:"),
+        );
+        assert!(handled.len() > SCRAPES as usize, "{what}: {handled:?}");
+        handler_p50.push((what, median(handled)));
         assert!(
             cpu < idle_per_period.max(0.01),
             "{what}: a scrape ({cpu} s of CPU) costs more than a housekeeping period ({idle_per_period} s)"
+        );
+    }
+    // A request is served from the last reading: it takes less than one housekeeping
+    // pass, which is what every scrape cost when each read the node.
+    let log = std::fs::read_to_string(&agent.log).expect("the agent's log");
+    let passes = span_times(&log, "read: rkubelet::stats::housekeeping:");
+    assert!(
+        passes.len() >= 3,
+        "housekeeping passes in the log: {passes:?}"
+    );
+    let pass = median(passes);
+    eprintln!("housekeeping pass with {PODS} pods (one reading of the node): p50 {pass:?}");
+    for (what, handled) in handler_p50 {
+        eprintln!("{what}: handler p50 {handled:?}");
+        assert!(
+            what.starts_with("healthz") || handled < pass,
+            "{what}: {handled:?} per request, a pass {pass:?}"
         );
     }
 }

@@ -372,6 +372,7 @@ impl Server {
         self.route(req).await
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(path = %req.uri().path()))]
     async fn route(&self, req: Request<Incoming>) -> Response<Body> {
         let path = req.uri().path().to_owned();
         let query = Query::parse(req.uri().query());
