@@ -23,7 +23,7 @@ use crate::kuberuntime::names::etc_hosts_path;
 use crate::node::{FsStats, MachineInfo};
 use crate::stats::fs::FsInfo;
 use crate::stats::housekeeping::HOUSEKEEPING_INTERVAL;
-use crate::stats::{Figures, Housekeeping, Reading, Summary};
+use crate::stats::{ContainerStats, Figures, Housekeeping, Reading, Summary};
 
 /// The eviction manager's view of the stats housekeeping.
 pub struct NodeStats<C, M> {
@@ -79,6 +79,16 @@ fn observations(figures: &Figures) -> Observations {
     }
 }
 
+/// A container's working set, writable layer and logs in the summary.
+fn container_usage(c: &ContainerStats) -> ContainerUsage {
+    ContainerUsage {
+        name: c.name.clone(),
+        working_set_bytes: c.memory.as_ref().and_then(|m| m.working_set_bytes),
+        rootfs_bytes: c.rootfs.as_ref().and_then(|f| f.used_bytes),
+        logs_bytes: c.logs.as_ref().and_then(|f| f.used_bytes),
+    }
+}
+
 /// Each pod's usage in a reading, by UID.
 fn pod_usage(figures: &Figures) -> HashMap<String, PodUsage> {
     figures
@@ -86,16 +96,8 @@ fn pod_usage(figures: &Figures) -> HashMap<String, PodUsage> {
         .pods
         .iter()
         .map(|p| {
-            let mut containers: Vec<ContainerUsage> = p
-                .containers
-                .iter()
-                .map(|c| ContainerUsage {
-                    name: c.name.clone(),
-                    working_set_bytes: c.memory.as_ref().and_then(|m| m.working_set_bytes),
-                    rootfs_bytes: c.rootfs.as_ref().and_then(|f| f.used_bytes),
-                    logs_bytes: c.logs.as_ref().and_then(|f| f.used_bytes),
-                })
-                .collect();
+            let mut containers: Vec<ContainerUsage> =
+                p.containers.iter().map(container_usage).collect();
             containers.sort_by(|a, b| a.name.cmp(&b.name));
             (p.pod_ref.uid.clone(), PodUsage { containers })
         })
@@ -110,16 +112,7 @@ fn local_storage(
 ) -> LocalStorage {
     let pods = summary.pods.iter().map(|pod| {
         let uid = pod.pod_ref.uid.clone();
-        let containers = pod
-            .containers
-            .iter()
-            .map(|c| ContainerUsage {
-                name: c.name.clone(),
-                working_set_bytes: c.memory.as_ref().and_then(|m| m.working_set_bytes),
-                rootfs_bytes: c.rootfs.as_ref().and_then(|fs| fs.used_bytes),
-                logs_bytes: c.logs.as_ref().and_then(|fs| fs.used_bytes),
-            })
-            .collect();
+        let containers = pod.containers.iter().map(container_usage).collect();
         let volumes = pod
             .volume_stats
             .iter()
