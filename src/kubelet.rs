@@ -158,6 +158,12 @@ impl<C: Cri + Clone> Kubelet<C> {
         }
     }
 
+    /// The pods' volumes as last set up, whose persistent volumes' figures the stats read.
+    #[must_use]
+    pub fn mounted_volumes(&self) -> Arc<dyn crate::stats::PersistentVolumeMetrics> {
+        self.volumes_set_up.clone()
+    }
+
     /// The per-pod state of the kubelet and its managers: the pod workers forget a pod in
     /// it when the pod's worker ends.
     #[must_use]

@@ -677,3 +677,153 @@ async fn pending_claims_foreign_volumes_and_read_only_claims() {
     );
     drop(objects);
 }
+
+/// A tmpfs mounted on a directory for a test (a filesystem of the size asked), lazily
+/// unmounted when the test ends.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(dir: &Path, size: &str) -> Self {
+        let status = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .status()
+            .expect("mount runs");
+        assert!(status.success(), "mount tmpfs on {}", dir.display());
+        Self(dir.to_owned())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+/// `df`'s used bytes and size of the filesystem holding `dir` (statvfs).
+fn df(dir: &Path) -> (u64, u64) {
+    let st = nix::sys::statvfs::statvfs(dir).expect("statvfs");
+    let fragment = st.fragment_size();
+    (
+        (st.blocks() - st.blocks_free()) * fragment,
+        st.blocks() * fragment,
+    )
+}
+
+/// A claim's figures in `/stats/summary` (with its `pvcRef`) and the
+/// `kubelet_volume_stats_*` gauges on `/metrics` (by namespace and claim): its local PV is
+/// a 64 MiB filesystem of its own, and after the pod wrote 10 MiB its used bytes are within
+/// 5 % of `df`'s, its capacity `df`'s size.
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn a_claims_usage_in_the_summary_and_the_volume_gauges_is_dfs() {
+    const MIB: u64 = 1 << 20;
+    let case = Case::with_agent("pvc-stats", &[]).await;
+    let data = DataDir::new("rk-pvc-stats");
+    let dir = data.make("fs");
+    let _fs = Tmpfs::mount(&dir, "64m");
+    let mut objects = Objects::default();
+    let host = hostname_label().await;
+    let (pv, claim_name) = (unique("pvc-stats-pv"), unique("pvc-stats"));
+    objects
+        .create(local_pv(&pv, &dir, &host, claim_ref(&claim_name)))
+        .await;
+    objects.create(claim(&claim_name, &pv, json!({}))).await;
+    wait_bound(&claim_name).await;
+    let name = case
+        .create(
+            "writer",
+            sleeper(json!({
+                "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": claim_name}}],
+                "containers": [{
+                    "name": "main",
+                    "image": "busybox",
+                    "command": ["sh", "-c",
+                        "head -c 10485760 /dev/urandom > /data/blob && touch /data/done && exec sleep 3600"],
+                    "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                }],
+            })),
+        )
+        .await;
+    let uid = uid(&running(&name).await);
+    eventually("10 MiB written", Duration::from_secs(60), || async {
+        (sh(&uid, "ls /data/done").await.0 == 0).then_some(())
+    })
+    .await;
+    let written = chrono::Utc::now();
+    let (used, size) = df(&dir);
+    assert!(used >= 10 * MIB && size == 64 * MIB, "df: {used} of {size}");
+    let within = |what: &str, got: u64| {
+        #[allow(clippy::cast_precision_loss)]
+        let (g, w) = (got as f64, used as f64);
+        assert!((g - w).abs() <= w * 0.05, "{what}: {got}, df {used}");
+    };
+
+    // The summary: the housekeeping's first reading after the writes.
+    let summary = format!("/api/v1/nodes/{}/proxy/stats/summary", node_name());
+    let volume = eventually(
+        "the claim read after the writes",
+        Duration::from_secs(30),
+        || async {
+            let text = kubectl(&["get", "--raw", &summary]).await;
+            let summary: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+            let pod = summary["pods"]
+                .as_array()?
+                .iter()
+                .find(|p| p["podRef"]["uid"] == uid.as_str())?
+                .clone();
+            let volume = pod["volume"]
+                .as_array()?
+                .iter()
+                .find(|v| v["name"] == "data")?
+                .clone();
+            let read = chrono::DateTime::parse_from_rfc3339(volume["time"].as_str()?).ok()?;
+            (read > written).then_some(volume)
+        },
+    )
+    .await;
+    assert_eq!(
+        volume["pvcRef"],
+        json!({"name": claim_name, "namespace": "default"})
+    );
+    within(
+        "usedBytes",
+        volume["usedBytes"].as_u64().expect("usedBytes"),
+    );
+    assert_eq!(volume["capacityBytes"].as_u64(), Some(size), "{volume}");
+
+    // The gauges, from the same readings.
+    let metrics = format!("/api/v1/nodes/{}/proxy/metrics", node_name());
+    let text = kubectl(&["get", "--raw", &metrics]).await;
+    let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_owned())))
+        .expect("the page parses");
+    let gauge = |metric: &str| -> u64 {
+        let found: Vec<f64> = scrape
+            .samples
+            .iter()
+            .filter(|s| {
+                s.metric == metric
+                    && s.labels.get("namespace") == Some("default")
+                    && s.labels.get("persistentvolumeclaim") == Some(claim_name.as_str())
+            })
+            .map(|s| match s.value {
+                prometheus_parse::Value::Gauge(v) => v,
+                ref other => panic!("{metric} is {other:?}"),
+            })
+            .collect();
+        assert_eq!(found.len(), 1, "{metric} of {claim_name}: {found:?}");
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let v = found[0] as u64;
+        v
+    };
+    within(
+        "kubelet_volume_stats_used_bytes",
+        gauge("kubelet_volume_stats_used_bytes"),
+    );
+    assert_eq!(gauge("kubelet_volume_stats_capacity_bytes"), size);
+    assert!(gauge("kubelet_volume_stats_inodes") >= gauge("kubelet_volume_stats_inodes_used"));
+    eprintln!("claim {claim_name}: df {used} of {size}; summary {volume}");
+}

@@ -1060,8 +1060,8 @@ async fn start(config: &Config, tree: &mut Tree) -> Result<bool, AppError> {
         config.node_name.clone(),
         (config.cri.clone(), LinuxMachine),
         Box::new(store.clone()),
-        // Claims and CSI volumes report their figures through this hook once mounted here.
-        Box::new(crate::stats::NoPersistentVolumes),
+        // Claims (and, once mounted here, CSI volumes) report their figures through it.
+        Box::new(kubelet.mounted_volumes()),
     ));
     let housekeep = Run::again(stats.clone(), |stats, stop| stats.run(stop));
     tree.start("stats-housekeeping", housekeep.dropped_on_stop())?;

@@ -30,7 +30,7 @@ pub use summary::{
     ContainerStats, CpuStats, FsStats, InterfaceStats, MemoryStats, NetworkStats, NodeStats,
     PodReference, PodStats, PvcReference, RlimitStats, RuntimeStats, Summary, VolumeStats,
 };
-pub use volume::{NoPersistentVolumes, PersistentVolumeMetrics, SpecVolume, VolumeUsage};
+pub use volume::{PersistentVolumeMetrics, SpecVolume, VolumeUsage};
 
 /// Why the stats could not be read.
 #[derive(Debug, thiserror::Error)]

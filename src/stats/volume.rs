@@ -244,10 +244,22 @@ pub trait PersistentVolumeMetrics: Send + Sync {
     ) -> BoxFuture<'a, Option<(DiskUsage, Option<FsInfo>)>>;
 }
 
-/// No persistent or CSI volumes are mounted by this agent: none has figures.
+impl<T: PersistentVolumeMetrics + ?Sized> PersistentVolumeMetrics for std::sync::Arc<T> {
+    fn metrics<'a>(
+        &'a self,
+        uid: &'a str,
+        volume: &'a SpecVolume,
+    ) -> BoxFuture<'a, Option<(DiskUsage, Option<FsInfo>)>> {
+        self.as_ref().metrics(uid, volume)
+    }
+}
+
+/// No persistent or CSI volumes (tests): none has figures.
+#[cfg(test)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct NoPersistentVolumes;
 
+#[cfg(test)]
 impl PersistentVolumeMetrics for NoPersistentVolumes {
     fn metrics<'a>(
         &'a self,

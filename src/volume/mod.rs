@@ -29,6 +29,8 @@
 //!   `<pod dir>/volumeDevices/kubernetes.io~local-volume/<pv name>` for the containers'
 //!   `volumeDevices` (`local.rs`); `hostPath` volumes as the pod's own hostPath volumes.
 //!   Teardown removes only their empty mount points, never what is in a volume.
+//!   The stats read a local claim's figures with `statfs` of its mount, from the volumes
+//!   last set up (`metrics.rs`, the stats' `PersistentVolumeMetrics`).
 //!
 //! Every other volume type (and a PersistentVolume of another source, CSI included) is
 //! refused with [`VolumeError::Unsupported`].
@@ -45,6 +47,7 @@ mod downward_api;
 mod error;
 mod host_path;
 mod local;
+mod metrics;
 mod mounter;
 mod ownership;
 mod payload;

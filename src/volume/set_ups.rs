@@ -48,6 +48,12 @@ impl<K: PartialEq> SetUps<K> {
         crate::lock::lock(&self.pods)
     }
 
+    /// The volumes of pod `uid` as last set up (the kubelet's `GetMountedVolumesForPod`).
+    #[must_use]
+    pub fn mounted(&self, uid: &str) -> Option<PodVolumes> {
+        self.pods().get(uid).map(|s| s.volumes.clone())
+    }
+
     /// The volumes of pod `uid` showing `key`: as last set up when that is recent and
     /// showed the same key, else from `set_up`. When `set_up` fails for a pod set up
     /// before, its earlier volumes come back with the error, and the set-up is tried again
