@@ -161,7 +161,10 @@ impl<C: Cri + Clone> Kubelet<C> {
     /// The pods' volumes as last set up, whose persistent volumes' figures the stats read.
     #[must_use]
     pub fn mounted_volumes(&self) -> Arc<dyn crate::stats::PersistentVolumeMetrics> {
-        self.volumes_set_up.clone()
+        Arc::new(crate::volume::MountedVolumeMetrics::new(
+            self.volumes_set_up.clone(),
+            self.volumes.csi(),
+        ))
     }
 
     /// The per-pod state of the kubelet and its managers: the pod workers forget a pod in

@@ -29,8 +29,9 @@
 //!   `<pod dir>/volumeDevices/kubernetes.io~local-volume/<pv name>` for the containers'
 //!   `volumeDevices` (`local.rs`); `hostPath` volumes as the pod's own hostPath volumes.
 //!   Teardown removes only their empty mount points, never what is in a volume.
-//!   The stats read a local claim's figures with `statfs` of its mount, from the volumes
-//!   last set up (`metrics.rs`, the stats' `PersistentVolumeMetrics`).
+//!   The stats read a local claim's figures with `statfs` of its mount and a CSI volume's
+//!   with `NodeGetVolumeStats`, from the volumes last set up (`metrics.rs`, the stats'
+//!   `PersistentVolumeMetrics`).
 //!
 //! Every other volume type (and a PersistentVolume of another source, CSI included) is
 //! refused with [`VolumeError::Unsupported`].
@@ -75,6 +76,7 @@ use tracing::Instrument;
 
 use crate::watch_manager::{KubePodObjects, PodObjects};
 pub use error::{Result, VolumeError};
+pub use metrics::MountedVolumeMetrics;
 pub use mounter::{LinuxMounter, Mounter};
 pub use set_ups::{Mounted, SetUps};
 
@@ -548,6 +550,12 @@ impl<A: PodObjects, M: Mounter> VolumeManager<A, M> {
     pub fn with_csi(mut self, csi: Arc<csi::CsiPlugin>) -> Self {
         self.csi = Some(csi);
         self
+    }
+
+    /// The CSI plugin, when CSI volumes are served.
+    #[must_use]
+    pub fn csi(&self) -> Option<Arc<csi::CsiPlugin>> {
+        self.csi.clone()
     }
 
     /// The node's allocatable resources (`Node.status.allocatable`): downward API volumes
