@@ -123,7 +123,7 @@ async fn pods_over_their_local_storage_limits_are_evicted_with_the_kubelets_mess
             .any(|e| e.reason.as_deref() == Some("Evicted")),
         "the pod within its limit was evicted"
     );
-    let log = std::fs::read_to_string(&case.agent().log).expect("agent log");
+    let log = case.agent().this_runs_log().expect("agent log");
     assert!(!log.contains("panicked"), "{}", case.agent().log_tail());
     eprintln!(
         "evicted after creation: pod limit {pod_took:?}, container limit {container_took:?}, \

@@ -124,7 +124,7 @@ async fn memory_pressure_evicts_best_effort_then_burstable_then_guaranteed() {
         )
         .await;
     }
-    let log = std::fs::read_to_string(&case.agent().log).expect("agent log");
+    let log = case.agent().this_runs_log().expect("agent log");
     assert!(!log.contains("panicked"), "{}", case.agent().log_tail());
     eprintln!(
         "evicted at {:?} (BestEffort), {:?} (Burstable), {:?} (Guaranteed)",
@@ -214,7 +214,7 @@ async fn a_terminating_pod_is_still_an_eviction_candidate() {
             "the healthy pod was evicted first"
         );
     }
-    let log = std::fs::read_to_string(&case.agent().log).expect("agent log");
+    let log = case.agent().this_runs_log().expect("agent log");
     assert!(!log.contains("panicked"), "{}", case.agent().log_tail());
 }
 

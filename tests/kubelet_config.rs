@@ -254,7 +254,7 @@ async fn a_kind_worker_config_file_shows_in_the_node_and_the_pods() {
         "search default.svc.rk.test svc.rk.test rk.test\nnameserver 10.96.0.10\noptions ndots:5\n"
     );
 
-    let log = std::fs::read_to_string(&case.agent().log).expect("agent log");
+    let log = case.agent().this_runs_log().expect("agent log");
     let started = log
         .rfind(&format!("file={}", config.display()))
         .map_or(log.as_str(), |at| &log[at..]);

@@ -809,7 +809,7 @@ async fn the_cni_and_debug_sockets_refuse_peers_that_are_not_root() {
             socket.display()
         );
     }
-    let log = std::fs::read_to_string(&case.agent().log).expect("agent log");
+    let log = case.agent().this_runs_log().expect("agent log");
     assert!(
         log.contains("refusing a shim request from an unprivileged peer"),
         "{}",
