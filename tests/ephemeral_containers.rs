@@ -126,6 +126,8 @@ fn in_terminal(cmd: &tokio::process::Command) -> tokio::process::Command {
 #[tokio::test]
 #[ignore = "needs root and the local cluster: run scripts/test.sh"]
 async fn kubectl_debug_targets_a_container_and_the_debugger_runs_once() {
+    // Fails at once, with what to run, when scripts/setup.sh has not built it.
+    common::kubectl_1_20();
     let case = Case::with_agent("ephem", &[]).await;
     let name = case
         .create(
