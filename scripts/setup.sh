@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # Prepare a fresh Debian 12 machine (as root) for rkubelet's local cluster and tests:
 #   - installs every Debian package the cluster, images and tests need;
-#   - builds kube-apiserver, kube-controller-manager, kube-scheduler, kubelet and kube-proxy
-#     v1.20.2 from Debian's `kubernetes` source package, cached under $RKUBELET_CACHE so a
-#     second run skips the build (and a cache missing some of them builds only those).
+#   - builds kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kube-proxy
+#     and kubectl v1.20.2 from Debian's `kubernetes` source package, cached under
+#     $RKUBELET_CACHE so a second run skips the build (and a cache missing some of them
+#     builds only those). The cached kubectl is what a 1.20 cluster's user runs (the tests
+#     use it for `kubectl alpha debug`, which the machine's newer kubectl cannot do against
+#     a 1.20 server); it is not put on PATH: the scripts keep the machine's kubectl.
 # Idempotent: safe to run again; it only does what is missing.
 set -euo pipefail
 
 CACHE="${RKUBELET_CACHE:-/var/cache/rkubelet}"
 K8S_VERSION="v1.20.2"
 K8S_BIN="$CACHE/kubernetes-$K8S_VERSION/bin"
-K8S_TOOLS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy)
+K8S_TOOLS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl)
 
 PACKAGES=(
   containerd runc containernetworking-plugins etcd-server
@@ -101,7 +104,12 @@ build_kubernetes() {
   ) || { tail -n 40 "$work/build.log" >&2; exit 1; }
   mkdir -p "$K8S_BIN"
   for t in "${missing[@]}"; do install -m 0755 "$tree/_output/bin/$t" "$K8S_BIN/$t"; done
-  "$K8S_BIN/${missing[0]}" --version >&2
+  # kubectl has no --version flag: it reports its version with `version --client`.
+  if [[ ${missing[0]} == kubectl ]]; then
+    "$K8S_BIN/kubectl" version --client --short >&2
+  else
+    "$K8S_BIN/${missing[0]}" --version >&2
+  fi
   rm -rf "$work"
 }
 

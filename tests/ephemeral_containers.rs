@@ -1,17 +1,18 @@
 //! Ephemeral containers end to end, against the local cluster (its API server has the
-//! 1.20 `EphemeralContainers` gate on): the debug container starts in the pod's sandbox in
-//! its target's PID namespace (`ps` in it shows the target's process), `kubectl attach`
-//! carries its input and output (also through a terminal, as `kubectl debug -it`, for one
-//! without a target, which sees its own processes only), its status appears in
-//! `ephemeralContainerStatuses`, `kubectl logs` reads its log, it is not restarted after it
-//! exits, and it goes with the pod.
+//! 1.20 `EphemeralContainers` gate on), added as a 1.20 cluster's user adds them: `kubectl
+//! alpha debug -i POD --image=busybox --target=app -- sh` (and `kubectl debug -it` without a
+//! target) with the v1.20.2 kubectl that scripts/setup.sh builds. It writes the pod's
+//! `EphemeralContainers` through `pods/ephemeralcontainers`, waits for the container to
+//! run and attaches to it. The machine's kubectl (v1.32) cannot add one to a 1.20 server:
+//! it sends a strategic merge patch of a Pod, which a 1.20 server applies to its
+//! `EphemeralContainers` kind as a no-op, and then fails to decode the answer (`no kind
+//! "EphemeralContainers" is registered`). `kubectl logs` is the machine's.
 //!
-//! The container is added as `kubectl debug` adds it, through the API directly: the
-//! machine's kubectl (v1.32) sends a strategic merge patch of a Pod to
-//! `pods/ephemeralcontainers`, which a 1.20 server applies to its `EphemeralContainers`
-//! kind as a no-op, and then fails to decode the answer (`no kind "EphemeralContainers" is
-//! registered`) without falling back to its pre-1.22 JSON patch. The test sends that JSON
-//! patch itself.
+//! Checked: the debug container starts in the pod's sandbox in its target's PID namespace
+//! (`ps` in it shows the target's process), attach carries its input and output (also
+//! through a terminal, for one without a target, which sees its own processes only), its
+//! status appears in `ephemeralContainerStatuses`, `kubectl logs` reads its log, it is not
+//! restarted after it exits, and it goes with the pod.
 
 mod common;
 
@@ -20,7 +21,7 @@ use std::time::Duration;
 
 use common::case::{Case, delete_and_wait, get, running};
 use common::pods::{containers_of, events_of, sleeper};
-use common::{eventually, kube_client, kubectl, kubectl_command};
+use common::{eventually, kubectl, kubectl_1_20_command};
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use rkubelet::cri::api;
 use serde_json::json;
@@ -49,40 +50,33 @@ async fn runtime_containers(uid: &str) -> Vec<(String, u32)> {
 /// does not show it.
 const DONE: &str = "42-done";
 
-/// Waits for the ephemeral container just added to run (the time is printed as a figure),
-/// then attaches to its shell with `kubectl
-/// attach -i` (`-it` in a terminal that `script` provides, when `tty`), has it run `ps`
-/// and exit; answers what came back.
-async fn debug_shell(pod: &str, container: &str, tty: bool) -> String {
-    let added = std::time::Instant::now();
-    eventually(
-        &format!("{pod}: {container} running"),
-        Duration::from_secs(30),
-        || async {
-            let p = get(pod).await?;
-            let statuses = p.status?.ephemeral_container_statuses?;
-            let s = statuses.into_iter().find(|s| s.name == container)?;
-            s.state?.running.map(|_| ())
-        },
-    )
-    .await;
-    eprintln!(
-        "FIGURE ephemeral container {container} added -> running (200 ms polls): {:?}",
-        added.elapsed()
-    );
-    let mut attach = if tty {
-        let kubeconfig = common::state_dir().join("pki/admin.kubeconfig");
-        let kubectl = format!(
-            "kubectl --kubeconfig {} attach -it {pod} -c {container}",
-            kubeconfig.display()
-        );
-        let mut cmd = tokio::process::Command::new("script");
-        cmd.args(["-qec", &kubectl, "/dev/null"]);
-        cmd
-    } else {
-        kubectl_command(&["attach", pod, "-c", container, "-i"])
-    };
-    let mut child = attach
+/// Runs `kubectl debug` (`alpha debug`, as the issue names it, or 1.20's own `debug`) with
+/// the v1.20.2 kubectl: adds the ephemeral container `container` (busybox's `sh`, targeting
+/// `target` if any) to the pod, waits for it to run and attaches (`-it` in a terminal that
+/// `script` provides, when `tty`); has the shell run `ps` and exit. Asserts that kubectl
+/// succeeded and answers what came back (the time it took is printed as a figure).
+async fn kubectl_debug(
+    verb: &[&str],
+    pod: &str,
+    container: &str,
+    target: Option<&str>,
+    tty: bool,
+) -> String {
+    let target = target.map(|t| format!("--target={t}"));
+    let mut args = verb.to_vec();
+    args.extend([
+        if tty { "-it" } else { "-i" },
+        pod,
+        "--image=busybox",
+        "-c",
+        container,
+    ]);
+    args.extend(target.as_deref());
+    args.extend(["--", "sh"]);
+    let debug = kubectl_1_20_command(&args);
+    let mut debug = if tty { in_terminal(&debug) } else { debug };
+    let started = std::time::Instant::now();
+    let mut child = debug
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -94,40 +88,46 @@ async fn debug_shell(pod: &str, container: &str, tty: bool) -> String {
         .write_all(b"ps -o pid,args; echo $((6*7))-done; exit 0\n")
         .await
         .expect("write to kubectl");
-    let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+    let out = tokio::time::timeout(Duration::from_secs(90), child.wait_with_output())
         .await
-        .expect("kubectl attach ends within 60 s")
-        .expect("kubectl attach output");
+        .expect("kubectl debug ends within 90 s")
+        .expect("kubectl debug output");
     drop(stdin);
-    format!(
+    eprintln!(
+        "FIGURE kubectl {} {container} (add, run, attach, ps, exit): {:?}",
+        verb.join(" "),
+        started.elapsed()
+    );
+    let text = format!(
         "{}\nstderr: {}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
-    )
+    );
+    assert!(
+        out.status.success() && !text.contains("falling back to logs"),
+        "kubectl {args:?} attaches and succeeds ({}):\n{text}",
+        out.status
+    );
+    text
 }
 
-/// Adds an ephemeral container to the pod through `pods/ephemeralcontainers`, with the JSON
-/// patch kubectl's pre-1.22 path sends (a 1.20 server answers with its `EphemeralContainers`
-/// kind).
-async fn add_ephemeral_container(pod: &str, container: serde_json::Value) {
-    let patch = json!([{ "op": "add", "path": "/ephemeralContainers/-", "value": container }]);
-    let request = hyper::Request::patch(format!(
-        "/api/v1/namespaces/default/pods/{pod}/ephemeralcontainers"
-    ))
-    .header("Content-Type", "application/json-patch+json")
-    .body(patch.to_string().into_bytes())
-    .expect("a request");
-    let answer = kube_client("admin.kubeconfig")
-        .await
-        .request_text(request)
-        .await
-        .unwrap_or_else(|e| panic!("adding the ephemeral container: {e}"));
-    assert!(answer.contains("\"EphemeralContainers\""), "{answer}");
+/// `cmd` run in a terminal that `script` provides, as a user's shell gives kubectl one.
+fn in_terminal(cmd: &tokio::process::Command) -> tokio::process::Command {
+    let cmd = cmd.as_std();
+    let line: Vec<String> = std::iter::once(cmd.get_program())
+        .chain(cmd.get_args())
+        .map(|a| format!("'{}'", a.to_string_lossy()))
+        .collect();
+    let mut script = tokio::process::Command::new("script");
+    script.args(["-qec", &line.join(" "), "/dev/null"]);
+    script
 }
 
 #[tokio::test]
 #[ignore = "needs root and the local cluster: run scripts/test.sh"]
 async fn kubectl_debug_targets_a_container_and_the_debugger_runs_once() {
+    // Fails at once, with what to run, when scripts/setup.sh has not built it.
+    common::kubectl_1_20();
     let case = Case::with_agent("ephem", &[]).await;
     let name = case
         .create(
@@ -142,24 +142,9 @@ async fn kubectl_debug_targets_a_container_and_the_debugger_runs_once() {
     let pod = running(&name).await;
     let uid = pod.metadata.uid.clone().expect("a uid");
 
-    // What `kubectl debug -i POD --image=busybox --target=app -- sh` adds, sent as its
-    // pre-1.22 path does (the machine's kubectl cannot: see the module comment).
-    add_ephemeral_container(
-        &name,
-        json!({
-            "name": "debugger",
-            "image": "busybox",
-            "imagePullPolicy": "IfNotPresent",
-            "command": ["sh"],
-            "stdin": true,
-            "terminationMessagePolicy": "File",
-            "targetContainerName": "app",
-        }),
-    )
-    .await;
-    // As kubectl debug -i: wait for it to run, then attach; the shell's `ps` comes back
-    // through the attach stream.
-    let out = debug_shell(&name, "debugger", false).await;
+    // As the issue's user: `kubectl alpha debug -i POD --image=busybox --target=app -- sh`
+    // (named, for the checks below); the shell's `ps` comes back through the attach stream.
+    let out = kubectl_debug(&["alpha", "debug"], &name, "debugger", Some("app"), false).await;
     assert!(
         out.contains(TARGET_PROCESS) && out.contains(DONE),
         "the debug shell's ps through attach shows the target's process:\n{out}"
@@ -203,22 +188,9 @@ async fn kubectl_debug_targets_a_container_and_the_debugger_runs_once() {
         "a Started event for spec.ephemeralContainers{{debugger}}"
     );
 
-    // `kubectl debug -it` without a target: a terminal, and the shell's own PID namespace
-    // (the target's process is not there).
-    add_ephemeral_container(
-        &name,
-        json!({
-            "name": "shell",
-            "image": "busybox",
-            "imagePullPolicy": "IfNotPresent",
-            "command": ["sh"],
-            "stdin": true,
-            "tty": true,
-            "terminationMessagePolicy": "File",
-        }),
-    )
-    .await;
-    let out = debug_shell(&name, "shell", true).await;
+    // `kubectl debug -it` (1.20's own name) without a target: a terminal, and the shell's
+    // own PID namespace (the target's process is not there).
+    let out = kubectl_debug(&["debug"], &name, "shell", None, true).await;
     assert!(
         out.contains(DONE) && !out.contains(TARGET_PROCESS),
         "the untargeted shell's ps through a terminal shows its own processes only:\n{out}"

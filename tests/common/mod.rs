@@ -180,7 +180,31 @@ pub fn unique(prefix: &str) -> String {
 
 /// `kubectl ARGS` as the admin, to run.
 pub fn kubectl_command(args: &[&str]) -> tokio::process::Command {
-    let mut cmd = tokio::process::Command::new("kubectl");
+    kubectl_command_of("kubectl".as_ref(), args)
+}
+
+/// The kubectl v1.20.2 that `scripts/setup.sh` builds into the cache (`K8S_BIN` in
+/// scripts/common.sh, under `RKUBELET_CACHE`): what a 1.20 cluster's user runs, for what
+/// the machine's newer kubectl cannot do against a 1.20 server. Panics when it is missing.
+pub fn kubectl_1_20() -> PathBuf {
+    let path = std::env::var_os("RKUBELET_CACHE")
+        .map_or_else(|| "/var/cache/rkubelet".into(), PathBuf::from)
+        .join("kubernetes-v1.20.2/bin/kubectl");
+    assert!(
+        path.is_file(),
+        "{} is missing: run scripts/setup.sh, which builds the v1.20.2 kubectl",
+        path.display()
+    );
+    path
+}
+
+/// `kubectl ARGS` as the admin with the v1.20.2 kubectl ([`kubectl_1_20`]), to run.
+pub fn kubectl_1_20_command(args: &[&str]) -> tokio::process::Command {
+    kubectl_command_of(&kubectl_1_20(), args)
+}
+
+fn kubectl_command_of(kubectl: &std::path::Path, args: &[&str]) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(kubectl);
     cmd.arg("--kubeconfig")
         .arg(state_dir().join("pki").join("admin.kubeconfig"))
         .args(args);
