@@ -190,14 +190,10 @@ impl<C: Cri> ContainerLogManager<C> {
     /// Whether container `id` runs, as far as the runtime says (a runtime that cannot
     /// answer is taken to run it: its failure is reported).
     async fn still_running(&self, id: &str) -> bool {
-        let req = api::ContainerStatusRequest {
-            container_id: id.to_owned(),
-            verbose: false,
-        };
-        match self.cri.container_status(req).await {
-            Ok(status) => status
-                .status
-                .is_some_and(|s| s.state == i32::from(api::ContainerState::ContainerRunning)),
+        match self.status("ContainerStatus", id).await {
+            Ok(status) => {
+                status.is_some_and(|s| s.state == i32::from(api::ContainerState::ContainerRunning))
+            }
             Err(e) => !e.is_not_found(),
         }
     }
@@ -206,21 +202,30 @@ impl<C: Cri> ContainerLogManager<C> {
         (self.policy.max_size, period)
     }
 
-    async fn log_path(&self, what: &'static str, id: &str) -> Result<PathBuf, LogsError> {
+    /// The runtime's status of container `id` (CRI `ContainerStatus`, asked as `what`).
+    async fn status(
+        &self,
+        what: &'static str,
+        id: &str,
+    ) -> Result<Option<api::ContainerStatus>, LogsError> {
         let req = api::ContainerStatusRequest {
             container_id: id.to_owned(),
             verbose: false,
         };
-        let status = self
-            .cri
+        self.cri
             .container_status(req)
             .await
+            .map(|r| r.status)
             .map_err(|source| LogsError::Cri {
                 what,
                 container: id.to_owned(),
                 source,
-            })?;
-        Ok(status.status.map(|s| s.log_path).unwrap_or_default().into())
+            })
+    }
+
+    async fn log_path(&self, what: &'static str, id: &str) -> Result<PathBuf, LogsError> {
+        let status = self.status(what, id).await?;
+        Ok(status.map(|s| s.log_path).unwrap_or_default().into())
     }
 
     async fn reopen(&self, id: &str) -> Result<(), LogsError> {
