@@ -8,13 +8,14 @@
 //! its image is pulled.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Container, Pod, Secret};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::Semaphore;
 use tracing::Instrument;
 
 use super::actions::{PodActions, compute_pod_actions};
@@ -25,6 +26,7 @@ use super::names;
 use super::runtime_status::{PodRuntimeStatus, RunState, pod_ips, primary_ip};
 use super::sandbox::{SandboxSettings, pod_log_dir, sandbox_config};
 use super::security_context::{ImageUser, image_user};
+use super::start_gate::{Priority, StartCall, StartGate, StartTurn};
 use crate::backoff::Backoff;
 use crate::cri::{Cri, api, ok_if_not_found};
 use crate::events::{EventRecorder, Involved};
@@ -118,8 +120,9 @@ pub struct RuntimeManager<C> {
     settings: SandboxSettings,
     events: EventRecorder,
     crash_backoff: Mutex<HashMap<(String, String), Backoff>>,
-    start_slots: Arc<Semaphore>,
-    /// Sandbox stops (CNI DEL chains) in flight at once: as many as pod starts.
+    start_gate: Arc<StartGate>,
+    /// Sandbox stops (CNI DEL chains) in flight at once: as many as the start gate's first
+    /// turns (half the ceiling).
     stop_slots: Semaphore,
     /// The node's IP, which a pod on the host's network has (its hooks' default host).
     host_ip: Option<IpAddr>,
@@ -130,25 +133,58 @@ pub struct RuntimeManager<C> {
 }
 
 /// A pod's turn to be set up in the runtime: held from the sandbox to its last container
-/// start, given back during an image pull.
+/// start, given back during a long image pull and a postStart hook.
 struct StartSlot {
-    slots: Arc<Semaphore>,
-    permit: Option<OwnedSemaphorePermit>,
+    gate: Arc<StartGate>,
+    turn: Option<StartTurn>,
+    /// Whether the pod had a turn in this sync or has a sandbox: it then goes first.
+    begun: bool,
 }
 
 impl StartSlot {
     /// Waits for a turn, unless this pod holds one.
     async fn hold(&mut self) {
-        if self.permit.is_none() {
-            // The semaphore is never closed, so acquiring fails only in theory.
-            self.permit = self.slots.clone().acquire_owned().await.ok();
+        if self.turn.is_none() {
+            let priority = if self.begun {
+                Priority::Begun
+            } else {
+                Priority::New
+            };
+            self.turn = Some(
+                self.gate
+                    .enter(priority)
+                    .instrument(tracing::info_span!("wait_start_slot"))
+                    .await,
+            );
+            self.begun = true;
         }
     }
 
     fn release(&mut self) {
-        self.permit = None;
+        self.turn = None;
+    }
+
+    /// Runs `work` (an image pull), keeping the turn if it is done before `quick` ends (a
+    /// timer), else giving it to another pod until it is done; then holds a turn again,
+    /// first in line.
+    async fn across<F: Future>(&mut self, quick: impl Future<Output = ()>, work: F) -> F::Output {
+        tokio::pin!(work);
+        let done = tokio::select! {
+            biased;
+            done = &mut work => done,
+            () = quick => {
+                self.release();
+                work.await
+            }
+        };
+        self.hold().await;
+        done
     }
 }
+
+/// An image pull this quick (a re-check of a present `Always` image) keeps the pod's turn;
+/// a longer one gives it back until the image is there.
+const QUICK_PULL: Duration = Duration::from_millis(300);
 
 fn mount(container_path: &str, host_path: &Path, readonly: bool) -> api::Mount {
     api::Mount {
@@ -160,9 +196,9 @@ fn mount(container_path: &str, host_path: &Path, readonly: bool) -> api::Mount {
 }
 
 impl<C: Cri> RuntimeManager<C> {
-    /// A manager over `cri` on the node whose IP is `host_ip`, that sets up
-    /// `parallel_starts` pods at a time, and stops as many sandboxes (tearing their
-    /// networks down) at a time.
+    /// A manager over `cri` on the node whose IP is `host_ip`, that sets up at most
+    /// `parallel_starts` pods at a time (as the start gate adapts), and stops half as many
+    /// sandboxes (tearing their networks down) at a time.
     pub fn new(
         cri: C,
         settings: SandboxSettings,
@@ -176,8 +212,8 @@ impl<C: Cri> RuntimeManager<C> {
             settings,
             events,
             crash_backoff: Mutex::new(HashMap::new()),
-            start_slots: Arc::new(Semaphore::new(parallel_starts.max(1))),
-            stop_slots: Semaphore::new(parallel_starts.max(1)),
+            start_gate: StartGate::new(parallel_starts),
+            stop_slots: Semaphore::new(parallel_starts.div_ceil(2).max(1)),
             host_ip,
             log_starts: None,
             devices: None,
@@ -268,13 +304,13 @@ impl<C: Cri> RuntimeManager<C> {
         )
         .await;
         let mut slot = StartSlot {
-            slots: self.start_slots.clone(),
-            permit: None,
+            gate: self.start_gate.clone(),
+            turn: None,
+            // A pod with a sandbox is past its first step: it goes before new pods.
+            begun: actions.create_sandbox.is_none(),
         };
         if actions.create_sandbox.is_some() || starts {
-            slot.hold()
-                .instrument(tracing::info_span!("wait_start_slot"))
-                .await;
+            slot.hold().await;
         }
         let (sandbox_id, sandbox_ips) = match self
             .ensure_sandbox(pod, id, status, &actions, &ctx.runtime_handler)
@@ -450,6 +486,7 @@ impl<C: Cri> RuntimeManager<C> {
                 .warning(id, None, "FailedCreatePodSandBox", message.clone());
             return Err(message);
         }
+        let asked = Instant::now();
         let created = self
             .cri
             .run_pod_sandbox(api::RunPodSandboxRequest {
@@ -460,6 +497,8 @@ impl<C: Cri> RuntimeManager<C> {
             .await;
         let sandbox_id = match created {
             Ok(resp) => {
+                self.start_gate
+                    .observe(StartCall::RunPodSandbox, asked.elapsed());
                 crate::fault::point(crate::fault::AFTER_RUN_POD_SANDBOX);
                 resp.pod_sandbox_id
             }
@@ -602,6 +641,8 @@ impl<C: Cri> RuntimeManager<C> {
                 message: e.to_string(),
             }
         };
+        // Back from a postStart hook of the container before, or from an image pull.
+        slot.hold().await;
         let present = self
             .images
             .present(&self.cri, id, (container, name), &self.events)
@@ -611,8 +652,7 @@ impl<C: Cri> RuntimeManager<C> {
         let image_ref = match present {
             Some(image_ref) => image_ref,
             None => {
-                slot.release();
-                let pulled = self
+                let pull = self
                     .images
                     .pull(
                         &self.cri,
@@ -621,13 +661,12 @@ impl<C: Cri> RuntimeManager<C> {
                         &ctx.pull_secrets,
                         &self.events,
                     )
-                    .instrument(tracing::info_span!("pull_image"))
+                    .instrument(tracing::info_span!("pull_image"));
+                // A quick re-check keeps the turn; a download gives it to another pod,
+                // and this one comes back first in line.
+                slot.across(tokio::time::sleep(QUICK_PULL), pull)
                     .await
-                    .map_err(image_waiting)?;
-                slot.hold()
-                    .instrument(tracing::info_span!("wait_start_slot"))
-                    .await;
-                pulled
+                    .map_err(image_waiting)?
             }
         };
         // As the kubelet's generateContainerConfig: the environment (with its warnings),
@@ -708,6 +747,7 @@ impl<C: Cri> RuntimeManager<C> {
                 message,
             }
         };
+        let asked = Instant::now();
         let created = self
             .cri
             .create_container(api::CreateContainerRequest {
@@ -717,6 +757,8 @@ impl<C: Cri> RuntimeManager<C> {
             })
             .await
             .map_err(|e| failed(e, "CreateContainerError"))?;
+        self.start_gate
+            .observe(StartCall::CreateContainer, asked.elapsed());
         crate::fault::point(crate::fault::AFTER_CREATE_CONTAINER);
         self.events.normal(
             id,
@@ -724,12 +766,15 @@ impl<C: Cri> RuntimeManager<C> {
             "Created",
             format!("Created container {}", container.name),
         );
+        let asked = Instant::now();
         self.cri
             .start_container(api::StartContainerRequest {
                 container_id: created.container_id.clone(),
             })
             .await
             .map_err(|e| failed(e, "RunContainerError"))?;
+        self.start_gate
+            .observe(StartCall::StartContainer, asked.elapsed());
         if let Some(starts) = &self.log_starts {
             starts.started(&created.container_id, log);
         }
@@ -748,6 +793,9 @@ impl<C: Cri> RuntimeManager<C> {
         };
         // The postStart hook runs before the start counts as done; when it fails, the
         // container is killed and its start failed (the kubelet's `PostStartHookError`).
+        // It is the container's work, not the runtime's: the turn goes to another pod
+        // meanwhile, and this one comes back first in line for its next container.
+        slot.release();
         let pod_ip = primary_ip(ips);
         let ran = run_hook(
             &self.cri,
@@ -1050,6 +1098,84 @@ mod tests {
         }
     }
 
+    /// A pod's slot on a gate of `turns` turns, and `turns - 1` other pods holding theirs.
+    async fn one_turn_left(turns: usize) -> (Arc<StartGate>, StartSlot, Vec<StartTurn>) {
+        let gate = StartGate::new(turns * 2);
+        let others = futures::future::join_all((1..turns).map(|_| gate.enter(Priority::New))).await;
+        let mut slot = StartSlot {
+            gate: gate.clone(),
+            turn: None,
+            begun: false,
+        };
+        slot.hold().await;
+        assert_eq!(gate.turns(), (turns, turns));
+        (gate, slot, others)
+    }
+
+    /// A timer that ends when told.
+    fn timer() -> (tokio::sync::oneshot::Sender<()>, impl Future<Output = ()>) {
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        (tx, async move {
+            // Told, or its sender dropped: the time is up either way.
+            let _ = rx.await;
+        })
+    }
+
+    #[tokio::test]
+    async fn a_quick_pull_keeps_the_pods_turn() {
+        let (gate, mut slot, _others) = one_turn_left(2).await;
+        let waiting = tokio::spawn({
+            let gate = gate.clone();
+            async move { gate.enter(Priority::New).await }
+        });
+        let (_time_up, quick) = timer();
+        let pulled = slot.across(quick, async { "pulled" }).await;
+        assert_eq!(pulled, "pulled");
+        assert!(slot.turn.is_some());
+        tokio::task::yield_now().await;
+        assert!(
+            !waiting.is_finished(),
+            "no other pod took the turn meanwhile"
+        );
+        assert_eq!(gate.turns(), (2, 2));
+    }
+
+    #[tokio::test]
+    async fn a_long_pull_lends_the_turn_and_comes_back_before_new_pods() {
+        let (gate, mut slot, others) = one_turn_left(2).await;
+        let (time_up, quick) = timer();
+        let (pulled_tx, pulled_rx) = tokio::sync::oneshot::channel::<()>();
+        let back = tokio::spawn(async move {
+            slot.across(quick, async {
+                let _ = pulled_rx.await;
+            })
+            .await;
+            slot
+        });
+        time_up.send(()).unwrap();
+        // The turn, lent during the pull, goes to a pod that has not begun.
+        let lent = gate.enter(Priority::New).await;
+        assert_eq!(gate.turns(), (2, 2));
+        // Another new pod queues; then the pull ends and the pod waits for a turn.
+        let new = tokio::spawn({
+            let gate = gate.clone();
+            async move { gate.enter(Priority::New).await }
+        });
+        tokio::task::yield_now().await;
+        pulled_tx.send(()).unwrap();
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert!(!back.is_finished() && !new.is_finished(), "no turn free");
+        drop(lent);
+        let slot = back.await.unwrap();
+        assert!(slot.turn.is_some(), "the pod back from its pull goes first");
+        assert!(!new.is_finished(), "the new pod waits behind it");
+        drop(slot);
+        drop(others);
+        assert!(new.await.is_ok());
+    }
+
     fn manager() -> RuntimeManager<Recorder> {
         manager_and_events().0
     }
@@ -1253,7 +1379,7 @@ mod tests {
             SandboxSettings::default(),
             None,
             events,
-            2,
+            4,
         );
         let statuses: Vec<PodRuntimeStatus> = (0..6)
             .map(|i| PodRuntimeStatus {
@@ -1269,7 +1395,7 @@ mod tests {
         let most = m.cri().most.load(std::sync::atomic::Ordering::SeqCst);
         assert_eq!(
             most, 2,
-            "at most --parallel-pod-starts sandbox stops at once"
+            "at most half --parallel-pod-starts sandbox stops at once"
         );
     }
 

@@ -15,6 +15,7 @@ pub mod names;
 pub mod runtime_status;
 pub mod sandbox;
 pub mod security_context;
+pub mod start_gate;
 pub mod termination;
 
 pub use manager::{PodContext, RuntimeManager, SyncOutcome, Waiting};

@@ -102,14 +102,16 @@ fn start_instant(started_at_ns: i64) -> Instant {
     now.checked_sub(Duration::from_nanos(ago)).unwrap_or(now)
 }
 
-/// A spread of the first probe over the period, stable per container (the kubelet waits
-/// a random part of the period so that many workers do not probe at once).
-fn jitter(container_id: &str, period: Duration) -> Duration {
-    let hash = container_id
-        .bytes()
-        .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)));
+/// A spread of the first probe over the period, stable per container and kind (the
+/// kubelet's workers wait a random part of the period, so that many workers, or the
+/// readiness and liveness probes of one container, do not probe at once).
+fn jitter(container_id: &str, kind: ProbeKind, period: Duration) -> Duration {
+    use std::hash::{Hash, Hasher};
+    // Fixed keys: the same container's probe keeps its place across agent restarts.
+    let mut hasher = std::hash::DefaultHasher::new();
+    (container_id, kind.as_str()).hash(&mut hasher);
     let period_ms = u64::try_from(period.as_millis()).unwrap_or(u64::MAX).max(1);
-    Duration::from_millis(hash % period_ms)
+    Duration::from_millis(hasher.finish() % period_ms)
 }
 
 /// Runs the check, trying again on errors, and records the kubelet's events.
@@ -159,7 +161,7 @@ pub(super) async fn run<C: Cri>(
         tracing::info_span!("probe", pod_uid = %target.pod.uid, container = %target.container.name, kind = kind.as_str())
     });
     shared.set(&target, kind, kind.initial());
-    tokio::time::sleep(jitter(&target.container_id, timing.period)).await;
+    tokio::time::sleep(jitter(&target.container_id, kind, timing.period)).await;
     let mut ticker = tokio::time::interval(timing.period);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut last = None;
@@ -223,6 +225,33 @@ mod tests {
     use crate::cri::{Result, api};
     use std::sync::Mutex;
     use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[test]
+    fn first_probes_spread_over_the_period() {
+        let period = Duration::from_secs(1);
+        // 100 containers (ids as the runtime makes them: 64 hex digits), two probes each.
+        let ids: Vec<String> = (0..100u64)
+            .map(|i| format!("{:064x}", i.wrapping_mul(0x9e37_79b9_7f4a_7c15)))
+            .collect();
+        let mut buckets = [0u32; 10];
+        let mut together = 0;
+        for id in &ids {
+            let ready = jitter(id, ProbeKind::Readiness, period);
+            let live = jitter(id, ProbeKind::Liveness, period);
+            assert!(ready < period && live < period);
+            assert_eq!(ready, jitter(id, ProbeKind::Readiness, period), "stable");
+            together += u32::from(ready.abs_diff(live) < Duration::from_millis(10));
+            for d in [ready, live] {
+                buckets[usize::try_from(d.as_millis() / 100).unwrap()] += 1;
+            }
+        }
+        // 200 first probes in tenths of the period: 20 each on average.
+        assert!(
+            buckets.iter().all(|&n| (8..=40).contains(&n)),
+            "spread over the period: {buckets:?}"
+        );
+        assert!(together <= 5, "{together} containers probe twice at once");
+    }
 
     /// Answers exit codes from a script (the last one repeats), counting calls.
     struct Scripted {
