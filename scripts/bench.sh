@@ -64,6 +64,10 @@
 # logs held on disk (sampled every 200 ms), e.g.
 #   BENCH_LOGROTATE=1 BENCH_FOOTPRINT_SECONDS=60 bash scripts/bench.sh out/logrotate
 #
+# To compare two builds in one run, BENCH_AGENTS may add "rkubelet-before": rkubelet with
+# runtime-owned networking from the binary BENCH_BEFORE_BIN (e.g. a copy of an earlier
+# target/release/rkubelet).
+#
 # For a shorter run: BENCH_AGENTS (default "rkubelet rkubelet-agent-cni kubelet-qps5
 # kubelet-qps50"), BENCH_BURSTS (default "1 10 30 100"), BENCH_REPEAT (default 3),
 # BENCH_FLOOR=0 (skip the floor), BENCH_FOOTPRINT_SECONDS (default 60), BENCH_SCENARIOS
@@ -194,9 +198,9 @@ start_agent() { # NAME NODE COMMAND...
   k wait --for=condition=Ready "node/$node" --timeout=120s >/dev/null
 }
 
-rkubelet_cmd() { # NODE OWNER
+rkubelet_cmd() { # NODE OWNER [BINARY]
   local node=$1 owner=$2
-  echo "$RK" run --kubeconfig "$RKUBELET_STATE/pki/node-$node.kubeconfig" \
+  echo "${3:-$RK}" run --kubeconfig "$RKUBELET_STATE/pki/node-$node.kubeconfig" \
     --hostname-override "$node" --node-ip "$NODE_IP" \
     --root-dir "$RKUBELET_STATE/bench/rkubelet-$node" --pod-logs-dir "$RKUBELET_STATE/bench/logs-$node" \
     --network-owner "$owner" --cni-conf-dir "$RKUBELET_REPO/cni-config" --cni-bin-dir /usr/lib/cni \
@@ -424,6 +428,9 @@ for agent in "${AGENTS[@]}"; do
   case $agent in
     rkubelet) run_agent "rkubelet" "$NODE_NAME" $(rkubelet_cmd "$NODE_NAME" runtime) ;;
     rkubelet-agent-cni) run_agent "rkubelet (agent CNI)" "$SECOND_NODE" $(rkubelet_cmd "$SECOND_NODE" agent) ;;
+    rkubelet-before)
+      [[ -x ${BENCH_BEFORE_BIN:-} ]] || die "rkubelet-before needs BENCH_BEFORE_BIN, the rkubelet binary of an earlier build"
+      run_agent "rkubelet (before)" "$NODE_NAME" $(rkubelet_cmd "$NODE_NAME" runtime "$BENCH_BEFORE_BIN") ;;
     kubelet-qps5) run_agent "kubelet QPS 5" "$NODE_NAME" $(kubelet_cmd 5 10) ;;
     kubelet-qps50) run_agent "kubelet QPS 50" "$NODE_NAME" $(kubelet_cmd 50 100) ;;
     *) echo "unknown agent in BENCH_AGENTS: $agent" >&2; exit 2 ;;

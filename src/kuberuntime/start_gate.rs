@@ -6,7 +6,9 @@
 //! running (status, exec probes) wait behind the new starts. A fixed number of turns does
 //! not fit every load either. The gate adapts the number of turns to what the runtime
 //! answers: each sandbox run, container create and start reports how long it took, against
-//! the best time of that call in its recent past; while calls take more than
+//! the best time of that call in its recent quiet past (a call made while at most
+//! [`QUIET`] pods were being set up: a burst's calls alone would compare a crowded runtime
+//! with itself); while calls take more than
 //! [`CROWDED`] times their best, the number of turns shrinks, and while they take less than
 //! [`ROOMY`] times their best and the turns are all in use, it grows (additive increase,
 //! multiplicative decrease), between [`MIN_TURNS`] and the configured ceiling.
@@ -31,13 +33,15 @@ pub const ROOMY: f64 = 2.5;
 /// Never fewer turns than this (unless the ceiling is lower): one start's latency alone
 /// must not serialize the node.
 pub const MIN_TURNS: f64 = 2.0;
+/// A call made while at most this many pods were being set up shows the runtime's own
+/// speed; until one was seen, the turns stay as they are.
+pub const QUIET: usize = 2;
 /// The share of the latest sample in the smoothed pressure.
 const SMOOTHING: f64 = 0.25;
 /// Each sample that finds the runtime crowded takes this share of the turns away.
 const DECREASE: f64 = 0.9;
-/// How many recent samples of each call its best time is taken from: a burst of a few
-/// hundred pods still compares with the times before it, and a lasting change of the
-/// machine's speed is followed.
+/// How many recent quiet samples of each call its best time is taken from: a lasting
+/// change of the machine's speed is followed.
 const WINDOW: usize = 256;
 
 /// The runtime calls whose latency the gate follows.
@@ -66,7 +70,7 @@ pub struct AdaptiveLimit {
     limit: f64,
     ceiling: f64,
     floor: f64,
-    /// Each call's recent samples, for its best time.
+    /// Each call's recent quiet samples, for its best time.
     recent: BTreeMap<StartCall, VecDeque<Duration>>,
     /// Smoothed ratio of the calls' latency to their best time.
     pressure: f64,
@@ -101,11 +105,15 @@ impl AdaptiveLimit {
     /// number of turns.
     pub fn observe(&mut self, call: StartCall, took: Duration, in_use: usize) -> usize {
         let recent = self.recent.entry(call).or_default();
-        if recent.len() == WINDOW {
-            recent.pop_front();
+        if in_use <= QUIET {
+            if recent.len() == WINDOW {
+                recent.pop_front();
+            }
+            recent.push_back(took);
         }
-        recent.push_back(took);
-        let best = recent.iter().min().copied().unwrap_or(took);
+        let Some(best) = recent.iter().min().copied() else {
+            return self.turns();
+        };
         let ratio = if best.is_zero() {
             1.0
         } else {
@@ -240,18 +248,24 @@ mod tests {
 
     const MS: Duration = Duration::from_millis(1);
 
+    /// One call made on a quiet runtime (one pod being set up).
+    fn quiet(limit: &mut AdaptiveLimit, call: StartCall, took: Duration) -> usize {
+        limit.observe(call, took, 1)
+    }
+
     #[test]
     fn starts_at_half_the_ceiling_and_never_below_the_floor_or_above_the_ceiling() {
         assert_eq!(AdaptiveLimit::new(10).turns(), 5);
         assert_eq!(AdaptiveLimit::new(3).turns(), 2);
         assert_eq!(AdaptiveLimit::new(1).turns(), 1);
         let mut crowded = AdaptiveLimit::new(10);
-        crowded.observe(StartCall::RunPodSandbox, 100 * MS, 5);
+        quiet(&mut crowded, StartCall::RunPodSandbox, 100 * MS);
         for _ in 0..100 {
             crowded.observe(StartCall::RunPodSandbox, 1000 * MS, 5);
         }
         assert_eq!(crowded.turns(), 2, "shrinks to the floor, not below");
         let mut roomy = AdaptiveLimit::new(10);
+        quiet(&mut roomy, StartCall::CreateContainer, 50 * MS);
         for _ in 0..1000 {
             let turns = roomy.turns();
             roomy.observe(StartCall::CreateContainer, 50 * MS, turns);
@@ -260,9 +274,25 @@ mod tests {
     }
 
     #[test]
+    fn a_burst_before_any_quiet_call_keeps_the_turns() {
+        // A node that starts with a burst knows only crowded calls: it cannot tell how
+        // crowded, so it neither grows nor shrinks.
+        let mut limit = AdaptiveLimit::new(20);
+        for took in [400, 600, 800, 3000, 5000] {
+            assert_eq!(limit.observe(StartCall::RunPodSandbox, took * MS, 10), 10);
+        }
+        // Its last pods, set up alone, show the runtime's own speed.
+        quiet(&mut limit, StartCall::RunPodSandbox, 150 * MS);
+        for _ in 0..10 {
+            limit.observe(StartCall::RunPodSandbox, 900 * MS, 10);
+        }
+        assert!(limit.turns() < 10, "{}", limit.turns());
+    }
+
+    #[test]
     fn shrinks_while_calls_take_more_than_crowded_times_their_best() {
         let mut limit = AdaptiveLimit::new(20);
-        assert_eq!(limit.observe(StartCall::RunPodSandbox, 200 * MS, 10), 10);
+        assert_eq!(quiet(&mut limit, StartCall::RunPodSandbox, 200 * MS), 10);
         let mut last = limit.turns();
         let mut shrank = 0;
         for _ in 0..10 {
@@ -278,7 +308,7 @@ mod tests {
     #[test]
     fn holds_between_roomy_and_crowded() {
         let mut limit = AdaptiveLimit::new(20);
-        limit.observe(StartCall::StartContainer, 100 * MS, 10);
+        quiet(&mut limit, StartCall::StartContainer, 100 * MS);
         // Three times the best time: neither crowded nor roomy once smoothed.
         for _ in 0..30 {
             limit.observe(StartCall::StartContainer, 300 * MS, 10);
@@ -293,7 +323,7 @@ mod tests {
     fn grows_only_while_its_turns_are_used() {
         let mut idle = AdaptiveLimit::new(20);
         for _ in 0..200 {
-            idle.observe(StartCall::CreateContainer, 50 * MS, 1);
+            quiet(&mut idle, StartCall::CreateContainer, 50 * MS);
         }
         assert_eq!(
             idle.turns(),
@@ -301,6 +331,7 @@ mod tests {
             "two pods at a time teach nothing about twenty"
         );
         let mut busy = AdaptiveLimit::new(20);
+        quiet(&mut busy, StartCall::CreateContainer, 50 * MS);
         for _ in 0..200 {
             let turns = busy.turns();
             busy.observe(StartCall::CreateContainer, 50 * MS, turns);
@@ -311,6 +342,8 @@ mod tests {
     #[test]
     fn each_call_is_compared_with_its_own_best_time() {
         let mut limit = AdaptiveLimit::new(20);
+        quiet(&mut limit, StartCall::RunPodSandbox, 500 * MS);
+        quiet(&mut limit, StartCall::StartContainer, 50 * MS);
         // A sandbox takes ten times a container start, on a quiet runtime: no pressure.
         for _ in 0..50 {
             limit.observe(StartCall::RunPodSandbox, 500 * MS, 10);
@@ -323,15 +356,15 @@ mod tests {
     #[test]
     fn the_best_time_is_taken_from_the_recent_window_only() {
         let mut limit = AdaptiveLimit::new(20);
-        limit.observe(StartCall::RunPodSandbox, 10 * MS, 10);
+        quiet(&mut limit, StartCall::RunPodSandbox, 10 * MS);
         // The machine became slower for good: once the quick sample left the window, the
         // slower times are the best and the pressure falls back.
-        for _ in 0..WINDOW {
-            limit.observe(StartCall::RunPodSandbox, 400 * MS, 10);
+        for _ in 1..WINDOW {
+            quiet(&mut limit, StartCall::RunPodSandbox, 400 * MS);
         }
         assert!(limit.pressure() > CROWDED);
         for _ in 0..20 {
-            limit.observe(StartCall::RunPodSandbox, 400 * MS, 10);
+            quiet(&mut limit, StartCall::RunPodSandbox, 400 * MS);
         }
         assert!(limit.pressure() < ROOMY, "{}", limit.pressure());
     }
@@ -418,6 +451,7 @@ mod tests {
     #[tokio::test]
     async fn more_turns_admit_waiters_at_once_and_fewer_take_none_back() {
         let gate = StartGate::new(8);
+        gate.observe(StartCall::CreateContainer, 10 * MS);
         let held: Vec<StartTurn> =
             futures::future::join_all((0..4).map(|_| gate.enter(Priority::New))).await;
         assert_eq!(gate.turns(), (4, 4));
