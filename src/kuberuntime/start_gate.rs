@@ -27,9 +27,9 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 
 /// Calls take more than this many times their best: the runtime is crowded.
-pub const CROWDED: f64 = 4.0;
+pub const CROWDED: f64 = 8.0;
 /// Calls take less than this many times their best: the runtime has room.
-pub const ROOMY: f64 = 2.5;
+pub const ROOMY: f64 = 5.0;
 /// Never fewer turns than this (unless the ceiling is lower): one start's latency alone
 /// must not serialize the node.
 pub const MIN_TURNS: f64 = 2.0;
@@ -37,9 +37,9 @@ pub const MIN_TURNS: f64 = 2.0;
 /// speed; until one was seen, the turns stay as they are.
 pub const QUIET: usize = 2;
 /// The share of the latest sample in the smoothed pressure.
-const SMOOTHING: f64 = 0.25;
+const SMOOTHING: f64 = 0.1;
 /// Each sample that finds the runtime crowded takes this share of the turns away.
-const DECREASE: f64 = 0.9;
+const DECREASE: f64 = 0.95;
 /// How many recent quiet samples of each call its best time is taken from: a lasting
 /// change of the machine's speed is followed.
 const WINDOW: usize = 256;
@@ -283,8 +283,8 @@ mod tests {
         }
         // Its last pods, set up alone, show the runtime's own speed.
         quiet(&mut limit, StartCall::RunPodSandbox, 150 * MS);
-        for _ in 0..10 {
-            limit.observe(StartCall::RunPodSandbox, 900 * MS, 10);
+        for _ in 0..30 {
+            limit.observe(StartCall::RunPodSandbox, 1500 * MS, 10);
         }
         assert!(limit.turns() < 10, "{}", limit.turns());
     }
@@ -295,8 +295,8 @@ mod tests {
         assert_eq!(quiet(&mut limit, StartCall::RunPodSandbox, 200 * MS), 10);
         let mut last = limit.turns();
         let mut shrank = 0;
-        for _ in 0..10 {
-            let turns = limit.observe(StartCall::RunPodSandbox, 1000 * MS, 10);
+        for _ in 0..40 {
+            let turns = limit.observe(StartCall::RunPodSandbox, 2000 * MS, 10);
             assert!(turns <= last, "never grows while crowded");
             shrank += usize::from(turns < last);
             last = turns;
@@ -309,13 +309,13 @@ mod tests {
     fn holds_between_roomy_and_crowded() {
         let mut limit = AdaptiveLimit::new(20);
         quiet(&mut limit, StartCall::StartContainer, 100 * MS);
-        // Three times the best time: neither crowded nor roomy once smoothed.
-        for _ in 0..30 {
-            limit.observe(StartCall::StartContainer, 300 * MS, 10);
+        // Six and a half times the best time: neither crowded nor roomy once smoothed.
+        for _ in 0..60 {
+            limit.observe(StartCall::StartContainer, 650 * MS, 10);
         }
         let held = limit.turns();
         for _ in 0..30 {
-            assert_eq!(limit.observe(StartCall::StartContainer, 300 * MS, 10), held);
+            assert_eq!(limit.observe(StartCall::StartContainer, 650 * MS, 10), held);
         }
     }
 
@@ -363,7 +363,7 @@ mod tests {
             quiet(&mut limit, StartCall::RunPodSandbox, 400 * MS);
         }
         assert!(limit.pressure() > CROWDED);
-        for _ in 0..20 {
+        for _ in 0..50 {
             quiet(&mut limit, StartCall::RunPodSandbox, 400 * MS);
         }
         assert!(limit.pressure() < ROOMY, "{}", limit.pressure());
