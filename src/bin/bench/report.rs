@@ -741,7 +741,10 @@ pub fn report(args: &ReportArgs) -> anyhow::Result<Value> {
             wall(r, "all_ready"),
             wall(r, "all_gone"),
         ));
-        if r["count"].as_u64() == Some(100) || r["count"].as_u64() == Some(30) {
+        if r["count"]
+            .as_u64()
+            .is_some_and(|n| [30, 100, 110].contains(&n))
+        {
             plot.insert(
                 format!(
                     "{} {} x{}",
