@@ -303,7 +303,7 @@ run_agent() { # NAME NODE COMMAND...
 # at once when there are several). The concurrency that gives the shortest wall time is
 # found with one run of each, then measured BENCH_REPEAT times in all (once below 30).
 floor_runs() {
-  local n=$1 out=$2 best="" c wall run tmp endpoints=()
+  local n=$1 out=$2 best="" c e wall run tmp endpoints=()
   shift 2
   for e in "$@"; do endpoints+=(--endpoint "unix://$e"); done
   for c in 1 5 10 20 50; do
