@@ -10,13 +10,15 @@
 # containerd runs bridge + host-local + portmap), rkubelet with agent-owned networking (as
 # a second node of its own pod CIDR: two owners cannot route one CIDR), and the kubelet
 # with its v1.20 API defaults (QPS 5, burst 10) and with the newer ones (50/100).
-# Scenarios per agent: footprint idle; bursts of 1, 10, 30, 100 pods bound to the node;
-# Deployments of 3 and 30 replicas; footprint with 100 pods; 100 pods with a readiness and
+# Scenarios per agent: footprint idle; bursts of 1, 10, 30, 100 and 110 (the kubelet's
+# default maxPods) pods bound to the node, with the agent's CPU seconds and resident memory
+# from the first create until all are gone; Deployments of 3 and 30 replicas; footprint with
+# 110 pods; 100 pods with a readiness and
 # a liveness probe each every second (exec, httpGet and tcpSocket evenly), the agent's CPU
 # seconds and memory measured over BENCH_FOOTPRINT_SECONDS while they run; 100 pods that
 # all use one Secret and one ConfigMap in env and volumes, the agent's reads of Secrets and
 # ConfigMaps counted per node identity from the API server's audit log. Then the CRI
-# floor.
+# floor, at 1 pod and at every burst count of 30 and more.
 # rkubelet's bursts are broken down per step from its pods' start-up timelines (read from
 # its debug socket), its deletions from its log (--log-span-timings), so the report breaks its
 # largest burst down per step.
@@ -35,8 +37,12 @@
 # runtime-owned networking (`cluster.sh start-agents --network-owner runtime`) and the
 # kubelet, one per node, each in its node's netns (nsenter, the machine's mount
 # namespace). Every agent gets fresh nodes (remove-nodes, add-nodes) and one unmeasured
-# burst of one pod per node first (the image pulls), e.g.
+# burst of one pod per node first (the image pulls). After the first agent, before its
+# nodes go, the CRI floor runs on every node's containerd at once (BENCH_BURSTS sandboxes
+# each, with the network containerd rendered from the node's pod CIDR): the floor of N
+# nodes sharing this machine, e.g.
 #   BENCH_NODES=3 bash scripts/bench.sh out/3nodes
+#   BENCH_NODES=3 BENCH_BURSTS=110 bash scripts/bench.sh out/3x110
 #
 # With BENCH_KIND=1, the layout is this machine's node beside a kind-style node
 # (`cluster.sh add-kind-node`: systemd as PID 1, its own containerd, kubeadm's files) and
@@ -69,7 +75,7 @@
 # target/release/rkubelet).
 #
 # For a shorter run: BENCH_AGENTS (default "rkubelet rkubelet-agent-cni kubelet-qps5
-# kubelet-qps50"), BENCH_BURSTS (default "1 10 30 100"), BENCH_REPEAT (default 3),
+# kubelet-qps50"), BENCH_BURSTS (default "1 10 30 100 110"), BENCH_REPEAT (default 3),
 # BENCH_FLOOR=0 (skip the floor), BENCH_FOOTPRINT_SECONDS (default 60), BENCH_SCENARIOS
 # (default "all", or some of "idle bursts deployments steady probes sources scrape"), e.g.
 #   BENCH_SCENARIOS=probes BENCH_AGENTS="rkubelet kubelet-qps50" BENCH_FLOOR=0 bash scripts/bench.sh
@@ -110,7 +116,7 @@ elif ((NODES > 1)); then
   read -ra BURSTS <<<"${BENCH_BURSTS:-30}"
   read -ra AGENTS <<<"${BENCH_AGENTS:-rkubelet kubelet-qps50}"
 else
-  read -ra BURSTS <<<"${BENCH_BURSTS:-1 10 30 100}"
+  read -ra BURSTS <<<"${BENCH_BURSTS:-1 10 30 100 110}"
   read -ra AGENTS <<<"${BENCH_AGENTS:-rkubelet rkubelet-agent-cni kubelet-qps5 kubelet-qps50}"
 fi
 FOOTPRINT_SECONDS="${BENCH_FOOTPRINT_SECONDS:-60}"
@@ -123,6 +129,8 @@ for s in $SCENARIOS; do
 done
 want() { [[ " $SCENARIOS " == *" $1 "* ]]; }
 PROBE_PODS=100
+# The footprint's pods: the kubelet's default maxPods, the most a node takes.
+STEADY_PODS=110
 SCRAPES="${BENCH_SCRAPES:-20}"
 SECOND_NODE=rk-node2
 
@@ -244,7 +252,7 @@ scenarios() { # AGENT NODE
         settle
         log "$agent: burst of $n (run $run of $runs)"
         "$BENCH" burst --kubeconfig "$KUBECONFIG_ADMIN" --node "$node" --count "$n" --agent "$agent" \
-          "${timelines[@]}" >>"$OUT/burst.json"
+          --pid "$AGENT_PID" "${timelines[@]}" >>"$OUT/burst.json"
       done
     done
   fi
@@ -256,11 +264,11 @@ scenarios() { # AGENT NODE
     done
   fi
   if want steady; then
-    log "$agent: footprint with 100 pods"
-    k create deployment steady --image=127.0.0.1:5000/rkubelet/busybox:1.35 --replicas=100 -- sh -c "trap 'exit 0' TERM; sleep 3600 & wait" >/dev/null
+    log "$agent: footprint with $STEADY_PODS pods"
+    k create deployment steady --image=127.0.0.1:5000/rkubelet/busybox:1.35 --replicas=$STEADY_PODS -- sh -c "trap 'exit 0' TERM; sleep 3600 & wait" >/dev/null
     k patch deployment steady --type=merge -p "{\"spec\":{\"template\":{\"spec\":{\"nodeSelector\":{\"kubernetes.io/hostname\":\"$node\"}}}}}" >/dev/null
     k rollout status deployment/steady --timeout=600s >/dev/null
-    footprint "$agent" "100 pods"
+    footprint "$agent" "$STEADY_PODS pods"
     k delete deployment steady --wait=true >/dev/null
     while [[ -n $(k get pods -o name) ]]; do sleep 1; done
   fi
@@ -289,6 +297,32 @@ run_agent() { # NAME NODE COMMAND...
   start_agent "$name" "$node" "$@"
   scenarios "$name" "$node"
   stop_agent
+}
+
+# floor_runs COUNT OUT_FILE ENDPOINT...: the CRI floor, COUNT sandboxes on each endpoint (all
+# at once when there are several). The concurrency that gives the shortest wall time is
+# found with one run of each, then measured BENCH_REPEAT times in all (once below 30).
+floor_runs() {
+  local n=$1 out=$2 best="" c e wall run tmp endpoints=()
+  shift 2
+  for e in "$@"; do endpoints+=(--endpoint "unix://$e"); done
+  for c in 1 5 10 20 50; do
+    ((c <= n)) || continue
+    settle
+    log "CRI floor: $n sandboxes on each of $# runtimes, $c at a time"
+    tmp="$OUT/floor-$n-$#-$c.tmp"
+    "$BENCH" floor --count "$n" --concurrency "$c" "${endpoints[@]}" >"$tmp"
+    wall=$(jq .all_ready "$tmp")
+    if [[ -z $best ]] || (($(echo "$wall < $(jq .all_ready "$best")" | bc))); then best=$tmp; fi
+  done
+  cp "$best" "$out"
+  c=$(jq .concurrency "$best")
+  for ((run = 2; run <= (n < 30 ? 1 : REPEAT); run++)); do
+    settle
+    log "CRI floor: $n sandboxes on each of $# runtimes, $c at a time (run $run of $REPEAT)"
+    "$BENCH" floor --count "$n" --concurrency "$c" "${endpoints[@]}" >>"$out"
+  done
+  rm -f "$OUT"/floor-*.tmp
 }
 
 # ---- N nodes as hosts (BENCH_NODES > 1)
@@ -339,6 +373,14 @@ multi_node_agent() {
     done
   done
   stop_node_agents
+  # The floor on every node's runtime at once, with the network containerd rendered from
+  # the node's pod CIDR, once a run (after the first agent, before its nodes go).
+  if [[ ${BENCH_FLOOR:-1} == 1 && ! -e $OUT/floor-nodes.json ]]; then
+    local socks=()
+    for h in "${HOSTS[@]}"; do socks+=("$(host_dir "$h")/containerd.sock"); done
+    for n in "${BURSTS[@]}"; do floor_runs "$n" "$OUT/floor-nodes-$n.json" "${socks[@]}"; done
+    touch "$OUT/floor-nodes.json"
+  fi
   for h in "${HOSTS[@]}"; do
     [[ ! -f $RKUBELET_STATE/logs/rkubelet@$h.log ]] || cp "$RKUBELET_STATE/logs/rkubelet@$h.log" "$OUT/$agent-$h.log"
   done
@@ -437,29 +479,12 @@ for agent in "${AGENTS[@]}"; do
   esac
 done
 
-# The floor, with containerd's own network (rendered from rk-node1's pod CIDR by now).
-FLOOR_COUNTS=(1 30 100)
+# The floor, with containerd's own network (rendered from rk-node1's pod CIDR by now): at
+# one pod and at every burst count of 30 and more.
+FLOOR_COUNTS=()
+for n in "${BURSTS[@]}"; do ((n != 1 && n < 30)) || FLOOR_COUNTS+=("$n"); done
 [[ ${BENCH_FLOOR:-1} == 1 && $NODES == 1 && $KIND == 0 && $LOGROTATE == 0 ]] || FLOOR_COUNTS=()
-# The concurrency that gives the shortest wall time is found with one run of each, then
-# measured BENCH_REPEAT times in all.
-for n in "${FLOOR_COUNTS[@]}"; do
-  best=""
-  for c in 1 5 10 20 50; do
-    ((c <= n)) || continue
-    settle
-    log "CRI floor: $n sandboxes, $c at a time"
-    "$BENCH" floor --count "$n" --concurrency "$c" >"$OUT/floor-$n-$c.tmp"
-    wall=$(jq .all_ready "$OUT/floor-$n-$c.tmp")
-    if [[ -z $best ]] || (($(echo "$wall < $(jq .all_ready "$best")" | bc))); then best="$OUT/floor-$n-$c.tmp"; fi
-  done
-  cp "$best" "$OUT/floor-$n.json"
-  c=$(jq .concurrency "$best")
-  for ((run = 2; run <= (n < 30 ? 1 : REPEAT); run++)); do
-    settle
-    log "CRI floor: $n sandboxes, $c at a time (run $run of $REPEAT)"
-    "$BENCH" floor --count "$n" --concurrency "$c" >>"$OUT/floor-$n.json"
-  done
-done
+for n in "${FLOOR_COUNTS[@]}"; do floor_runs "$n" "$OUT/floor-$n.json" "$CONTAINERD_SOCK"; done
 rm -f "$OUT"/*.tmp
 
 machine="$(date -u +%Y-%m-%d), $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB, $(uname -r), containerd $(containerd --version | awk '{print $3}')"

@@ -13,13 +13,15 @@ use crate::results::{run_id, seconds};
 
 #[derive(Debug, clap::Args)]
 pub struct FloorArgs {
-    /// The CRI endpoint.
+    /// The CRI endpoint; given several times (one node's runtime each), every runtime
+    /// sets up its sandboxes at the same time, as the nodes of a multi-node burst start
+    /// their pods at once.
     #[arg(long, default_value = "unix:///run/containerd/containerd.sock")]
-    endpoint: String,
-    /// How many sandboxes.
+    endpoint: Vec<String>,
+    /// How many sandboxes, on each endpoint.
     #[arg(long)]
     count: usize,
-    /// How many sandboxes are set up at once.
+    /// How many sandboxes each endpoint sets up at once.
     #[arg(long)]
     concurrency: usize,
     /// The container image (present in the runtime).
@@ -123,16 +125,22 @@ async fn floor_down(cri: &CriClient, sandbox: String) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub async fn floor(args: FloorArgs) -> anyhow::Result<Value> {
-    let endpoint = args.endpoint.parse()?;
-    let cri = CriClient::new(endpoint, Duration::from_secs(120), None);
+/// One runtime's sandboxes up (`concurrency` at a time), each one's seconds counted from
+/// `started`; then, once `all_up` says every runtime's are, torn down. Returns the
+/// seconds of each sandbox, and the teardown's wall time.
+async fn floor_on(
+    cri: CriClient,
+    args: &FloorArgs,
+    log_dir: PathBuf,
+    started: Instant,
+    all_up: &tokio::sync::Barrier,
+) -> anyhow::Result<(Vec<f64>, f64)> {
     let run = run_id();
-    let started = Instant::now();
     // Each pod's time counts from the start of the batch, as a burst's pods count from
     // their create: a sandbox that waits for its turn waits as a pod waits for the agent.
     let ups = (0..args.count).map(|i| {
         let cri = &cri;
-        let config = floor_sandbox(i, &run, &args.log_dir);
+        let config = floor_sandbox(i, &run, &log_dir);
         let image = args.image.as_str();
         async move {
             floor_up(cri, config, image)
@@ -144,7 +152,8 @@ pub async fn floor(args: FloorArgs) -> anyhow::Result<Value> {
         .buffer_unordered(args.concurrency.max(1))
         .collect()
         .await;
-    let up_wall = seconds(started.elapsed());
+    // The teardown starts when every runtime's sandboxes are up, failed or not.
+    all_up.wait().await;
     let mut sandboxes = Vec::new();
     let mut each = Vec::new();
     for r in results {
@@ -161,9 +170,41 @@ pub async fn floor(args: FloorArgs) -> anyhow::Result<Value> {
     for r in results {
         r?;
     }
+    let _ = std::fs::remove_dir_all(&log_dir);
+    Ok((each, seconds(tearing.elapsed())))
+}
+
+pub async fn floor(args: FloorArgs) -> anyhow::Result<Value> {
+    let nodes = args.endpoint.len();
+    let all_up = tokio::sync::Barrier::new(nodes);
+    let started = Instant::now();
+    let mut runs = Vec::new();
+    for (i, endpoint) in args.endpoint.iter().enumerate() {
+        let cri = CriClient::new(endpoint.parse()?, Duration::from_secs(120), None);
+        let log_dir = args.log_dir.join(i.to_string());
+        runs.push(floor_on(cri, &args, log_dir, started, &all_up));
+    }
+    let mut each = Vec::new();
+    let mut all_gone: f64 = 0.0;
+    for r in futures::future::join_all(runs).await {
+        let (ready, gone) = r?;
+        each.extend(ready);
+        all_gone = all_gone.max(gone);
+    }
     let _ = std::fs::remove_dir_all(&args.log_dir);
+    let all_ready = each.iter().copied().fold(0.0, f64::max);
     Ok(json!({
-        "kind": "floor", "agent": "CRI floor", "count": args.count, "concurrency": args.concurrency,
-        "ready": each, "all_ready": up_wall, "all_gone": seconds(tearing.elapsed()),
+        "kind": "floor", "agent": floor_agent(nodes), "count": args.count, "nodes": nodes,
+        "concurrency": args.concurrency, "ready": each, "all_ready": all_ready, "all_gone": all_gone,
     }))
+}
+
+/// The floor's name in the report: `CRI floor`, or `CRI floor, 3 nodes` when that many
+/// runtimes ran it at once.
+fn floor_agent(nodes: usize) -> String {
+    if nodes > 1 {
+        format!("CRI floor, {nodes} nodes")
+    } else {
+        "CRI floor".to_owned()
+    }
 }
