@@ -442,10 +442,11 @@ impl<C: Cri + Clone> Kubelet<C> {
             return Next::ResyncAfter(wait);
         }
         // As the kubelet's syncPod: the pod cgroup first, then data dirs and volumes.
-        if let Some(next) = self
-            .ensure_pod_cgroup(pod, id, &runtime)
-            .instrument(tracing::info_span!("ensure_pod_cgroup"))
-            .await
+        if let Some(next) = Box::pin(
+            self.ensure_pod_cgroup(pod, id, &runtime)
+                .instrument(tracing::info_span!("ensure_pod_cgroup")),
+        )
+        .await
         {
             return next;
         }
@@ -457,10 +458,11 @@ impl<C: Cri + Clone> Kubelet<C> {
             let message = format!("Error making pod data directories: {e}");
             return self.retry_failed(id, "Failed", message);
         }
-        let prepared = self
-            .pod_volumes(pod, id)
-            .instrument(tracing::info_span!("mount_volumes"))
-            .await;
+        let prepared = Box::pin(
+            self.pod_volumes(pod, id)
+                .instrument(tracing::info_span!("mount_volumes")),
+        )
+        .await;
         let volumes = match prepared {
             Ok(v) => v,
             Err(e) => {
@@ -498,7 +500,9 @@ impl<C: Cri + Clone> Kubelet<C> {
             seccomp_profile_root: self.settings.root_dir.join("seccomp"),
             memory_capacity: self.settings.memory_capacity,
         };
-        let outcome = self.runtime.sync_pod(pod, id, &runtime, &ctx).await;
+        // Boxed, as the steps before it: a sync waiting for its start turn holds only the
+        // runtime's part.
+        let outcome = Box::pin(self.runtime.sync_pod(pod, id, &runtime, &ctx)).await;
         self.reasons
             .lock()
             .insert(id.uid.clone(), outcome.waiting.clone());

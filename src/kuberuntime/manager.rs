@@ -282,7 +282,7 @@ impl<C: Cri> RuntimeManager<C> {
                 );
             }
             let grace = crate::pod::termination_grace_period(pod);
-            if let Err(e) = self.kill_pod((id, Some(pod)), status, grace).await {
+            if let Err(e) = Box::pin(self.kill_pod((id, Some(pod)), status, grace)).await {
                 // As the kubelet: no new sandbox while the old one still holds its network.
                 let message = format!("error killing pod: {e}");
                 self.events
@@ -296,12 +296,12 @@ impl<C: Cri> RuntimeManager<C> {
                 self.purge_init_containers(pod, status).await;
             }
         }
-        self.kill_containers(
+        Box::pin(self.kill_containers(
             (id, pod),
             status,
             &actions,
             crate::pod::termination_grace_period(pod),
-        )
+        ))
         .await;
         let mut slot = StartSlot {
             gate: self.start_gate.clone(),
@@ -312,16 +312,16 @@ impl<C: Cri> RuntimeManager<C> {
         if actions.create_sandbox.is_some() || starts {
             slot.hold().await;
         }
-        let (sandbox_id, sandbox_ips) = match self
-            .ensure_sandbox(pod, id, status, &actions, &ctx.runtime_handler)
-            .await
-        {
-            Ok(s) => s,
-            Err(message) => {
-                outcome.sandbox_error = Some(message);
-                return outcome;
-            }
-        };
+        let (sandbox_id, sandbox_ips) =
+            match Box::pin(self.ensure_sandbox(pod, id, status, &actions, &ctx.runtime_handler))
+                .await
+            {
+                Ok(s) => s,
+                Err(message) => {
+                    outcome.sandbox_error = Some(message);
+                    return outcome;
+                }
+            };
         let Some(sandbox_id) = sandbox_id else {
             return outcome;
         };
@@ -410,8 +410,11 @@ impl<C: Cri> RuntimeManager<C> {
                 outcome.retry_in(wait);
                 continue;
             }
-            let started = self
-                .start_container(
+            // Boxed, as the sandbox's creation: a pod waiting for its turn keeps only what
+            // the wait needs (each sync of a burst waits, and would hold the largest step's
+            // state, tens of KB, while it waits).
+            let started = Box::pin(
+                self.start_container(
                     pod,
                     id,
                     (container, involved),
@@ -422,8 +425,9 @@ impl<C: Cri> RuntimeManager<C> {
                     ctx,
                     &mut slot,
                 )
-                .instrument(tracing::info_span!("start_container", container = %container.name))
-                .await;
+                .instrument(tracing::info_span!("start_container", container = %container.name)),
+            )
+            .await;
             if let Err(waiting) = started {
                 if waiting.reason == "ImagePullBackOff" || waiting.reason == "ErrImagePull" {
                     outcome.retry_in(crate::images::IMAGE_BACKOFF.0);
