@@ -375,7 +375,8 @@ mod tests {
                         if header.trim().is_empty() {
                             break;
                         }
-                        if let Some(v) = header.to_ascii_lowercase().strip_prefix("content-length:") {
+                        if let Some(v) = header.to_ascii_lowercase().strip_prefix("content-length:")
+                        {
                             length = v.trim().parse().unwrap();
                         }
                     }
@@ -386,8 +387,11 @@ mod tests {
                         "metadata": {"name": "web", "namespace": "default", "uid": "uid-web",
                                      "deletionGracePeriodSeconds": 0}});
                     let (status, answer) = if !exists {
-                        ("404 Not Found", json!({"apiVersion": "v1", "kind": "Status",
-                            "status": "Failure", "reason": "NotFound", "code": 404}))
+                        (
+                            "404 Not Found",
+                            json!({"apiVersion": "v1", "kind": "Status",
+                            "status": "Failure", "reason": "NotFound", "code": 404}),
+                        )
                     } else {
                         // Shortened only, or removed: the pod comes back either way.
                         exists = std::mem::take(&mut grace_left);
@@ -411,7 +415,9 @@ mod tests {
         let (url, seen) = graceful_pod_server(pending_grace).await;
         let client = kube::Client::try_from(kube::Config::new(url.parse().unwrap())).unwrap();
         let pod = testing::pod("web", &[("c", "nginx")]);
-        let deleted = delete_now(&client, &PodId::of(&pod).unwrap()).await.unwrap();
+        let deleted = delete_now(&client, &PodId::of(&pod).unwrap())
+            .await
+            .unwrap();
         let seen = seen.lock().unwrap().clone();
         (deleted, seen)
     }
@@ -421,7 +427,10 @@ mod tests {
         let (deleted, seen) = delete_from(true).await;
         assert!(deleted);
         assert_eq!(seen.len(), 2, "{seen:?}");
-        assert!(seen.iter().all(|r| r.starts_with("DELETE /api/v1/namespaces/default/pods/web")));
+        assert!(
+            seen.iter()
+                .all(|r| r.starts_with("DELETE /api/v1/namespaces/default/pods/web"))
+        );
     }
 
     #[tokio::test]
