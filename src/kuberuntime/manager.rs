@@ -7,7 +7,7 @@
 //! finishes sooner than a hundred that share the runtime. A pod gives its slot back while
 //! its image is pulled.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -124,6 +124,10 @@ pub struct RuntimeManager<C> {
     /// Sandbox stops (CNI DEL chains) in flight at once: as many as the start gate's first
     /// turns (half the ceiling).
     stop_slots: Semaphore,
+    /// The sandboxes each pod (by UID) had stopped: a stopped sandbox never runs again,
+    /// so a repeated kill (a termination started over) neither queues for a stop slot nor
+    /// makes the runtime run its CNI `DEL` chain once more. Forgotten with the pod.
+    stopped_sandboxes: Mutex<HashMap<String, HashSet<String>>>,
     /// The node's IP, which a pod on the host's network has (its hooks' default host).
     host_ip: Option<IpAddr>,
     /// Told of each container started, to watch its log from the start.
@@ -214,6 +218,7 @@ impl<C: Cri> RuntimeManager<C> {
             crash_backoff: Mutex::new(HashMap::new()),
             start_gate: StartGate::new(parallel_starts),
             stop_slots: Semaphore::new(parallel_starts.div_ceil(2).max(1)),
+            stopped_sandboxes: Mutex::default(),
             host_ip,
             log_starts: None,
             devices: None,
@@ -958,8 +963,18 @@ impl<C: Cri> RuntimeManager<C> {
         });
         futures::future::join_all(stops).await;
         let mut first_error = None;
+        let to_stop: Vec<&str> = {
+            let stopped = crate::lock::lock(&self.stopped_sandboxes);
+            let of_pod = stopped.get(&id.uid);
+            status
+                .sandboxes
+                .iter()
+                .map(|s| s.id.as_str())
+                .filter(|s| !of_pod.is_some_and(|done| done.contains(*s)))
+                .collect()
+        };
         // The semaphore is never closed, so acquiring fails only in theory.
-        let _turn = if status.sandboxes.is_empty() {
+        let _turn = if to_stop.is_empty() {
             None
         } else {
             self.stop_slots
@@ -968,13 +983,21 @@ impl<C: Cri> RuntimeManager<C> {
                 .await
                 .ok()
         };
-        for sandbox in &status.sandboxes {
+        for sandbox in to_stop {
             let req = api::StopPodSandboxRequest {
-                pod_sandbox_id: sandbox.id.clone(),
+                pod_sandbox_id: sandbox.to_owned(),
             };
-            if let Err(e) = ok_if_not_found(self.cri.stop_pod_sandbox(req).await) {
-                tracing::warn!(sandbox = %sandbox.id, error = %e, "could not stop pod sandbox");
-                first_error.get_or_insert(e);
+            match ok_if_not_found(self.cri.stop_pod_sandbox(req).await) {
+                Ok(()) => {
+                    crate::lock::lock(&self.stopped_sandboxes)
+                        .entry(id.uid.clone())
+                        .or_default()
+                        .insert(sandbox.to_owned());
+                }
+                Err(e) => {
+                    tracing::warn!(sandbox, error = %e, "could not stop pod sandbox");
+                    first_error.get_or_insert(e);
+                }
             }
         }
         first_error.map_or(Ok(()), Err)
@@ -1007,8 +1030,8 @@ impl<C: Cri> RuntimeManager<C> {
     }
 }
 
-/// The back-offs (image pulls, crashed containers) of a pod that is gone, whether or not
-/// anything of it was left in the runtime to remove.
+/// The back-offs (image pulls, crashed containers) and the stopped sandboxes of a pod that
+/// is gone, whether or not anything of it was left in the runtime to remove.
 impl<C: Cri> ForgetPod for RuntimeManager<C> {
     fn name(&self) -> &'static str {
         "runtime back-offs"
@@ -1019,11 +1042,13 @@ impl<C: Cri> ForgetPod for RuntimeManager<C> {
             || crate::lock::lock(&self.crash_backoff)
                 .keys()
                 .any(|(pod, _)| pod == uid)
+            || crate::lock::lock(&self.stopped_sandboxes).contains_key(uid)
     }
 
     fn forget(&self, uid: &str) {
         self.images.forget_pod(uid);
         crate::lock::lock(&self.crash_backoff).retain(|(pod, _), _| pod != uid);
+        crate::lock::lock(&self.stopped_sandboxes).remove(uid);
     }
 }
 
@@ -1327,6 +1352,36 @@ mod tests {
             containers: Vec::new(),
         };
         assert!(m.kill_pod((&pod_id(), None), &ok, 30).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_sandbox_stopped_once_is_not_stopped_again_until_the_pod_is_forgotten() {
+        let m = manager();
+        let status = PodRuntimeStatus {
+            sandboxes: vec![sandbox("bad", 0, false), sandbox("s1", 0, false)],
+            containers: Vec::new(),
+        };
+        assert!(m.kill_pod((&pod_id(), None), &status, 30).await.is_err());
+        // A termination started over: only the stop that failed is tried again.
+        assert!(m.kill_pod((&pod_id(), None), &status, 30).await.is_err());
+        let only_s1 = PodRuntimeStatus {
+            sandboxes: vec![sandbox("s1", 0, false)],
+            containers: Vec::new(),
+        };
+        assert!(m.kill_pod((&pod_id(), None), &only_s1, 30).await.is_ok());
+        assert_eq!(
+            m.cri().calls(),
+            [
+                "StopPodSandbox bad",
+                "StopPodSandbox s1",
+                "StopPodSandbox bad"
+            ]
+        );
+        assert!(m.holds(&pod_id().uid));
+        m.forget(&pod_id().uid);
+        assert!(!m.holds(&pod_id().uid));
+        assert!(m.kill_pod((&pod_id(), None), &only_s1, 30).await.is_ok());
+        assert_eq!(m.cri().calls().last().unwrap(), "StopPodSandbox s1");
     }
 
     /// A runtime whose sandbox stops (their CNI DEL chains) take a while; it records how

@@ -52,6 +52,12 @@ impl std::fmt::Display for PodId {
 /// pod of the same name is never deleted. `Ok(false)` when it was gone already (or
 /// replaced by another of its name).
 ///
+/// A pod being deleted with a longer grace period is not removed by the first such
+/// delete: the API server only shortens its grace period to 0 (`rest.BeforeDelete`), and
+/// removes it on the next delete. The kubelet sends that one from its next status sync,
+/// after the watch brought the shortened pod back; here it follows at once
+/// (two deletes), so that the pod's worker is not woken to terminate it again.
+///
 /// # Errors
 /// The API refused or could not be reached.
 pub async fn delete_now(client: &kube::Client, id: &PodId) -> Result<bool, kube::Error> {
@@ -65,12 +71,22 @@ pub async fn delete_now(client: &kube::Client, id: &PodId) -> Result<bool, kube:
         }),
         ..DeleteParams::default()
     };
-    match api.delete(&id.name, &params).await {
-        Ok(_) => Ok(true),
-        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(false),
-        Err(e) => Err(e),
+    let mut deleted = false;
+    for _ in 0..DELETES_TO_REMOVE {
+        match api.delete(&id.name, &params).await {
+            Ok(_) => deleted = true,
+            // Gone: by this delete's predecessor, or by someone else.
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => return Ok(deleted),
+            Err(e) => return Err(e),
+        }
     }
+    Ok(deleted)
 }
+
+/// The grace-0 deletes that remove a pod whatever its deletion grace period was: the first
+/// shortens a pending one to 0, the second removes it (and finds it gone when the first
+/// already did).
+const DELETES_TO_REMOVE: usize = 2;
 
 /// The pod's init containers, then its app containers.
 pub fn containers(pod: &Pod) -> impl Iterator<Item = &Container> {
@@ -328,6 +344,101 @@ pub(crate) mod testing {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
+
+    /// An API server holding one pod deleted with a grace period, as `rest.BeforeDelete`
+    /// treats it: the first grace-0 delete shortens the grace period, the next removes the
+    /// pod, any later one finds it gone. Answers every request on one connection; returns
+    /// the methods and paths it was asked.
+    async fn graceful_pod_server(
+        pending_grace: bool,
+    ) -> (String, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+        use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = seen.clone();
+        tokio::spawn(async move {
+            let mut grace_left = pending_grace;
+            let mut exists = true;
+            while let Ok((conn, _)) = listener.accept().await {
+                let mut conn = BufReader::new(conn);
+                loop {
+                    let mut line = String::new();
+                    if conn.read_line(&mut line).await.unwrap_or(0) == 0 {
+                        break;
+                    }
+                    let mut length = 0;
+                    loop {
+                        let mut header = String::new();
+                        conn.read_line(&mut header).await.unwrap();
+                        if header.trim().is_empty() {
+                            break;
+                        }
+                        if let Some(v) = header.to_ascii_lowercase().strip_prefix("content-length:")
+                        {
+                            length = v.trim().parse().unwrap();
+                        }
+                    }
+                    let mut body = vec![0; length];
+                    conn.read_exact(&mut body).await.unwrap();
+                    log.lock().unwrap().push(line.trim().to_owned());
+                    let pod = json!({"apiVersion": "v1", "kind": "Pod",
+                        "metadata": {"name": "web", "namespace": "default", "uid": "uid-web",
+                                     "deletionGracePeriodSeconds": 0}});
+                    let (status, answer) = if !exists {
+                        (
+                            "404 Not Found",
+                            json!({"apiVersion": "v1", "kind": "Status",
+                            "status": "Failure", "reason": "NotFound", "code": 404}),
+                        )
+                    } else {
+                        // Shortened only, or removed: the pod comes back either way.
+                        exists = std::mem::take(&mut grace_left);
+                        ("200 OK", pod)
+                    };
+                    let answer = answer.to_string();
+                    let head = format!(
+                        "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+                        answer.len()
+                    );
+                    let out = conn.get_mut();
+                    out.write_all(head.as_bytes()).await.unwrap();
+                    out.write_all(answer.as_bytes()).await.unwrap();
+                }
+            }
+        });
+        (url, seen)
+    }
+
+    async fn delete_from(pending_grace: bool) -> (bool, Vec<String>) {
+        let (url, seen) = graceful_pod_server(pending_grace).await;
+        let client = kube::Client::try_from(kube::Config::new(url.parse().unwrap())).unwrap();
+        let pod = testing::pod("web", &[("c", "nginx")]);
+        let deleted = delete_now(&client, &PodId::of(&pod).unwrap())
+            .await
+            .unwrap();
+        let seen = seen.lock().unwrap().clone();
+        (deleted, seen)
+    }
+
+    #[tokio::test]
+    async fn a_pod_with_a_pending_grace_period_is_removed_by_a_second_delete_at_once() {
+        let (deleted, seen) = delete_from(true).await;
+        assert!(deleted);
+        assert_eq!(seen.len(), 2, "{seen:?}");
+        assert!(
+            seen.iter()
+                .all(|r| r.starts_with("DELETE /api/v1/namespaces/default/pods/web"))
+        );
+    }
+
+    #[tokio::test]
+    async fn a_pod_removed_by_the_first_delete_is_found_gone_by_the_second() {
+        let (deleted, seen) = delete_from(false).await;
+        assert!(deleted);
+        assert_eq!(seen.len(), 2, "{seen:?}");
+    }
 
     #[test]
     fn identity_and_defaults() {
