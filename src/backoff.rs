@@ -68,33 +68,46 @@ pub fn random_fraction() -> f64 {
 /// doubling to 30 s and started over after 2 min without a failure, each wait stretched by
 /// up to as much again at random (jitter 1.0), so that the node's watches do not all come
 /// back in the same instant.
+///
+/// One more, beyond client-go: a watch of a Secret or ConfigMap that the Node authorizer
+/// refuses with "no relationship found" is a watch that came before the authorizer's graph
+/// learnt of the pod bound to this node (it follows the API server's own watch, a few ms
+/// behind). Every pod of a burst waits for that object (at most a second, then its sync
+/// is retried), so that refusal is tried again from 100 ms, doubling.
 #[derive(Debug, Default)]
 pub struct WatchRetry {
     refused: RetryBackoff,
     other: RetryBackoff,
+    graph_lag: RetryBackoff<GRAPH_LAG_FIRST_MS>,
 }
 
+/// The first wait after a refusal of the Node authorizer's graph, in ms.
+const GRAPH_LAG_FIRST_MS: u64 = 100;
+/// The Node authorizer's refusal of an object no pod bound to the node references (yet).
+const GRAPH_LAG: &str = "no relationship found between node";
+
 /// See [`WatchRetry`].
-const WATCH_BACKOFF: (Duration, Duration) = (Duration::from_millis(800), Duration::from_secs(30));
+const WATCH_BACKOFF_CAP: Duration = Duration::from_secs(30);
 const WATCH_BACKOFF_RESET: Duration = Duration::from_secs(120);
 
-/// One of client-go's `ExponentialBackoffManager`s as the reflector makes them.
+/// One of client-go's `ExponentialBackoffManager`s as the reflector makes them (from
+/// `FIRST_MS`, 800 ms unless said).
 #[derive(Debug)]
-struct RetryBackoff {
+struct RetryBackoff<const FIRST_MS: u64 = 800> {
     backoff: Backoff,
     last_failure: Option<Instant>,
 }
 
-impl Default for RetryBackoff {
+impl<const FIRST_MS: u64> Default for RetryBackoff<FIRST_MS> {
     fn default() -> Self {
         Self {
-            backoff: Backoff::new(WATCH_BACKOFF.0, WATCH_BACKOFF.1),
+            backoff: Backoff::new(Duration::from_millis(FIRST_MS), WATCH_BACKOFF_CAP),
             last_failure: None,
         }
     }
 }
 
-impl RetryBackoff {
+impl<const FIRST_MS: u64> RetryBackoff<FIRST_MS> {
     fn failed(&mut self, now: Instant) -> Duration {
         if self
             .last_failure
@@ -122,6 +135,8 @@ impl WatchRetry {
     ) -> Duration {
         if connection_refused(error) {
             self.refused.failed(now)
+        } else if error.to_string().contains(GRAPH_LAG) {
+            self.graph_lag.failed(now)
         } else {
             self.other.failed(now)
         }

@@ -383,6 +383,15 @@ mod tests {
         let later = t + Duration::from_secs(121);
         assert_eq!(retry.after(&gone, later), Duration::from_millis(800));
         assert_eq!(retry.after(&refused, later), Duration::from_millis(800));
+        // The Node authorizer's graph behind the pod's binding: tried again sooner.
+        let lag = std::io::Error::other(
+            "secrets \"default-token-7nxdf\" is forbidden: User \"system:node:rk-node2\" cannot list \
+             resource \"secrets\" in API group \"\" in the namespace \"default\": no relationship \
+             found between node 'rk-node2' and this object: Forbidden",
+        );
+        assert_eq!(retry.after(&lag, later), Duration::from_millis(100));
+        assert_eq!(retry.after(&lag, later), Duration::from_millis(200));
+        assert_eq!(retry.after(&gone, later), Duration::from_millis(1600));
         let base = Duration::from_secs(2);
         assert_eq!(jittered(base, 0.0), base);
         assert_eq!(jittered(base, 0.5), Duration::from_secs(3));
