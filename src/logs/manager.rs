@@ -150,7 +150,10 @@ impl<C: Cri> ContainerLogManager<C> {
                 next_pass = Instant::now() + period;
             }
             for (id, path) in watches.due(Instant::now()) {
-                let span = tracing::trace_span!("check_container_log", container = %id);
+                let late = watches
+                    .due_at(&id)
+                    .map(|due| Instant::now().saturating_duration_since(due));
+                let span = tracing::debug_span!("check_container_log", container = %id, late_ms = late.map(|l| l.as_millis()));
                 let from = watches.rotate_from(&id, self.policy.max_size);
                 let looked = self.look(&id, &path, from).instrument(span).await;
                 match looked {
@@ -315,7 +318,7 @@ impl<C: Cri> ContainerLogManager<C> {
         if size < from {
             return Ok((seen, seen));
         }
-        self.rotate_log(id, path).await?;
+        self.rotate_log(id, path, size).await?;
         let size = match tokio::fs::metadata(path).await {
             Ok(m) => m.len(),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
@@ -336,7 +339,7 @@ impl<C: Cri> ContainerLogManager<C> {
     /// (the kubelet compresses before renaming, which lets the current file grow meanwhile).
     /// A compression still under way from the rotation before is awaited, or abandoned when
     /// its file is one too many now, so compressions never pile up.
-    async fn rotate_log(&self, id: &str, path: &Path) -> Result<(), LogsError> {
+    async fn rotate_log(&self, id: &str, path: &Path, seen: u64) -> Result<(), LogsError> {
         let started = std::time::Instant::now();
         let (dir, log) = split_path(path);
         self.finish_compressing(path, Some(self.policy)).await?;
@@ -368,10 +371,14 @@ impl<C: Cri> ContainerLogManager<C> {
             crate::lock::lock(&self.compressing)
                 .insert(path.to_owned(), Compressing { files, stop, done });
         }
+        let took = started.elapsed();
+        let rotated_bytes = tokio::fs::metadata(&rotated).await.map_or(0, |m| m.len());
         tracing::debug!(
             log = %path.display(),
             rotated = %rotated.display(),
-            took_ms = started.elapsed().as_millis(),
+            took_ms = took.as_millis(),
+            seen_bytes = seen,
+            rotated_bytes,
             "rotated container log"
         );
         Ok(())
@@ -844,7 +851,7 @@ mod tests {
         );
         let err = s
             .manager
-            .rotate_log("a", &s.dir.join("a.log"))
+            .rotate_log("a", &s.dir.join("a.log"), 8)
             .await
             .unwrap_err()
             .to_string();

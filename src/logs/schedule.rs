@@ -1,7 +1,14 @@
 //! When to look at a container's current log again, between the kubelet's periodic passes
-//! (not in the kubelet): from how fast the file grew since the last look, the next look is
-//! due when it would reach the policy's size, so a fast writer is rotated near the size
-//! instead of a whole period later. Decisions only: no files, no clock (times are given).
+//! (not in the kubelet): from how fast the file grew, the next look is due when it would
+//! reach the policy's size, so a fast writer is rotated near the size instead of a whole
+//! period later. Decisions only: no files, no clock (times are given).
+//!
+//! The rate a look plans with is the fastest growth seen lately ([`held_rate`]: the last
+//! growth, or the rate before it halved every [`RATE_HALF_LIFE`], whichever is higher): a
+//! writer's output reaches its file in bursts (the runtime copies it in chunks, and stalls
+//! while it reopens the file), so one look that sees little growth must not stretch the
+//! next wait while the writer still runs at full speed. After a burst the rate decays and
+//! the looks thin out until the periodic pass is sooner.
 //!
 //! A container the agent has just started, or one first seen by a pass, is looked at soon
 //! ([`FIRST_CHECK`]) and, while its file does not grow, at doubling intervals until the
@@ -14,10 +21,13 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-/// The shortest time between two looks at one container's log: a look is one `stat`.
-pub const MIN_CHECK: Duration = Duration::from_millis(20);
+/// The shortest time between two looks at one container's log: a look is one `stat`
+/// (~100 a second for a container writing at full speed, none for a quiet one).
+pub const MIN_CHECK: Duration = Duration::from_millis(10);
 /// The first look at a container started or first seen.
 pub const FIRST_CHECK: Duration = Duration::from_millis(20);
+/// How fast the rate a look plans with decays when the file grows slower than it.
+pub const RATE_HALF_LIFE: Duration = Duration::from_secs(1);
 
 /// How a current log grew between two looks.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -49,21 +59,50 @@ impl Growth {
     }
 }
 
-/// How long until the next look at a log that grew as `growth` and now holds `size` bytes
-/// (after a rotation: the new file's), with the policy's `max_size` and the periodic pass
-/// every `period`; `None` when the pass comes soon enough.
-///
-/// A growing file is due when it would reach `max_size` at its last rate, but not sooner
-/// than [`MIN_CHECK`]; a file that did not grow is looked at after twice the last interval.
+/// The rate to plan the next look with, in bytes per second: the `growth` since the last
+/// look, or the rate planned with then (`previous`) halved every [`RATE_HALF_LIFE`] since,
+/// whichever is higher.
 #[must_use]
-pub fn next_check(max_size: u64, growth: Growth, size: u64, period: Duration) -> Option<Duration> {
-    let rate = growth.rate();
+pub fn held_rate(previous: f64, growth: Growth) -> f64 {
+    let halvings = growth.over.as_secs_f64() / RATE_HALF_LIFE.as_secs_f64();
+    growth.rate().max(previous * 0.5_f64.powf(halvings))
+}
+
+/// How long until the next look at a log that grows at `rate` bytes per second (see
+/// [`held_rate`]) and now holds `size` bytes (after a rotation: the new file's), with the
+/// policy's `max_size` and the periodic pass every `period`; `idle` is the time since the
+/// last look, for a log that has not grown since it is watched. `None` when the pass comes
+/// soon enough.
+///
+/// A growing file is due when it would reach `max_size` at that rate, but not sooner
+/// than [`MIN_CHECK`]; a file that never grew is looked at after twice the last interval.
+#[must_use]
+pub fn next_check(
+    max_size: u64,
+    (rate, size): (f64, u64),
+    idle: Duration,
+    period: Duration,
+) -> Option<Duration> {
     let wait = if rate > 0.0 {
-        Duration::from_secs_f64(max_size.saturating_sub(size) as f64 / rate)
+        Duration::from_secs_f64(
+            (max_size.saturating_sub(size) as f64 / rate).min(f64::from(u32::MAX)),
+        )
     } else {
-        growth.over.saturating_mul(2)
+        idle.saturating_mul(2)
     };
     (wait < period).then(|| wait.max(MIN_CHECK))
+}
+
+/// From what size a log growing at `rate` bytes per second is rotated at a look: when it
+/// would pass `max_size` before the next look ([`MIN_CHECK`]) plus the time a rotation
+/// takes to `cut` the file (the runtime writes to the renamed file until it has reopened),
+/// so that neither the current nor the rotated file ends much past `max_size`; never less
+/// than half of `max_size`. `max_size` itself for a log that does not grow (the kubelet's
+/// rule).
+#[must_use]
+pub fn rotate_from(max_size: u64, rate: f64, cut: Duration) -> u64 {
+    let ahead = (rate * (cut + MIN_CHECK).as_secs_f64()) as u64;
+    max_size.saturating_sub(ahead).max(max_size / 2)
 }
 
 /// One look at a current log: its size, and when.
@@ -81,7 +120,7 @@ struct Watch {
     path: PathBuf,
     last: Look,
     due: Option<Instant>,
-    /// Bytes per second at the last look.
+    /// Bytes per second to plan with ([`held_rate`]).
     rate: f64,
     /// How long its last rotation took to cut the file (rename and reopen): the runtime
     /// writes to the renamed file until it has reopened.
@@ -130,9 +169,9 @@ impl Watches {
             after: seen.size,
             over: seen.at.saturating_duration_since(watch.last.at),
         };
-        watch.due =
-            next_check(max_size, growth, current.size, period).map(|wait| current.at + wait);
-        watch.rate = growth.rate();
+        watch.rate = held_rate(watch.rate, growth);
+        watch.due = next_check(max_size, (watch.rate, current.size), growth.over, period)
+            .map(|wait| current.at + wait);
         if current != seen {
             watch.cut = current.at.saturating_duration_since(seen.at);
         }
@@ -140,18 +179,13 @@ impl Watches {
         watch.last = current;
     }
 
-    /// From what size to rotate `id`'s log: `max_size` less what it writes, at its last
-    /// rate, while its last rotation cut the file (the runtime still writes to the renamed
-    /// file meanwhile), so that the rotated file ends near `max_size` instead of past it;
-    /// never less than half of `max_size`. `max_size` for a container not growing or not
-    /// watched (the kubelet's rule).
+    /// From what size to rotate `id`'s log ([`rotate_from`] at its rate and its last cut);
+    /// `max_size` for a container not watched (the kubelet's rule).
     #[must_use]
     pub fn rotate_from(&self, id: &str, max_size: u64) -> u64 {
-        let Some(watch) = self.0.get(id) else {
-            return max_size;
-        };
-        let during_cut = (watch.rate * watch.cut.as_secs_f64()) as u64;
-        max_size.saturating_sub(during_cut).max(max_size / 2)
+        self.0
+            .get(id)
+            .map_or(max_size, |w| rotate_from(max_size, w.rate, w.cut))
     }
 
     /// Forgets the containers not in `running`.
@@ -167,6 +201,12 @@ impl Watches {
             .filter(|(_, w)| w.due.is_some_and(|due| due <= now))
             .map(|(id, w)| (id.clone(), w.path.clone()))
             .collect()
+    }
+
+    /// When the next look at `id` is due.
+    #[must_use]
+    pub fn due_at(&self, id: &str) -> Option<Instant> {
+        self.0.get(id)?.due
     }
 
     /// The earliest look due.
@@ -200,16 +240,21 @@ mod tests {
         }
     }
 
+    /// The next look after `g`, for a log first watched at that look's start.
+    fn check(g: Growth, size: u64) -> Option<Duration> {
+        next_check(MIB, (held_rate(0.0, g), size), g.over, PERIOD)
+    }
+
     #[test]
     fn a_growing_log_is_due_when_it_would_reach_the_size() {
         // 10 MiB/s, 0.5 MiB left: in 50 ms.
         let g = growth(0, MIB / 2, ms(50));
         assert_eq!(g.rate(), 10.0 * MIB as f64);
-        assert_eq!(next_check(MIB, g, MIB / 2, PERIOD), Some(ms(50)));
+        assert_eq!(check(g, MIB / 2), Some(ms(50)));
         // Just rotated (the new file holds 64 KiB) at the rate seen before the rotation.
         let g = growth(MIB / 2, MIB + MIB / 2, ms(100));
         assert_eq!(
-            next_check(MIB, g, MIB / 16, PERIOD),
+            check(g, MIB / 16),
             Some(Duration::from_secs_f64(15.0 / 16.0 / 10.0))
         );
         // Rotated in between by someone else: the new file grew from empty.
@@ -220,26 +265,26 @@ mod tests {
     fn a_fast_log_is_looked_at_no_sooner_than_the_minimum() {
         // 100 MiB/s: it would reach the size in 5 ms.
         let g = growth(0, MIB / 2, ms(5));
-        assert_eq!(next_check(MIB, g, MIB / 2, PERIOD), Some(MIN_CHECK));
+        assert_eq!(check(g, MIB / 2), Some(MIN_CHECK));
         // At or past the size already (a look that did not rotate it).
-        assert_eq!(next_check(MIB, g, 2 * MIB, PERIOD), Some(MIN_CHECK));
+        assert_eq!(check(g, 2 * MIB), Some(MIN_CHECK));
     }
 
     #[test]
     fn a_slow_log_is_left_to_the_pass() {
         // 50 KiB/s with 1 MiB left: ~20 s, after the pass.
         let g = growth(0, 500 << 10, Duration::from_secs(10));
-        assert_eq!(next_check(MIB, g, 0, PERIOD), None);
+        assert_eq!(check(g, 0), None);
         // Reached 9.9 s from now: still before the pass.
         let g = growth(0, MIB / 10, Duration::from_secs(1));
-        assert!(next_check(MIB, g, 1024, PERIOD).is_some_and(|d| d < PERIOD));
+        assert!(check(g, 1024).is_some_and(|d| d < PERIOD));
     }
 
     #[test]
     fn an_idle_log_is_looked_at_ever_less_often_then_left_to_the_pass() {
         let mut wait = FIRST_CHECK;
         let mut looks = 0;
-        while let Some(next) = next_check(MIB, growth(7, 7, wait), 7, PERIOD) {
+        while let Some(next) = check(growth(7, 7, wait), 7) {
             assert_eq!(next, wait * 2);
             wait = next;
             looks += 1;
@@ -248,6 +293,45 @@ mod tests {
         assert_eq!(looks, 8);
         assert_eq!(growth(7, 7, ms(100)).rate(), 0.0);
         assert_eq!(growth(0, 7, Duration::ZERO).rate(), 0.0);
+    }
+
+    #[test]
+    fn a_stall_within_a_burst_does_not_stretch_the_next_look() {
+        // 25 MiB/s, then a look 10 ms later sees no growth (the runtime was reopening the
+        // file, or copying a chunk): the next look stays ~40 ms away, not 20 ms doubled on
+        // and on (the 9 MiB files seen before this rule).
+        let fast = 25.0 * MIB as f64;
+        let stalled = held_rate(fast, growth(MIB / 4, MIB / 4, ms(10)));
+        assert!((stalled / fast - 0.5_f64.powf(0.01)).abs() < 1e-9);
+        let next = next_check(MIB, (stalled, MIB / 4), ms(10), PERIOD).unwrap();
+        assert!(next > ms(29) && next < ms(31), "{next:?}");
+        // Faster growth than planned with is taken at once.
+        assert_eq!(held_rate(fast, growth(0, MIB, ms(20))), 50.0 * MIB as f64);
+        // Once the writer stopped, the rate halves every second: looks thin out, and ~12 s
+        // after the burst the periodic pass is sooner.
+        let mut rate = fast;
+        let mut after = Duration::ZERO;
+        let mut looks = 0;
+        while let Some(wait) = next_check(MIB, (rate, MIB / 4), ms(0), PERIOD) {
+            rate = held_rate(rate, growth(MIB / 4, MIB / 4, wait));
+            after += wait;
+            looks += 1;
+        }
+        assert!(after > PERIOD && after < PERIOD * 3 / 2, "{after:?}");
+        // ~50 `stat`s in all.
+        assert!(looks < 60, "{looks} looks after the burst");
+    }
+
+    #[test]
+    fn a_fast_log_is_rotated_before_it_would_pass_the_size_by_the_next_look() {
+        // 10 MiB/s with a 10 ms cut: what it writes in the cut and until the next look
+        // (10 ms) is 0.2 MiB.
+        let rate = 10.0 * MIB as f64;
+        assert_eq!(rotate_from(MIB, rate, ms(10)), MIB - MIB / 5);
+        // Never below half the size, however fast.
+        assert_eq!(rotate_from(MIB, 100.0 * rate, ms(10)), MIB / 2);
+        // A log that does not grow: the kubelet's rule, at the size.
+        assert_eq!(rotate_from(MIB, 0.0, ms(10)), MIB);
     }
 
     fn look(size: u64, at: Instant) -> Look {
@@ -294,8 +378,11 @@ mod tests {
         let current = look(MIB / 2, t2 + ms(10));
         w.looked("fast", "/l/fast.log".into(), (seen, current), limits);
         assert!(near(w.next_due(), t2 + ms(10) + ms(50)));
-        // The cut took 10 ms, at 10 MiB/s: rotated from 0.9 MiB on; never below half.
-        assert_eq!(w.rotate_from("fast", MIB), MIB - MIB / 10);
+        // The cut took 10 ms, at 10 MiB/s: rotated from 0.8 MiB on; never below half.
+        assert_eq!(
+            w.rotate_from("fast", MIB),
+            rotate_from(MIB, 10.0 * MIB as f64, ms(10))
+        );
         assert_eq!(w.rotate_from("fast", MIB / 8), MIB / 16);
         assert_eq!(w.rotate_from("idle", MIB), MIB);
         assert_eq!(w.rotate_from("unknown", MIB), MIB);
