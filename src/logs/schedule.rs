@@ -26,6 +26,11 @@ use tokio::time::Instant;
 pub const MIN_CHECK: Duration = Duration::from_millis(10);
 /// The first look at a container started or first seen.
 pub const FIRST_CHECK: Duration = Duration::from_millis(20);
+/// The longest wait between two looks at a log fast enough to reach the size within one
+/// period: a writer that speeds up between two looks (tenfold was seen) passes the size by
+/// at most what it writes in this time, instead of what it writes until the look planned
+/// at its slower rate. A look is one `stat`: 20 a second for such a log.
+pub const FAST_CHECK: Duration = Duration::from_millis(50);
 /// How fast the rate a look plans with decays when the file grows slower than it.
 pub const RATE_HALF_LIFE: Duration = Duration::from_secs(1);
 
@@ -75,7 +80,8 @@ pub fn held_rate(previous: f64, growth: Growth) -> f64 {
 /// soon enough.
 ///
 /// A growing file is due when it would reach `max_size` at that rate, but not sooner
-/// than [`MIN_CHECK`]; a file that never grew is looked at after twice the last interval.
+/// than [`MIN_CHECK`], and not later than [`FAST_CHECK`] when it writes `max_size` or more
+/// in a period; a file that never grew is looked at after twice the last interval.
 #[must_use]
 pub fn next_check(
     max_size: u64,
@@ -84,9 +90,14 @@ pub fn next_check(
     period: Duration,
 ) -> Option<Duration> {
     let wait = if rate > 0.0 {
-        Duration::from_secs_f64(
+        let until_full = Duration::from_secs_f64(
             (max_size.saturating_sub(size) as f64 / rate).min(f64::from(u32::MAX)),
-        )
+        );
+        if rate * period.as_secs_f64() >= max_size as f64 {
+            until_full.min(FAST_CHECK)
+        } else {
+            until_full
+        }
     } else {
         idle.saturating_mul(2)
     };
@@ -247,18 +258,34 @@ mod tests {
 
     #[test]
     fn a_growing_log_is_due_when_it_would_reach_the_size() {
+        // 64 KiB/s (0.625 MiB a period: not a fast log), 0.5 MiB left: in 8 s.
+        let g = growth(0, MIB / 16, ms(1000));
+        assert_eq!(g.rate(), (MIB / 16) as f64);
+        assert_eq!(check(g, MIB / 2), Some(ms(8000)));
         // 10 MiB/s, 0.5 MiB left: in 50 ms.
         let g = growth(0, MIB / 2, ms(50));
         assert_eq!(g.rate(), 10.0 * MIB as f64);
         assert_eq!(check(g, MIB / 2), Some(ms(50)));
-        // Just rotated (the new file holds 64 KiB) at the rate seen before the rotation.
-        let g = growth(MIB / 2, MIB + MIB / 2, ms(100));
+        // Just rotated (the new file holds 64 KiB) at the rate seen before the rotation:
+        // 40 ms to the size.
+        let g = growth(MIB / 2, MIB + MIB / 2, ms(40));
         assert_eq!(
             check(g, MIB / 16),
-            Some(Duration::from_secs_f64(15.0 / 16.0 / 10.0))
+            Some(Duration::from_secs_f64(15.0 / 16.0 / 25.0))
         );
         // Rotated in between by someone else: the new file grew from empty.
         assert_eq!(growth(5 * MIB, MIB, ms(500)).rate(), 2.0 * MIB as f64);
+    }
+
+    #[test]
+    fn a_log_that_fills_a_file_within_a_period_waits_no_longer_than_fast_check() {
+        // 200 KiB/s: 2 MiB a period. At its rate the size is 4.5 s away, but a writer that
+        // speeds up meanwhile would pass it by far.
+        let g = growth(0, MIB / 5, ms(1000));
+        assert_eq!(check(g, MIB / 10), Some(FAST_CHECK));
+        // Just under a file a period (100 KiB/s): planned from its rate.
+        let g = growth(0, MIB / 10, ms(1000));
+        assert!(check(g, MIB / 2).unwrap() > Duration::from_secs(4));
     }
 
     #[test]
@@ -307,8 +334,9 @@ mod tests {
         assert!(next > ms(29) && next < ms(31), "{next:?}");
         // Faster growth than planned with is taken at once.
         assert_eq!(held_rate(fast, growth(0, MIB, ms(20))), 50.0 * MIB as f64);
-        // Once the writer stopped, the rate halves every second: looks thin out, and ~12 s
-        // after the burst the periodic pass is sooner.
+        // Once the writer stopped, the rate halves every second: while it still fills a
+        // file a period, looks come every FAST_CHECK (~8 s from 25 MiB/s), then they thin
+        // out, and ~16 s after the burst the periodic pass is sooner.
         let mut rate = fast;
         let mut after = Duration::ZERO;
         let mut looks = 0;
@@ -317,9 +345,9 @@ mod tests {
             after += wait;
             looks += 1;
         }
-        assert!(after > PERIOD && after < PERIOD * 3 / 2, "{after:?}");
-        // ~50 `stat`s in all.
-        assert!(looks < 60, "{looks} looks after the burst");
+        assert!(after > PERIOD && after < PERIOD * 2, "{after:?}");
+        // ~170 `stat`s in all.
+        assert!(looks < 200, "{looks} looks after the burst");
     }
 
     #[test]
