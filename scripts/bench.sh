@@ -327,6 +327,9 @@ floor_runs() {
 
 # ---- N nodes as hosts (BENCH_NODES > 1)
 
+# Whether the floor on every node's runtime ran (once a run, after the first agent).
+NODES_FLOOR_DONE=0
+
 # start_node_agents AGENT: one agent per node; their PIDs in NODE_AGENT_PIDS (node order).
 start_node_agents() {
   local h
@@ -375,11 +378,11 @@ multi_node_agent() {
   stop_node_agents
   # The floor on every node's runtime at once, with the network containerd rendered from
   # the node's pod CIDR, once a run (after the first agent, before its nodes go).
-  if [[ ${BENCH_FLOOR:-1} == 1 && ! -e $OUT/floor-nodes.json ]]; then
+  if [[ ${BENCH_FLOOR:-1} == 1 && $NODES_FLOOR_DONE == 0 ]]; then
     local socks=()
     for h in "${HOSTS[@]}"; do socks+=("$(host_dir "$h")/containerd.sock"); done
     for n in "${BURSTS[@]}"; do floor_runs "$n" "$OUT/floor-nodes-$n.json" "${socks[@]}"; done
-    touch "$OUT/floor-nodes.json"
+    NODES_FLOOR_DONE=1
   fi
   for h in "${HOSTS[@]}"; do
     [[ ! -f $RKUBELET_STATE/logs/rkubelet@$h.log ]] || cp "$RKUBELET_STATE/logs/rkubelet@$h.log" "$OUT/$agent-$h.log"

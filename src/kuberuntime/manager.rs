@@ -2,10 +2,11 @@
 //! with it the pod's network), then for each container image, create, start. Also stops
 //! pods. Dead containers and sandboxes are left to the garbage collector ([`super::gc`]).
 //!
-//! Pods are set up a bounded number at a time (start slots): past a handful of concurrent
-//! sandboxes the runtime only gets slower on a small machine, and a pod that holds a slot
-//! finishes sooner than a hundred that share the runtime. A pod gives its slot back while
-//! its image is pulled.
+//! Pods are set up a bounded number at a time, through the start gate
+//! ([`super::start_gate`]): past a handful of concurrent sandboxes the runtime only gets
+//! slower on a small machine, and a pod that holds a turn finishes sooner than a hundred
+//! that share the runtime. Each sandbox run, container create and start tells the gate how
+//! long it took; a pod lends its turn during an image download and a postStart hook.
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
@@ -443,6 +444,21 @@ impl<C: Cri> RuntimeManager<C> {
         outcome
     }
 
+    /// Runs one runtime call of a start, and tells the start gate how long it took when
+    /// it succeeded.
+    async fn timed<T, E>(
+        &self,
+        call: StartCall,
+        rpc: impl Future<Output = Result<T, E>>,
+    ) -> Result<T, E> {
+        let asked = Instant::now();
+        let answer = rpc.await;
+        if answer.is_ok() {
+            self.start_gate.observe(call, asked.elapsed());
+        }
+        answer
+    }
+
     fn crash_backoff_wait(&self, id: &PodId, container: &Container) -> Option<Duration> {
         let now = Instant::now();
         let mut all = crate::lock::lock(&self.crash_backoff);
@@ -495,19 +511,18 @@ impl<C: Cri> RuntimeManager<C> {
                 .warning(id, None, "FailedCreatePodSandBox", message.clone());
             return Err(message);
         }
-        let asked = Instant::now();
         let created = self
-            .cri
-            .run_pod_sandbox(api::RunPodSandboxRequest {
-                config: Some(config),
-                runtime_handler: runtime_handler.to_owned(),
-            })
+            .timed(
+                StartCall::RunPodSandbox,
+                self.cri.run_pod_sandbox(api::RunPodSandboxRequest {
+                    config: Some(config),
+                    runtime_handler: runtime_handler.to_owned(),
+                }),
+            )
             .instrument(tracing::info_span!("run_pod_sandbox", attempt))
             .await;
         let sandbox_id = match created {
             Ok(resp) => {
-                self.start_gate
-                    .observe(StartCall::RunPodSandbox, asked.elapsed());
                 crate::fault::point(crate::fault::AFTER_RUN_POD_SANDBOX);
                 resp.pod_sandbox_id
             }
@@ -756,18 +771,17 @@ impl<C: Cri> RuntimeManager<C> {
                 message,
             }
         };
-        let asked = Instant::now();
         let created = self
-            .cri
-            .create_container(api::CreateContainerRequest {
-                pod_sandbox_id: sandbox_id.into(),
-                config: Some(config),
-                sandbox_config: Some(sandbox_conf.clone()),
-            })
+            .timed(
+                StartCall::CreateContainer,
+                self.cri.create_container(api::CreateContainerRequest {
+                    pod_sandbox_id: sandbox_id.into(),
+                    config: Some(config),
+                    sandbox_config: Some(sandbox_conf.clone()),
+                }),
+            )
             .await
             .map_err(|e| failed(e, "CreateContainerError"))?;
-        self.start_gate
-            .observe(StartCall::CreateContainer, asked.elapsed());
         crate::fault::point(crate::fault::AFTER_CREATE_CONTAINER);
         self.events.normal(
             id,
@@ -775,15 +789,14 @@ impl<C: Cri> RuntimeManager<C> {
             "Created",
             format!("Created container {}", container.name),
         );
-        let asked = Instant::now();
-        self.cri
-            .start_container(api::StartContainerRequest {
+        self.timed(
+            StartCall::StartContainer,
+            self.cri.start_container(api::StartContainerRequest {
                 container_id: created.container_id.clone(),
-            })
-            .await
-            .map_err(|e| failed(e, "RunContainerError"))?;
-        self.start_gate
-            .observe(StartCall::StartContainer, asked.elapsed());
+            }),
+        )
+        .await
+        .map_err(|e| failed(e, "RunContainerError"))?;
         if let Some(starts) = &self.log_starts {
             starts.started(&created.container_id, log);
         }

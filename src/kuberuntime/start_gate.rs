@@ -218,7 +218,8 @@ impl StartGate {
     }
 
     /// The turns now and the turns in use.
-    pub fn turns(&self) -> (usize, usize) {
+    #[cfg(test)]
+    pub(crate) fn turns(&self) -> (usize, usize) {
         let state = crate::lock::lock(&self.state);
         (state.limit.turns(), state.in_use)
     }

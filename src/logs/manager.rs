@@ -372,7 +372,13 @@ impl<C: Cri> ContainerLogManager<C> {
                 .insert(path.to_owned(), Compressing { files, stop, done });
         }
         let took = started.elapsed();
-        let rotated_bytes = tokio::fs::metadata(&rotated).await.map_or(0, |m| m.len());
+        // What the runtime wrote to the renamed file during the cut: one more `stat`, for
+        // the debug log only.
+        let rotated_bytes = if tracing::enabled!(tracing::Level::DEBUG) {
+            tokio::fs::metadata(&rotated).await.map_or(0, |m| m.len())
+        } else {
+            0
+        };
         tracing::debug!(
             log = %path.display(),
             rotated = %rotated.display(),
