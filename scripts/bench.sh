@@ -313,7 +313,7 @@ floor_runs() {
     tmp="$OUT/floor-$n-$#-$c.tmp"
     "$BENCH" floor --count "$n" --concurrency "$c" "${endpoints[@]}" >"$tmp"
     wall=$(jq .all_ready "$tmp")
-    if [[ -z $best ]] || (($(echo "$wall < $(jq .all_ready "$best")" | bc))); then best=$tmp; fi
+    if [[ -z $best || $(jq -n "$wall < $(jq .all_ready "$best")") == true ]]; then best=$tmp; fi
   done
   cp "$best" "$out"
   c=$(jq .concurrency "$best")
