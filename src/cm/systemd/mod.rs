@@ -35,6 +35,11 @@ pub const NO_SUCH_UNIT: &str = "org.freedesktop.systemd1.NoSuchUnit";
 const QUOTA_PERIOD_SINCE: u32 = 242;
 /// systemd's `USEC_INFINITY` and `CGROUP_LIMIT_MAX`: no limit.
 const INFINITY: u64 = u64::MAX;
+/// Slices asked of systemd at once. PID 1 reads every call waiting on the bus before it
+/// runs the jobs they queued, so thirty pods asking at once all wait for the thirtieth
+/// slice; a few at a time, in the order the pods came, the first pods' slices are ready
+/// first (the start gate lets pods in in that order too).
+pub const SLICE_STARTS: usize = 4;
 
 /// A unit property's value, in the D-Bus type systemd takes for it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -219,6 +224,8 @@ pub fn resource_properties(
 pub struct SystemdManager<F, B: ?Sized> {
     files: Arc<FsCgroups<F>>,
     bus: Arc<B>,
+    /// [`SLICE_STARTS`] turns to start a slice, first come first served.
+    starts: tokio::sync::Semaphore,
     /// The resource settings systemd last took for each unit of ours: an update that
     /// would send the same again writes the files only (the QoS slices are updated for
     /// every new pod, mostly with what they have; each call waits on PID 1).
@@ -237,6 +244,7 @@ impl<F: CgroupFs, B: SystemdBus + ?Sized> SystemdManager<F, B> {
         Self {
             files: Arc::new(files),
             bus,
+            starts: tokio::sync::Semaphore::new(SLICE_STARTS),
             settings: std::sync::Mutex::default(),
         }
     }
@@ -274,7 +282,12 @@ impl<F: CgroupFs, B: SystemdBus + ?Sized> SystemdManager<F, B> {
         let resources = self.resources(config);
         props.extend(resources.iter().cloned());
         tracing::debug!(unit, ?props, "starting the slice");
-        match self.bus.start_transient_unit(unit, &props).await {
+        let started = {
+            // The semaphore is never closed, so acquiring fails only in theory.
+            let _turn = self.starts.acquire().await.ok();
+            self.bus.start_transient_unit(unit, &props).await
+        };
+        match started {
             Ok(JobResult::Done) => {
                 self.remember(unit, Some(resources));
                 Ok(())
@@ -446,6 +459,10 @@ pub(crate) mod testing {
         pub next_start: Mutex<Option<JobResult>>,
         /// The cgroup files, to see what was killed before a stop.
         pub fs: Option<FakeCgroupFs>,
+        /// When set, each start's job ends only with a permit of it.
+        pub hold: Option<Arc<tokio::sync::Semaphore>>,
+        /// Starts asked and not yet ended, and the most at once.
+        pub starting: Mutex<(usize, usize)>,
     }
 
     impl FakeSystemd {
@@ -491,7 +508,18 @@ pub(crate) mod testing {
             } else {
                 Err(Self::refused("StartTransientUnit", unit, UNIT_EXISTS))
             };
-            Box::pin(std::future::ready(result))
+            Box::pin(async move {
+                {
+                    let mut starting = self.starting.lock().unwrap();
+                    starting.0 += 1;
+                    starting.1 = starting.1.max(starting.0);
+                }
+                if let Some(hold) = &self.hold {
+                    hold.acquire().await.expect("open").forget();
+                }
+                self.starting.lock().unwrap().0 -= 1;
+                result
+            })
         }
 
         fn set_unit_properties<'a>(
@@ -646,6 +674,53 @@ mod tests {
         assert_eq!(get(&scope, "Slice"), Some(&Str("kubepods.slice".into())));
         assert_eq!(get(&scope, "Delegate"), Some(&Bool(true)));
         assert_eq!(get(&scope, "Wants"), None);
+    }
+
+    #[tokio::test]
+    async fn slices_are_started_a_few_at_a_time_in_the_order_pods_came() {
+        let (fs, files) = v1_files();
+        let hold = Arc::new(tokio::sync::Semaphore::new(0));
+        let bus = Arc::new(FakeSystemd {
+            version: Some(252),
+            hold: Some(hold.clone()),
+            fs: Some(fs),
+            ..Default::default()
+        });
+        let m = Arc::new(SystemdManager::new(files, bus.clone()));
+        let units: Vec<String> = (0..10)
+            .map(|i| format!("kubepods-besteffort-pod{i}.slice"))
+            .collect();
+        let mut creates = Vec::new();
+        for i in 0..10 {
+            let m = m.clone();
+            creates.push(tokio::spawn(async move {
+                let pod = name(&format!("/kubepods/besteffort/pod{i}"));
+                m.create(&pod, &ResourceConfig::default()).await
+            }));
+            for _ in 0..10 {
+                tokio::task::yield_now().await;
+            }
+        }
+        let asked = |bus: &FakeSystemd| -> Vec<String> {
+            bus.calls()
+                .into_iter()
+                .filter_map(|c| match c {
+                    Call::Start(unit, _) => Some(unit),
+                    _ => None,
+                })
+                .collect()
+        };
+        assert_eq!(
+            asked(&bus),
+            units[..SLICE_STARTS],
+            "the first pods' slices only"
+        );
+        hold.add_permits(units.len());
+        for create in creates {
+            create.await.unwrap().unwrap();
+        }
+        assert_eq!(asked(&bus), units, "in the order the pods came");
+        assert_eq!(*bus.starting.lock().unwrap(), (0, SLICE_STARTS));
     }
 
     #[tokio::test]
