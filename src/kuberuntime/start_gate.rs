@@ -11,13 +11,8 @@
 //! with itself); while calls take more than
 //! [`CROWDED`] times their best, the number of turns shrinks, and while they take less than
 //! [`ROOMY`] times their best and the turns are all in use, it grows (additive increase,
-//! multiplicative decrease), between half the configured ceiling and the ceiling.
-//!
-//! Never below half the ceiling (the default ceiling, 20, gives 10): the CRI floor on a
-//! 2-core node is fastest with 5 to 10 pods set up at once, and when the runtime is crowded
-//! by other work (the exec probes of a hundred running pods) fewer starts do not relieve
-//! it, they only queue the pods still to start behind that work (docs/benchmarks.md has
-//! the runs).
+//! multiplicative decrease), between [`MIN_TURNS`] (or half the ceiling, when lower) and
+//! the configured ceiling.
 //!
 //! The order favours finishing what has begun: a pod that already had a turn (it came back
 //! from an image pull, or starts its next container) goes before any pod that has not begun;
@@ -36,6 +31,13 @@ use tokio::sync::oneshot;
 pub const CROWDED: f64 = 8.0;
 /// Calls take less than this many times their best: the runtime has room.
 pub const ROOMY: f64 = 5.0;
+/// Never fewer turns than this (or half the ceiling, 2 at least, when that is lower): the
+/// CRI floor on a 2-core node is fastest with 5 to 10 pods set up at once, and when the
+/// runtime is crowded by other work (the exec probes of a hundred running pods) fewer
+/// starts do not relieve it, they only queue the pods still to start behind that work.
+/// Not higher: a runtime whose every start goes through systemd (runc's scopes with
+/// `SystemdCgroup`) is quicker with fewer pods at once (docs/benchmarks.md has the runs).
+pub const MIN_TURNS: f64 = 5.0;
 /// A call made while at most this many pods were being set up shows the runtime's own
 /// speed; until one was seen, the turns stay as they are.
 pub const QUIET: usize = 2;
@@ -80,15 +82,15 @@ pub struct AdaptiveLimit {
 }
 
 impl AdaptiveLimit {
-    /// Starts at its floor, half the ceiling (rounded up, and 2 at least where the
-    /// ceiling allows): room to grow, and back to it while crowded.
+    /// Starts at half the ceiling (rounded up, 2 at least where the ceiling allows):
+    /// room to grow and to shrink.
     pub fn new(ceiling: usize) -> Self {
         let ceiling = ceiling.max(1) as f64;
-        let floor = (ceiling / 2.0).ceil().max(ceiling.min(2.0));
+        let half = (ceiling / 2.0).ceil().max(ceiling.min(2.0));
         Self {
-            limit: floor,
+            limit: half,
             ceiling,
-            floor,
+            floor: half.min(MIN_TURNS),
             recent: BTreeMap::new(),
             pressure: 1.0,
         }
@@ -269,11 +271,12 @@ mod tests {
         for _ in 0..200 {
             crowded.observe(StartCall::RunPodSandbox, 1000 * MS, 20);
         }
-        assert_eq!(
-            crowded.turns(),
-            10,
-            "shrinks to half the ceiling, not below"
-        );
+        assert_eq!(crowded.turns(), 5, "shrinks to the floor, not below");
+        let mut small = grown(6);
+        for _ in 0..200 {
+            small.observe(StartCall::RunPodSandbox, 1000 * MS, 6);
+        }
+        assert_eq!(small.turns(), 3, "a low ceiling: half of it");
         let mut roomy = AdaptiveLimit::new(10);
         quiet(&mut roomy, StartCall::CreateContainer, 50 * MS);
         for _ in 0..1000 {

@@ -30,9 +30,23 @@ pub struct FloorArgs {
     /// Where sandbox logs go.
     #[arg(long, default_value = "/tmp/rkubelet-bench-floor")]
     log_dir: PathBuf,
+    /// The sandboxes' cgroup parent: none (the runtime's default) on a runtime with the
+    /// cgroupfs driver; a slice (`system.slice`) on one whose runc uses systemd, which
+    /// refuses a sandbox without.
+    #[arg(long, default_value = "")]
+    cgroup_parent: String,
+    /// The floor's name in the report, when not the default (`CRI floor`,
+    /// `CRI floor, N nodes`): e.g. the floor inside a kind-style node.
+    #[arg(long)]
+    agent: Option<String>,
 }
 
-fn floor_sandbox(i: usize, run: &str, log_dir: &Path) -> api::PodSandboxConfig {
+fn floor_sandbox(
+    i: usize,
+    run: &str,
+    log_dir: &Path,
+    cgroup_parent: &str,
+) -> api::PodSandboxConfig {
     let name = format!("{run}-{i}");
     let uid = format!("{run}-uid-{i}");
     api::PodSandboxConfig {
@@ -45,7 +59,10 @@ fn floor_sandbox(i: usize, run: &str, log_dir: &Path) -> api::PodSandboxConfig {
         hostname: name.clone(),
         log_directory: log_dir.join(&name).to_string_lossy().into_owned(),
         labels: [("bench".to_owned(), run.to_owned())].into(),
-        linux: Some(api::LinuxPodSandboxConfig::default()),
+        linux: Some(api::LinuxPodSandboxConfig {
+            cgroup_parent: cgroup_parent.to_owned(),
+            ..Default::default()
+        }),
         ..Default::default()
     }
 }
@@ -140,7 +157,7 @@ async fn floor_on(
     // their create: a sandbox that waits for its turn waits as a pod waits for the agent.
     let ups = (0..args.count).map(|i| {
         let cri = &cri;
-        let config = floor_sandbox(i, &run, &log_dir);
+        let config = floor_sandbox(i, &run, &log_dir, &args.cgroup_parent);
         let image = args.image.as_str();
         async move {
             floor_up(cri, config, image)
@@ -194,7 +211,7 @@ pub async fn floor(args: FloorArgs) -> anyhow::Result<Value> {
     let _ = std::fs::remove_dir_all(&args.log_dir);
     let all_ready = each.iter().copied().fold(0.0, f64::max);
     Ok(json!({
-        "kind": "floor", "agent": floor_agent(nodes), "count": args.count, "nodes": nodes,
+        "kind": "floor", "agent": args.agent.clone().unwrap_or_else(|| floor_agent(nodes)), "count": args.count, "nodes": nodes,
         "concurrency": args.concurrency, "ready": each, "all_ready": all_ready, "all_gone": all_gone,
     }))
 }
