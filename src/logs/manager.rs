@@ -405,7 +405,7 @@ impl<C: Cri> ContainerLogManager<C> {
             }
             return Err(e);
         }
-        let (dir, log) = split_path(path);
+        let dir = split_path(path).0;
         let closed = cut.closed;
         let kept = cut.kept;
         let newest = Newest {
@@ -413,6 +413,11 @@ impl<C: Cri> ContainerLogManager<C> {
             closed,
             policy: self.policy,
         };
+        let older: Vec<String> = kept
+            .iter()
+            .filter(|n| !n.ends_with(COMPRESS_SUFFIX))
+            .cloned()
+            .collect();
         let files = kept.into_iter().chain([newest.name.clone()]).collect();
         // One chain: abandoning this compression abandons the one before, which it awaits.
         let stop = pending
@@ -422,7 +427,7 @@ impl<C: Cri> ContainerLogManager<C> {
         let span = tracing::debug_span!("compress_container_logs", container = %id);
         let job = compress_all(
             pending.map(|p| p.done),
-            (dir.to_owned(), log.to_owned()),
+            (dir.to_owned(), older),
             newest,
             (Arc::clone(&stop), Arc::clone(&hurry)),
         );
@@ -610,31 +615,26 @@ fn remove_files(dir: &Path, names: &[String]) -> Result<(), LogsError> {
 }
 
 /// After the compression `before` (from the rotation before), compresses the plain rotated
-/// files of the log `(dir, log)` but the `newest`, then the `newest` one if it is overfilled
-/// once the runtime has closed it ([`compress_newest_at_once`]), until `stop`; the wait for
-/// the close ends early at `hurry`. A failure is logged (the files stay, and the next
-/// rotation compresses them or removes them).
+/// files `older` of `dir` (those kept at its cut; one the compression before has compressed
+/// already is skipped), then the `newest` one if it is overfilled once the runtime has
+/// closed it ([`compress_newest_at_once`]), until `stop`; the wait for the close ends early
+/// at `hurry`. A failure is logged (the files stay, and the next rotation compresses them or
+/// removes them).
 async fn compress_all(
     before: Option<tokio::task::JoinHandle<()>>,
-    (dir, log): (PathBuf, String),
+    (dir, older): (PathBuf, Vec<String>),
     newest: Newest,
     (stop, hurry): (Arc<AtomicBool>, Arc<AtomicBool>),
 ) {
     if let Some(before) = before {
         let _ = before.await;
     }
-    let names = match rotated_files(&dir, &log).await {
-        Ok(names) => split_unused(names).0,
-        Err(e) => {
-            tracing::error!(error = %e, "Failed to compress rotated container log");
-            return;
-        }
-    };
-    let older = names
-        .into_iter()
-        .filter(|n| !n.ends_with(COMPRESS_SUFFIX) && *n != newest.name);
     for name in older {
-        if let Err(e) = compress(dir.join(name), stop.clone()).await {
+        let path = dir.join(name);
+        if stop.load(Ordering::SeqCst) || !tokio::fs::try_exists(&path).await.unwrap_or(false) {
+            continue;
+        }
+        if let Err(e) = compress(path, stop.clone()).await {
             tracing::error!(error = %e, "Failed to compress rotated container log");
             return;
         }
