@@ -27,15 +27,20 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use super::closed::WriterClosed;
 use super::rotation::{
-    COMPRESS_SUFFIX, LogRotatePolicy, TMP_SUFFIX, is_rotated_of, rotated_name, split_excess,
-    split_unused,
+    COMPRESS_SUFFIX, LogRotatePolicy, TMP_SUFFIX, compress_newest_at_once, is_rotated_of,
+    rotated_name, split_excess, split_unused,
 };
 use super::schedule::{Look, Watches};
 use crate::cri::{Cri, CriError, api};
 
 /// The kubelet's `logMonitorPeriod`.
 pub const LOG_MONITOR_PERIOD: Duration = Duration::from_secs(10);
+/// How long the compression after a rotation waits for the runtime to close the file just
+/// rotated (containerd: a few milliseconds after the reopen), unless the next rotation
+/// comes first; without the close, the file stays plain until the next rotation.
+const CLOSE_WAIT: Duration = Duration::from_secs(1);
 
 /// A log manager failure, naming the container or file.
 #[derive(Debug, thiserror::Error)]
@@ -107,13 +112,27 @@ pub struct ContainerLogManager<C> {
     compressing: std::sync::Mutex<HashMap<PathBuf, Compressing>>,
 }
 
-/// The compression of a log's older rotated files, in the background after a cut.
+/// The compression of a log's older rotated files, in the background after a cut (after
+/// the compression before it), and of the file just rotated once the runtime has closed
+/// it, if it is overfilled.
 struct Compressing {
-    /// The plain files it compresses.
+    /// The rotated files kept at its cut, the one just rotated included: the plain ones
+    /// are its work.
     files: Vec<String>,
     /// Set to abandon it (its file is about to be removed).
     stop: Arc<AtomicBool>,
+    /// Set to stop waiting for the runtime to close the file just rotated (the next
+    /// rotation is due: it compresses that file if the close did not come).
+    hurry: Arc<AtomicBool>,
     done: tokio::task::JoinHandle<()>,
+}
+
+/// The file just rotated, and the watch for the runtime's close of it (none when inotify
+/// could not watch it: it stays plain until the next rotation).
+struct Newest {
+    name: String,
+    closed: Option<WriterClosed>,
+    policy: LogRotatePolicy,
 }
 
 impl<C: Cri> ContainerLogManager<C> {
@@ -337,41 +356,91 @@ impl<C: Cri> ContainerLogManager<C> {
     /// failed rotation go, then the oldest rotated files beyond the policy; the current one
     /// is renamed and reopened, then the older ones kept are compressed in the background
     /// (the kubelet compresses before renaming, which lets the current file grow meanwhile).
-    /// A compression still under way from the rotation before is awaited, or abandoned when
-    /// its file is one too many now, so compressions never pile up.
+    /// A compression still under way from the rotation before goes on during the cut (the
+    /// next one starts after it), or is abandoned first when its file is one too many now, so
+    /// compressions never hold up a cut nor the next look, and run one at a time.
     async fn rotate_log(&self, id: &str, path: &Path, seen: u64) -> Result<(), LogsError> {
         let started = std::time::Instant::now();
-        let (dir, log) = split_path(path);
-        self.finish_compressing(path, Some(self.policy)).await?;
-        let (in_use, unused) = split_unused(rotated_files(dir, log).await?);
-        remove_all(dir, &unused).await?;
-        let rotated = dir.join(rotated_name(log, Timestamp::now(), &in_use));
-        let (excess, kept) = split_excess(in_use, self.policy);
-        remove_all(dir, &excess).await?;
-        tokio::fs::rename(path, &rotated)
-            .await
-            .map_err(io("rotate", path))?;
-        if let Err(e) = self.reopen(id).await {
+        let pending = crate::lock::lock(&self.compressing).remove(path);
+        let work = pending.as_ref().map(|p| {
+            p.hurry.store(true, Ordering::SeqCst);
+            (p.files.clone(), Arc::clone(&p.stop))
+        });
+        let (log_path, policy) = (path.to_owned(), self.policy);
+        let cut = blocking(move || {
+            let work = work
+                .as_ref()
+                .map(|(files, stop)| (files.as_slice(), stop.as_ref()));
+            cut_files(&log_path, policy, work, Timestamp::now())
+        })
+        .await;
+        let cut = match cut {
+            Ok(cut) => cut,
+            Err(e) => {
+                if let Some(pending) = pending {
+                    crate::lock::lock(&self.compressing).insert(path.to_owned(), pending);
+                }
+                return Err(e);
+            }
+        };
+        let renamed = started.elapsed();
+        let reopened = self.reopen(id).await;
+        let took = started.elapsed();
+        // An abandoned compression stops within a chunk.
+        let pending = match pending {
+            Some(pending) if cut.abandoned => {
+                let _ = pending.done.await;
+                None
+            }
+            pending => pending,
+        };
+        let rotated = cut.rotated;
+        if let Err(e) = reopened {
             // Renamed back, to be rotated again at the next look.
             if let Err(back) = tokio::fs::rename(&rotated, path).await {
                 tracing::error!(rotated = %rotated.display(), log = %path.display(), error = %back, reopen_error = %e, "Failed to rename rotated log back");
             }
+            if let Some(pending) = pending {
+                crate::lock::lock(&self.compressing).insert(path.to_owned(), pending);
+            }
             return Err(e);
         }
-        let files: Vec<String> = kept
-            .into_iter()
+        let dir = split_path(path).0;
+        let closed = cut.closed;
+        let kept = cut.kept;
+        let newest = Newest {
+            name: split_path(&rotated).1.to_owned(),
+            closed,
+            policy: self.policy,
+        };
+        let older: Vec<String> = kept
+            .iter()
             .filter(|n| !n.ends_with(COMPRESS_SUFFIX))
+            .cloned()
             .collect();
-        if !files.is_empty() {
-            let stop = Arc::new(AtomicBool::new(false));
-            let span = tracing::debug_span!("compress_container_logs", container = %id);
-            let done = tokio::spawn(
-                compress_all(dir.to_owned(), files.clone(), stop.clone()).instrument(span),
-            );
-            crate::lock::lock(&self.compressing)
-                .insert(path.to_owned(), Compressing { files, stop, done });
-        }
-        let took = started.elapsed();
+        let files = kept.into_iter().chain([newest.name.clone()]).collect();
+        // One chain: abandoning this compression abandons the one before, which it awaits.
+        let stop = pending
+            .as_ref()
+            .map_or_else(Arc::default, |p| Arc::clone(&p.stop));
+        let hurry = Arc::default();
+        let span = tracing::debug_span!("compress_container_logs", container = %id);
+        let job = compress_all(
+            pending.map(|p| p.done),
+            (dir.to_owned(), older),
+            newest,
+            (Arc::clone(&stop), Arc::clone(&hurry)),
+        );
+        let done = tokio::spawn(job.instrument(span));
+        crate::lock::lock(&self.compressing).insert(
+            path.to_owned(),
+            Compressing {
+                files,
+                stop,
+                hurry,
+                done,
+            },
+        );
         // What the runtime wrote to the renamed file during the cut: one more `stat`, for
         // the debug log only.
         let rotated_bytes = if tracing::enabled!(tracing::Level::DEBUG) {
@@ -383,37 +452,11 @@ impl<C: Cri> ContainerLogManager<C> {
             log = %path.display(),
             rotated = %rotated.display(),
             took_ms = took.as_millis(),
+            renamed_ms = renamed.as_millis(),
             seen_bytes = seen,
             rotated_bytes,
             "rotated container log"
         );
-        Ok(())
-    }
-
-    /// Waits for the compression under way of the log at `path`, if any; abandons it when
-    /// its files are one too many for the next rotation under `policy` (or, without a
-    /// policy, always: the files are being removed).
-    async fn finish_compressing(
-        &self,
-        path: &Path,
-        policy: Option<LogRotatePolicy>,
-    ) -> Result<(), LogsError> {
-        let Some(pending) = crate::lock::lock(&self.compressing).remove(path) else {
-            return Ok(());
-        };
-        let abandon = match policy {
-            None => true,
-            Some(policy) => {
-                let (dir, log) = split_path(path);
-                let (in_use, _) = split_unused(rotated_files(dir, log).await?);
-                let (excess, _) = split_excess(in_use, policy);
-                pending.files.iter().any(|f| excess.contains(f))
-            }
-        };
-        if abandon {
-            pending.stop.store(true, Ordering::SeqCst);
-        }
-        let _ = pending.done.await;
         Ok(())
     }
 
@@ -442,11 +485,17 @@ impl<C: Cri> ContainerLogManager<C> {
         if path.as_os_str().is_empty() {
             return Ok(());
         }
-        self.finish_compressing(&path, None).await?;
+        let pending = crate::lock::lock(&self.compressing).remove(&path);
+        if let Some(pending) = pending {
+            pending.stop.store(true, Ordering::SeqCst);
+            pending.hurry.store(true, Ordering::SeqCst);
+            let _ = pending.done.await;
+        }
         let (dir, log) = split_path(&path);
         let mut names = rotated_files(dir, log).await?;
         names.push(log.to_owned());
-        remove_all(dir, &names).await
+        let dir = dir.to_owned();
+        blocking(move || remove_files(&dir, &names)).await
     }
 }
 
@@ -460,17 +509,82 @@ fn split_path(path: &Path) -> (&Path, &str) {
     )
 }
 
-/// The names of the files `<log>.*` in `dir`.
-async fn rotated_files(dir: &Path, log: &str) -> Result<Vec<String>, LogsError> {
-    let mut entries = tokio::fs::read_dir(dir)
-        .await
-        .map_err(io("list log files in", dir))?;
+/// What the file work of a cut did.
+struct Cut {
+    /// The current log's new name.
+    rotated: PathBuf,
+    /// The watch for the runtime's close of it.
+    closed: Option<WriterClosed>,
+    /// The rotated files kept before it.
+    kept: Vec<String>,
+    /// Whether the compression under way was told to stop (one of its files was one too
+    /// many).
+    abandoned: bool,
+}
+
+/// The file work of cutting the current log `path` at `now`, in one go (blocking: the steps
+/// each sent to the blocking pool added up to tens of milliseconds on a loaded node while
+/// the writer filled the file): leftovers of a failed rotation and the oldest rotated files
+/// beyond `policy` go, the current file is renamed and watched for its close. The files the
+/// compression under way (`work`: its files and stop flag) writes are left to it, unless
+/// one is one too many: then it is told to stop.
+fn cut_files(
+    path: &Path,
+    policy: LogRotatePolicy,
+    work: Option<(&[String], &AtomicBool)>,
+    now: Timestamp,
+) -> Result<Cut, LogsError> {
+    let (dir, log) = split_path(path);
+    let (in_use, unused) = split_unused(rotated_files_in(dir, log)?);
+    let rotated = dir.join(rotated_name(log, now, &in_use));
+    let (excess, kept) = split_excess(in_use, policy);
+    let abandoned = work.is_some_and(|(files, stop)| {
+        let abandon = files.iter().any(|f| excess.contains(f));
+        if abandon {
+            stop.store(true, Ordering::SeqCst);
+        }
+        abandon
+    });
+    let unused: Vec<String> = unused
+        .into_iter()
+        .filter(|n| work.is_none_or(|(files, _)| !works_on(files, n)))
+        .collect();
+    remove_files(dir, &unused)?;
+    remove_files(dir, &excess)?;
+    std::fs::rename(path, &rotated).map_err(io("rotate", path))?;
+    // Before the reopen, so that the runtime's close of the old file cannot be missed.
+    let closed = WriterClosed::watch(&rotated)
+        .inspect_err(|e| tracing::debug!(rotated = %rotated.display(), error = %e, "not watching the rotated log for its close"))
+        .ok();
+    Ok(Cut {
+        rotated,
+        closed,
+        kept,
+        abandoned,
+    })
+}
+
+/// Whether `name` is one of `files` (a compression's), its temporary file or its result.
+fn works_on(files: &[String], name: &str) -> bool {
+    let stem = name.strip_suffix(TMP_SUFFIX).unwrap_or(name);
+    let stem = stem.strip_suffix(COMPRESS_SUFFIX).unwrap_or(stem);
+    files.iter().any(|f| f == stem)
+}
+
+/// Runs blocking file work on the blocking pool.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, LogsError> + Send + 'static,
+) -> Result<T, LogsError> {
+    tokio::task::spawn_blocking(work).await.map_err(|e| {
+        io("run file work on", Path::new("the blocking pool"))(std::io::Error::other(e))
+    })?
+}
+
+/// The names of the files `<log>.*` in `dir` (blocking).
+fn rotated_files_in(dir: &Path, log: &str) -> Result<Vec<String>, LogsError> {
     let mut names = Vec::new();
-    while let Some(entry) = entries
-        .next_entry()
-        .await
-        .map_err(io("list log files in", dir))?
-    {
+    for entry in std::fs::read_dir(dir).map_err(io("list log files in", dir))? {
+        let entry = entry.map_err(io("list log files in", dir))?;
         if let Some(name) = entry.file_name().to_str()
             && is_rotated_of(name, log)
         {
@@ -480,11 +594,17 @@ async fn rotated_files(dir: &Path, log: &str) -> Result<Vec<String>, LogsError> 
     Ok(names)
 }
 
-/// Removes the named files of `dir`; one already gone is not an error.
-async fn remove_all(dir: &Path, names: &[String]) -> Result<(), LogsError> {
+/// The names of the files `<log>.*` in `dir`.
+async fn rotated_files(dir: &Path, log: &str) -> Result<Vec<String>, LogsError> {
+    let (dir, log) = (dir.to_owned(), log.to_owned());
+    blocking(move || rotated_files_in(&dir, &log)).await
+}
+
+/// Removes the named files of `dir`; one already gone is not an error (blocking).
+fn remove_files(dir: &Path, names: &[String]) -> Result<(), LogsError> {
     for name in names {
         let path = dir.join(name);
-        match tokio::fs::remove_file(&path).await {
+        match std::fs::remove_file(&path) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                 return Err(io("remove log file", &path)(e));
             }
@@ -494,14 +614,52 @@ async fn remove_all(dir: &Path, names: &[String]) -> Result<(), LogsError> {
     Ok(())
 }
 
-/// Compresses the plain rotated files `names` of `dir`, until `stop`; a failure is logged
-/// (the files stay, and the next rotation compresses them or removes them).
-async fn compress_all(dir: PathBuf, names: Vec<String>, stop: Arc<AtomicBool>) {
-    for name in names {
-        if let Err(e) = compress(dir.join(name), stop.clone()).await {
+/// After the compression `before` (from the rotation before), compresses the plain rotated
+/// files `older` of `dir` (those kept at its cut; one the compression before has compressed
+/// already is skipped), then the `newest` one if it is overfilled once the runtime has
+/// closed it ([`compress_newest_at_once`]), until `stop`; the wait for the close ends early
+/// at `hurry`. A failure is logged (the files stay, and the next rotation compresses them or
+/// removes them).
+async fn compress_all(
+    before: Option<tokio::task::JoinHandle<()>>,
+    (dir, older): (PathBuf, Vec<String>),
+    newest: Newest,
+    (stop, hurry): (Arc<AtomicBool>, Arc<AtomicBool>),
+) {
+    if let Some(before) = before {
+        let _ = before.await;
+    }
+    for name in older {
+        let path = dir.join(name);
+        if stop.load(Ordering::SeqCst) || !tokio::fs::try_exists(&path).await.unwrap_or(false) {
+            continue;
+        }
+        if let Err(e) = compress(path, stop.clone()).await {
             tracing::error!(error = %e, "Failed to compress rotated container log");
             return;
         }
+    }
+    let Newest {
+        name,
+        closed,
+        policy,
+    } = newest;
+    let Some(closed) = closed else {
+        return;
+    };
+    let waited = std::time::Instant::now();
+    let closed = matches!(
+        tokio::task::spawn_blocking(move || closed.wait(CLOSE_WAIT, &hurry)).await,
+        Ok(true)
+    );
+    let path = dir.join(&name);
+    let size = tokio::fs::metadata(&path).await.map_or(0, |m| m.len());
+    if !compress_newest_at_once(closed, size, policy) {
+        return;
+    }
+    tracing::debug!(rotated = %path.display(), size, closed_after_ms = waited.elapsed().as_millis(), "compressing the overfilled newest rotated container log");
+    if let Err(e) = compress(path, stop).await {
+        tracing::error!(error = %e, "Failed to compress rotated container log");
     }
 }
 
@@ -533,9 +691,13 @@ async fn compress(log: PathBuf, stop: Arc<AtomicBool>) -> Result<(), LogsError> 
         let _ = tokio::fs::remove_file(&tmp).await;
         return Err(e);
     }
-    tokio::fs::remove_file(&log)
-        .await
-        .map_err(io("remove log after compressing", &log))
+    // Gone already when a rotation removed it as one too many meanwhile.
+    match tokio::fs::remove_file(&log).await {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(io("remove log after compressing", &log)(e))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Writes `from` gzip-compressed to `to` (blocking), 64 KiB at a time; `false` when `stop`
@@ -572,14 +734,32 @@ mod tests {
 
     use super::*;
 
-    /// A runtime whose containers write their logs into a temp dir; `ReopenContainerLog`
-    /// creates the current file anew (as containerd does), or fails when told to.
+    /// A runtime whose containers write their logs into a temp dir; it holds each current
+    /// file open and `ReopenContainerLog` opens the file anew and closes the old one (as
+    /// containerd does), or fails when told to.
     #[derive(Default)]
     struct FakeRuntime {
         /// Running container id → log path.
         logs: Mutex<BTreeMap<String, PathBuf>>,
+        /// Running container id → its open log.
+        open: Mutex<BTreeMap<String, std::fs::File>>,
         reopen_fails: AtomicBool,
+        /// At a reopen of this container, its old file gets a line 50 ms later, then is
+        /// closed.
+        late_close: Mutex<Option<String>>,
+        /// At a reopen, the old file stays open.
+        keeps_old_open: AtomicBool,
+        kept_open: Mutex<Vec<std::fs::File>>,
         reopened: Mutex<Vec<String>>,
+    }
+
+    /// `path` opened for appending, created if missing.
+    fn append(path: &Path) -> std::fs::File {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .unwrap()
     }
 
     impl Cri for FakeRuntime {
@@ -644,7 +824,19 @@ mod tests {
                     message: "no such container".into(),
                 });
             };
-            std::fs::File::create(&path).unwrap();
+            let file = append(&path);
+            let old = crate::lock::lock(&self.open).insert(req.container_id.clone(), file);
+            if let Some(mut old) = old {
+                if self.keeps_old_open.load(Ordering::SeqCst) {
+                    crate::lock::lock(&self.kept_open).push(old);
+                } else if crate::lock::lock(&self.late_close).as_ref() == Some(&req.container_id) {
+                    std::thread::spawn(move || {
+                        use std::io::Write;
+                        std::thread::sleep(Duration::from_millis(50));
+                        old.write_all(b"late\n").unwrap();
+                    });
+                }
+            }
             crate::lock::lock(&self.reopened).push(req.container_id);
             Ok(api::ReopenContainerLogResponse {})
         }
@@ -681,6 +873,7 @@ mod tests {
             let path = self.dir.join(format!("{id}.log"));
             std::fs::write(&path, content).unwrap();
             crate::lock::lock(&self.runtime.logs).insert(id.to_owned(), path.clone());
+            crate::lock::lock(&self.runtime.open).insert(id.to_owned(), append(&path));
             path
         }
 
@@ -753,7 +946,7 @@ mod tests {
 
     #[tokio::test]
     async fn older_rotated_files_are_compressed_and_the_oldest_removed() {
-        let s = Setup::new("keep", 10, 3);
+        let s = Setup::new("keep", 13, 3);
         let log = s.container("a", "current line\n");
         for (name, content) in [
             ("a.log.20260101-000000.gz", None),
@@ -781,7 +974,7 @@ mod tests {
         // Again at once, the new current file big enough: still 3, the file rotated before
         // is now compressed, and the new one (in the same second, most likely) sorts after
         // it: the sequence number after the timestamp.
-        std::fs::write(&log, "second current line\n").unwrap();
+        std::fs::write(&log, "second line.\n").unwrap();
         let before = files[2].clone();
         s.manager.rotate_logs().await.unwrap();
         s.manager.compressed().await;
@@ -797,13 +990,13 @@ mod tests {
         );
         assert_eq!(
             std::fs::read_to_string(s.dir.join(&files[2])).unwrap(),
-            "second current line\n"
+            "second line.\n"
         );
     }
 
     #[tokio::test]
     async fn a_compression_still_under_way_at_the_next_rotation_is_abandoned_if_excess() {
-        let s = Setup::new("abandon", 10, 3);
+        let s = Setup::new("abandon", 13, 3);
         let log = s.container("a", "current line\n");
         std::fs::write(s.dir.join("a.log.20260101-000010"), "rotated before\n").unwrap();
         // A compression of that file that would never end on its own.
@@ -817,8 +1010,15 @@ mod tests {
             }
         });
         let files = vec!["a.log.20260101-000010".to_owned()];
-        crate::lock::lock(&s.manager.compressing)
-            .insert(log.clone(), Compressing { files, stop, done });
+        crate::lock::lock(&s.manager.compressing).insert(
+            log.clone(),
+            Compressing {
+                files,
+                stop,
+                hurry: Arc::default(),
+                done,
+            },
+        );
         std::fs::write(s.dir.join("a.log.20260101-000020"), "rotated last\n").unwrap();
         s.manager.rotate_logs().await.unwrap();
         s.manager.compressed().await;
@@ -826,6 +1026,49 @@ mod tests {
         let files = s.files();
         assert_eq!(files.len(), 3, "{files:?}");
         assert_eq!(files[1], "a.log.20260101-000020.gz");
+        assert!(is_timestamped(&files[2], "a.log"), "{files:?}");
+    }
+
+    #[tokio::test]
+    async fn a_compression_under_way_goes_on_during_the_cut() {
+        let s = Setup::new("under-way", 13, 3);
+        s.container("a", "current line\n");
+        std::fs::write(s.dir.join("a.log.20260101-000010"), "rotated last\n").unwrap();
+        // A compression of that file (kept: not one too many) that ends only once the
+        // runtime has reopened the log, or after a second.
+        let runtime = s.runtime.clone();
+        let cut_first = Arc::new(AtomicBool::new(false));
+        let done = tokio::spawn({
+            let cut_first = cut_first.clone();
+            async move {
+                for _ in 0..200 {
+                    if !crate::lock::lock(&runtime.reopened).is_empty() {
+                        cut_first.store(true, Ordering::SeqCst);
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+        });
+        let files = vec!["a.log.20260101-000010".to_owned()];
+        let log = s.dir.join("a.log");
+        crate::lock::lock(&s.manager.compressing).insert(
+            log,
+            Compressing {
+                files,
+                stop: Arc::default(),
+                hurry: Arc::default(),
+                done,
+            },
+        );
+        s.manager.rotate_logs().await.unwrap();
+        s.manager.compressed().await;
+        assert!(cut_first.load(Ordering::SeqCst), "the cut waited for it");
+        // It left its file plain: this rotation compressed it after the cut.
+        let files = s.files();
+        assert_eq!(files.len(), 3, "{files:?}");
+        assert_eq!(files[1], "a.log.20260101-000010.gz");
+        assert_eq!(gunzip(&s.dir.join(&files[1])), "rotated last\n");
         assert!(is_timestamped(&files[2], "a.log"), "{files:?}");
     }
 
@@ -891,36 +1134,94 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(50)).await;
         let log = s.container("a", "");
         manager.starts().started("a", log.clone());
-        // ~2 MiB/s in 8 KiB writes, to whichever file the path names, for 1.5 s.
+        // ~2 MiB/s in 8 KiB writes, to the file the runtime holds open, for 1.5 s.
+        let runtime = s.runtime.clone();
         let writer = tokio::task::spawn_blocking(move || {
             use std::io::Write;
             let line = vec![b'x'; 8 << 10];
             for _ in 0..375 {
-                let mut f = std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(&log)
-                    .unwrap();
-                f.write_all(&line).unwrap();
+                let mut open = crate::lock::lock(&runtime.open);
+                open.get_mut("a").unwrap().write_all(&line).unwrap();
+                drop(open);
                 std::thread::sleep(Duration::from_millis(4));
             }
         });
         writer.await.unwrap();
         cancel.cancel();
         running.await.unwrap();
+        manager.compressed().await;
         let reopened = crate::lock::lock(&s.runtime.reopened).len();
         // 3 MiB at 64 KiB: dozens of rotations, all before the second pass (10 s).
         assert!(reopened >= 10, "{reopened} rotations");
         let mut files = s.files();
         files.sort_by(|a, b| a.trim_end_matches(".gz").cmp(b.trim_end_matches(".gz")));
         assert_eq!(files.len(), 3, "{files:?}");
-        assert!(
-            files[1].ends_with(".gz") && !files[2].ends_with(".gz"),
-            "{files:?}"
-        );
-        // Rotated near the size: within what 2 MiB/s writes in a few looks.
-        let rotated = std::fs::metadata(s.dir.join(&files[2])).unwrap().len();
+        assert!(files[1].ends_with(".gz"), "{files:?}");
+        // The newest is plain, or compressed if it held more than the size (the runtime
+        // closes it at the reopen). Rotated near the size: within what 2 MiB/s writes in a
+        // few looks.
+        let newest = s.dir.join(&files[2]);
+        let compressed = files[2].ends_with(".gz");
+        let rotated = if compressed {
+            gunzip(&newest).len() as u64
+        } else {
+            std::fs::metadata(&newest).unwrap().len()
+        };
+        assert_eq!(compressed, rotated > 64 << 10, "{files:?}: {rotated} B");
         assert!(rotated < 4 * (64 << 10), "{rotated} B rotated");
+    }
+
+    #[tokio::test]
+    async fn an_overfilled_rotated_file_is_compressed_once_the_runtime_has_closed_it() {
+        let s = Setup::new("overfilled", 100, 3);
+        s.container("a", &"x".repeat(250));
+        s.container("b", &"y".repeat(100));
+        // The runtime writes what its logger still held into the old file after the reopen
+        // has returned, then closes it (containerd).
+        *crate::lock::lock(&s.runtime.late_close) = Some("a".to_owned());
+        s.manager.rotate_logs().await.unwrap();
+        s.manager.compressed().await;
+        let files = s.files();
+        assert_eq!(files.len(), 4, "{files:?}");
+        // a, 2.5 times the size: compressed, with the late line; b, at the size: plain, as
+        // the kubelet keeps the newest rotated file.
+        assert_eq!(files[0], "a.log");
+        let a = files[1].strip_suffix(".gz").expect("compressed");
+        assert!(is_timestamped(a, "a.log"), "{files:?}");
+        assert_eq!(
+            gunzip(&s.dir.join(&files[1])),
+            format!("{}late\n", "x".repeat(250))
+        );
+        assert_eq!(files[2], "b.log");
+        assert!(is_timestamped(&files[3], "b.log"), "{files:?}");
+    }
+
+    #[tokio::test]
+    async fn a_rotated_file_the_runtime_keeps_open_stays_plain_and_holds_up_no_rotation() {
+        let s = Setup::new("kept-open", 100, 3);
+        let log = s.container("a", &"x".repeat(250));
+        s.runtime.keeps_old_open.store(true, Ordering::SeqCst);
+        s.manager.rotate_logs().await.unwrap();
+        // The next rotation at once: it does not wait for a close that does not come.
+        std::fs::write(&log, "y".repeat(100)).unwrap();
+        let started = std::time::Instant::now();
+        s.manager.rotate_logs().await.unwrap();
+        assert!(
+            started.elapsed() < CLOSE_WAIT / 2,
+            "{:?}",
+            started.elapsed()
+        );
+        s.manager.compressed().await;
+        let mut files = s.files();
+        files.sort_by(|a, b| a.trim_end_matches(".gz").cmp(b.trim_end_matches(".gz")));
+        // The first rotated file was compressed by the second rotation, as the kubelet
+        // does; the newest stays plain.
+        assert_eq!(files.len(), 3, "{files:?}");
+        assert_eq!(gunzip(&s.dir.join(&files[1])), "x".repeat(250));
+        assert_eq!(
+            std::fs::read_to_string(s.dir.join(&files[2])).unwrap(),
+            "y".repeat(100)
+        );
     }
 
     #[tokio::test]

@@ -170,6 +170,19 @@ pub fn split_excess(
     (in_use, kept)
 }
 
+/// Whether the newest rotated file is compressed as soon as the runtime has `closed` it,
+/// holding `size` bytes then. The kubelet keeps it plain until the next rotation, because
+/// the runtime may still write to it; once the runtime has closed it, nothing does (the
+/// kubelet's log reader reads the current file only; a log shipper that followed the file
+/// reads on through its open descriptor). Beyond the kubelet, a file that holds more than
+/// the policy's size (the runtime wrote on into it while it reopened slowly) is compressed
+/// then, so that the overshoot is not kept on disk ~15× over until the next rotation; one of
+/// about the size stays plain, as the kubelet's.
+#[must_use]
+pub fn compress_newest_at_once(closed: bool, size: u64, policy: LogRotatePolicy) -> bool {
+    closed && size > policy.max_size
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -318,5 +331,21 @@ mod tests {
             names(&["0.log.20260101-000000.gz", "0.log.20260101-000000.001.gz"])
         );
         assert_eq!(kept, names(&["0.log.20260101-000000.002"]));
+    }
+
+    #[test]
+    fn only_an_overfilled_newest_file_the_runtime_has_closed_is_compressed_at_once() {
+        let policy = LogRotatePolicy {
+            max_size: 1 << 20,
+            max_files: 3,
+        };
+        // 6 MiB: the runtime wrote on into it during a slow reopen.
+        assert!(compress_newest_at_once(true, 6 << 20, policy));
+        assert!(compress_newest_at_once(true, (1 << 20) + 1, policy));
+        // About the size: plain, as the kubelet keeps it.
+        assert!(!compress_newest_at_once(true, 1 << 20, policy));
+        assert!(!compress_newest_at_once(true, 700 << 10, policy));
+        // Not closed (yet, or the runtime never says): the runtime may still write to it.
+        assert!(!compress_newest_at_once(false, 6 << 20, policy));
     }
 }
