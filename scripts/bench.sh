@@ -421,14 +421,13 @@ bursts() {
   done
 }
 
-# kind_floor DRIVER: the CRI floor inside the kind node (the bench binary run in it, against
-# its containerd, rkubelet stopped meanwhile), BENCH_REPEAT times for each burst count, 10
+# kind_floor DRIVER ROOT: the CRI floor inside the kind node (the bench binary run in it, against
+# its containerd, through ROOT, its PID 1's root; rkubelet stopped meanwhile), BENCH_REPEAT times for each burst count, 10
 # sandboxes at a time (the floor's fastest on this machine's node at 30 and 100): what the
 # runtime alone costs with the driver. A runtime whose runc uses systemd refuses a sandbox
 # without a slice for its parent: `system.slice` (no pod slice, the runtime's own cost).
 kind_floor() {
-  local driver=$1 root n run parent=()
-  root="/proc/$(bash scripts/cluster.sh kind-pid "$KIND_NODE")/root"
+  local driver=$1 root=$2 n run parent=()
   [[ $driver == cgroupfs ]] || parent=(--cgroup-parent system.slice)
   install -m 0755 "$BENCH" "$root/usr/local/bin/rk-bench"
   bash scripts/cluster.sh kind-exec "$KIND_NODE" systemctl stop kubelet
@@ -446,11 +445,12 @@ kind_floor() {
 # kind_node_bursts DRIVER: a fresh kind node whose rkubelet has cgroup driver DRIVER (and
 # its containerd the same), the bursts, the floor in it, then the node goes.
 kind_node_bursts() {
-  local driver=$1 name="rkubelet, kind node, $1 driver"
+  local driver=$1 name="rkubelet, kind node, $1 driver" root
   bash scripts/cluster.sh add-kind-node "$KIND_NODE" --cgroup-driver "$driver" --binary "$RK"
+  root="/proc/$(bash scripts/cluster.sh kind-pid "$KIND_NODE")/root"
   # The node's rkubelet root dir (its debug socket), through its PID 1's root.
-  bursts "$name" "$KIND_NODE" "/proc/$(bash scripts/cluster.sh kind-pid "$KIND_NODE")/root/var/lib/rkubelet"
-  kind_floor "$driver"
+  bursts "$name" "$KIND_NODE" "$root/var/lib/rkubelet"
+  kind_floor "$driver" "$root"
   bash scripts/cluster.sh remove-kind-node "$KIND_NODE"
   # The next node registers afresh (a stale Ready would pass its wait).
   k delete node "$KIND_NODE" --ignore-not-found >/dev/null

@@ -210,8 +210,9 @@ pub async fn floor(args: FloorArgs) -> anyhow::Result<Value> {
     }
     let _ = std::fs::remove_dir_all(&args.log_dir);
     let all_ready = each.iter().copied().fold(0.0, f64::max);
+    let agent = args.agent.clone().unwrap_or_else(|| floor_agent(nodes));
     Ok(json!({
-        "kind": "floor", "agent": args.agent.clone().unwrap_or_else(|| floor_agent(nodes)), "count": args.count, "nodes": nodes,
+        "kind": "floor", "agent": agent, "count": args.count, "nodes": nodes,
         "concurrency": args.concurrency, "ready": each, "all_ready": all_ready, "all_gone": all_gone,
     }))
 }
