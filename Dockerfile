@@ -14,7 +14,7 @@
 #          agent as a privileged container in the host's namespaces:
 #            podman run --privileged --pid=host --network=host --cgroupns=host \
 #              -v /sys/fs/cgroup:/sys/fs/cgroup -v /run/containerd:/run/containerd \
-#              -v /var/lib/rkubelet:/var/lib/rkubelet:rshared \
+#              -v /var/lib/kubelet:/var/lib/kubelet:rshared \
 #              -v /var/log/pods:/var/log/pods -v /etc/cni/net.d:/etc/cni/net.d \
 #              -v /opt/cni/bin:/opt/cni/bin -v /etc/kubernetes:/etc/kubernetes \
 #              localhost/rkubelet:0.1.0 run --kubeconfig /etc/kubernetes/kubelet.conf \

@@ -92,8 +92,9 @@ struct RunArgs {
     /// address the node name resolves to, else that of the default route's interface.
     #[arg(long)]
     node_ip: Option<IpAddr>,
-    /// The agent's state directory.
-    #[arg(long, default_value = "/var/lib/rkubelet")]
+    /// The agent's state directory (the kubelet's default: where device plugins, CSI
+    /// drivers and kubeadm look for it).
+    #[arg(long, default_value = "/var/lib/kubelet")]
     root_dir: PathBuf,
     /// Where container logs are written, one directory per pod.
     #[arg(long, default_value = "/var/log/pods")]
@@ -351,7 +352,7 @@ struct InspectArgs {
     #[command(flatten)]
     runtime: RuntimeFlags,
     /// The agent's state directory.
-    #[arg(long, default_value = "/var/lib/rkubelet", global = true)]
+    #[arg(long, default_value = "/var/lib/kubelet", global = true)]
     root_dir: PathBuf,
     /// The runtime's CNI conf dir.
     #[arg(long, default_value = "/etc/cni/net.d", global = true)]

@@ -134,7 +134,7 @@ impl NodeConfig {
             hostname: name.clone(),
             name,
             node_ip,
-            root_dir: PathBuf::from("/var/lib/rkubelet"),
+            root_dir: PathBuf::from("/var/lib/kubelet"),
             max_pods: 110,
             daemon_port: 10250,
             kubelet_version: DEFAULT_KUBELET_VERSION.to_owned(),
