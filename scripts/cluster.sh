@@ -1378,6 +1378,20 @@ KIND_CGROUP_PREFIX="/rk-kind-"    # its podman cgroup parent (cgroupfs manager):
 KIND_LABEL="org.rkubelet.kind-node"
 KIND_NODE_LABEL="rkubelet.io/kind-node=true"
 
+# The node's PID 1: systemd, in the node's own name=systemd tree. For systemd as PID 1 on
+# cgroup v1, podman stacks the whole name=systemd hierarchy, from the machine's root
+# (`/../..`), over the node's own view of it (its cgroup namespace's): the node's systemd
+# then ran its units, and a cgroupfs node's rkubelet its pod cgroups, in the machine's
+# root, shared with the host's agent and every other kind node (whose orphan clean-ups
+# took each other's pod cgroups), and left them there. That top mount goes first.
+# shellcheck disable=SC2016  # expanded by the node's shell
+KIND_INIT='m=/sys/fs/cgroup/systemd
+if awk -v m="$m" '"'"'$5 == m { root = $4 } END { exit !(root != "" && root != "/") }'"'"' /proc/self/mountinfo; then
+  umount "$m/release_agent" 2>/dev/null || true
+  umount "$m"
+fi
+exec /lib/systemd/systemd'
+
 kind_nodes() { [[ -f $REC/kind-nodes ]] && awk '{print $1}' "$REC/kind-nodes"; return 0; }
 kind_ip() { awk -v n="$1" '$1 == n {print $2}' "$REC/kind-nodes" 2>/dev/null; }
 
@@ -1562,7 +1576,7 @@ add_kind_node() {
     --ulimit nofile=20000:20000 --ulimit nproc=4096:4096 \
     --network "ns:/run/netns/$netns" --dns=none --no-hosts --hostname "$name" \
     --volume "$dir/containerd:/var/lib/containerd" \
-    "$image" /lib/systemd/systemd >/dev/null
+    "$image" sh -c "$KIND_INIT" >/dev/null
   # Before it boots: its /etc/hosts, and containerd's cgroup driver.
   printf '127.0.0.1\tlocalhost\n%s\t%s\n' "$ip" "$name" >"$dir/hosts"
   podman_ cp "$dir/hosts" "$name:/etc/hosts"
@@ -1592,6 +1606,9 @@ add_kind_node() {
   echo "KUBELET_KUBEADM_ARGS=\"--container-runtime=remote --container-runtime-endpoint=unix:///run/containerd/containerd.sock --fail-swap-on=false --node-ip=$ip --node-labels=$KIND_NODE_LABEL --provider-id=kind://podman/kind/$name --network-owner=runtime\"" |
     kind_node_write "$name" /var/lib/kubelet/kubeadm-flags.env 0644
   kind_node_exec "$name" mkdir -p /etc/kubernetes/manifests
+  # A Node of this name left from an earlier kind node would pass the wait for Ready below
+  # before this node's agent registered: the new node registers afresh.
+  kubectl --kubeconfig "$KUBECONFIG_ADMIN" delete node "$name" --ignore-not-found >/dev/null
   kind_node_exec "$name" systemctl restart kubelet
   deadline=$((SECONDS + 180))
   until kind_node_ready "$name"; do
@@ -1675,6 +1692,13 @@ kind_leaks() {
     while read -r pid; do echo "process $pid: $(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null) (kind node cgroup)"; done
   find /sys/fs/cgroup/ /sys/fs/cgroup/*/ -maxdepth 1 -type d -name "${KIND_CGROUP_PREFIX#/}*" \
     -printf 'kind node cgroup %p\n' 2>/dev/null || true
+  # Where systemd does not run this machine, a unit's cgroup at the root of the name=systemd
+  # hierarchy was made by a kind node's systemd outside its own tree.
+  if [[ $(kind_cgroup_manager) == cgroupfs && -d /sys/fs/cgroup/systemd ]]; then
+    find /sys/fs/cgroup/systemd/ -mindepth 1 -maxdepth 1 -type d \
+      \( -name '*.scope' -o -name '*.slice' -o -name '*.mount' -o -name '*.service' \) \
+      -printf 'systemd unit cgroup %p (made by a kind node systemd outside its tree)\n' 2>/dev/null || true
+  fi
   find /run/netns -maxdepth 1 -name "$KIND_NETNS_PREFIX*" -printf 'netns %p\n' 2>/dev/null || true
   ip -o link show 2>/dev/null | awk -F': ' -v p="$KIND_LINK_PREFIX" 'index($2, p) == 1 {print "link " $2}' | cut -d@ -f1
 }

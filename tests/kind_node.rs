@@ -255,7 +255,37 @@ async fn a_kind_style_node_joins_by_bootstrap_token_and_runs_a_deployment() {
     );
     let pid1 = in_node(&["cat", "/proc/1/comm"]);
     assert_eq!(pid1.trim(), "systemd");
+    // Its systemd in the node's own cgroup tree on every hierarchy (podman's systemd mode
+    // mounts the machine's whole name=systemd hierarchy: a path out of the node's
+    // namespace, `/../..`, would be the machine's root).
+    let cgroups = in_node(&["cat", "/proc/1/cgroup"]);
+    assert!(
+        cgroups.lines().all(|l| !l.contains("/..")),
+        "PID 1 of the node outside its cgroup namespace: {cgroups}"
+    );
+    assert!(
+        cgroups
+            .lines()
+            .any(|l| l.ends_with(":name=systemd:/init.scope") || l == "0::/init.scope"),
+        "{cgroups}"
+    );
     assert!(in_node(&["cat", "/etc/kubernetes/kubelet.conf"]).contains("client-certificate"));
+    // Its state where the kubelet keeps it (kubelet.service gives no --root-dir): the
+    // client certificate kubeadm's kubelet.conf names, and the sockets device plugins and
+    // CSI drivers look for under /var/lib/kubelet.
+    assert!(
+        in_node(&["ls", "/var/lib/kubelet/pki"]).contains("kubelet-client-current.pem"),
+        "the client certificate in /var/lib/kubelet/pki"
+    );
+    assert_eq!(
+        in_node(&[
+            "sh",
+            "-c",
+            "test -S /var/lib/kubelet/device-plugins/kubelet.sock && test -d /var/lib/kubelet/plugins_registry && echo yes"
+        ])
+        .trim(),
+        "yes"
+    );
 
     // Three replicas pinned to the node.
     let deployments: Api<Deployment> = Api::namespaced(admin.clone(), "default");
