@@ -44,13 +44,14 @@
 #   BENCH_NODES=3 bash scripts/bench.sh out/3nodes
 #   BENCH_NODES=3 BENCH_BURSTS=110 bash scripts/bench.sh out/3x110
 #
-# With BENCH_KIND=1, the layout is this machine's node beside a kind-style node
-# (`cluster.sh add-kind-node`: systemd as PID 1, its own containerd, kubeadm's files) and
-# there is one scenario: BENCH_BURSTS pods (default 30) bound to the node, BENCH_REPEAT
-# times, for rkubelet on the host node (cgroupfs driver, runtime-owned networking), then on
-# a kind node with the cgroupfs driver, then on a fresh kind node with the systemd driver
-# (kubeadm's and kind's default): what the systemd driver costs, on the same kind of node,
-# e.g.
+# With BENCH_KIND=1, the layout is this machine's node beside two kind-style nodes
+# (`cluster.sh add-kind-node`: systemd as PID 1, its own containerd, kubeadm's files), one
+# with the cgroupfs driver and one with the systemd driver (kubeadm's and kind's default),
+# and there is one scenario: BENCH_BURSTS pods (default 30) bound to a node, in
+# BENCH_REPEAT rounds of one burst on each of the three nodes (rkubelet on the host node:
+# cgroupfs driver, runtime-owned networking), the order turned every round; then the CRI
+# floor inside each kind node, in rounds too: what the systemd driver costs, on the same
+# kind of node, with the machine's drift falling alike on every node, e.g.
 #   BENCH_KIND=1 bash scripts/bench.sh out/kind
 #
 # With BENCH_SCRAPE=1, the one scenario is `scrape` for rkubelet and the kubelet (QPS 50)
@@ -185,7 +186,9 @@ stop_node_agents() {
 cleanup() {
   stop_agent
   stop_node_agents
-  [[ $KIND == 0 ]] || bash scripts/cluster.sh remove-kind-node "$KIND_NODE" || true
+  if [[ $KIND == 1 ]]; then
+    for d in c s; do bash scripts/cluster.sh remove-kind-node "$KIND_NODE-$d" || true; done
+  fi
   bash scripts/cluster.sh down || true
   for s in "${SYSCTLS[@]}"; do sysctl -qw "$s=${SYSCTL_BEFORE[$s]}" || true; done
   for d in /var/log/pods /var/log/containers /var/lib/kubelet; do
@@ -405,64 +408,97 @@ fi
 
 # ---- a kind-style node beside the host node (BENCH_KIND=1)
 
-# bursts NAME NODE [ROOT_DIR]: one unmeasured pod (the image pull), then the bursts, each
-# BENCH_REPEAT times, into burst.json; with the agent's root dir, its start-up breakdown.
-bursts() {
-  local name=$1 node=$2 n run timelines=()
-  [[ -z ${3:-} ]] || timelines=(--agent-root-dir "$3")
-  "$BENCH" burst --kubeconfig "$KUBECONFIG_ADMIN" --node "$node" --count 1 --agent "$name" >>"$OUT/warm-up.log"
+# kind_root NODE: the kind node's PID 1's root on the host.
+kind_root() { echo "/proc/$(bash scripts/cluster.sh kind-pid "$1")/root"; }
+
+# KIND_LAYOUT: the three nodes of the layout, each as NODE|NAME|ROOT_DIR (rkubelet's root
+# dir, for its debug socket: through the kind node's PID 1's root), set by kind_layout_up.
+KIND_LAYOUT=()
+
+# kind_layout_up: rkubelet on the host node (cgroupfs driver, runtime-owned networking) and
+# two fresh kind nodes, one per cgroup driver (containerd's `SystemdCgroup` follows), all
+# up at once, each after one unmeasured pod (the image pull).
+kind_layout_up() {
+  local driver node entry
+  # shellcheck disable=SC2046  # the command is a word list on purpose
+  start_agent "rkubelet, host node" "$NODE_NAME" $(rkubelet_cmd "$NODE_NAME" runtime)
+  KIND_LAYOUT=("$NODE_NAME|rkubelet, host node, cgroupfs driver|$RKUBELET_STATE/bench/rkubelet-$NODE_NAME")
+  for driver in cgroupfs systemd; do
+    node="$KIND_NODE-${driver:0:1}"
+    bash scripts/cluster.sh add-kind-node "$node" --cgroup-driver "$driver" --binary "$RK"
+    KIND_LAYOUT+=("$node|rkubelet, kind node, $driver driver|$(kind_root "$node")/var/lib/kubelet")
+  done
+  for entry in "${KIND_LAYOUT[@]}"; do
+    IFS='|' read -r node _ _ <<<"$entry"
+    "$BENCH" burst --kubeconfig "$KUBECONFIG_ADMIN" --node "$node" --count 1 --agent warm-up >>"$OUT/warm-up.log"
+  done
+}
+
+# kind_layout_bursts: for each burst count, BENCH_REPEAT rounds of one burst on each node of
+# the layout, the order turned by one node every round (the machine's drift over a run and
+# the order each node runs in fall alike on the three), into burst.json with rkubelet's
+# start-up breakdown.
+kind_layout_bursts() {
+  local n run i k node name root
   for n in "${BURSTS[@]}"; do
     for ((run = 1; run <= REPEAT; run++)); do
-      settle
-      log "$name: burst of $n (run $run of $REPEAT)"
-      "$BENCH" burst --kubeconfig "$KUBECONFIG_ADMIN" --node "$node" --count "$n" --agent "$name" \
-        "${timelines[@]}" >>"$OUT/burst.json"
+      for ((i = 0; i < ${#KIND_LAYOUT[@]}; i++)); do
+        k=$(((i + run - 1) % ${#KIND_LAYOUT[@]}))
+        IFS='|' read -r node name root <<<"${KIND_LAYOUT[$k]}"
+        settle
+        log "$name: burst of $n (round $run of $REPEAT)"
+        "$BENCH" burst --kubeconfig "$KUBECONFIG_ADMIN" --node "$node" --count "$n" --agent "$name" \
+          --agent-root-dir "$root" >>"$OUT/burst.json"
+      done
     done
   done
 }
 
-# kind_floor DRIVER ROOT: the CRI floor inside the kind node (the bench binary run in it, against
-# its containerd, through ROOT, its PID 1's root; rkubelet stopped meanwhile), BENCH_REPEAT times for each burst count, 10
-# sandboxes at a time (the floor's fastest on this machine's node at 30 and 100): what the
-# runtime alone costs with the driver. A runtime whose runc uses systemd refuses a sandbox
-# without a slice for its parent: `system.slice` (no pod slice, the runtime's own cost).
+# kind_floor: the CRI floor inside each kind node (the bench binary run in it, against its
+# containerd; rkubelet stopped in both nodes meanwhile), BENCH_REPEAT rounds for each burst
+# count, the two nodes' order swapped every round, 10 sandboxes at a time (the floor's
+# fastest on this machine's node at 30 and 100): what the runtime alone costs with each
+# driver. A runtime whose runc uses systemd refuses a sandbox without a slice for its
+# parent: `system.slice` (no pod slice, the runtime's own cost).
 kind_floor() {
-  local driver=$1 root=$2 n run parent=()
-  [[ $driver == cgroupfs ]] || parent=(--cgroup-parent system.slice)
-  install -m 0755 "$BENCH" "$root/usr/local/bin/rk-bench"
-  bash scripts/cluster.sh kind-exec "$KIND_NODE" systemctl stop kubelet
+  local driver node n run order parent
+  for driver in cgroupfs systemd; do
+    node="$KIND_NODE-${driver:0:1}"
+    install -m 0755 "$BENCH" "$(kind_root "$node")/usr/local/bin/rk-bench"
+    bash scripts/cluster.sh kind-exec "$node" systemctl stop kubelet
+  done
   for n in "${BURSTS[@]}"; do
     for ((run = 1; run <= REPEAT; run++)); do
-      settle
-      log "CRI floor in the kind node, $driver driver: $n sandboxes, 10 at a time (run $run of $REPEAT)"
-      bash scripts/cluster.sh kind-exec "$KIND_NODE" rk-bench floor --count "$n" --concurrency 10 \
-        "${parent[@]}" --agent "CRI floor, kind node, $driver driver" >>"$OUT/floor-kind.json"
+      order=(cgroupfs systemd)
+      ((run % 2 == 1)) || order=(systemd cgroupfs)
+      for driver in "${order[@]}"; do
+        node="$KIND_NODE-${driver:0:1}" parent=()
+        [[ $driver == cgroupfs ]] || parent=(--cgroup-parent system.slice)
+        settle
+        log "CRI floor in the kind node, $driver driver: $n sandboxes, 10 at a time (round $run of $REPEAT)"
+        bash scripts/cluster.sh kind-exec "$node" rk-bench floor --count "$n" --concurrency 10 \
+          "${parent[@]}" --agent "CRI floor, kind node, $driver driver" >>"$OUT/floor-kind.json"
+      done
     done
   done
-  rm -f "$root/usr/local/bin/rk-bench"
 }
 
-# kind_node_bursts DRIVER: a fresh kind node whose rkubelet has cgroup driver DRIVER (and
-# its containerd the same), the bursts, the floor in it, then the node goes.
-kind_node_bursts() {
-  local driver=$1 name="rkubelet, kind node, $1 driver" root
-  bash scripts/cluster.sh add-kind-node "$KIND_NODE" --cgroup-driver "$driver" --binary "$RK"
-  root="/proc/$(bash scripts/cluster.sh kind-pid "$KIND_NODE")/root"
-  # The node's rkubelet root dir (its debug socket), through its PID 1's root.
-  bursts "$name" "$KIND_NODE" "$root/var/lib/rkubelet"
-  kind_floor "$driver" "$root"
-  bash scripts/cluster.sh remove-kind-node "$KIND_NODE"
-  # The next node registers afresh (a stale Ready would pass its wait).
-  k delete node "$KIND_NODE" --ignore-not-found >/dev/null
+# kind_layout_down: the kind nodes go (their Nodes too: a next run registers afresh, a
+# stale Ready would pass its wait), then the host node's agent.
+kind_layout_down() {
+  local driver
+  for driver in cgroupfs systemd; do
+    bash scripts/cluster.sh remove-kind-node "$KIND_NODE-${driver:0:1}"
+    k delete node "$KIND_NODE-${driver:0:1}" --ignore-not-found >/dev/null
+  done
+  stop_agent
 }
 
 if [[ $KIND == 1 ]]; then
-  # shellcheck disable=SC2046  # the command is a word list on purpose
-  start_agent "rkubelet, host node" "$NODE_NAME" $(rkubelet_cmd "$NODE_NAME" runtime)
-  bursts "rkubelet, host node, cgroupfs driver" "$NODE_NAME" "$RKUBELET_STATE/bench/rkubelet-$NODE_NAME"
-  stop_agent
-  kind_node_bursts cgroupfs
-  kind_node_bursts systemd
+  kind_layout_up
+  kind_layout_bursts
+  kind_floor
+  kind_layout_down
 fi
 
 # ---- log rotation (BENCH_LOGROTATE=1)
