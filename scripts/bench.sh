@@ -122,6 +122,9 @@ else
 fi
 FOOTPRINT_SECONDS="${BENCH_FOOTPRINT_SECONDS:-60}"
 REPEAT="${BENCH_REPEAT:-3}"
+# The kind layout turns the order of its three nodes every round and swaps its two floors:
+# 6 rounds give every node every place alike.
+[[ $KIND == 0 || -n ${BENCH_REPEAT:-} ]] || REPEAT=6
 ALL_SCENARIOS="idle bursts deployments steady probes sources scrape"
 SCENARIOS="${BENCH_SCENARIOS:-all}"
 [[ $SCENARIOS != all ]] || SCENARIOS=$ALL_SCENARIOS
@@ -409,7 +412,12 @@ fi
 # ---- a kind-style node beside the host node (BENCH_KIND=1)
 
 # kind_root NODE: the kind node's PID 1's root on the host.
-kind_root() { echo "/proc/$(bash scripts/cluster.sh kind-pid "$1")/root"; }
+kind_root() {
+  local pid
+  pid=$(bash scripts/cluster.sh kind-pid "$1")
+  [[ $pid =~ ^[1-9][0-9]*$ ]] || die "no PID 1 for kind node $1"
+  echo "/proc/$pid/root"
+}
 
 # KIND_LAYOUT: the three nodes of the layout, each as NODE|NAME|ROOT_DIR (rkubelet's root
 # dir, for its debug socket: through the kind node's PID 1's root), set by kind_layout_up.
@@ -419,14 +427,16 @@ KIND_LAYOUT=()
 # two fresh kind nodes, one per cgroup driver (containerd's `SystemdCgroup` follows), all
 # up at once, each after one unmeasured pod (the image pull).
 kind_layout_up() {
-  local driver node entry
+  local driver node entry root
   # shellcheck disable=SC2046  # the command is a word list on purpose
-  start_agent "rkubelet, host node" "$NODE_NAME" $(rkubelet_cmd "$NODE_NAME" runtime)
+  # Its log named as its bursts, for the report's deletion breakdown.
+  start_agent "rkubelet, host node, cgroupfs driver" "$NODE_NAME" $(rkubelet_cmd "$NODE_NAME" runtime)
   KIND_LAYOUT=("$NODE_NAME|rkubelet, host node, cgroupfs driver|$RKUBELET_STATE/bench/rkubelet-$NODE_NAME")
   for driver in cgroupfs systemd; do
     node="$KIND_NODE-${driver:0:1}"
     bash scripts/cluster.sh add-kind-node "$node" --cgroup-driver "$driver" --binary "$RK"
-    KIND_LAYOUT+=("$node|rkubelet, kind node, $driver driver|$(kind_root "$node")/var/lib/kubelet")
+    root=$(kind_root "$node")
+    KIND_LAYOUT+=("$node|rkubelet, kind node, $driver driver|$root/var/lib/kubelet")
   done
   for entry in "${KIND_LAYOUT[@]}"; do
     IFS='|' read -r node _ _ <<<"$entry"
@@ -439,12 +449,12 @@ kind_layout_up() {
 # the order each node runs in fall alike on the three), into burst.json with rkubelet's
 # start-up breakdown.
 kind_layout_bursts() {
-  local n run i k node name root
+  local n run i turn node name root
   for n in "${BURSTS[@]}"; do
     for ((run = 1; run <= REPEAT; run++)); do
       for ((i = 0; i < ${#KIND_LAYOUT[@]}; i++)); do
-        k=$(((i + run - 1) % ${#KIND_LAYOUT[@]}))
-        IFS='|' read -r node name root <<<"${KIND_LAYOUT[$k]}"
+        turn=$(((i + run - 1) % ${#KIND_LAYOUT[@]}))
+        IFS='|' read -r node name root <<<"${KIND_LAYOUT[$turn]}"
         settle
         log "$name: burst of $n (round $run of $REPEAT)"
         "$BENCH" burst --kubeconfig "$KUBECONFIG_ADMIN" --node "$node" --count "$n" --agent "$name" \
@@ -461,10 +471,11 @@ kind_layout_bursts() {
 # driver. A runtime whose runc uses systemd refuses a sandbox without a slice for its
 # parent: `system.slice` (no pod slice, the runtime's own cost).
 kind_floor() {
-  local driver node n run order parent
+  local driver node n run order parent root
   for driver in cgroupfs systemd; do
     node="$KIND_NODE-${driver:0:1}"
-    install -m 0755 "$BENCH" "$(kind_root "$node")/usr/local/bin/rk-bench"
+    root=$(kind_root "$node")
+    install -m 0755 "$BENCH" "$root/usr/local/bin/rk-bench"
     bash scripts/cluster.sh kind-exec "$node" systemctl stop kubelet
   done
   for n in "${BURSTS[@]}"; do
@@ -483,13 +494,15 @@ kind_floor() {
   done
 }
 
-# kind_layout_down: the kind nodes go (their Nodes too: a next run registers afresh, a
-# stale Ready would pass its wait), then the host node's agent.
+# kind_layout_down: each kind node's agent log kept (`journalctl -u kubelet`), the kind
+# nodes go (their Nodes with them), then the host node's agent.
 kind_layout_down() {
-  local driver
+  local driver node
   for driver in cgroupfs systemd; do
-    bash scripts/cluster.sh remove-kind-node "$KIND_NODE-${driver:0:1}"
-    k delete node "$KIND_NODE-${driver:0:1}" --ignore-not-found >/dev/null
+    node="$KIND_NODE-${driver:0:1}"
+    bash scripts/cluster.sh kind-exec "$node" journalctl -u kubelet -o cat --no-pager \
+      >"$OUT/rkubelet in the kind node, $driver driver.journal" 2>&1 || true
+    bash scripts/cluster.sh remove-kind-node "$node"
   done
   stop_agent
 }

@@ -1383,12 +1383,13 @@ KIND_NODE_LABEL="rkubelet.io/kind-node=true"
 # (`/../..`), over the node's own view of it (its cgroup namespace's): the node's systemd
 # then ran its units, and a cgroupfs node's rkubelet its pod cgroups, in the machine's
 # root, shared with the host's agent and every other kind node (whose orphan clean-ups
-# took each other's pod cgroups), and left them there. That top mount goes first.
+# took each other's pod cgroups), and left them there. That top mount goes first; a node
+# where it cannot does not boot (add-kind-node fails and removes it).
 # shellcheck disable=SC2016  # expanded by the node's shell
 KIND_INIT='m=/sys/fs/cgroup/systemd
 if awk -v m="$m" '"'"'$5 == m { root = $4 } END { exit !(root != "" && root != "/") }'"'"' /proc/self/mountinfo; then
   umount "$m/release_agent" 2>/dev/null || true
-  umount "$m"
+  umount "$m" || { echo "kind node init: cannot unmount $m" >&2; exit 1; }
 fi
 exec /lib/systemd/systemd'
 

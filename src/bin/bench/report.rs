@@ -675,18 +675,20 @@ fn breakdown_tables(dir: &Path, rows: &[&Value]) -> anyhow::Result<String> {
     {
         let agent = r["agent"].as_str().unwrap_or_default();
         let log = dir.join(format!("{agent}.log"));
-        let Some(windows) = r["windows"].as_object().filter(|_| log.exists()) else {
+        let Some(windows) = r["windows"].as_object() else {
             continue;
         };
         for (phase, window) in windows {
             // The start-up from the agent's timelines of the run's pods, when it has them;
-            // otherwise (and the deletion) from the spans in its log.
+            // otherwise (and the deletion) from the spans in its log, when the run kept it
+            // (not an agent in a kind node).
             let timelines = r["startup"]["steps"]
                 .as_object()
                 .filter(|_| phase == "start-up");
             let (steps, source) = match timelines {
                 Some(steps) => (timeline_steps(steps), "its pods' timelines"),
-                None => (breakdown(&log, window)?, "its spans"),
+                None if log.exists() => (breakdown(&log, window)?, "its spans"),
+                None => continue,
             };
             if steps.is_empty() {
                 continue;
@@ -1000,6 +1002,28 @@ mod tests {
         json!({"kind": "burst", "agent": agent, "count": count, "concurrency": null,
                "all_ready": ready, "all_gone": gone, "ready": pods, "running": pods,
                "rss_max_mb": rss})
+    }
+
+    /// An agent in a kind node: its pods' timelines in the results, no log of it in the
+    /// directory.
+    #[test]
+    fn the_start_up_breakdown_comes_from_timelines_without_the_agents_log() {
+        let dir = std::env::temp_dir().join(format!("rk-bench-report-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let run = json!({"kind": "burst", "agent": "rkubelet, kind node, systemd driver",
+            "count": 30, "all_ready": 3.6, "all_gone": 2.5,
+            "windows": {"start-up": ["a", "b"], "deletion": ["c", "d"]},
+            "startup": {"seen_to_ready": [1.0, 2.0],
+                        "steps": {"cri RunPodSandbox": [0.5, 0.7], "ensure_pod_cgroup": [0.01]}}});
+        let md = breakdown_tables(&dir, &[&run]).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(
+            md.contains("**rkubelet, kind node, systemd driver, 30 pods, start-up: per step, from its pods' timelines**"),
+            "{md}"
+        );
+        assert!(md.contains("| cri RunPodSandbox | 2 | "), "{md}");
+        // The deletion's spans are in the agent's log only.
+        assert!(!md.contains("deletion"), "{md}");
     }
 
     fn floor(agent: &str, count: u64, ready: f64, gone: f64) -> Value {
