@@ -93,6 +93,8 @@ NODES="${BENCH_NODES:-1}"
 KIND="${BENCH_KIND:-0}"
 [[ $KIND == 0 || ($KIND == 1 && $NODES == 1) ]] || die "BENCH_KIND=1 runs on one host node (BENCH_NODES=1)"
 KIND_NODE=rk-kind1
+# kind_node_name DRIVER: the kind layout's node with that cgroup driver.
+kind_node_name() { echo "$KIND_NODE-${1:0:1}"; }
 SCRAPE="${BENCH_SCRAPE:-0}"
 [[ $SCRAPE == 0 || ($SCRAPE == 1 && $NODES == 1 && $KIND == 0) ]] || die "BENCH_SCRAPE=1 runs on one host node (BENCH_NODES=1, BENCH_KIND=0)"
 LOGROTATE="${BENCH_LOGROTATE:-0}"
@@ -190,7 +192,7 @@ cleanup() {
   stop_agent
   stop_node_agents
   if [[ $KIND == 1 ]]; then
-    for d in c s; do bash scripts/cluster.sh remove-kind-node "$KIND_NODE-$d" || true; done
+    for d in cgroupfs systemd; do bash scripts/cluster.sh remove-kind-node "$(kind_node_name "$d")" || true; done
   fi
   bash scripts/cluster.sh down || true
   for s in "${SYSCTLS[@]}"; do sysctl -qw "$s=${SYSCTL_BEFORE[$s]}" || true; done
@@ -428,12 +430,12 @@ KIND_LAYOUT=()
 # up at once, each after one unmeasured pod (the image pull).
 kind_layout_up() {
   local driver node entry root
-  # shellcheck disable=SC2046  # the command is a word list on purpose
   # Its log named as its bursts, for the report's deletion breakdown.
+  # shellcheck disable=SC2046  # the command is a word list on purpose
   start_agent "rkubelet, host node, cgroupfs driver" "$NODE_NAME" $(rkubelet_cmd "$NODE_NAME" runtime)
   KIND_LAYOUT=("$NODE_NAME|rkubelet, host node, cgroupfs driver|$RKUBELET_STATE/bench/rkubelet-$NODE_NAME")
   for driver in cgroupfs systemd; do
-    node="$KIND_NODE-${driver:0:1}"
+    node=$(kind_node_name "$driver")
     bash scripts/cluster.sh add-kind-node "$node" --cgroup-driver "$driver" --binary "$RK"
     root=$(kind_root "$node")
     KIND_LAYOUT+=("$node|rkubelet, kind node, $driver driver|$root/var/lib/kubelet")
@@ -473,7 +475,7 @@ kind_layout_bursts() {
 kind_floor() {
   local driver node n run order parent root
   for driver in cgroupfs systemd; do
-    node="$KIND_NODE-${driver:0:1}"
+    node=$(kind_node_name "$driver")
     root=$(kind_root "$node")
     install -m 0755 "$BENCH" "$root/usr/local/bin/rk-bench"
     bash scripts/cluster.sh kind-exec "$node" systemctl stop kubelet
@@ -483,7 +485,7 @@ kind_floor() {
       order=(cgroupfs systemd)
       ((run % 2 == 1)) || order=(systemd cgroupfs)
       for driver in "${order[@]}"; do
-        node="$KIND_NODE-${driver:0:1}" parent=()
+        node=$(kind_node_name "$driver") parent=()
         [[ $driver == cgroupfs ]] || parent=(--cgroup-parent system.slice)
         settle
         log "CRI floor in the kind node, $driver driver: $n sandboxes, 10 at a time (round $run of $REPEAT)"
@@ -499,7 +501,7 @@ kind_floor() {
 kind_layout_down() {
   local driver node
   for driver in cgroupfs systemd; do
-    node="$KIND_NODE-${driver:0:1}"
+    node=$(kind_node_name "$driver")
     bash scripts/cluster.sh kind-exec "$node" journalctl -u kubelet -o cat --no-pager \
       >"$OUT/rkubelet in the kind node, $driver driver.journal" 2>&1 || true
     bash scripts/cluster.sh remove-kind-node "$node"

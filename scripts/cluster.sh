@@ -1385,13 +1385,16 @@ KIND_NODE_LABEL="rkubelet.io/kind-node=true"
 # root, shared with the host's agent and every other kind node (whose orphan clean-ups
 # took each other's pod cgroups), and left them there. That top mount goes first; a node
 # where it cannot does not boot (add-kind-node fails and removes it).
-# shellcheck disable=SC2016  # expanded by the node's shell
-KIND_INIT='m=/sys/fs/cgroup/systemd
-if awk -v m="$m" '"'"'$5 == m { root = $4 } END { exit !(root != "" && root != "/") }'"'"' /proc/self/mountinfo; then
+KIND_INIT=$(
+  cat <<'EOS'
+m=/sys/fs/cgroup/systemd
+if awk -v m="$m" '$5 == m { root = $4 } END { exit !(root != "" && root != "/") }' /proc/self/mountinfo; then
   umount "$m/release_agent" 2>/dev/null || true
   umount "$m" || { echo "kind node init: cannot unmount $m" >&2; exit 1; }
 fi
-exec /lib/systemd/systemd'
+exec /lib/systemd/systemd
+EOS
+)
 
 kind_nodes() { [[ -f $REC/kind-nodes ]] && awk '{print $1}' "$REC/kind-nodes"; return 0; }
 kind_ip() { awk -v n="$1" '$1 == n {print $2}' "$REC/kind-nodes" 2>/dev/null; }

@@ -94,7 +94,7 @@ struct RunArgs {
     node_ip: Option<IpAddr>,
     /// The agent's state directory (the kubelet's default: where device plugins, CSI
     /// drivers and kubeadm look for it).
-    #[arg(long, default_value = "/var/lib/kubelet")]
+    #[arg(long, default_value = rkubelet::node::DEFAULT_ROOT_DIR)]
     root_dir: PathBuf,
     /// Where container logs are written, one directory per pod.
     #[arg(long, default_value = "/var/log/pods")]
@@ -352,7 +352,7 @@ struct InspectArgs {
     #[command(flatten)]
     runtime: RuntimeFlags,
     /// The agent's state directory.
-    #[arg(long, default_value = "/var/lib/kubelet", global = true)]
+    #[arg(long, default_value = rkubelet::node::DEFAULT_ROOT_DIR, global = true)]
     root_dir: PathBuf,
     /// The runtime's CNI conf dir.
     #[arg(long, default_value = "/etc/cni/net.d", global = true)]

@@ -19,6 +19,10 @@ use super::NodeError;
 /// policy still holds (a kubelet may be older than the kube-apiserver, never newer).
 pub const DEFAULT_KUBELET_VERSION: &str = concat!("v1.20.2+rkubelet-", env!("CARGO_PKG_VERSION"));
 
+/// The kubelet's `--root-dir` default: where kubeadm's `kubelet.conf`, device plugins and CSI
+/// drivers look for the agent's state.
+pub const DEFAULT_ROOT_DIR: &str = "/var/lib/kubelet";
+
 /// Resources set aside for system daemons or Kubernetes daemons (the kubelet's
 /// `--kube-reserved` and `--system-reserved`). All default to zero.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -134,7 +138,7 @@ impl NodeConfig {
             hostname: name.clone(),
             name,
             node_ip,
-            root_dir: PathBuf::from("/var/lib/kubelet"),
+            root_dir: PathBuf::from(DEFAULT_ROOT_DIR),
             max_pods: 110,
             daemon_port: 10250,
             kubelet_version: DEFAULT_KUBELET_VERSION.to_owned(),

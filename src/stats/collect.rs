@@ -36,7 +36,7 @@ pub struct StatsConfig {
 impl Default for StatsConfig {
     fn default() -> Self {
         Self {
-            root_dir: PathBuf::from("/var/lib/kubelet"),
+            root_dir: PathBuf::from(crate::node::DEFAULT_ROOT_DIR),
             pods_cgroup: Some("/".to_owned()),
             proc: PathBuf::from("/proc"),
         }

@@ -282,9 +282,8 @@ const KIND_SYSTEMD: &str = "rkubelet, kind node, systemd driver";
 /// to separate the driver from the node, against the kind node with the cgroupfs driver.
 fn kind_goals_table(results: &[Value]) -> String {
     let mut md = String::from("\n| goal | agent | measured | bound | |\n|---|---|---|---|---|\n");
-    let ready = |agent: &str, count: &Value| {
-        find(results, "burst", agent, ("count", count.clone()))
-            .and_then(|r| r["all_ready"].as_f64())
+    let ready = |kind: &str, agent: &str, count: &Value| {
+        find(results, kind, agent, ("count", count.clone())).and_then(|r| r["all_ready"].as_f64())
     };
     for r in results
         .iter()
@@ -296,7 +295,7 @@ fn kind_goals_table(results: &[Value]) -> String {
             (HOST_CGROUPFS, "the host node's, cgroupfs driver"),
             (KIND_CGROUPFS, "the kind node's, cgroupfs driver"),
         ] {
-            let theirs = ready(other, count);
+            let theirs = ready("burst", other, count);
             goal_row(
                 &mut md,
                 &format!("{count} pods, all Ready (s)"),
@@ -308,9 +307,11 @@ fn kind_goals_table(results: &[Value]) -> String {
         }
         // The runtime alone with each driver, as measured inside the kind node.
         let floor = |driver: &str| {
-            let agent = format!("CRI floor, kind node, {driver} driver");
-            find(results, "floor", &agent, ("count", count.clone()))
-                .and_then(|r| r["all_ready"].as_f64())
+            ready(
+                "floor",
+                &format!("CRI floor, kind node, {driver} driver"),
+                count,
+            )
         };
         if let (Some(systemd), Some(cgroupfs)) = (floor("systemd"), floor("cgroupfs")) {
             md.push_str(&format!(
