@@ -211,7 +211,7 @@ start_agent() { # NAME NODE COMMAND...
   log "starting $name as node $node"
   "$@" >"$OUT/$name.log" 2>&1 &
   AGENT_PID=$!
-  k wait --for=condition=Ready "node/$node" --timeout=120s >/dev/null
+  wait_node_ready "$node" 120
 }
 
 rkubelet_cmd() { # NODE OWNER [BINARY]
@@ -290,7 +290,7 @@ scenarios() { # AGENT NODE
     settle
     log "$agent: $PROBE_PODS pods with probes every second, $FOOTPRINT_SECONDS s"
     "$BENCH" probes --kubeconfig "$KUBECONFIG_ADMIN" --node "$node" --count "$PROBE_PODS" --agent "$agent" \
-      --pid "$AGENT_PID" --seconds "$FOOTPRINT_SECONDS" >>"$OUT/probes.json"
+      --pid "$AGENT_PID" --seconds "$FOOTPRINT_SECONDS" "${timelines[@]}" >>"$OUT/probes.json"
   fi
   if want scrape; then
     settle
@@ -360,8 +360,7 @@ start_node_agents() {
     *) die "unknown agent in BENCH_AGENTS for BENCH_NODES > 1: $1 (one of rkubelet kubelet-qps5 kubelet-qps50)" ;;
   esac
   for h in "${HOSTS[@]}"; do
-    for _ in $(seq 120); do k get "node/$h" >/dev/null 2>&1 && break; sleep 1; done
-    k wait --for=condition=Ready "node/$h" --timeout=120s >/dev/null
+    wait_node_ready "$h" 240
   done
   log "$1: nodes ${HOSTS[*]} Ready"
 }

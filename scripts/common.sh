@@ -46,6 +46,17 @@ stop_agent() {
   AGENT_PID=""
 }
 
+# wait_node_ready NODE SECONDS: waits until the agent has registered NODE and it is Ready
+# (`kubectl wait` fails at once on a Node that does not exist yet).
+wait_node_ready() {
+  local node=$1 deadline=$((SECONDS + $2))
+  until kubectl get "node/$node" >/dev/null 2>&1; do
+    ((SECONDS < deadline)) || die "node $node did not register within $2 s"
+    sleep 0.2
+  done
+  kubectl wait --for=condition=Ready "node/$node" --timeout="$(( deadline > SECONDS ? deadline - SECONDS : 1 ))s" >/dev/null
+}
+
 # Debian's podman drops its default network, 87-podman-bridge.conflist, into
 # /etc/cni/net.d when it is installed. cni_dirs: what of /etc/cni and /etc/cni/net.d is
 # there now; restore_cni_dir BEFORE: removes podman's conflist (a deleted conffile stays

@@ -68,12 +68,7 @@ elif ((nodes > 1)); then
   bash scripts/cluster.sh start-agents --binary "$rk" --pod-network-routes "$routes"
   log "waiting for $nodes nodes to be Ready"
   for ((i = 1; i <= nodes; i++)); do
-    deadline=$((SECONDS + 60))
-    until k get node "rk-host$i" >/dev/null 2>&1; do
-      ((SECONDS < deadline)) || die "node rk-host$i did not register (see $RKUBELET_STATE/logs/rkubelet@rk-host$i.log)"
-      sleep 1
-    done
-    k wait --for=condition=Ready "node/rk-host$i" --timeout=60s
+    wait_node_ready "rk-host$i" 120 || die "see $RKUBELET_STATE/logs/rkubelet@rk-host$i.log"
   done
   k create deployment nginx --image=nginx --replicas=$((2 * nodes))
   k rollout status deployment/nginx --timeout=180s
@@ -111,7 +106,7 @@ else
     --tls-cert-file "$RKUBELET_STATE/pki/node-$NODE_NAME-serving.crt" \
     --tls-private-key-file "$RKUBELET_STATE/pki/node-$NODE_NAME-serving.key"
   log "waiting for node $NODE_NAME to be Ready"
-  k wait --for=condition=Ready "node/$NODE_NAME" --timeout=60s
+  wait_node_ready "$NODE_NAME" 60
   k create deployment nginx --image=nginx --replicas=3
   k rollout status deployment/nginx --timeout=120s
   k get pods -o wide

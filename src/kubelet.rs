@@ -137,6 +137,7 @@ impl<C: Cri + Clone> Kubelet<C> {
             runtime.events().clone(),
             wake,
             runtime.host_ip(),
+            runtime.start_gate().clone(),
         );
         states.register(Arc::new(runtime.events().clone()));
         states.register(Arc::new(status.clone()));

@@ -6,7 +6,8 @@
 //! ([`super::start_gate`]): past a handful of concurrent sandboxes the runtime only gets
 //! slower on a small machine, and a pod that holds a turn finishes sooner than a hundred
 //! that share the runtime. Each sandbox run, container create and start tells the gate how
-//! long it took; a pod lends its turn during an image download and a postStart hook.
+//! long it took; a pod lends its turn during an image download and a postStart hook, and
+//! the prober lends the gate one while each exec probe runs.
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
@@ -253,6 +254,11 @@ impl<C: Cri> RuntimeManager<C> {
     /// The runtime client.
     pub fn cri(&self) -> &C {
         &self.cri
+    }
+
+    /// The start gate, which the agent's other runtime work lends turns to.
+    pub fn start_gate(&self) -> &Arc<StartGate> {
+        &self.start_gate
     }
 
     /// The event recorder.

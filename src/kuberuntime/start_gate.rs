@@ -14,6 +14,15 @@
 //! multiplicative decrease), between [`MIN_TURNS`] (or half the ceiling, when lower) and
 //! the configured ceiling.
 //!
+//! The runtime also serves the agent's other work, the exec probes of the pods already
+//! running above all (a `runc exec` each). Measured on a 2-core node with a hundred pods
+//! probed every second (a third by exec): with ten starts in flight beside some seventy exec
+//! probes, one pod or fewer started per second once half of them ran, and the last was Ready
+//! 30 s after the burst, 10 s behind the kubelet, which starts every pod at once. So each
+//! exec probe in flight lends the gate one more turn ([`StartGate::lend`]): the starts keep
+//! at least half of the calls in flight, the probes the rest (a probe is not held back);
+//! with no exec probe in flight the gate is as above.
+//!
 //! The order favours finishing what has begun: a pod that already had a turn (it came back
 //! from an image pull, or starts its next container) goes before any pod that has not begun;
 //! within each class, first come first served.
@@ -147,8 +156,25 @@ pub struct StartGate {
 struct GateState {
     limit: AdaptiveLimit,
     in_use: usize,
+    /// The turns lent by the agent's other runtime work in flight ([`StartGate::lend`]).
+    lent: usize,
     next_ticket: u64,
     waiting: BTreeMap<(Priority, u64), oneshot::Sender<StartTurn>>,
+}
+
+/// One call of the agent's other runtime work in flight (an exec probe), lending the gate a
+/// turn until dropped.
+#[derive(Debug)]
+pub struct Lent {
+    gate: Arc<StartGate>,
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        let mut state = crate::lock::lock(&self.gate.state);
+        // Turns in use are not taken back; fewer new ones are given.
+        state.lent = state.lent.saturating_sub(1);
+    }
 }
 
 /// A pod's turn: given back when dropped.
@@ -168,13 +194,21 @@ impl Drop for StartTurn {
     }
 }
 
+impl GateState {
+    /// The adaptive turns and the lent ones.
+    fn turns(&self) -> usize {
+        self.limit.turns() + self.lent
+    }
+}
+
 impl StartGate {
-    /// A gate with at most `ceiling` turns.
+    /// A gate with at most `ceiling` turns of its own.
     pub fn new(ceiling: usize) -> Arc<Self> {
         Arc::new(Self {
             state: Mutex::new(GateState {
                 limit: AdaptiveLimit::new(ceiling),
                 in_use: 0,
+                lent: 0,
                 next_ticket: 0,
                 waiting: BTreeMap::new(),
             }),
@@ -187,7 +221,7 @@ impl StartGate {
         loop {
             let rx = {
                 let mut state = crate::lock::lock(&self.state);
-                if state.waiting.is_empty() && state.in_use < state.limit.turns() {
+                if state.waiting.is_empty() && state.in_use < state.turns() {
                     state.in_use += 1;
                     return StartTurn {
                         gate: Some(self.clone()),
@@ -223,16 +257,25 @@ impl StartGate {
         Self::admit(self, &mut state);
     }
 
-    /// The turns now and the turns in use.
+    /// One more turn while the returned guard lives: for a call of the agent's other work
+    /// that the runtime serves beside the starts (an exec probe).
+    pub fn lend(self: &Arc<Self>) -> Lent {
+        let mut state = crate::lock::lock(&self.state);
+        state.lent += 1;
+        Self::admit(self, &mut state);
+        Lent { gate: self.clone() }
+    }
+
+    /// The turns now (lent ones included) and the turns in use.
     #[cfg(test)]
     pub(crate) fn turns(&self) -> (usize, usize) {
         let state = crate::lock::lock(&self.state);
-        (state.limit.turns(), state.in_use)
+        (state.turns(), state.in_use)
     }
 
     /// Gives free turns to the first waiters, in priority then arrival order.
     fn admit(gate: &Arc<Self>, state: &mut GateState) {
-        while state.in_use < state.limit.turns() {
+        while state.in_use < state.turns() {
             let Some((_, tx)) = state.waiting.pop_first() else {
                 return;
             };
@@ -470,6 +513,44 @@ mod tests {
         assert_eq!(gate.turns(), (2, 2));
         drop((c, d));
         assert_eq!(gate.turns(), (2, 0));
+    }
+
+    #[tokio::test]
+    async fn each_exec_probe_in_flight_lends_a_turn_that_admits_a_waiter_at_once() {
+        let gate = StartGate::new(4);
+        let held: Vec<StartTurn> =
+            futures::future::join_all((0..2).map(|_| gate.enter(Priority::New))).await;
+        assert_eq!(gate.turns(), (2, 2), "half the ceiling, all in use");
+        let waiters: Vec<_> = (0..3)
+            .map(|_| {
+                let gate = gate.clone();
+                tokio::spawn(async move { gate.enter(Priority::New).await })
+            })
+            .collect();
+        settle().await;
+        assert!(waiters.iter().all(|w| !w.is_finished()), "no turn is free");
+        // Two probes' runtime calls in flight: two more pods set up beside them.
+        let probes = [gate.lend(), gate.lend()];
+        settle().await;
+        assert_eq!(waiters.iter().filter(|w| w.is_finished()).count(), 2);
+        assert_eq!(gate.turns(), (4, 4));
+        // The probes are done: the lent turns in use are not taken back, and the next
+        // turn given back goes to nobody until fewer than the gate's own are in use.
+        drop(probes);
+        assert_eq!(gate.turns(), (2, 4));
+        drop(held);
+        settle().await;
+        assert_eq!(gate.turns(), (2, 2));
+        assert_eq!(waiters.iter().filter(|w| w.is_finished()).count(), 2);
+        // A lend with a free turn of the gate's own admits no one twice.
+        let probe = gate.lend();
+        settle().await;
+        assert_eq!(gate.turns(), (3, 3), "the last waiter, on the lent turn");
+        drop(probe);
+        for w in waiters {
+            drop(w.await.unwrap());
+        }
+        assert_eq!(gate.turns(), (2, 0), "every turn back");
     }
 
     #[tokio::test]

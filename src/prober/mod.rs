@@ -20,6 +20,7 @@ use k8s_openapi::api::core::v1::{Container, Pod, Probe};
 use crate::cri::Cri;
 use crate::events::EventRecorder;
 use crate::kuberuntime::runtime_status::primary_ip;
+use crate::kuberuntime::start_gate::StartGate;
 use crate::kuberuntime::{PodRuntimeStatus, RunState};
 use crate::pod::PodId;
 use crate::pod::state::{ForgetPod, Wake};
@@ -53,14 +54,22 @@ fn probe_of(container: &Container, kind: ProbeKind) -> Option<&Probe> {
 
 impl<C: Cri + Clone> ProberManager<C> {
     /// A manager probing through `cri`, recording events to `events` and waking pod
-    /// workers through `wake` when a result changes, on a node whose IP is `host_ip`.
-    pub fn new(cri: C, events: EventRecorder, wake: Wake, host_ip: Option<IpAddr>) -> Self {
+    /// workers through `wake` when a result changes, on a node whose IP is `host_ip`; each
+    /// exec probe in flight lends `start_gate` a turn.
+    pub fn new(
+        cri: C,
+        events: EventRecorder,
+        wake: Wake,
+        host_ip: Option<IpAddr>,
+        start_gate: Arc<StartGate>,
+    ) -> Self {
         Self {
             shared: Arc::new(worker::Shared {
                 cri,
                 events,
                 wake,
                 results: Arc::default(),
+                start_gate,
             }),
             workers: Mutex::default(),
             host_ip,

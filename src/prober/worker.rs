@@ -15,6 +15,7 @@ use super::metrics;
 use super::run::Check;
 use crate::cri::Cri;
 use crate::events::EventRecorder;
+use crate::kuberuntime::start_gate::StartGate;
 use crate::pod::PodId;
 use crate::pod::state::Wake;
 use crate::probe::results::{ProbeKind, Results};
@@ -30,6 +31,8 @@ pub(super) struct Shared<C> {
     pub(super) events: EventRecorder,
     pub(super) wake: Wake,
     pub(super) results: Arc<Results>,
+    /// Lent a turn by each exec probe in flight: the runtime runs it beside the starts.
+    pub(super) start_gate: Arc<StartGate>,
 }
 
 impl<C> Shared<C> {
@@ -122,6 +125,8 @@ async fn probe_once<C: Cri>(
     check: &Check,
     timeout: Duration,
 ) -> Outcome {
+    // An exec probe is a `runc exec` in the runtime: the starts get a turn beside it.
+    let _lent = matches!(check, Check::Exec(_)).then(|| shared.start_gate.lend());
     let mut outcome = check.run(&shared.cri, &target.container_id, timeout).await;
     for _ in 1..MAX_RETRIES {
         if outcome.result != ProbeResult::Unknown {
@@ -253,15 +258,22 @@ mod tests {
         assert!(together <= 5, "{together} containers probe twice at once");
     }
 
-    /// Answers exit codes from a script (the last one repeats), counting calls.
+    /// Answers exit codes from a script (the last one repeats), counting calls and the
+    /// start gate's turns during each.
     struct Scripted {
         codes: Mutex<Vec<i32>>,
         calls: AtomicUsize,
+        gate: Arc<StartGate>,
+        turns_seen: Mutex<Vec<usize>>,
     }
 
     impl Cri for Arc<Scripted> {
         async fn exec_sync(&self, _req: api::ExecSyncRequest) -> Result<api::ExecSyncResponse> {
             self.calls.fetch_add(1, Ordering::SeqCst);
+            self.turns_seen
+                .lock()
+                .expect("lock")
+                .push(self.gate.turns().0);
             let mut codes = self.codes.lock().expect("lock");
             let code = if codes.len() > 1 {
                 codes.remove(0)
@@ -321,18 +333,40 @@ mod tests {
         let (events, rx) = EventRecorder::channel();
         let wakes = Arc::new(AtomicUsize::new(0));
         let counted = wakes.clone();
+        let gate = StartGate::new(4);
         let shared = Arc::new(Shared {
             cri: Arc::new(Scripted {
                 codes: Mutex::new(codes),
                 calls: AtomicUsize::new(0),
+                gate: gate.clone(),
+                turns_seen: Mutex::default(),
             }),
             events,
             wake: Arc::new(move |_: &str| {
                 counted.fetch_add(1, Ordering::SeqCst);
             }),
             results: Arc::default(),
+            start_gate: gate,
         });
         (shared, rx, wakes)
+    }
+
+    #[tokio::test]
+    async fn an_exec_probe_lends_the_start_gate_a_turn_while_it_runs() {
+        let (shared, _events, _) = shared(vec![0]);
+        let (own, _) = shared.start_gate.turns();
+        let exec = Check::Exec(vec!["true".into()]);
+        let outcome = probe_once(
+            &shared,
+            &target(false),
+            ProbeKind::Liveness,
+            &exec,
+            Duration::from_secs(1),
+        )
+        .await;
+        assert_eq!(outcome.result, ProbeResult::Success);
+        assert_eq!(*shared.cri.turns_seen.lock().unwrap(), [own + 1]);
+        assert_eq!(shared.start_gate.turns(), (own, 0), "the turn is back");
     }
 
     #[tokio::test]

@@ -1341,9 +1341,8 @@ fn make_dir_volume<M: Mounter>(mounter: &M, dir: &Path, plan: &DirVolume) -> Res
         Medium::Memory { size_bytes } => {
             let canonical = fs::canonicalize(dir).map_err(FsError::at("resolving", dir))?;
             let mounted = mounter
-                .mount_points()
-                .map_err(FsError::at("reading the mount table for", dir))?
-                .contains(&canonical);
+                .is_mount_point(&canonical)
+                .map_err(FsError::at("looking for a mount on", dir))?;
             if !mounted {
                 mounter
                     .mount_tmpfs(dir, size_bytes)

@@ -40,6 +40,15 @@ pub trait Mounter: Send + Sync + 'static {
     /// # Errors
     /// When the mount table cannot be read.
     fn mount_points(&self) -> io::Result<Vec<PathBuf>>;
+
+    /// Whether a file system is mounted on the directory `dir` (a canonical path); by
+    /// default from the mount table.
+    ///
+    /// # Errors
+    /// When the mount table cannot be read.
+    fn is_mount_point(&self, dir: &Path) -> io::Result<bool> {
+        Ok(self.mount_points()?.iter().any(|p| p == dir))
+    }
 }
 
 /// The mount table of this process.
@@ -96,6 +105,16 @@ impl Mounter for LinuxMounter {
 
     fn mount_points(&self) -> io::Result<Vec<PathBuf>> {
         Ok(parse_mountinfo(&std::fs::read_to_string(MOUNTINFO)?))
+    }
+
+    /// As the kubelet's `IsLikelyNotMountPoint`: `dir` is on another device than its
+    /// parent. Two `stat`s, where the mount table of a node with a hundred pods is some
+    /// hundreds of lines the kernel writes out (its overlay options most of it) on every
+    /// read; a bind mount of the same file system is not seen, which a tmpfs never is.
+    fn is_mount_point(&self, dir: &Path) -> io::Result<bool> {
+        use std::os::unix::fs::MetadataExt;
+        let parent = dir.parent().unwrap_or(dir);
+        Ok(std::fs::metadata(dir)?.dev() != std::fs::metadata(parent)?.dev())
     }
 }
 
@@ -155,5 +174,21 @@ mod tests {
     fn the_real_mount_table_has_a_root() {
         let points = LinuxMounter.mount_points().expect("read mountinfo");
         assert!(points.iter().any(|p| p == Path::new("/")), "{points:?}");
+    }
+
+    #[test]
+    fn a_mount_point_is_on_another_device_than_its_parent() {
+        // /proc is procfs wherever this runs; a fresh directory is on its parent's device.
+        assert!(LinuxMounter.is_mount_point(Path::new("/proc")).unwrap());
+        let dir = std::env::temp_dir().join(format!("rk-mountpoint-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fresh = LinuxMounter.is_mount_point(&dir.canonicalize().unwrap());
+        std::fs::remove_dir(&dir).unwrap();
+        assert!(!fresh.unwrap());
+        assert!(
+            LinuxMounter
+                .is_mount_point(Path::new("/no/such/dir"))
+                .is_err()
+        );
     }
 }

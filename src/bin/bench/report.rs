@@ -662,7 +662,8 @@ fn scrape_table(results: &[Value]) -> String {
     md
 }
 
-/// Markdown: where an rkubelet burst's time went, per step, from the agent's own spans.
+/// Markdown: where an rkubelet burst's time went, per step, from the agent's own spans;
+/// and the start-up of the pods with probes (their deletion is a burst's).
 fn breakdown_tables(dir: &Path, rows: &[&Value]) -> anyhow::Result<String> {
     let mut md = String::new();
     let largest = rows
@@ -670,16 +671,19 @@ fn breakdown_tables(dir: &Path, rows: &[&Value]) -> anyhow::Result<String> {
         .filter(|r| r["kind"] == "burst")
         .filter_map(|r| r["count"].as_u64())
         .max();
-    for r in rows
-        .iter()
-        .filter(|r| r["kind"] == "burst" && r["count"].as_u64() == largest)
-    {
+    for r in rows.iter().filter(|r| {
+        (r["kind"] == "burst" && r["count"].as_u64() == largest) || r["kind"] == "probes"
+    }) {
         let agent = r["agent"].as_str().unwrap_or_default();
         let log = dir.join(format!("{agent}.log"));
         let Some(windows) = r["windows"].as_object() else {
             continue;
         };
+        let probed = r["kind"] == "probes";
         for (phase, window) in windows {
+            if probed && phase != "start-up" {
+                continue;
+            }
             // The start-up from the agent's timelines of the run's pods, when it has them;
             // otherwise (and the deletion) from the spans in its log, when the run kept it
             // (not an agent in a kind node).
@@ -695,8 +699,9 @@ fn breakdown_tables(dir: &Path, rows: &[&Value]) -> anyhow::Result<String> {
                 continue;
             }
             md.push_str(&format!(
-                "\n**{agent}, {} pods, {phase}: per step, from {source}** (seconds; a step's calls overlap across pods)\n\n",
-                r["count"]
+                "\n**{agent}, {} pods{}, {phase}: per step, from {source}** (seconds; a step's calls overlap across pods)\n\n",
+                r["count"],
+                if probed { " with probes" } else { "" }
             ));
             if let Some(ready) = r["startup"]["seen_to_ready"]
                 .as_array()
@@ -1025,6 +1030,31 @@ mod tests {
         assert!(md.contains("| cri RunPodSandbox | 2 | "), "{md}");
         // The deletion's spans are in the agent's log only.
         assert!(!md.contains("deletion"), "{md}");
+    }
+
+    #[test]
+    fn the_pods_with_probes_get_their_start_up_breakdown_beside_the_largest_burst() {
+        let dir = std::env::temp_dir().join(format!("rk-bench-probes-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let row = |kind: &str, count: u64| {
+            json!({"kind": kind, "agent": "rkubelet", "count": count,
+                "windows": {"start-up": ["a", "b"], "deletion": ["c", "d"]},
+                "startup": {"seen_to_ready": [1.0, 2.0],
+                            "steps": {"wait_start_slot": [0.5, 0.7]}}})
+        };
+        let (small, large, probes) = (row("burst", 30), row("burst", 100), row("probes", 100));
+        let md = breakdown_tables(&dir, &[&small, &large, &probes]).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(
+            md.contains("**rkubelet, 100 pods, start-up: per step"),
+            "{md}"
+        );
+        assert!(
+            md.contains("**rkubelet, 100 pods with probes, start-up: per step"),
+            "{md}"
+        );
+        assert!(!md.contains("30 pods"), "{md}");
+        assert!(!md.contains("with probes, deletion"), "{md}");
     }
 
     fn floor(agent: &str, count: u64, ready: f64, gone: f64) -> Value {
