@@ -386,10 +386,22 @@ impl<C: Cri> ContainerLogManager<C> {
         let renamed = started.elapsed();
         let reopened = self.reopen(id).await;
         let took = started.elapsed();
-        // An abandoned compression stops within a chunk.
+        // An abandoned compression stops within a chunk. One past its last chunk when told
+        // has written the `.gz` of a file the cut removed: one too many as well.
         let pending = match pending {
             Some(pending) if cut.abandoned => {
                 let _ = pending.done.await;
+                let (dir, late): (PathBuf, Vec<String>) = (
+                    split_path(path).0.to_owned(),
+                    cut.excess
+                        .iter()
+                        .filter(|n| !n.ends_with(COMPRESS_SUFFIX))
+                        .map(|n| format!("{n}{COMPRESS_SUFFIX}"))
+                        .collect(),
+                );
+                if let Err(e) = blocking(move || remove_files(&dir, &late)).await {
+                    tracing::warn!(error = %e, "Failed to remove the compressed copy of an excess log");
+                }
                 None
             }
             pending => pending,
@@ -520,6 +532,8 @@ struct Cut {
     /// Whether the compression under way was told to stop (one of its files was one too
     /// many).
     abandoned: bool,
+    /// The rotated files removed as one too many.
+    excess: Vec<String>,
 }
 
 /// The file work of cutting the current log `path` at `now`, in one go (blocking: the steps
@@ -561,6 +575,7 @@ fn cut_files(
         closed,
         kept,
         abandoned,
+        excess,
     })
 }
 
@@ -1027,6 +1042,45 @@ mod tests {
         assert_eq!(files.len(), 3, "{files:?}");
         assert_eq!(files[1], "a.log.20260101-000020.gz");
         assert!(is_timestamped(&files[2], "a.log"), "{files:?}");
+    }
+
+    #[tokio::test]
+    async fn a_compression_past_its_last_chunk_when_abandoned_leaves_no_file_too_many() {
+        let s = Setup::new("abandon-late", 13, 3);
+        let log = s.container("a", "current line\n");
+        let oldest = "a.log.20260101-000010";
+        std::fs::write(s.dir.join(oldest), "rotated before\n").unwrap();
+        // A compression told to stop once it is past its last chunk: it renames its
+        // result into place all the same, after the cut removed the file it came from.
+        let stop = Arc::new(AtomicBool::new(false));
+        let done = tokio::spawn({
+            let (stop, gz) = (stop.clone(), s.dir.join(format!("{oldest}.gz")));
+            async move {
+                while !stop.load(Ordering::SeqCst) {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                std::fs::write(gz, "compressed late").unwrap();
+            }
+        });
+        crate::lock::lock(&s.manager.compressing).insert(
+            log.clone(),
+            Compressing {
+                files: vec![oldest.to_owned()],
+                stop,
+                hurry: Arc::default(),
+                done,
+            },
+        );
+        std::fs::write(s.dir.join("a.log.20260101-000020"), "rotated last\n").unwrap();
+        s.manager.rotate_logs().await.unwrap();
+        s.manager.compressed().await;
+        let files = s.files();
+        assert_eq!(
+            files.len(),
+            3,
+            "max files, no late copy of the removed one: {files:?}"
+        );
+        assert!(!files.iter().any(|f| f.starts_with(oldest)), "{files:?}");
     }
 
     #[tokio::test]
