@@ -46,12 +46,13 @@ stop_agent() {
   AGENT_PID=""
 }
 
-# wait_node_ready NODE SECONDS: waits until the agent has registered NODE and it is Ready
-# (`kubectl wait` fails at once on a Node that does not exist yet).
+# wait_node_ready NODE SECONDS [HINT]: waits until the Node NODE exists (registered by the
+# agent, or left Ready by an earlier one) and is Ready (`kubectl wait` fails at once on a
+# Node that does not exist yet); HINT is added to the error.
 wait_node_ready() {
   local node=$1 deadline=$((SECONDS + $2))
   until kubectl get "node/$node" >/dev/null 2>&1; do
-    ((SECONDS < deadline)) || die "node $node did not register within $2 s"
+    ((SECONDS < deadline)) || die "node $node did not register within $2 s${3:+ ($3)}"
     sleep 0.2
   done
   kubectl wait --for=condition=Ready "node/$node" --timeout="$(( deadline > SECONDS ? deadline - SECONDS : 1 ))s" >/dev/null

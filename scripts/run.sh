@@ -68,7 +68,7 @@ elif ((nodes > 1)); then
   bash scripts/cluster.sh start-agents --binary "$rk" --pod-network-routes "$routes"
   log "waiting for $nodes nodes to be Ready"
   for ((i = 1; i <= nodes; i++)); do
-    wait_node_ready "rk-host$i" 120 || die "see $RKUBELET_STATE/logs/rkubelet@rk-host$i.log"
+    wait_node_ready "rk-host$i" 120 "see $RKUBELET_STATE/logs/rkubelet@rk-host$i.log"
   done
   k create deployment nginx --image=nginx --replicas=$((2 * nodes))
   k rollout status deployment/nginx --timeout=180s
