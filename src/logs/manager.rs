@@ -1009,26 +1009,30 @@ mod tests {
         );
     }
 
-    #[tokio::test]
-    async fn a_compression_still_under_way_at_the_next_rotation_is_abandoned_if_excess() {
-        let s = Setup::new("abandon", 13, 3);
+    /// The oldest of two rotated files of container `a` (max 3 files), under a compression
+    /// that would never end on its own: once told to stop, it runs `at_stop` and ends. Then a
+    /// rotation, and the compressions after it; the files left.
+    async fn abandon_a_compression(
+        name: &str,
+        at_stop: impl FnOnce(&Path) + Send + 'static,
+    ) -> Vec<String> {
+        let s = Setup::new(name, 13, 3);
         let log = s.container("a", "current line\n");
-        std::fs::write(s.dir.join("a.log.20260101-000010"), "rotated before\n").unwrap();
-        // A compression of that file that would never end on its own.
+        std::fs::write(s.dir.join(OLDEST), "rotated before\n").unwrap();
         let stop = Arc::new(AtomicBool::new(false));
         let done = tokio::spawn({
-            let stop = stop.clone();
+            let (stop, dir) = (stop.clone(), s.dir.clone());
             async move {
                 while !stop.load(Ordering::SeqCst) {
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
+                at_stop(&dir);
             }
         });
-        let files = vec!["a.log.20260101-000010".to_owned()];
         crate::lock::lock(&s.manager.compressing).insert(
-            log.clone(),
+            log,
             Compressing {
-                files,
+                files: vec![OLDEST.to_owned()],
                 stop,
                 hurry: Arc::default(),
                 done,
@@ -1037,8 +1041,15 @@ mod tests {
         std::fs::write(s.dir.join("a.log.20260101-000020"), "rotated last\n").unwrap();
         s.manager.rotate_logs().await.unwrap();
         s.manager.compressed().await;
+        s.files()
+    }
+
+    const OLDEST: &str = "a.log.20260101-000010";
+
+    #[tokio::test]
+    async fn a_compression_still_under_way_at_the_next_rotation_is_abandoned_if_excess() {
+        let files = abandon_a_compression("abandon", |_| {}).await;
         // The abandoned file went as the oldest; the one rotated last is compressed.
-        let files = s.files();
         assert_eq!(files.len(), 3, "{files:?}");
         assert_eq!(files[1], "a.log.20260101-000020.gz");
         assert!(is_timestamped(&files[2], "a.log"), "{files:?}");
@@ -1046,41 +1057,18 @@ mod tests {
 
     #[tokio::test]
     async fn a_compression_past_its_last_chunk_when_abandoned_leaves_no_file_too_many() {
-        let s = Setup::new("abandon-late", 13, 3);
-        let log = s.container("a", "current line\n");
-        let oldest = "a.log.20260101-000010";
-        std::fs::write(s.dir.join(oldest), "rotated before\n").unwrap();
-        // A compression told to stop once it is past its last chunk: it renames its
-        // result into place all the same, after the cut removed the file it came from.
-        let stop = Arc::new(AtomicBool::new(false));
-        let done = tokio::spawn({
-            let (stop, gz) = (stop.clone(), s.dir.join(format!("{oldest}.gz")));
-            async move {
-                while !stop.load(Ordering::SeqCst) {
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-                std::fs::write(gz, "compressed late").unwrap();
-            }
-        });
-        crate::lock::lock(&s.manager.compressing).insert(
-            log.clone(),
-            Compressing {
-                files: vec![oldest.to_owned()],
-                stop,
-                hurry: Arc::default(),
-                done,
-            },
-        );
-        std::fs::write(s.dir.join("a.log.20260101-000020"), "rotated last\n").unwrap();
-        s.manager.rotate_logs().await.unwrap();
-        s.manager.compressed().await;
-        let files = s.files();
+        // Past its last chunk when told to stop, it renames its result into place all the
+        // same, after the cut removed the file it came from.
+        let files = abandon_a_compression("abandon-late", |dir| {
+            std::fs::write(dir.join(format!("{OLDEST}.gz")), "compressed late").unwrap();
+        })
+        .await;
         assert_eq!(
             files.len(),
             3,
             "max files, no late copy of the removed one: {files:?}"
         );
-        assert!(!files.iter().any(|f| f.starts_with(oldest)), "{files:?}");
+        assert!(!files.iter().any(|f| f.starts_with(OLDEST)), "{files:?}");
     }
 
     #[tokio::test]
