@@ -133,9 +133,8 @@ struct RunArgs {
     /// The most pods set up in the runtime at once (sandbox, create, start) while no exec
     /// probe runs; the others wait their turn, pods already begun first. Within it, the
     /// number adapts to the runtime's latency (it starts at half), and image downloads and
-    /// postStart hooks hold no turn. Each exec probe in flight lends one turn more, up to
-    /// as many again, so that the starts keep their share of a runtime busy with the
-    /// probes of running pods.
+    /// postStart hooks hold no turn. Each exec probe in flight lends one turn more, so that
+    /// the starts keep their share of a runtime busy with the probes of running pods.
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u16).range(1..))]
     parallel_pod_starts: u16,
     /// Resolver configuration given to `dnsPolicy: Default` pods. Empty: none.
