@@ -391,14 +391,13 @@ impl<C: Cri> ContainerLogManager<C> {
         let pending = match pending {
             Some(pending) if cut.abandoned => {
                 let _ = pending.done.await;
-                let (dir, late): (PathBuf, Vec<String>) = (
-                    split_path(path).0.to_owned(),
-                    cut.excess
-                        .iter()
-                        .filter(|n| !n.ends_with(COMPRESS_SUFFIX))
-                        .map(|n| format!("{n}{COMPRESS_SUFFIX}"))
-                        .collect(),
-                );
+                let dir = split_path(path).0.to_owned();
+                let late: Vec<String> = cut
+                    .excess
+                    .iter()
+                    .filter(|n| !n.ends_with(COMPRESS_SUFFIX))
+                    .map(|n| format!("{n}{COMPRESS_SUFFIX}"))
+                    .collect();
                 if let Err(e) = blocking(move || remove_files(&dir, &late)).await {
                     tracing::warn!(error = %e, "Failed to remove the compressed copy of an excess log");
                 }
