@@ -25,7 +25,7 @@ use common::{eventually, kubectl, kubectl_1_20_command};
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use rkubelet::cri::api;
 use serde_json::json;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// What the target runs: a process the debug container can only see in its namespace.
 const TARGET_PROCESS: &str = "sleep 3601";
@@ -50,11 +50,19 @@ async fn runtime_containers(uid: &str) -> Vec<(String, u32)> {
 /// does not show it.
 const DONE: &str = "42-done";
 
+/// What a debug shell answers to [`READY_PROBE`] once its output is attached.
+const READY: &str = "ready-5";
+const READY_PROBE: &[u8] = b"echo ready-$((2+3))\n";
+
 /// Runs `kubectl debug` (`alpha debug`, as the issue names it, or 1.20's own `debug`) with
 /// the v1.20.2 kubectl: adds the ephemeral container `container` (busybox's `sh`, targeting
 /// `target` if any) to the pod, waits for it to run and attaches (`-it` in a terminal that
-/// `script` provides, when `tty`); has the shell run `ps` and exit. Asserts that kubectl
-/// succeeded and answers what came back (the time it took is printed as a figure).
+/// `script` provides, when `tty`). Then, as kubectl tells its user ("If you don't see a
+/// command prompt, try pressing enter"), waits until the shell answers through the attach
+/// before it has the shell run `ps` and exit: the runtime (containerd 1.6) starts copying a
+/// new attach's input before it adds its output, so what the shell prints in between goes
+/// to the log only. Asserts that kubectl succeeded and answers what came back (the time
+/// it took is printed as a figure).
 async fn kubectl_debug(
     verb: &[&str],
     pod: &str,
@@ -84,29 +92,76 @@ async fn kubectl_debug(
         .spawn()
         .expect("kubectl runs");
     let mut stdin = child.stdin.take().expect("stdin");
+    let mut stdout = child.stdout.take().expect("stdout");
+    let mut stderr = child.stderr.take().expect("stderr");
+    let stderr = tokio::spawn(async move {
+        let mut text = Vec::new();
+        stderr.read_to_end(&mut text).await.map(|_| text)
+    });
+    let mut seen = Vec::new();
+    let attached = tokio::time::timeout(Duration::from_secs(60), async {
+        let mut buf = [0u8; 4096];
+        loop {
+            stdin.write_all(READY_PROBE).await?;
+            let probed = tokio::time::Instant::now();
+            while !String::from_utf8_lossy(&seen).contains(READY) {
+                let Ok(read) =
+                    tokio::time::timeout_at(probed + Duration::from_secs(2), stdout.read(&mut buf))
+                        .await
+                else {
+                    break; // no answer yet: probe again
+                };
+                let read = read?;
+                if read == 0 {
+                    return Err(std::io::ErrorKind::UnexpectedEof.into());
+                }
+                seen.extend_from_slice(&buf[..read]);
+            }
+            if String::from_utf8_lossy(&seen).contains(READY) {
+                return Ok::<_, std::io::Error>(());
+            }
+        }
+    })
+    .await;
+    if !matches!(attached, Ok(Ok(()))) {
+        let _ = child.start_kill();
+        let stderr = stderr.await.expect("stderr task").unwrap_or_default();
+        panic!(
+            "kubectl {args:?}: the debug shell answers through the attach within 60 s \
+             ({attached:?}):\n{}\nstderr: {}",
+            String::from_utf8_lossy(&seen),
+            String::from_utf8_lossy(&stderr)
+        );
+    }
     stdin
         .write_all(b"ps -o pid,args; echo $((6*7))-done; exit 0\n")
         .await
         .expect("write to kubectl");
-    let out = tokio::time::timeout(Duration::from_secs(90), child.wait_with_output())
-        .await
-        .expect("kubectl debug ends within 90 s")
-        .expect("kubectl debug output");
+    let finished = tokio::time::timeout(Duration::from_secs(90), async {
+        stdout.read_to_end(&mut seen).await?;
+        child.wait().await
+    })
+    .await
+    .expect("kubectl debug ends within 90 s")
+    .expect("kubectl debug's output and exit");
     drop(stdin);
     eprintln!(
         "FIGURE kubectl {} {container} (add, run, attach, ps, exit): {:?}",
         verb.join(" "),
         started.elapsed()
     );
+    let stderr = stderr
+        .await
+        .expect("stderr task")
+        .expect("kubectl's stderr");
     let text = format!(
         "{}\nstderr: {}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+        String::from_utf8_lossy(&seen),
+        String::from_utf8_lossy(&stderr)
     );
     assert!(
-        out.status.success() && !text.contains("falling back to logs"),
-        "kubectl {args:?} attaches and succeeds ({}):\n{text}",
-        out.status
+        finished.success() && !text.contains("falling back to logs"),
+        "kubectl {args:?} attaches and succeeds ({finished}):\n{text}"
     );
     text
 }
