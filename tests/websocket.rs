@@ -187,16 +187,54 @@ async fn collect(socket: &mut Socket) -> Channels {
 /// Reads until `channel` has `needle` (30 s at most); what came.
 async fn read_until(socket: &mut Socket, channel: u8, needle: &str) -> Channels {
     let mut got = Channels::default();
-    let read = async {
-        while !got.get(channel).contains(needle) {
-            let message = socket.next().await.expect("open").expect("a message");
-            assert!(got.add(message), "closed before {needle:?}: {got:?}");
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(30), read)
-        .await
-        .unwrap_or_else(|_| panic!("{needle:?} on channel {channel} within 30 s: {got:?}"));
+    let until = tokio::time::Instant::now() + Duration::from_secs(30);
+    if !read_into_until(socket, &mut got, channel, needle, until).await {
+        panic!("{needle:?} on channel {channel} within 30 s: {got:?}");
+    }
     got
+}
+
+/// Adds the messages that come on `socket` to `got` until `channel` shows `needle`
+/// (true) or `until` passes (false).
+async fn read_into_until(
+    socket: &mut Socket,
+    got: &mut Channels,
+    channel: u8,
+    needle: &str,
+    until: tokio::time::Instant,
+) -> bool {
+    while !got.get(channel).contains(needle) {
+        let Ok(message) = tokio::time::timeout_at(until, socket.next()).await else {
+            return false;
+        };
+        let message = message.expect("open").expect("a message");
+        assert!(got.add(message), "closed before {needle:?}: {got:?}");
+    }
+    true
+}
+
+/// Sends `word` as a line on stdin until the container's `got:` echo of it comes back
+/// on stdout, as a user presses enter again: the runtime (containerd 1.6) starts copying a
+/// new attach's input before it adds its output, so the answer to a line sent at once
+/// may reach the container's log only.
+async fn echo_through_attach(socket: &mut Socket, base64: bool, word: &str) -> Channels {
+    let needle = format!("got:{word}");
+    let mut got = Channels::default();
+    let until = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        socket
+            .send(frame(base64, 0, format!("{word}\n").as_bytes()))
+            .await
+            .expect("send");
+        let resend = (tokio::time::Instant::now() + Duration::from_secs(2)).min(until);
+        if read_into_until(socket, &mut got, 1, &needle, resend).await {
+            return got;
+        }
+        assert!(
+            tokio::time::Instant::now() < until,
+            "{needle:?} on stdout within 30 s: {got:?}"
+        );
+    }
 }
 
 /// Where a session goes: straight to the kubelet API, or through the kube-apiserver's
@@ -431,12 +469,7 @@ async fn attach_and_port_forward_over_websocket() {
             .await
             .expect("attach");
         assert_eq!(chosen.as_deref(), Some(protocol));
-        let word = format!("{via:?}");
-        socket
-            .send(frame(base64, 0, format!("{word}\n").as_bytes()))
-            .await
-            .expect("send");
-        let got = read_until(&mut socket, 1, &format!("got:{word}")).await;
+        let got = echo_through_attach(&mut socket, base64, &format!("{via:?}")).await;
         assert_eq!(got.text, base64, "{got:?}");
         socket.close(None).await.expect("detach");
 
