@@ -125,9 +125,8 @@ impl<C: Cri + Clone> ProberManager<C> {
             let stopped = Arc::new(AtomicBool::new(false));
             let target = worker::Target {
                 pod: id.clone(),
-                container: c.clone(),
+                container: c.name.clone(),
                 container_id: s.id.clone(),
-                pod_ip: pod_ip.clone(),
                 started_at_ns: s.started_at,
                 has_startup: c.startup_probe.is_some(),
                 counters: metrics::register(id, &c.name, kind),
@@ -137,7 +136,7 @@ impl<C: Cri + Clone> ProberManager<C> {
                 self.shared.clone(),
                 target,
                 kind,
-                probe.clone(),
+                worker::Probing::of(probe, c, &pod_ip),
             ))
             .abort_handle();
             handles.push(WorkerHandle {

@@ -41,7 +41,7 @@ impl<C> Shared<C> {
             .results
             .record(&target.stopped, &target.container_id, kind, result)
         {
-            tracing::debug!(pod = %target.pod, container = %target.container.name, kind = kind.as_str(), result = result.as_str(), "probe result changed");
+            tracing::debug!(pod = %target.pod, container = %target.container, kind = kind.as_str(), result = result.as_str(), "probe result changed");
             (self.wake)(&target.pod.uid);
         }
     }
@@ -50,9 +50,9 @@ impl<C> Shared<C> {
 /// The container instance a worker probes.
 pub(super) struct Target {
     pub(super) pod: PodId,
-    pub(super) container: Container,
+    /// The container's name.
+    pub(super) container: String,
     pub(super) container_id: String,
-    pub(super) pod_ip: String,
     /// When the container started, in ns since the epoch (0: unknown).
     pub(super) started_at_ns: i64,
     pub(super) has_startup: bool,
@@ -61,6 +61,24 @@ pub(super) struct Target {
     pub(super) counters: Arc<metrics::Counters>,
     /// Set when the manager stops the worker: no result is recorded after.
     pub(super) stopped: Arc<AtomicBool>,
+}
+
+/// What a worker needs of its probe: the check and its timing. The probe and its
+/// container are not kept: a worker lives as long as its container, one or more per
+/// container, so it holds no more than it uses.
+pub(super) struct Probing {
+    timing: Timing,
+    check: Check,
+}
+
+impl Probing {
+    /// `container`'s `probe` (named ports resolved) against the pod at `pod_ip`.
+    pub(super) fn of(probe: &Probe, container: &Container, pod_ip: &str) -> Self {
+        Self {
+            timing: Timing::of(probe),
+            check: Check::of(probe, container, pod_ip),
+        }
+    }
 }
 
 /// The probe's timing, with the kubelet's defaults and minimums.
@@ -141,8 +159,8 @@ async fn probe_once<C: Cri>(
         ProbeResult::Unknown => ("Unhealthy", "errored"),
     };
     let message = format!("{} probe {verb}: {}", kind.as_str(), outcome.output);
-    tracing::debug!(pod = %target.pod, container = %target.container.name, %message, "probe");
-    let container = Some(target.container.name.as_str());
+    tracing::debug!(pod = %target.pod, container = %target.container, %message, "probe");
+    let container = Some(target.container.as_str());
     shared
         .events
         .warning(&target.pod, container, reason, message);
@@ -154,16 +172,15 @@ pub(super) async fn run<C: Cri>(
     shared: Arc<Shared<C>>,
     target: Target,
     kind: ProbeKind,
-    probe: Probe,
+    probing: Probing,
 ) {
-    let timing = Timing::of(&probe);
-    let check = Check::of(&probe, &target.container, &target.pod_ip);
+    let Probing { timing, check } = probing;
     let started = start_instant(target.started_at_ns);
     // From the worker's start until a readiness or startup probe first passes: the wait
     // and each run are steps of the pod's start-up timeline (a liveness probe does not
     // hold Ready back).
     let mut until_passed = (kind != ProbeKind::Liveness).then(|| {
-        tracing::info_span!("probe", pod_uid = %target.pod.uid, container = %target.container.name, kind = kind.as_str())
+        tracing::info_span!("probe", pod_uid = %target.pod.uid, container = %target.container, kind = kind.as_str())
     });
     shared.set(&target, kind, kind.initial());
     tokio::time::sleep(jitter(&target.container_id, kind, timing.period)).await;
@@ -188,7 +205,9 @@ pub(super) async fn run<C: Cri>(
         let span = until_passed.as_ref().map_or_else(tracing::Span::none, |parent| {
             tracing::info_span!(parent: parent, "probe_run", result = tracing::field::Empty)
         });
-        let outcome = probe_once(&shared, &target, kind, &check, timing.timeout)
+        // Boxed: the worker waits most of its life, and the check's state (an HTTP
+        // request, an `ExecSync` call) is only needed while the check runs.
+        let outcome = Box::pin(probe_once(&shared, &target, kind, &check, timing.timeout))
             .instrument(span.clone())
             .await;
         let result = match outcome.result {
@@ -299,6 +318,15 @@ mod tests {
         }
     }
 
+    /// The worker's part of [`probe`].
+    fn probing(failure_threshold: i32) -> Probing {
+        Probing::of(
+            &probe(failure_threshold),
+            &Container::default(),
+            "127.0.0.1",
+        )
+    }
+
     fn pod_id() -> PodId {
         PodId {
             uid: "u1".into(),
@@ -310,12 +338,8 @@ mod tests {
     fn target(has_startup: bool) -> Target {
         Target {
             pod: pod_id(),
-            container: Container {
-                name: "a".into(),
-                ..Default::default()
-            },
+            container: "a".into(),
             container_id: "c1".into(),
-            pod_ip: "127.0.0.1".into(),
             started_at_ns: 0,
             has_startup,
             counters: metrics::register(&pod_id(), "a", ProbeKind::Readiness),
@@ -376,7 +400,7 @@ mod tests {
             shared.clone(),
             target(false),
             ProbeKind::Liveness,
-            probe(3),
+            probing(3),
         ));
         tokio::time::sleep(Duration::from_millis(1)).await;
         assert_eq!(
@@ -412,7 +436,7 @@ mod tests {
             shared.clone(),
             target(true),
             ProbeKind::Readiness,
-            probe(3),
+            probing(3),
         ));
         tokio::time::sleep(Duration::from_secs(3)).await;
         assert_eq!(
@@ -428,7 +452,7 @@ mod tests {
             shared.clone(),
             target(true),
             ProbeKind::Startup,
-            probe(3),
+            probing(3),
         ));
         tokio::time::sleep(Duration::from_secs(3)).await;
         assert_eq!(
