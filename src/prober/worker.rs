@@ -375,6 +375,17 @@ mod tests {
         (shared, rx, wakes)
     }
 
+    /// A worker waits most of its life: its task holds what it keeps between checks, not
+    /// a running check's state nor a copy of the pod's Container (a node of 100 pods
+    /// probed for readiness and liveness has 200 workers).
+    #[test]
+    fn a_waiting_worker_is_small() {
+        let (shared, _events, _) = shared(vec![0]);
+        let worker = run(shared, target(false), ProbeKind::Readiness, probing(1));
+        let size = std::mem::size_of_val(&worker);
+        assert!(size <= 2048, "a worker's task holds {size} bytes");
+    }
+
     #[tokio::test]
     async fn an_exec_probe_lends_the_start_gate_a_turn_while_it_runs() {
         let (shared, _events, _) = shared(vec![0]);
