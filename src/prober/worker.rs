@@ -382,7 +382,7 @@ mod tests {
     fn a_waiting_worker_is_small() {
         let (shared, _events, _) = shared(vec![0]);
         let worker = run(shared, target(false), ProbeKind::Readiness, probing(1));
-        let size = std::mem::size_of_val(&worker);
+        let size = size_of_val(&worker);
         assert!(size <= 2048, "a worker's task holds {size} bytes");
     }
 
