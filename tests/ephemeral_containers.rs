@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use common::case::{Case, delete_and_wait, get, running};
 use common::pods::{containers_of, events_of, sleeper};
-use common::{eventually, kubectl, kubectl_1_20_command};
+use common::{eventually, kubectl, kubectl_1_20_command, send_until_answered};
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use rkubelet::cri::api;
 use serde_json::json;
@@ -99,31 +99,16 @@ async fn kubectl_debug(
         stderr.read_to_end(&mut text).await.map(|_| text)
     });
     let mut seen = Vec::new();
-    let attached = tokio::time::timeout(Duration::from_secs(60), async {
-        let mut buf = [0u8; 4096];
-        loop {
-            stdin.write_all(READY_PROBE).await?;
-            let probed = tokio::time::Instant::now();
-            while !String::from_utf8_lossy(&seen).contains(READY) {
-                let Ok(read) =
-                    tokio::time::timeout_at(probed + Duration::from_secs(2), stdout.read(&mut buf))
-                        .await
-                else {
-                    break; // no answer yet: probe again
-                };
-                let read = read?;
-                if read == 0 {
-                    return Err(std::io::ErrorKind::UnexpectedEof.into());
-                }
-                seen.extend_from_slice(&buf[..read]);
-            }
-            if String::from_utf8_lossy(&seen).contains(READY) {
-                return Ok::<_, std::io::Error>(());
-            }
-        }
-    })
+    let attached = send_until_answered(
+        &mut stdin,
+        &mut stdout,
+        READY_PROBE,
+        READY,
+        &mut seen,
+        Duration::from_secs(60),
+    )
     .await;
-    if !matches!(attached, Ok(Ok(()))) {
+    if attached.is_err() {
         let _ = child.start_kill();
         let stderr = stderr.await.expect("stderr task").unwrap_or_default();
         panic!(

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::agent::{AgentProcess, NODE_IP, Owner};
 use common::pods::TestPods;
-use common::{eventually, kube_client, meminfo, node_name, state_dir, unique};
+use common::{eventually, kube_client, meminfo, node_name, send_until_answered, state_dir, unique};
 use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
@@ -397,21 +397,22 @@ async fn kubectl_attach_and_port_forward() {
     let mut child = attach.spawn().expect("kubectl attach");
     let mut stdin = child.stdin.take().expect("stdin");
     let mut stdout = child.stdout.take().expect("stdout");
-    let mut seen = String::new();
+    let mut seen = Vec::new();
     // The attach may not be wired yet when the first line is written: repeat it.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !seen.contains("got:ping") {
-        assert!(
-            Instant::now() < deadline,
-            "no echo through attach: {seen:?}"
-        );
-        stdin.write_all(b"ping\n").await.expect("write");
-        let mut buf = [0u8; 1024];
-        if let Ok(Ok(n)) = tokio::time::timeout(Duration::from_secs(2), stdout.read(&mut buf)).await
-        {
-            seen.push_str(&String::from_utf8_lossy(&buf[..n]));
-        }
-    }
+    let answered = send_until_answered(
+        &mut stdin,
+        &mut stdout,
+        b"ping\n",
+        "got:ping",
+        &mut seen,
+        Duration::from_secs(30),
+    )
+    .await;
+    assert!(
+        answered.is_ok(),
+        "no echo through attach ({answered:?}): {:?}",
+        String::from_utf8_lossy(&seen)
+    );
     child.kill().await.expect("detach");
 
     running(&web, Duration::from_secs(60)).await;

@@ -126,6 +126,42 @@ where
     }
 }
 
+/// Writes `line` to an attached process's stdin, again every 2 s, until `needle` shows in
+/// what its stdout gave (kept in `seen`), for `within` at most: as a user presses enter
+/// when no prompt shows, since the runtime (containerd 1.6) starts passing a new attach's
+/// input on before its output, and what is printed in between reaches only the log. A
+/// read error or the end of the output is an error, as is no answer in time.
+pub async fn send_until_answered(
+    stdin: &mut tokio::process::ChildStdin,
+    stdout: &mut tokio::process::ChildStdout,
+    line: &[u8],
+    needle: &str,
+    seen: &mut Vec<u8>,
+    within: Duration,
+) -> std::io::Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let deadline = tokio::time::Instant::now() + within;
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(seen).contains(needle) {
+        if tokio::time::Instant::now() >= deadline {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
+        stdin.write_all(line).await?;
+        let resend = (tokio::time::Instant::now() + Duration::from_secs(2)).min(deadline);
+        while !String::from_utf8_lossy(seen).contains(needle) {
+            let Ok(read) = tokio::time::timeout_at(resend, stdout.read(&mut buf)).await else {
+                break; // no answer yet: send the line again
+            };
+            let read = read?;
+            if read == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            seen.extend_from_slice(&buf[..read]);
+        }
+    }
+    Ok(())
+}
+
 /// How long a read of the API rides over its errors (an API server restarting, a dropped
 /// connection) before the test fails: an error is never taken for an answer.
 pub const API_RETRY: Duration = Duration::from_secs(30);
