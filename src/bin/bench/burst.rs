@@ -1,6 +1,8 @@
 //! The `burst` scenario: N pods bound to the node (to each node) at once, and with
-//! `--pid`, each node agent's CPU seconds and resident memory meanwhile (`AgentUsage`).
-//! It uses the shared pod, `/proc` and result helpers and knows no other scenario.
+//! `--pid`, each node agent's CPU seconds and resident memory meanwhile (`AgentUsage`);
+//! until all are Ready, the machine's busy CPU time and, with `--control-plane-pid`, the
+//! control plane's share of it. It uses the shared pod, `/proc` and result helpers and
+//! knows no other scenario.
 
 use std::time::Duration;
 
@@ -8,7 +10,7 @@ use rkubelet::lock::lock;
 use serde_json::{Value, json};
 
 use crate::pods::{ApiArgs, bound_pods, container, timings_json};
-use crate::procfs::sample;
+use crate::procfs::{MachineCpu, ProcessesCpu, hundredths, sample};
 use crate::results::merge_into;
 
 #[derive(Debug, clap::Args)]
@@ -19,16 +21,40 @@ pub struct BurstArgs {
     /// seconds and resident memory from the first create until all pods are gone.
     #[arg(long)]
     pid: Vec<u32>,
+    /// The control plane's processes (API server, etcd, scheduler, controller manager):
+    /// their CPU seconds until all pods are Ready, the share of the machine's busy time
+    /// that the CRI floor does not have.
+    #[arg(long)]
+    control_plane_pid: Vec<u32>,
 }
 
 pub async fn burst(args: BurstArgs) -> anyhow::Result<Value> {
-    let BurstArgs { api, pid } = args;
+    let BurstArgs {
+        api,
+        pid,
+        control_plane_pid,
+    } = args;
     if !pid.is_empty() && pid.len() != api.node.len() {
         anyhow::bail!("one --pid per --node: {pid:?} for {:?}", api.node);
     }
     let usage = AgentUsage::start(&pid)?;
-    // The start-up's share: the agents' CPU seconds once all pods are Ready.
-    let hold = async { Ok(json!(usage.cpu_seconds()?)) };
+    let machine = MachineCpu::start()?;
+    let control_plane = ProcessesCpu::start(&control_plane_pid)?;
+    // The start-up's share: the agents' CPU seconds once all pods are Ready, the machine's
+    // busy time and the control plane's.
+    let hold = async {
+        let mut held = machine.since_start()?;
+        let agents = usage.cpu.seconds()?;
+        if !agents.is_empty() {
+            held["agents_busy_seconds"] = json!(hundredths(agents.iter().sum()));
+        }
+        held["agents_startup_seconds"] = json!(agents);
+        if !control_plane_pid.is_empty() {
+            let cpu: f64 = control_plane.seconds()?.iter().sum();
+            held["control_plane_busy_seconds"] = json!(hundredths(cpu));
+        }
+        Ok(held)
+    };
     let t = bound_pods(
         &api,
         |_| json!({ "containers": [container(&api.image)] }),
@@ -37,8 +63,14 @@ pub async fn burst(args: BurstArgs) -> anyhow::Result<Value> {
     .await?;
     let kind = if api.node.len() > 1 { "nodes" } else { "burst" };
     let mut result = timings_json(kind, &api, &t);
+    let mut machine = t.held.clone();
+    let startup = machine
+        .as_object_mut()
+        .and_then(|m| m.remove("agents_startup_seconds"))
+        .unwrap_or_default();
+    merge_into(&mut result, &machine);
     if !pid.is_empty() {
-        merge_into(&mut result, &usage.finish(&api.node, &t.held)?);
+        merge_into(&mut result, &usage.finish(&api.node, &startup)?);
     }
     Ok(result)
 }
@@ -46,8 +78,7 @@ pub async fn burst(args: BurstArgs) -> anyhow::Result<Value> {
 /// The CPU seconds and resident memory of some processes (the node agents) from `start`
 /// on, their memory sampled every 250 ms by a background task.
 struct AgentUsage {
-    pids: Vec<u32>,
-    cpu_from: Vec<f64>,
+    cpu: ProcessesCpu,
     /// Per process: the largest and the sum of the resident sizes sampled (kB), and how
     /// many samples.
     rss: std::sync::Arc<std::sync::Mutex<Vec<(u64, u64, u64)>>>,
@@ -56,10 +87,7 @@ struct AgentUsage {
 
 impl AgentUsage {
     fn start(pids: &[u32]) -> anyhow::Result<Self> {
-        let cpu_from = pids
-            .iter()
-            .map(|pid| Ok(sample(*pid)?.1))
-            .collect::<anyhow::Result<Vec<f64>>>()?;
+        let cpu = ProcessesCpu::start(pids)?;
         let rss = std::sync::Arc::new(std::sync::Mutex::new(vec![(0, 0, 0); pids.len()]));
         let sampler = tokio::spawn({
             let (pids, rss) = (pids.to_vec(), rss.clone());
@@ -80,28 +108,14 @@ impl AgentUsage {
                 }
             }
         });
-        Ok(Self {
-            pids: pids.to_vec(),
-            cpu_from,
-            rss,
-            sampler,
-        })
-    }
-
-    /// Each process's CPU seconds since `start`, in hundredths.
-    fn cpu_seconds(&self) -> anyhow::Result<Vec<f64>> {
-        self.pids
-            .iter()
-            .zip(&self.cpu_from)
-            .map(|(pid, from)| Ok(((sample(*pid)?.1 - from) * 100.0).round() / 100.0))
-            .collect()
+        Ok(Self { cpu, rss, sampler })
     }
 
     /// Per node (`nodes[i]` runs `pids[i]`): CPU seconds until all pods were Ready
-    /// (`startup`, from [`Self::cpu_seconds`]) and until now, resident memory max and mean
+    /// (`startup`, from `cpu`) and until now, resident memory max and mean
     /// (MB); and their sums (CPU), max and mean (memory) over the nodes.
     fn finish(self, nodes: &[String], startup: &Value) -> anyhow::Result<Value> {
-        let cpu = self.cpu_seconds()?;
+        let cpu = self.cpu.seconds()?;
         self.sampler.abort();
         let rss = lock(&self.rss).clone();
         let agents: Vec<Value> = nodes
@@ -118,7 +132,6 @@ impl AgentUsage {
             .collect();
         let of =
             |key: &str| -> Vec<f64> { agents.iter().filter_map(|a| a[key].as_f64()).collect() };
-        let hundredths = |x: f64| (x * 100.0).round() / 100.0;
         let rss_means = of("rss_mean_mb");
         #[allow(clippy::cast_precision_loss)]
         let rss_mean = rss_means.iter().sum::<f64>() / rss_means.len().max(1) as f64;

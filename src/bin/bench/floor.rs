@@ -1,6 +1,7 @@
 //! The `floor` scenario: N sandboxes with one container each set up and torn down
 //! straight over CRI, no agent and no API server — the physical limit the agents are
-//! compared with. It knows no API server, no `/proc` and no other scenario.
+//! compared with — and the machine's busy CPU time until all are up. It uses the `/proc`
+//! and result helpers and knows no API server and no other scenario.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -9,7 +10,8 @@ use futures::StreamExt;
 use rkubelet::cri::{Cri, CriClient, api};
 use serde_json::{Value, json};
 
-use crate::results::{run_id, seconds};
+use crate::procfs::MachineCpu;
+use crate::results::{merge_into, run_id, seconds};
 
 #[derive(Debug, clap::Args)]
 pub struct FloorArgs {
@@ -193,7 +195,9 @@ async fn floor_on(
 
 pub async fn floor(args: FloorArgs) -> anyhow::Result<Value> {
     let nodes = args.endpoint.len();
-    let all_up = tokio::sync::Barrier::new(nodes);
+    // Every runtime's run, and the machine's busy time sampled once all are up.
+    let all_up = tokio::sync::Barrier::new(nodes + 1);
+    let machine = MachineCpu::start()?;
     let started = Instant::now();
     let mut runs = Vec::new();
     for (i, endpoint) in args.endpoint.iter().enumerate() {
@@ -201,9 +205,14 @@ pub async fn floor(args: FloorArgs) -> anyhow::Result<Value> {
         let log_dir = args.log_dir.join(i.to_string());
         runs.push(floor_on(cri, &args, log_dir, started, &all_up));
     }
+    let busy = async {
+        all_up.wait().await;
+        machine.since_start()
+    };
+    let (runs, busy) = futures::join!(futures::future::join_all(runs), busy);
     let mut each = Vec::new();
     let mut all_gone: f64 = 0.0;
-    for r in futures::future::join_all(runs).await {
+    for r in runs {
         let (ready, gone) = r?;
         each.extend(ready);
         all_gone = all_gone.max(gone);
@@ -211,10 +220,12 @@ pub async fn floor(args: FloorArgs) -> anyhow::Result<Value> {
     let _ = std::fs::remove_dir_all(&args.log_dir);
     let all_ready = each.iter().copied().fold(0.0, f64::max);
     let agent = args.agent.clone().unwrap_or_else(|| floor_agent(nodes));
-    Ok(json!({
+    let mut result = json!({
         "kind": "floor", "agent": agent, "count": args.count, "nodes": nodes,
         "concurrency": args.concurrency, "ready": each, "all_ready": all_ready, "all_gone": all_gone,
-    }))
+    });
+    merge_into(&mut result, &busy?);
+    Ok(result)
 }
 
 /// The floor's name in the report: `CRI floor`, or `CRI floor, 3 nodes` when that many

@@ -6,10 +6,12 @@
 //! - `burst`: N pods created at once, bound to the node; create → Running and create → Ready
 //!   per pod as seen through a watch, then the time until all are deleted and gone. With
 //!   several nodes, N pods on each, all at once, and each node agent's CPU seconds and
-//!   resident memory meanwhile.
+//!   resident memory meanwhile; until all are Ready, the machine's busy CPU time and the
+//!   control plane's share of it.
 //! - `deployment`: the same through a Deployment, the scheduler and the controllers.
 //! - `floor`: sandbox + network + create + start straight over CRI, no agent, no API server,
-//!   and the teardown likewise — the physical limit the agents are compared with.
+//!   and the teardown likewise — the physical limit the agents are compared with — and the
+//!   machine's busy CPU time until all are up.
 //! - `footprint`: resident memory and CPU seconds of a process over a window.
 //! - `probes`: N pods bound to the node, each with a readiness and a liveness probe every
 //!   second (exec, httpGet and tcpSocket, evenly spread), timed until all are Ready; then

@@ -595,6 +595,78 @@ fn nodes_table(results: &[Value]) -> String {
     md
 }
 
+/// Markdown: where the machine's CPU time went from the first create until all were Ready,
+/// for the bursts of 30 and more pods and their floors (the fastest concurrency), each from
+/// the run closest to the median: the machine's busy time against its capacity, the control
+/// plane's and the node agents' own, and the rest (the runtime, the pods, the bench).
+fn machine_cpu_table(results: &[Value]) -> String {
+    let mut rows: Vec<&Value> = results
+        .iter()
+        .filter(|r| r["machine_busy_seconds"].is_f64() && r["count"].as_u64() >= Some(30))
+        .collect();
+    // Of a floor run at several concurrencies, the fastest.
+    rows.retain(|r| {
+        r["kind"] != "floor"
+            || !results.iter().any(|o| {
+                o["kind"] == "floor"
+                    && o["agent"] == r["agent"]
+                    && o["count"] == r["count"]
+                    && o["machine_busy_seconds"].is_f64()
+                    && o["all_ready"].as_f64() < r["all_ready"].as_f64()
+            })
+    });
+    if rows.is_empty() {
+        return String::new();
+    }
+    rows.sort_by_key(|r| {
+        (
+            r["count"].as_u64(),
+            r["kind"] != "floor",
+            r["agent"].as_str().unwrap_or_default().to_owned(),
+        )
+    });
+    let mut md = String::from(concat!(
+        "\n**Where the machine's CPU goes until all are Ready** (the run closest to the median; ",
+        "CPU seconds: the whole machine busy, against its CPUs × the time from the first create; ",
+        "the control plane (API server, etcd, scheduler, controller manager) and the node agent ",
+        "by their own; the rest is the runtime (containerd, shims, runc, CNI plugins), the pods' ",
+        "processes and the bench client)\n\n",
+        "| pods | agent | time | machine busy (of capacity) | control plane | node agent | runtime, pods and the rest |\n",
+        "|---|---|---|---|---|---|---|\n",
+    ));
+    for r in rows {
+        let number = |key: &str| r[key].as_f64();
+        let busy = number("machine_busy_seconds").unwrap_or(f64::NAN);
+        let window = number("machine_window_seconds").unwrap_or(f64::NAN);
+        let cpus = number("machine_cpus").unwrap_or(f64::NAN);
+        let (control_plane, agents) = (
+            number("control_plane_busy_seconds"),
+            number("agents_busy_seconds"),
+        );
+        let cell = |v: Option<f64>| v.map_or("—".to_owned(), |v| format!("{v:.2}"));
+        let rest = busy - control_plane.unwrap_or(0.0) - agents.unwrap_or(0.0);
+        // A burst on several nodes names them (the floor counts them).
+        let nodes = r["nodes"]
+            .as_array()
+            .map(|n| n.len() as u64)
+            .or(r["nodes"].as_u64())
+            .unwrap_or(1);
+        let pods = if nodes > 1 {
+            format!("{nodes} × {}", r["count"])
+        } else {
+            r["count"].to_string()
+        };
+        md.push_str(&format!(
+            "| {pods} | {} | {window:.2} s | {busy:.2} ({:.0} % of {cpus} CPUs) | {} | {} | {rest:.2} |\n",
+            r["agent"].as_str().unwrap_or_default(),
+            100.0 * busy / (cpus * window),
+            cell(control_plane),
+            cell(agents),
+        ));
+    }
+    md
+}
+
 /// Markdown: the agents' reads of Secrets and ConfigMaps in the sources scenario.
 fn sources_table(results: &[Value]) -> String {
     let rows: Vec<&Value> = results.iter().filter(|r| r["kind"] == "sources").collect();
@@ -838,6 +910,7 @@ pub fn report(args: &ReportArgs) -> anyhow::Result<Value> {
     md.push_str(&sources_table(&results));
     md.push_str(&scrape_table(&results));
     md.push_str(&goals_table(&results));
+    md.push_str(&machine_cpu_table(&results));
     md.push_str(&breakdown_tables(&args.dir, &rows)?);
     std::fs::write(args.dir.join("report.md"), &md)?;
     // Plot data: one column pair (rank fraction, seconds) per series, for gnuplot.
@@ -858,6 +931,7 @@ pub fn report(args: &ReportArgs) -> anyhow::Result<Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::results::merge_into;
 
     #[test]
     fn median_of_odd_and_even_counts() {
@@ -1055,6 +1129,56 @@ mod tests {
         );
         assert!(!md.contains("30 pods"), "{md}");
         assert!(!md.contains("with probes, deletion"), "{md}");
+    }
+
+    #[test]
+    fn the_machine_cpu_table_splits_the_busy_time_and_keeps_the_fastest_floor() {
+        let machine = |mut r: Value, busy: f64, window: f64| {
+            merge_into(
+                &mut r,
+                &json!({"machine_cpus": 2, "machine_busy_seconds": busy,
+                        "machine_window_seconds": window}),
+            );
+            r
+        };
+        let mut agent = machine(burst("rkubelet", 100, 10.0, 9.0, &[10.0], 27), 18.0, 10.0);
+        merge_into(
+            &mut agent,
+            &json!({"control_plane_busy_seconds": 2.5, "agents_busy_seconds": 0.75}),
+        );
+        let mut slow_floor = machine(floor("CRI floor", 100, 9.0, 7.0), 15.0, 9.0);
+        slow_floor["concurrency"] = json!(20);
+        let mut nodes = machine(burst("rkubelet", 110, 30.0, 20.0, &[30.0], 18), 55.0, 30.0);
+        nodes["kind"] = json!("nodes");
+        nodes["nodes"] = json!(["n1", "n2", "n3"]);
+        let results = merge_runs(vec![
+            agent,
+            nodes,
+            machine(floor("CRI floor", 100, 7.5, 7.0), 14.0, 7.5),
+            slow_floor,
+            machine(burst("rkubelet", 10, 1.0, 1.0, &[1.0], 27), 1.5, 1.0),
+        ]);
+        let md = machine_cpu_table(&results);
+        assert!(
+            md.contains(
+                "| 100 | rkubelet | 10.00 s | 18.00 (90 % of 2 CPUs) | 2.50 | 0.75 | 14.75 |"
+            ),
+            "{md}"
+        );
+        assert!(
+            md.contains("| 100 | CRI floor | 7.50 s | 14.00 (93 % of 2 CPUs) | — | — | 14.00 |"),
+            "{md}"
+        );
+        // The floor first, the slower floor and the small burst left out.
+        assert!(md.find("CRI floor").unwrap() < md.find("| rkubelet |").unwrap());
+        assert!(!md.contains("9.00 s") && !md.contains("| 10 |"), "{md}");
+        assert!(
+            md.contains(
+                "| 3 × 110 | rkubelet | 30.00 s | 55.00 (92 % of 2 CPUs) | — | — | 55.00 |"
+            ),
+            "{md}"
+        );
+        assert!(machine_cpu_table(&[]).is_empty());
     }
 
     fn floor(agent: &str, count: u64, ready: f64, gone: f64) -> Value {
