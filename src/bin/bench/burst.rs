@@ -43,17 +43,16 @@ pub async fn burst(args: BurstArgs) -> anyhow::Result<Value> {
     // The start-up's share: the agents' CPU seconds once all pods are Ready, the machine's
     // busy time and the control plane's.
     let hold = async {
-        let mut held = machine.since_start()?;
+        let mut machine = machine.since_start()?;
         let agents = usage.cpu.seconds()?;
         if !agents.is_empty() {
-            held["agents_busy_seconds"] = json!(hundredths(agents.iter().sum()));
+            machine["agents_busy_seconds"] = json!(hundredths(agents.iter().sum()));
         }
-        held["agents_startup_seconds"] = json!(agents);
         if !control_plane_pid.is_empty() {
             let cpu: f64 = control_plane.seconds()?.iter().sum();
-            held["control_plane_busy_seconds"] = json!(hundredths(cpu));
+            machine["control_plane_busy_seconds"] = json!(hundredths(cpu));
         }
-        Ok(held)
+        Ok(json!({ "machine": machine, "agents": agents }))
     };
     let t = bound_pods(
         &api,
@@ -63,14 +62,9 @@ pub async fn burst(args: BurstArgs) -> anyhow::Result<Value> {
     .await?;
     let kind = if api.node.len() > 1 { "nodes" } else { "burst" };
     let mut result = timings_json(kind, &api, &t);
-    let mut machine = t.held.clone();
-    let startup = machine
-        .as_object_mut()
-        .and_then(|m| m.remove("agents_startup_seconds"))
-        .unwrap_or_default();
-    merge_into(&mut result, &machine);
+    merge_into(&mut result, &t.held["machine"]);
     if !pid.is_empty() {
-        merge_into(&mut result, &usage.finish(&api.node, &startup)?);
+        merge_into(&mut result, &usage.finish(&api.node, &t.held["agents"])?);
     }
     Ok(result)
 }

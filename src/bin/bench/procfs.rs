@@ -67,7 +67,11 @@ pub async fn footprint_over(pid: u32, seconds: u64) -> anyhow::Result<Value> {
 
 /// Busy and total jiffies of all CPUs, from the first line of /proc/stat.
 pub fn cpu_jiffies() -> anyhow::Result<(u64, u64)> {
-    let stat = std::fs::read_to_string("/proc/stat")?;
+    jiffies_of(&std::fs::read_to_string("/proc/stat")?)
+}
+
+/// Busy and total jiffies of all CPUs, from the text of /proc/stat.
+fn jiffies_of(stat: &str) -> anyhow::Result<(u64, u64)> {
     let fields: Vec<u64> = stat
         .lines()
         .next()
@@ -124,7 +128,7 @@ impl MachineCpu {
         let cpus = count_cpus(&stat);
         anyhow::ensure!(cpus > 0, "/proc/stat: no cpuN line");
         Ok(Self {
-            busy_from: cpu_jiffies()?.0,
+            busy_from: jiffies_of(&stat)?.0,
             started: Instant::now(),
             cpus,
         })
