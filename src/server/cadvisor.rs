@@ -7,7 +7,9 @@
 //! the cgroup path; `/` is the machine; a pod's cgroup has `pod` and `namespace` only; a
 //! container's `name` is its runtime ID; the sandbox (pause) has an empty `container` and
 //! carries the pod's network series, which no other container of the pod repeats; the
-//! CFS series appear only for a cgroup with a quota. Families are sorted by name and
+//! CFS series appear only for a cgroup with a quota. Memory as cAdvisor reads it: usage,
+//! working set, RSS, cache, mapped files, swap, the peak and the limit's failure count
+//! (v1 and v2 files, [`crate::stats::cgroup`]). Families are sorted by name and
 //! samples by labels, as client_golang gathers them; container samples carry the
 //! reading's timestamp.
 //!
@@ -306,6 +308,38 @@ fn add_cgroup(f: &mut Families, c: &CgroupInfo, now_s: f64, ts: Option<i64>) {
         );
         f.add("container_memory_usage_bytes", "Current memory usage in bytes, including all memory regardless of when it was accessed", Gauge, base.clone(), float(m.usage_bytes), ts);
         f.add(
+            "container_memory_failcnt",
+            "Number of memory usage hits limits",
+            Counter,
+            base.clone(),
+            float(m.failcnt),
+            ts,
+        );
+        f.add(
+            "container_memory_mapped_file",
+            "Size of memory mapped files in bytes.",
+            Gauge,
+            base.clone(),
+            float(m.mapped_file_bytes),
+            ts,
+        );
+        f.add(
+            "container_memory_max_usage_bytes",
+            "Maximum memory usage recorded in bytes",
+            Gauge,
+            base.clone(),
+            float(m.max_usage_bytes),
+            ts,
+        );
+        f.add(
+            "container_memory_swap",
+            "Container swap usage in bytes.",
+            Gauge,
+            base.clone(),
+            float(m.swap_bytes),
+            ts,
+        );
+        f.add(
             "container_memory_working_set_bytes",
             "Current working set in bytes.",
             Gauge,
@@ -456,6 +490,8 @@ mod tests {
                     cache_bytes: 3_000_000,
                     page_faults: 1,
                     major_page_faults: 0,
+                    failcnt: 2,
+                    ..MemoryFigures::default()
                 }),
                 spec: CgroupSpec {
                     cpu_shares: Some(2),
@@ -533,6 +569,10 @@ mod tests {
             "machine_cpu_cores{boot_id=\"\",machine_id=\"m\\\"1\",system_uuid=\"\"} 2\n"
         ));
         assert!(text.contains("container_scrape_error 0\n"));
+        assert!(text.contains("# TYPE container_memory_failcnt counter\n"));
+        assert!(text.contains(
+            "container_memory_failcnt{container=\"burn\",id=\"/kubepods/podu1/burnid\",image=\"\",name=\"burnid\",namespace=\"default\",pod=\"web\"} 2 "
+        ), "{text}");
         // The pods' cgroup has its own series, with no pod labels.
         assert!(text.contains(
             "container_memory_rss{container=\"\",id=\"/kubepods\",image=\"\",name=\"\",namespace=\"\",pod=\"\"} 67000000 "

@@ -120,6 +120,15 @@ pub struct MemoryFigures {
     pub page_faults: u64,
     /// Major page faults.
     pub major_page_faults: u64,
+    /// Pages mapped into processes (`total_mapped_file`; v2 `file_mapped`).
+    pub mapped_file_bytes: u64,
+    /// Times the limit was hit (v1 `memory.failcnt`; v2 the `max` events).
+    pub failcnt: u64,
+    /// The most ever charged (v1 `memory.max_usage_in_bytes`; none in v2: 0, as cAdvisor).
+    pub max_usage_bytes: u64,
+    /// Swap in use (v1 `memory.memsw.usage_in_bytes` less the usage, 0 without swap
+    /// accounting; v2 `memory.swap.current`).
+    pub swap_bytes: u64,
 }
 
 /// The limits a cgroup was given, as cAdvisor's container spec has them.
@@ -208,6 +217,8 @@ pub fn parse_memory_v1(usage: &str, stat: &str) -> Option<MemoryFigures> {
         cache_bytes: keyed(stat, "total_cache").unwrap_or(0),
         page_faults: keyed(stat, "pgfault").unwrap_or(0),
         major_page_faults: keyed(stat, "pgmajfault").unwrap_or(0),
+        mapped_file_bytes: keyed(stat, "total_mapped_file").unwrap_or(0),
+        ..MemoryFigures::default()
     })
 }
 
@@ -223,6 +234,8 @@ pub fn parse_memory_v2(current: &str, stat: &str) -> Option<MemoryFigures> {
         cache_bytes: keyed(stat, "file").unwrap_or(0),
         page_faults: keyed(stat, "pgfault").unwrap_or(0),
         major_page_faults: keyed(stat, "pgmajfault").unwrap_or(0),
+        mapped_file_bytes: keyed(stat, "file_mapped").unwrap_or(0),
+        ..MemoryFigures::default()
     })
 }
 
@@ -323,6 +336,9 @@ impl<F: CgroupFs> CgroupReader<F> {
             stats.memory = self.read(&dir, "memory.usage_in_bytes").and_then(|usage| {
                 parse_memory_v1(&usage, &self.read(&dir, "memory.stat").unwrap_or_default())
             });
+            if let Some(memory) = &mut stats.memory {
+                self.memory_limit_figures_v1(&dir, memory);
+            }
             stats.spec.memory_limit = self
                 .read(&dir, "memory.limit_in_bytes")
                 .and_then(|s| parse_memory_limit_v1(&s));
@@ -351,10 +367,36 @@ impl<F: CgroupFs> CgroupReader<F> {
             .read(&dir, "memory.current")
             .zip(memory_stat)
             .and_then(|(current, stat)| parse_memory_v2(&current, &stat));
+        if let Some(memory) = &mut stats.memory {
+            self.memory_limit_figures_v2(&dir, memory);
+        }
         stats.spec.memory_limit = self
             .read(&dir, "memory.max")
             .and_then(|m| parse_memory_limit_v2(&m));
         stats
+    }
+
+    /// v1: cAdvisor's failures, peak and swap (`memory.failcnt`,
+    /// `memory.max_usage_in_bytes`, `memory.memsw.usage_in_bytes` less the usage).
+    fn memory_limit_figures_v1(&self, dir: &Path, memory: &mut MemoryFigures) {
+        let file = |name| self.read(dir, name).and_then(|s| number(&s));
+        memory.failcnt = file("memory.failcnt").unwrap_or(0);
+        memory.max_usage_bytes = file("memory.max_usage_in_bytes").unwrap_or(0);
+        memory.swap_bytes = file("memory.memsw.usage_in_bytes")
+            .map_or(0, |memsw| memsw.saturating_sub(memory.usage_bytes));
+    }
+
+    /// v2: the `max` events as failures, `memory.swap.current`; no peak (cAdvisor v0.38
+    /// reads none there).
+    fn memory_limit_figures_v2(&self, dir: &Path, memory: &mut MemoryFigures) {
+        memory.failcnt = self
+            .read(dir, "memory.events")
+            .and_then(|e| keyed(&e, "max"))
+            .unwrap_or(0);
+        memory.swap_bytes = self
+            .read(dir, "memory.swap.current")
+            .and_then(|s| number(&s))
+            .unwrap_or(0);
     }
 
     /// When the cgroup was made, as well as the file system tells (its directory's
@@ -378,7 +420,7 @@ mod tests {
 
     const V1_MEMORY_STAT: &str = "cache 4096\nrss 8192\npgfault 12\npgmajfault 1\n\
         inactive_file 100\ntotal_cache 70000\ntotal_rss 67108864\n\
-        total_inactive_file 20000\n";
+        total_inactive_file 20000\ntotal_mapped_file 4096\n";
 
     #[test]
     fn a_process_cgroups_in_hybrid_and_unified_layouts() {
@@ -511,6 +553,9 @@ mod tests {
                 ("memory.usage_in_bytes", "67200000\n"),
                 ("memory.stat", V1_MEMORY_STAT),
                 ("memory.limit_in_bytes", "134217728\n"),
+                ("memory.failcnt", "3\n"),
+                ("memory.max_usage_in_bytes", "70000000\n"),
+                ("memory.memsw.usage_in_bytes", "67300000\n"),
             ],
         );
         let layout = CgroupLayout::V1(vec![
@@ -537,7 +582,17 @@ mod tests {
                 memory_limit: Some(134_217_728)
             }
         );
-        assert_eq!(stats.memory.unwrap().working_set_bytes, 67_180_000);
+        let figures = stats.memory.unwrap();
+        assert_eq!(figures.working_set_bytes, 67_180_000);
+        assert_eq!(
+            (
+                figures.failcnt,
+                figures.max_usage_bytes,
+                figures.swap_bytes,
+                figures.mapped_file_bytes
+            ),
+            (3, 70_000_000, 100_000, 4096)
+        );
         assert!(
             reader
                 .created_ns(&CgroupPaths::uniform("/kubepods/podu1/c1"))
@@ -564,15 +619,27 @@ mod tests {
                 ("memory.current", "1048576\n"),
                 (
                     "memory.stat",
-                    "anon 524288\nfile 262144\ninactive_file 131072\n",
+                    "anon 524288\nfile 262144\ninactive_file 131072\nfile_mapped 8192\n",
                 ),
                 ("memory.max", "max\n"),
+                ("memory.events", "low 0\nhigh 0\nmax 7\noom 1\noom_kill 1\n"),
+                ("memory.swap.current", "4096\n"),
             ],
         );
         let reader = CgroupReader::new(LinuxCgroupFs, CgroupLayout::V2(root.clone()));
         let stats = reader.stats(&CgroupPaths::uniform("/kubepods.slice/pod.slice"));
         assert_eq!(stats.cpu.unwrap().total_ns, 3_000_000_000);
-        assert_eq!(stats.memory.unwrap().working_set_bytes, 1_048_576 - 131_072);
+        let figures = stats.memory.unwrap();
+        assert_eq!(figures.working_set_bytes, 1_048_576 - 131_072);
+        assert_eq!(
+            (
+                figures.failcnt,
+                figures.max_usage_bytes,
+                figures.swap_bytes,
+                figures.mapped_file_bytes
+            ),
+            (7, 0, 4096, 8192)
+        );
         assert_eq!(stats.spec.cpu_quota, 0);
         assert_eq!(stats.spec.cpu_period, Some(100_000));
         assert_eq!(stats.spec.memory_limit, Some(0));
