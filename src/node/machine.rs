@@ -122,6 +122,46 @@ pub trait MachineInfo: Send + Sync {
     /// # Errors
     /// When it cannot be read.
     fn os_image(&self) -> Result<String, MachineError>;
+    /// Physical cores and sockets (cAdvisor's `machine_cpu_physical_cores` and
+    /// `machine_cpu_sockets`, from `/proc/cpuinfo`).
+    ///
+    /// # Errors
+    /// When it cannot be read.
+    fn cpu_topology(&self) -> Result<CpuTopology, MachineError>;
+}
+
+/// Physical cores and sockets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CpuTopology {
+    /// Distinct (socket, core) pairs.
+    pub physical_cores: u32,
+    /// Distinct sockets.
+    pub sockets: u32,
+}
+
+/// The topology in `/proc/cpuinfo` text, as cAdvisor counts it: distinct `physical id`s
+/// are sockets, distinct (`physical id`, `core id`) pairs cores; a processor without them
+/// (some virtual machines) counts as its own core on socket 0.
+#[must_use]
+pub fn parse_cpu_topology(cpuinfo: &str) -> Option<CpuTopology> {
+    let mut cores = std::collections::BTreeSet::new();
+    let mut sockets = std::collections::BTreeSet::new();
+    for block in cpuinfo.split("\n\n").filter(|b| b.contains("processor")) {
+        let field = |key: &str| {
+            block.lines().find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                (k.trim() == key).then(|| v.trim().to_owned())
+            })
+        };
+        let socket = field("physical id").unwrap_or_else(|| "0".into());
+        let core = field("core id").or_else(|| field("processor"))?;
+        sockets.insert(socket.clone());
+        cores.insert((socket, core));
+    }
+    Some(CpuTopology {
+        physical_cores: u32::try_from(cores.len()).ok().filter(|n| *n > 0)?,
+        sockets: u32::try_from(sockets.len()).ok()?,
+    })
 }
 
 /// [`MachineInfo`] read from a Linux host's `/proc`, `/sys` and `/etc`.
@@ -138,6 +178,7 @@ const MACHINE_IDS: &[&str] = &["/etc/machine-id", "/var/lib/dbus/machine-id"];
 const PRODUCT_UUID: &str = "/sys/class/dmi/id/product_uuid";
 const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
 const OSRELEASE: &str = "/proc/sys/kernel/osrelease";
+const CPUINFO: &str = "/proc/cpuinfo";
 const OS_RELEASE_FILES: &[&str] = &["/etc/os-release", "/usr/lib/os-release"];
 
 fn read(what: &'static str, path: &str) -> Result<String, MachineError> {
@@ -300,6 +341,12 @@ impl MachineInfo for LinuxMachine {
         let (text, path) = first_readable("OS image", OS_RELEASE_FILES)?;
         parse_os_release_pretty_name(&text)
             .ok_or_else(|| parse_error("OS image", path, "no PRETTY_NAME"))
+    }
+
+    fn cpu_topology(&self) -> Result<CpuTopology, MachineError> {
+        let text = read("CPU topology", CPUINFO)?;
+        parse_cpu_topology(&text)
+            .ok_or_else(|| parse_error("CPU topology", CPUINFO, "no processor"))
     }
 }
 
@@ -571,11 +618,41 @@ pub(crate) mod fake {
         fn os_image(&self) -> Result<String, MachineError> {
             Ok("Debian GNU/Linux 12 (bookworm)".into())
         }
+        fn cpu_topology(&self) -> Result<CpuTopology, MachineError> {
+            Ok(CpuTopology {
+                physical_cores: 1,
+                sockets: 1,
+            })
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn cpu_topology_counts_sockets_and_cores_as_cadvisor() {
+        let two_threads_per_core = "processor\t: 0\nphysical id\t: 0\ncore id\t: 0\n\n\
+            processor\t: 1\nphysical id\t: 0\ncore id\t: 0\n\n\
+            processor\t: 2\nphysical id\t: 1\ncore id\t: 0\n\n\
+            processor\t: 3\nphysical id\t: 1\ncore id\t: 1\n";
+        assert_eq!(
+            parse_cpu_topology(two_threads_per_core),
+            Some(CpuTopology {
+                physical_cores: 3,
+                sockets: 2
+            })
+        );
+        // No topology lines: each processor a core of socket 0.
+        assert_eq!(
+            parse_cpu_topology("processor\t: 0\n\nprocessor\t: 1\n"),
+            Some(CpuTopology {
+                physical_cores: 2,
+                sockets: 1
+            })
+        );
+        assert_eq!(parse_cpu_topology(""), None);
+    }
+
     use super::*;
 
     #[test]

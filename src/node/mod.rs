@@ -53,7 +53,9 @@ pub use config::{
 pub use error::{MachineError, NodeError};
 pub use lease::{LeaseController, NODE_LEASE_NAMESPACE};
 pub use lister::{node_lister, nodes_lister};
-pub use machine::{FsStats, HugePages, LinuxMachine, MachineInfo, Memory, MemoryUsage, PidUsage};
+pub use machine::{
+    CpuTopology, FsStats, HugePages, LinuxMachine, MachineInfo, Memory, MemoryUsage, PidUsage,
+};
 /// A whole number in the API's canonical decimal form (`512`, `2k`, `20M`).
 pub(crate) use quantity::count as decimal_quantity;
 pub use registration::{pod_cidr_at_start, wait_for_pod_cidr};

@@ -420,6 +420,39 @@ pub fn render(snapshot: Option<&Snapshot>) -> String {
                 None,
             );
         }
+        if let Some(t) = m.topology {
+            f.add(
+                "machine_cpu_physical_cores",
+                "Number of physical CPU cores.",
+                Kind::Gauge,
+                labels.clone(),
+                f64::from(t.physical_cores),
+                None,
+            );
+            f.add(
+                "machine_cpu_sockets",
+                "Number of CPU sockets.",
+                Kind::Gauge,
+                labels.clone(),
+                f64::from(t.sockets),
+                None,
+            );
+        }
+        // No cAdvisor runs: its version and revision are empty, as is Docker's.
+        f.add(
+            "cadvisor_version_info",
+            "A metric with a constant '1' value labeled by kernel version, OS version, docker version, cadvisor version & cadvisor revision.",
+            Kind::Gauge,
+            vec![
+                ("cadvisorRevision", String::new()),
+                ("cadvisorVersion", String::new()),
+                ("dockerVersion", String::new()),
+                ("kernelVersion", m.kernel_version.clone()),
+                ("osVersion", m.os_image.clone()),
+            ],
+            1.0,
+            None,
+        );
         if let Some(memory) = m.memory {
             f.add(
                 "machine_memory_bytes",
@@ -530,6 +563,12 @@ mod tests {
                     usage: None,
                 }),
                 machine_id: "m\"1".into(),
+                topology: Some(crate::node::CpuTopology {
+                    physical_cores: 2,
+                    sockets: 1,
+                }),
+                kernel_version: "6.1".into(),
+                os_image: "Debian".into(),
                 ..MachineFigures::default()
             },
             ..Snapshot::default()
@@ -570,6 +609,13 @@ mod tests {
         ));
         assert!(text.contains("container_scrape_error 0\n"));
         assert!(text.contains("# TYPE container_memory_failcnt counter\n"));
+        assert!(
+            text.contains(
+                "machine_cpu_sockets{boot_id=\"\",machine_id=\"m\\\"1\",system_uuid=\"\"} 1\n"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("cadvisor_version_info{cadvisorRevision=\"\",cadvisorVersion=\"\",dockerVersion=\"\",kernelVersion=\"6.1\",osVersion=\"Debian\"} 1\n"), "{text}");
         assert!(text.contains(
             "container_memory_failcnt{container=\"burn\",id=\"/kubepods/podu1/burnid\",image=\"\",name=\"burnid\",namespace=\"default\",pod=\"web\"} 2 "
         ), "{text}");

@@ -99,6 +99,12 @@ pub struct MachineFigures {
     pub system_uuid: String,
     /// This boot's ID.
     pub boot_id: String,
+    /// Physical cores and sockets.
+    pub topology: Option<crate::node::CpuTopology>,
+    /// The kernel release and the OS's name (`cadvisor_version_info`).
+    pub kernel_version: String,
+    /// The OS's `PRETTY_NAME`.
+    pub os_image: String,
 }
 
 /// The storage figures of `/stats/summary` (not read for `/metrics/cadvisor`).
@@ -570,6 +576,9 @@ fn read_files<M: MachineInfo>(
         machine_id: machine.machine_id().unwrap_or_default(),
         system_uuid: machine.system_uuid().unwrap_or_default(),
         boot_id: machine.boot_id().unwrap_or_default(),
+        topology: machine.cpu_topology().ok(),
+        kernel_version: machine.kernel_version().unwrap_or_default(),
+        os_image: machine.os_image().unwrap_or_default(),
     };
     let uids: Vec<String> = storage_pods.into_iter().collect();
     let storage_figures = read_storage(

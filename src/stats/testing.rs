@@ -1,6 +1,8 @@
 //! Fakes the stats tests share.
 
-use crate::node::{HugePages, MachineError, MachineInfo, Memory, MemoryUsage, PidUsage};
+use crate::node::{
+    CpuTopology, HugePages, MachineError, MachineInfo, Memory, MemoryUsage, PidUsage,
+};
 
 /// A machine of 2 CPUs and 1000 bytes (900 used, 600 working set), 120 of 4194304
 /// PIDs, whose filesystems cannot be read.
@@ -49,5 +51,11 @@ impl MachineInfo for Machine {
     }
     fn os_image(&self) -> Result<String, MachineError> {
         Ok("Debian".into())
+    }
+    fn cpu_topology(&self) -> Result<CpuTopology, MachineError> {
+        Ok(CpuTopology {
+            physical_cores: 2,
+            sockets: 1,
+        })
     }
 }
