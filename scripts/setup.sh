@@ -20,11 +20,13 @@ PACKAGES=(
   golang-go rsync dpkg-dev
   docker-registry busybox-static skopeo debootstrap buildah systemd
   protobuf-compiler libprotobuf-dev iptables iproute2 openssl jq curl ca-certificates
-  apache2-utils nftables shellcheck conntrack podman
+  apache2-utils nftables shellcheck conntrack podman gcc libc6-dev
 )
 
 # shellcheck source=scripts/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+# shellcheck source=scripts/kubernetes-build.sh
+source "$(dirname "${BASH_SOURCE[0]}")/kubernetes-build.sh"
 log() { printf '[setup %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
 
 [[ $(id -u) -eq 0 ]] || { echo "setup.sh must run as root" >&2; exit 1; }
@@ -83,34 +85,18 @@ build_kubernetes() {
     log "Kubernetes $K8S_VERSION binaries cached in $K8S_BIN: skipping the build"
     return 0
   fi
-  ensure_deb_src
-  apt_update_once
-  local work="$CACHE/build"
-  rm -rf "$work"
-  mkdir -p "$work"
-  log "downloading Debian's kubernetes source package"
-  (cd "$work" && apt-get source --download-only -qq kubernetes >/dev/null)
-  local dscs=("$work"/kubernetes_*.dsc) dsc
-  dsc=${dscs[0]}
-  (cd "$work" && dpkg-source --no-check -x "$dsc" src >/dev/null)
-  local tree="$work/src"
-  log "building ${missing[*]} (several minutes)"
-  mkdir -p "$tree/.go/src/k8s.io"
-  ln -sfn "$tree" "$tree/.go/src/k8s.io/kubernetes"
-  (
-    cd "$tree/.go/src/k8s.io/kubernetes"
-    export GOPATH="$tree/.go" CGO_ENABLED=0 GOFLAGS=-mod=vendor GOCACHE="$work/gocache"
-    make WHAT="${missing[*]/#/cmd/}" >"$work/build.log" 2>&1
-  ) || { tail -n 40 "$work/build.log" >&2; exit 1; }
-  mkdir -p "$K8S_BIN"
-  for t in "${missing[@]}"; do install -m 0755 "$tree/_output/bin/$t" "$K8S_BIN/$t"; done
+  # The source package is kept in $K8S_SOURCE_DIR (conformance.sh builds more from it).
+  if ! compgen -G "$K8S_SOURCE_DIR/kubernetes_*.dsc" >/dev/null; then
+    ensure_deb_src
+    apt_update_once
+  fi
+  k8s_build "$K8S_BIN" "${missing[@]/#/cmd/}"
   # kubectl has no --version flag: it reports its version with `version --client`.
   if [[ ${missing[0]} == kubectl ]]; then
     "$K8S_BIN/kubectl" version --client --short >&2
   else
     "$K8S_BIN/${missing[0]}" --version >&2
   fi
-  rm -rf "$work"
 }
 
 install_packages
