@@ -7,9 +7,13 @@
 #   cluster.sh up [--nodes N]      start everything (idempotent-ish); N > 1: add-nodes N too
 #   cluster.sh add-nodes N         N nodes rk-host1..N, each its own netns "host" on the
 #                                  underlay bridge, with its own containerd and kube-proxy
-#   cluster.sh start-agents [--pod-network-routes none|host-gw|vxlan] [--binary PATH]
-#                                  an rkubelet on every added node (by recorded PID)
-#   cluster.sh stop-agent NODE     stop one added node's rkubelet
+#   cluster.sh start-agents [--agent rkubelet|kubelet] [--pod-network-routes none|host-gw|vxlan] [--binary PATH]
+#                                  an rkubelet (or the real kubelet) on every added node
+#                                  (by recorded PID)
+#   cluster.sh pod-routes [--between-nodes]  routes here to the nodes' pod CIDRs and the
+#                                  Service range (the control plane reaches webhooks);
+#                                  --between-nodes: host-gw routes for agents without them
+#   cluster.sh stop-agent NODE     stop one added node's agent
 #   cluster.sh remove-nodes        remove the added nodes and all they hold
 #   cluster.sh add-kind-node NAME [--cgroup-driver cgroupfs|systemd] [--binary PATH] [--image IMAGE]
 #                                  a kind-style node: a podman container booting systemd,
@@ -77,6 +81,7 @@ case "${1:-}" in
     ;;
   start-agents) shift; cmd_start_agents "$@" ;;
   stop-agent) cmd_stop_agent "${2:-}" ;;
+  pod-routes) cmd_pod_routes "${2:-}" ;;
   down) cmd_down ;;
   status) cmd_status ;;
   leak-check) cmd_leak_check ;;
@@ -100,7 +105,7 @@ case "${1:-}" in
     start_proc rkubelet "$@"
     ;;
   *)
-    echo "usage: $0 {up [--nodes N]|down|status|leak-check|node-credentials NAME [IP]|bootstrap-token|start-agent BINARY [ARGS...]|kill|stop|start COMPONENT|add-nodes N|remove-nodes|add-kind-node NAME [...]|remove-kind-node NAME|start-agents [--pod-network-routes MODE] [--binary PATH]|stop-agent NODE}" >&2
+    echo "usage: $0 {up [--nodes N]|down|status|leak-check|node-credentials NAME [IP]|bootstrap-token|start-agent BINARY [ARGS...]|kill|stop|start COMPONENT|add-nodes N|remove-nodes|add-kind-node NAME [...]|remove-kind-node NAME|start-agents [--agent rkubelet|kubelet] [--pod-network-routes MODE] [--binary PATH]|pod-routes [--between-nodes]|stop-agent NODE}" >&2
     exit 2
     ;;
 esac

@@ -39,10 +39,9 @@ E2E_TARGETS=(test/e2e/e2e.test vendor/github.com/onsi/ginkgo/ginkgo test/images/
 E2E_KEEP="build/pause/linux/pause.c test/images/kitten/html test/images/nautilus/html \
 test/images/agnhost/porter/localhost.crt test/images/agnhost/porter/localhost.key \
 test/conformance/testdata/conformance.yaml"
-HOST_PREFIX="rk-host"
+HOST_PREFIX="rk-host" # the nodes cluster.sh add-nodes makes
 CLUSTER_DNS="10.96.0.10"
 CLUSTER_DOMAIN="cluster.local"
-NODE_BRIDGE="rk-node0"
 
 usage() {
   sed -n '4,21p' "$0" | sed 's/^# \{0,1\}//' >&2
@@ -63,75 +62,26 @@ ensure_suite() {
 
 # ---------------------------------------------------------------- nodes and agents
 
-host_ip() { echo "198.18.0.$((10 + ${1#"$HOST_PREFIX"}))"; } # as cluster.sh assigns them
-host_dir() { echo "$RKUBELET_STATE/hosts/$1"; }
 k() { kubectl "$@" 2> >(grep -v 'version difference' >&2); }
 
-# The real kubelet v1.20.2 in node H's netns, against its containerd (as bench.sh starts
-# it), with the pod network containerd renders from the Node's pod CIDR.
-KUBELET_PIDS=()
-start_kubelet() {
-  local h=$1 ip dir
-  ip=$(host_ip "$h")
-  dir=$(host_dir "$h")
-  log "starting the kubelet as node $h, in its netns"
-  nsenter --net="/run/netns/$h" -- "$K8S_BIN/kubelet" --kubeconfig "$dir/kubelet.kubeconfig" \
-    --hostname-override "$h" --node-ip "$ip" --root-dir "$dir/kubelet" \
-    --container-runtime=remote --container-runtime-endpoint="unix://$dir/containerd.sock" \
-    --cgroup-driver=cgroupfs --cgroups-per-qos=false --enforce-node-allocatable= --fail-swap-on=false \
-    --eviction-hard= --image-gc-high-threshold=100 --resolv-conf= --read-only-port=0 \
-    --address="$ip" --anonymous-auth=false --client-ca-file="$RKUBELET_STATE/pki/ca.crt" \
-    --tls-cert-file="$RKUBELET_STATE/pki/node-$h-serving.crt" \
-    --tls-private-key-file="$RKUBELET_STATE/pki/node-$h-serving.key" \
-    --cluster-dns="$CLUSTER_DNS" --cluster-domain="$CLUSTER_DOMAIN" \
-    --node-labels=rkubelet.io/host=true >"$OUT/logs/kubelet-$h.log" 2>&1 &
-  KUBELET_PIDS+=("$!")
-}
-
-stop_kubelets() {
-  local pid
-  for pid in "${KUBELET_PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for pid in "${KUBELET_PIDS[@]}"; do
-    for _ in $(seq 150); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-  done
-  KUBELET_PIDS=()
-}
-
-# route_pods: each node's pod CIDR, routed via its address in the root namespace (the
-# control plane reaches pods: webhooks, aggregated API servers, the proxy subresources)
-# and, for the kubelet, in every other node (host-gw, as flannel programs it; rkubelet
-# programs its own: --pod-network-routes host-gw). The Service range goes to the first
-# node, whose kube-proxy takes it on (the control plane reaches webhook Services).
-route_pods() {
-  local h o cidr
-  for h in "${HOSTS[@]}"; do
-    cidr=$(k get node "$h" -o jsonpath='{.spec.podCIDR}')
-    [[ -n $cidr ]] || die "node $h has no pod CIDR"
-    ip route replace "$cidr" via "$(host_ip "$h")" dev "$NODE_BRIDGE"
-    if [[ $AGENT == kubelet ]]; then
-      for o in "${HOSTS[@]}"; do
-        [[ $o == "$h" ]] || ip -n "$o" route replace "$cidr" via "$(host_ip "$h")" dev eth0
-      done
-    fi
-  done
-  ip route replace "$SERVICE_CIDR" via "$(host_ip "${HOSTS[0]}")" dev "$NODE_BRIDGE"
-}
-
+# The agent on every node (cluster.sh start-agents), the Nodes Ready, and the routes to
+# their pods: the control plane's (webhooks, aggregated API servers, proxy subresources)
+# and, for the kubelet, those between the nodes (rkubelet programs its own: host-gw).
 start_agents() {
-  local h
+  local h between=()
   case $AGENT in
     rkubelet)
       bash scripts/cluster.sh start-agents --pod-network-routes host-gw --binary "$BINARY" -- \
         --cluster-dns "$CLUSTER_DNS" --cluster-domain "$CLUSTER_DOMAIN"
       ;;
     kubelet)
-      for h in "${HOSTS[@]}"; do start_kubelet "$h"; done
+      bash scripts/cluster.sh start-agents --agent kubelet -- \
+        --cluster-dns="$CLUSTER_DNS" --cluster-domain="$CLUSTER_DOMAIN"
+      between=(--between-nodes)
       ;;
   esac
-  for h in "${HOSTS[@]}"; do wait_node_ready "$h" 240 "agent log: $OUT/logs"; done
-  route_pods
+  for h in "${HOSTS[@]}"; do wait_node_ready "$h" 240 "agent logs: $RKUBELET_STATE/logs"; done
+  bash scripts/cluster.sh pod-routes "${between[@]}"
   log "$AGENT: nodes ${HOSTS[*]} Ready"
 }
 
@@ -300,20 +250,12 @@ log "results in $OUT"
 HOSTS=()
 for ((i = 1; i <= NODES; i++)); do HOSTS+=("$HOST_PREFIX$i"); done
 
-# The kubelet writes pod logs to /var/log/pods and /var/log/containers whatever its
-# flags: what it made there goes with the cluster.
-LOG_DIRS_BEFORE=()
-for d in /var/log/pods /var/log/containers; do [[ -e $d ]] && LOG_DIRS_BEFORE+=("$d"); done
 cleanup() {
-  local rc=$?
-  stop_kubelets
+  local rc=$? h
   for h in "${HOSTS[@]}"; do
-    [[ ! -f $RKUBELET_STATE/logs/rkubelet@$h.log ]] || cp "$RKUBELET_STATE/logs/rkubelet@$h.log" "$OUT/logs/"
+    cp "$RKUBELET_STATE/logs/"{rkubelet,kubelet}@"$h.log" "$OUT/logs/" 2>/dev/null || true
   done
   bash scripts/cluster.sh down || rc=1
-  for d in /var/log/pods /var/log/containers; do
-    [[ " ${LOG_DIRS_BEFORE[*]} " == *" $d "* ]] || rm -rf "$d"
-  done
   bash scripts/cluster.sh leak-check || rc=1
   exit "$rc"
 }

@@ -34,6 +34,8 @@ list_leaks() {
   ip route show type blackhole "$SERVICE_CIDR" | sed 's/^/route /'
   # An agent's routes to other nodes (proto 211) and its VXLAN device, in this namespace.
   ip route show proto 211 | sed 's/^/route /'
+  # Routes of `cluster.sh pod-routes` to the nodes' pod CIDRs and the Service range.
+  ip route show proto "$POD_ROUTES_PROTO" | sed 's/^/route /'
   if ip link show rkvx.1 >/dev/null 2>&1; then echo "link rkvx.1"; fi
   # Mounts under the state dir (rootfs, sandbox netns, volumes of test agents' pods).
   findmnt -rn -o TARGET | awk -v r="$RKUBELET_STATE" 'index($0, r "/") == 1 || $0 == r {print "mount " $0}'

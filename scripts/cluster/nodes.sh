@@ -1,7 +1,8 @@
 # shellcheck shell=bash disable=SC2034  # sourced: use_host sets what containerd.sh reads
 # Nodes as hosts (`add-nodes`, `start-agents`, `stop-agent`, `remove-nodes`): each node a
 # network namespace on the underlay bridge with its own containerd, kube-proxy and
-# rkubelet. Sourced by scripts/cluster.sh.
+# rkubelet (or the real kubelet), and routes to them (`pod-routes`). Sourced by
+# scripts/cluster.sh.
 
 # `add-nodes N`: N nodes rk-host1..N, each its own "host": a network namespace whose eth0
 # is a port of the underlay bridge $NODE_LINK (198.18.0.11, .12, ... /24), with its own
@@ -102,25 +103,37 @@ cmd_add_nodes() {
   log "$n nodes added: $(host_names | tr '\n' ' ')(start their agents with 'cluster.sh start-agents')"
 }
 
-# start-agents [--pod-network-routes MODE] [--network-owner OWNER] [--binary PATH] [-- ARGS]:
-# an rkubelet on every added node that has none running (pod networking: agent-owned unless
-# said otherwise).
+# start-agents [--agent rkubelet|kubelet] [--pod-network-routes MODE] [--network-owner OWNER]
+# [--binary PATH] [-- ARGS]: an agent on every added node that has none running: rkubelet
+# (pod networking agent-owned unless said otherwise), or the real kubelet (start_kubelet).
 cmd_start_agents() {
   need_root
-  local routes=() owner=agent bin="$RKUBELET_REPO/target/debug/rkubelet" extra=() h
+  local agent=rkubelet routes=() owner=agent bin="$RKUBELET_REPO/target/debug/rkubelet" extra=() h
   while [[ $# -gt 0 ]]; do
     case $1 in
+      --agent) agent=$2; shift 2 ;;
       --pod-network-routes) routes=(--pod-network-routes "$2"); shift 2 ;;
       --network-owner) owner=$2; shift 2 ;;
       --binary) bin=$2; shift 2 ;;
       --) shift; extra=("$@"); break ;;
-      *) die "usage: $0 start-agents [--pod-network-routes none|host-gw|vxlan] [--network-owner agent|runtime] [--binary PATH] [-- ARGS]" ;;
+      *) die "usage: $0 start-agents [--agent rkubelet|kubelet] [--pod-network-routes none|host-gw|vxlan] [--network-owner agent|runtime] [--binary PATH] [-- ARGS]" ;;
     esac
   done
-  [[ -x $bin ]] || die "no agent binary $bin (cargo build)"
   [[ -n $(host_names) ]] || die "no nodes: run 'cluster.sh add-nodes N' first"
+  case $agent in
+    rkubelet) [[ -x $bin ]] || die "no agent binary $bin (cargo build)" ;;
+    kubelet)
+      [[ -x $K8S_BIN/kubelet ]] || die "missing $K8S_BIN/kubelet: run scripts/setup.sh"
+      [[ ${#routes[@]} -eq 0 ]] || die "the kubelet programs no routes between nodes: run 'cluster.sh pod-routes --between-nodes' once its Nodes have pod CIDRs"
+      ;;
+    *) die "unknown agent $agent (rkubelet or kubelet)" ;;
+  esac
   for h in $(host_names); do
-    comp_pid "rkubelet@$h" >/dev/null && continue
+    if comp_pid "rkubelet@$h" >/dev/null || comp_pid "kubelet@$h" >/dev/null; then continue; fi
+    if [[ $agent == kubelet ]]; then
+      (start_kubelet "$h" "${extra[@]}")
+      continue
+    fi
     (
       use_host "$h"
       IN_NETNS=$h start_proc "rkubelet@$h" "$bin" run \
@@ -139,15 +152,105 @@ cmd_start_agents() {
   done
 }
 
-# stop-agent NODE: SIGTERM (SIGKILL after 15 s) its rkubelet, by recorded PID.
+# What the real kubelet changes on the machine whatever its flags: the kernel's panic and
+# overcommit sysctls (not per network namespace), and the pod log dirs /var/log/pods and
+# /var/log/containers (and /var/lib/kubelet, for its device plugins), which no flag moves.
+KUBELET_SYSCTLS=(vm.overcommit_memory kernel.panic kernel.panic_on_oops)
+KUBELET_DIRS=(/var/log/pods /var/log/containers /var/lib/kubelet)
+
+# start_kubelet NODE [ARGS]: the real kubelet v1.20.2 in NODE's namespace, as the benchmark
+# runs it (cgroupfs, no QoS cgroups, no eviction), against the node's containerd, which
+# renders its CNI config from the Node's pod CIDR (runtime-owned pod networking); the
+# kubelet's API on the node's address with the cluster's serving certificate. What it will
+# change on the machine is noted first (restore_kubelet_changes puts it back).
+start_kubelet() {
+  local h=$1 s d
+  shift
+  use_host "$h"
+  if [[ ! -f $REC/kubelet-changes ]]; then
+    {
+      for s in "${KUBELET_SYSCTLS[@]}"; do echo "sysctl $s=$(sysctl -n "$s")"; done
+      for d in "${KUBELET_DIRS[@]}"; do [[ -e $d ]] || echo "dir $d"; done
+    } >"$REC/kubelet-changes"
+  fi
+  IN_NETNS=$h start_proc "kubelet@$h" "$K8S_BIN/kubelet" --kubeconfig "$HOST_DIR/kubelet.kubeconfig" \
+    --hostname-override "$h" --node-ip "$(host_ip "$h")" --root-dir "$HOST_DIR/kubelet" \
+    --node-labels=rkubelet.io/host=true \
+    --container-runtime=remote --container-runtime-endpoint="unix://$CONTAINERD_SOCK" \
+    --cgroup-driver=cgroupfs --cgroups-per-qos=false --enforce-node-allocatable= --fail-swap-on=false \
+    --eviction-hard= --image-gc-high-threshold=100 --resolv-conf= --read-only-port=0 \
+    --address="$(host_ip "$h")" --anonymous-auth=false --client-ca-file="$PKI/ca.crt" \
+    --tls-cert-file="$PKI/node-$h-serving.crt" --tls-private-key-file="$PKI/node-$h-serving.key" "$@"
+}
+
+# restore_kubelet_changes: the sysctls as they were, the dirs the kubelets made removed.
+restore_kubelet_changes() {
+  [[ -f $REC/kubelet-changes ]] || return 0
+  local kind what
+  while read -r kind what; do
+    case $kind in
+      sysctl) sysctl -qw "$what" || true ;;
+      dir) rm -rf --one-file-system "$what" ;;
+    esac
+  done <"$REC/kubelet-changes"
+  rm -f "$REC/kubelet-changes"
+}
+
+# pod-routes [--between-nodes]: routes (proto $POD_ROUTES_PROTO) to each added node's pod
+# CIDR via its address, here, and to the Service range via the first node, whose kube-proxy
+# takes it on: the control plane then reaches pods and Services (admission webhooks,
+# aggregated API servers, the proxy subresources), as on a control-plane node that runs
+# kube-proxy. --between-nodes: also each node's routes to the others' pod CIDRs (host-gw),
+# for agents that program none (the kubelet; flannel's job on a real cluster). Run once the
+# Nodes have their pod CIDRs; remove-nodes removes them.
+POD_ROUTES_PROTO=212
+cmd_pod_routes() {
+  need_root
+  local between=0 h o cidr first=""
+  case ${1:-} in
+    "") ;;
+    --between-nodes) between=1 ;;
+    *) die "usage: $0 pod-routes [--between-nodes]" ;;
+  esac
+  [[ -n $(host_names) ]] || die "no nodes: run 'cluster.sh add-nodes N' first"
+  for h in $(host_names); do
+    cidr=$(kubectl --kubeconfig "$KUBECONFIG_ADMIN" get node "$h" -o jsonpath='{.spec.podCIDR}' 2>/dev/null) ||
+      die "no Node $h: start the agents and wait until the Nodes are registered"
+    [[ -n $cidr ]] || die "Node $h has no pod CIDR yet"
+    ip route replace "$cidr" via "$(host_ip "$h")" dev "$NODE_LINK" proto "$POD_ROUTES_PROTO"
+    if ((between)); then
+      for o in $(host_names); do
+        [[ $o == "$h" ]] || ip -n "$o" route replace "$cidr" via "$(host_ip "$h")" dev eth0 proto "$POD_ROUTES_PROTO"
+      done
+    fi
+    first=${first:-$h}
+  done
+  ip route replace "$SERVICE_CIDR" via "$(host_ip "$first")" dev "$NODE_LINK" proto "$POD_ROUTES_PROTO"
+  log "routes to the nodes' pod CIDRs$( ((between)) && echo ' (also between nodes)') and to $SERVICE_CIDR via $first"
+}
+
+# remove_pod_routes: what pod-routes made here; the Service range is dropped again.
+remove_pod_routes() {
+  ip route flush proto "$POD_ROUTES_PROTO" 2>/dev/null || true
+  if ip link show "$NODE_LINK" >/dev/null 2>&1 && [[ -z $(ip route show "$SERVICE_CIDR") ]]; then
+    ip route replace blackhole "$SERVICE_CIDR"
+  fi
+}
+
+# stop-agent NODE: SIGTERM (SIGKILL after 15 s) its rkubelet or kubelet, by recorded PID.
 cmd_stop_agent() {
   need_root
-  local pid
+  local pid c
   if [[ -z ${1:-} ]] || ! host_names | grep -qxF "$1"; then
     die "usage: $0 stop-agent NODE (one of: $(host_names | tr '\n' ' '))"
   fi
-  pid=$(comp_pid "rkubelet@$1") || die "no agent runs on $1"
-  stop_pid "rkubelet@$1" "$pid"
+  for c in "rkubelet@$1" "kubelet@$1"; do
+    if pid=$(comp_pid "$c"); then
+      stop_pid "$c" "$pid"
+      return 0
+    fi
+  done
+  die "no agent runs on $1"
 }
 
 # remove_hosts: every added node's processes (agent, kube-proxy, containers, containerd and
@@ -156,7 +259,7 @@ cmd_stop_agent() {
 remove_hosts() {
   local h pid c
   for h in $(host_names); do
-    for c in "rkubelet@$h" "kube-proxy@$h"; do
+    for c in "rkubelet@$h" "kubelet@$h" "kube-proxy@$h"; do
       if pid=$(comp_pid "$c"); then stop_pid "$c" "$pid"; fi
     done
     # Each step whatever the one before did: a node that failed half-way is removed too.
@@ -174,9 +277,11 @@ remove_hosts() {
     ip link delete "$h" 2>/dev/null || true
     delete_netns "$h"
     rm -rf "${HOSTS_DIR:?}/$h" "$PKI/node-$h"{,-serving}.{crt,key} "$PKI/node-$h.kubeconfig"
-    rm -f "$PIDS/"{rkubelet,kube-proxy,containerd}@"$h".{pid,exe}
+    rm -f "$PIDS/"{rkubelet,kubelet,kube-proxy,containerd}@"$h".{pid,exe}
   done
   rm -f "$REC/hosts"
+  restore_kubelet_changes
+  remove_pod_routes
   # The kind nodes reach the control plane through the same DNAT.
   [[ -n $(kind_nodes) ]] || remove_host_dnat
 }
