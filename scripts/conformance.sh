@@ -16,7 +16,8 @@
 #       only builds what is missing.
 #   conformance.sh report RKUBELET_DIR KUBELET_DIR
 #       the side-by-side report (markdown) of two runs' results.tsv: both pass, only the
-#       kubelet passes, only rkubelet passes, both fail.
+#       kubelet passes, only rkubelet passes, both fail; a test whose name matches a line of
+#       scripts/conformance-causes.tsv (REGEX, tab, cause) is given that cause.
 #
 # Holds the cluster while it runs: take the machine's cluster lock around it when others
 # share the machine. Everything here is the same for both agents: the layout, the images,
@@ -44,7 +45,7 @@ CLUSTER_DNS="10.96.0.10"
 CLUSTER_DOMAIN="cluster.local"
 
 usage() {
-  sed -n '4,21p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,/^set -euo/p' "$0" | sed -n 's/^# \{0,1\}//p' >&2
   exit 2
 }
 
@@ -173,7 +174,9 @@ write_results() {
 
 # ---------------------------------------------------------------- report
 
-# report RKUBELET_DIR KUBELET_DIR: the two runs side by side (markdown).
+# report RKUBELET_DIR KUBELET_DIR: the two runs side by side (markdown), each test with its
+# known cause from $CAUSES when one matches its name.
+CAUSES="$RKUBELET_REPO/scripts/conformance-causes.tsv"
 cmd_report() {
   local rk=$1 kl=$2 group
   [[ -f $rk/results.tsv && -f $kl/results.tsv ]] || die "usage: $0 report RKUBELET_DIR KUBELET_DIR (each with results.tsv)"
@@ -193,7 +196,10 @@ cmd_report() {
     echo
     echo "### $title: $(grep -c . <<<"$lines" || true)"
     echo
-    [[ -z $lines ]] || awk -F'\t' '{ printf "- %s (rkubelet %s s, kubelet %s s)\n", $1, $3, $5 }' <<<"$lines"
+    [[ -z $lines ]] || awk -F'\t' '
+      NR == FNR { if ($0 !~ /^#/ && NF >= 2) { re[n] = $1; why[n++] = $2 }; next }
+      { c = ""; for (i = 0; i < n; i++) if ($1 ~ re[i]) { c = " — " why[i]; break }
+        printf "- %s (rkubelet %s s, kubelet %s s)%s\n", $1, $3, $5, c }' "$CAUSES" - <<<"$lines"
   done
 }
 
