@@ -43,6 +43,12 @@ test/conformance/testdata/conformance.yaml"
 HOST_PREFIX="rk-host" # the nodes cluster.sh add-nodes makes
 CLUSTER_DNS="10.96.0.10"
 CLUSTER_DOMAIN="cluster.local"
+# The same hard eviction thresholds and image GC for both agents: the kubelet's defaults
+# but for the disk, in absolute sizes (this machine's disk is shared by several builds and
+# often more than 90 % full: 10 % would taint every node with disk-pressure), and no
+# image garbage collection (an image the suite pulls stays for the run).
+EVICTION_HARD="memory.available<100Mi,nodefs.available<1Gi,imagefs.available<1Gi,nodefs.inodesFree<5%"
+IMAGE_GC_HIGH=100
 
 usage() {
   sed -n '2,/^set -euo/p' "$0" | sed -n 's/^# \{0,1\}//p' >&2
@@ -73,11 +79,14 @@ start_agents() {
   case $AGENT in
     rkubelet)
       bash scripts/cluster.sh start-agents --pod-network-routes host-gw --binary "$BINARY" -- \
-        --cluster-dns "$CLUSTER_DNS" --cluster-domain "$CLUSTER_DOMAIN"
+        --cluster-dns "$CLUSTER_DNS" --cluster-domain "$CLUSTER_DOMAIN" \
+        --eviction-hard "$EVICTION_HARD" --image-gc-high-threshold "$IMAGE_GC_HIGH"
       ;;
     kubelet)
+      # (its --eviction-hard adds to start-agents' empty one; so does its GC threshold)
       bash scripts/cluster.sh start-agents --agent kubelet -- \
-        --cluster-dns="$CLUSTER_DNS" --cluster-domain="$CLUSTER_DOMAIN"
+        --cluster-dns="$CLUSTER_DNS" --cluster-domain="$CLUSTER_DOMAIN" \
+        --eviction-hard="$EVICTION_HARD" --image-gc-high-threshold="$IMAGE_GC_HIGH"
       between=(--between-nodes)
       ;;
   esac
