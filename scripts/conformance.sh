@@ -44,10 +44,10 @@ HOST_PREFIX="rk-host" # the nodes cluster.sh add-nodes makes
 CLUSTER_DNS="10.96.0.10"
 CLUSTER_DOMAIN="cluster.local"
 # The same hard eviction thresholds and image GC for both agents: the kubelet's defaults
-# but for the disk, in absolute sizes (this machine's disk is shared by several builds and
-# often more than 90 % full: 10 % would taint every node with disk-pressure), and no
-# image garbage collection (an image the suite pulls stays for the run).
-EVICTION_HARD="memory.available<100Mi,nodefs.available<1Gi,imagefs.available<1Gi,nodefs.inodesFree<5%"
+# but for the disk (this machine's disk is shared by several builds and often more than
+# 90 % full: 10 % would taint every node with disk-pressure), and no image garbage
+# collection (an image the suite pulls stays for the run).
+EVICTION_HARD="memory.available<100Mi,nodefs.available<2%,imagefs.available<2%,nodefs.inodesFree<5%"
 IMAGE_GC_HIGH=100
 
 usage() {
