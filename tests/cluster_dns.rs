@@ -21,17 +21,17 @@ fn records(list: serde_json::Value) -> Vec<String> {
     child
         .stdin
         .take()
-        .unwrap()
+        .expect("jq's stdin")
         .write_all(list.to_string().as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+        .expect("write the list to jq");
+    let out = child.wait_with_output().expect("jq's output");
     assert!(
         out.status.success(),
         "zone.jq: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     let mut lines: Vec<String> = String::from_utf8(out.stdout)
-        .unwrap()
+        .expect("records are text")
         .lines()
         .map(str::to_owned)
         .collect();
@@ -45,10 +45,12 @@ fn service(name: &str, spec: serde_json::Value) -> serde_json::Value {
 
 #[test]
 fn a_cluster_ip_service_has_an_a_a_ptr_and_an_srv_record_per_named_port() {
-    let got = records(serde_json::json!({"items": [service("web", serde_json::json!({
-        "type": "ClusterIP", "clusterIP": "10.96.3.4",
-        "ports": [{"name": "http", "port": 80, "protocol": "TCP"}, {"port": 81}],
-    }))]}));
+    let got = records(
+        serde_json::json!({"items": [service("web", serde_json::json!({
+            "type": "ClusterIP", "clusterIP": "10.96.3.4",
+            "ports": [{"name": "http", "port": 80, "protocol": "TCP"}, {"port": 81}],
+        }))]}),
+    );
     assert_eq!(
         got,
         [
