@@ -107,27 +107,21 @@ agnhost_config() {
 }
 agnhost_names() { echo "$PROMOTER_REGISTRY/agnhost:2.21"; }
 
-# ---- kitten, nautilus: agnhost's test-webserver serving the tree's pictures.
+# ---- kitten, nautilus: agnhost's test-webserver serving the tree's pictures (one image
+# each, their functions made here for both).
 picture_rootfs() {
   local root=$1 name=$2
   agnhost_rootfs "$root"
   install -m 0644 "$E2E_DIR/src/test/images/$name/html/$name.jpg" "$E2E_DIR/src/test/images/$name/html/data.json" "$root/"
 }
-picture_config() {
-  config_with '{Entrypoint: ["/agnhost"], Cmd: ["test-webserver"], ExposedPorts: {"80/tcp": {}}}'
-}
-OWNER[kitten]=keep
-DESCRIPTION[kitten]="agnhost test-webserver with the tree's kitten picture"
-kitten_inputs() { agnhost_inputs; sha256sum "$E2E_DIR"/src/test/images/kitten/html/*; }
-kitten_rootfs() { picture_rootfs "$1" kitten; }
-kitten_config() { picture_config; }
-kitten_names() { echo "$E2E_REGISTRY/kitten:1.0"; }
-OWNER[nautilus]=keep
-DESCRIPTION[nautilus]="agnhost test-webserver with the tree's nautilus picture"
-nautilus_inputs() { agnhost_inputs; sha256sum "$E2E_DIR"/src/test/images/nautilus/html/*; }
-nautilus_rootfs() { picture_rootfs "$1" nautilus; }
-nautilus_config() { picture_config; }
-nautilus_names() { echo "$E2E_REGISTRY/nautilus:1.0"; }
+for picture in kitten nautilus; do
+  OWNER[$picture]=keep
+  DESCRIPTION[$picture]="agnhost test-webserver with the tree's $picture picture"
+  eval "${picture}_inputs() { agnhost_inputs; sha256sum \"\$E2E_DIR\"/src/test/images/$picture/html/*; }
+    ${picture}_rootfs() { picture_rootfs \"\$1\" $picture; }
+    ${picture}_config() { config_with '{Entrypoint: [\"/agnhost\"], Cmd: [\"test-webserver\"], ExposedPorts: {\"80/tcp\": {}}}'; }
+    ${picture}_names() { echo \"\$E2E_REGISTRY/$picture:1.0\"; }"
+done
 
 # ---- jessie-dnsutils: Debian with dig and nslookup (the DNS tests' prober); the agnhost
 # image's Debian root file system without agnhost (bookworm's dnsutils, not jessie's).
@@ -361,21 +355,8 @@ cmd_docker_config() {
     '{auths: {($r): {auth: $a}}}'
 }
 
-usage() {
-  echo "usage: $(basename "$0") build|load|repo-list|docker-config|dns-image" >&2
-  exit 2
-}
+cmd_dns_image() { echo "$DNS_IMAGE"; }
 
-main() {
-  [[ $# -eq 1 ]] || usage
-  case $1 in
-    build) cmd_build ;;
-    load) cmd_load ;;
-    repo-list) cmd_repo_list ;;
-    docker-config) cmd_docker_config ;;
-    dns-image) echo "$DNS_IMAGE" ;;
-    *) usage ;;
-  esac
-}
-
-main "$@"
+COMMANDS="build|load|repo-list|docker-config|dns-image"
+[[ $# -eq 1 && $1 =~ ^($COMMANDS)$ ]] || { echo "usage: $(basename "$0") $COMMANDS" >&2; exit 2; }
+"cmd_${1//-/_}"
