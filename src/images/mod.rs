@@ -9,7 +9,7 @@
 pub mod gc;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Container, Secret};
@@ -74,7 +74,7 @@ pub fn pull_policy(container: &Container) -> &str {
 #[derive(Debug, Default)]
 pub struct ImageManager {
     backoff: Mutex<HashMap<(String, String), Backoff>>,
-    in_flight: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    in_flight: crate::lock::KeyedTurns<String>,
 }
 
 impl ImageManager {
@@ -187,23 +187,12 @@ impl ImageManager {
         .await
     }
 
-    /// Runs `pull` when no other pull of `image` runs; the last waiting pull takes the
-    /// image's gate away (images come and go: a missing image per pod would otherwise keep
-    /// a gate each).
+    /// Runs `pull` when no other pull of `image` runs; the image's turn is forgotten with
+    /// its last pull (images come and go: a missing image per pod would otherwise keep a
+    /// turn each).
     async fn one_at_a_time<T>(&self, image: &str, pull: impl Future<Output = T>) -> T {
-        let gate = self
-            .lock_in_flight()
-            .entry(image.to_owned())
-            .or_default()
-            .clone();
-        let turn = gate.lock().await;
-        let pulled = pull.await;
-        drop(turn);
-        let mut in_flight = self.lock_in_flight();
-        if Arc::strong_count(&gate) == 2 {
-            in_flight.remove(image);
-        }
-        pulled
+        let _turn = self.in_flight.acquire(image.to_owned()).await;
+        pull.await
     }
 
     /// Forgets the back-off state of a pod that is gone.
@@ -219,12 +208,6 @@ impl ImageManager {
 
     fn lock_backoff(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Backoff>> {
         crate::lock::lock(&self.backoff)
-    }
-
-    fn lock_in_flight(
-        &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<String, Arc<tokio::sync::Mutex<()>>>> {
-        crate::lock::lock(&self.in_flight)
     }
 }
 
@@ -500,7 +483,7 @@ mod tests {
         assert_eq!(reasons.iter().filter(|r| **r == "Pulling").count(), 1);
         assert_eq!(reasons.iter().filter(|r| **r == "Pulled").count(), 5);
         assert!(
-            images.lock_in_flight().is_empty(),
+            images.in_flight.is_empty(),
             "the image's gate goes with its last pull"
         );
     }
@@ -640,9 +623,6 @@ mod tests {
         assert_eq!(never.reason(), "ErrImageNeverPull");
         images.forget_pod("u");
         assert!(images.lock_backoff().is_empty());
-        assert!(
-            images.lock_in_flight().is_empty(),
-            "no gate per missing image"
-        );
+        assert!(images.in_flight.is_empty(), "no gate per missing image");
     }
 }
