@@ -12,15 +12,22 @@
 //! and `nodes/proxy` for everything else (logs of containers, exec, attach,
 //! port-forward, pods), with the verb of the HTTP method. Denial is 403. Reviews are
 //! cached: tokens for 2 min (10 s when refused), decisions for 5 min (30 s when denied),
-//! the kubelet's defaults. At most [`MAX_REVIEWS_IN_FLIGHT`] token reviews and as many
-//! access reviews are asked at once: a flood of new tokens costs the API server, and this
-//! agent's connections to it, no more than that, and does not hold up the access reviews
-//! of callers already authenticated (the kubelet's client multiplexes its reviews over
-//! one HTTP/2 connection; this one opens a connection per concurrent request).
+//! the kubelet's defaults. Valid and refused tokens are cached apart, each bounded: a
+//! flood of invented tokens fills only the refused cache, and never evicts the reviews of
+//! the valid clients (metrics-server's, Prometheus's), which go on without a new review.
+//! (The kubelet's cache has no bound at all.) At most [`MAX_REVIEWS_IN_FLIGHT`] token
+//! reviews and as many access reviews are asked at once, and at most
+//! [`MAX_REVIEWS_PER_PEER`] token reviews are asked or waited for per peer address: a
+//! flood of new tokens costs the API server, and this agent's connections to it, no more
+//! than that, a valid client's new token waits behind at most that many reviews of each
+//! flooding address, and the access reviews of callers already authenticated are not
+//! held up (the kubelet's client multiplexes its reviews over one HTTP/2 connection; this
+//! one opens a connection per concurrent request).
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::hash::Hash;
+use std::net::IpAddr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -38,10 +45,13 @@ pub const TOKEN_REFUSED_TTL: Duration = Duration::from_secs(10);
 pub const AUTHORIZED_TTL: Duration = Duration::from_secs(300);
 /// How long a deny decision is cached.
 pub const UNAUTHORIZED_TTL: Duration = Duration::from_secs(30);
-/// Most entries each cache holds; beyond it, expired entries are dropped, then all.
-const CACHE_MAX: usize = 4096;
+/// Most entries each cache holds; beyond it, expired entries are dropped, then the one
+/// that would expire first.
+pub const CACHE_MAX: usize = 4096;
 /// Most reviews of each kind (token, access) asked of the API server at once.
 pub const MAX_REVIEWS_IN_FLIGHT: usize = 8;
+/// Most token reviews one peer address has asked or waits for at once.
+pub const MAX_REVIEWS_PER_PEER: usize = 2;
 
 /// An authenticated user.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -116,6 +126,18 @@ pub fn attributes(method: &str, path: &str, node: &str) -> Attributes {
         subresource,
         node: node.to_owned(),
     }
+}
+
+/// The bearer token of an `Authorization` header (`Bearer <token>`, the scheme in any
+/// case); `None` for any other header or an empty token.
+#[must_use]
+pub fn bearer_token(authorization: Option<&str>) -> Option<&str> {
+    authorization
+        .and_then(|h| {
+            let (scheme, token) = h.trim().split_once(' ')?;
+            scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+        })
+        .filter(|t| !t.is_empty())
 }
 
 /// Why a request is refused.
@@ -236,7 +258,7 @@ struct TtlCache<K, V> {
     entries: Mutex<HashMap<K, (V, Instant)>>,
 }
 
-impl<K: Eq + Hash, V: Clone> TtlCache<K, V> {
+impl<K: Eq + Hash + Clone, V: Clone> TtlCache<K, V> {
     fn new() -> Self {
         Self {
             entries: Mutex::new(HashMap::new()),
@@ -253,14 +275,25 @@ impl<K: Eq + Hash, V: Clone> TtlCache<K, V> {
 
     fn insert(&self, key: K, value: V, ttl: Duration) {
         let mut entries = crate::lock::lock(&self.entries);
-        if entries.len() >= CACHE_MAX {
+        if entries.len() >= CACHE_MAX && !entries.contains_key(&key) {
             let now = Instant::now();
             entries.retain(|_, (_, until)| now < *until);
             if entries.len() >= CACHE_MAX {
-                entries.clear();
+                let first = entries
+                    .iter()
+                    .min_by_key(|(_, (_, until))| *until)
+                    .map(|(k, _)| k.clone());
+                if let Some(first) = first {
+                    entries.remove(&first);
+                }
             }
         }
         entries.insert(key, (value, Instant::now() + ttl));
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        crate::lock::lock(&self.entries).len()
     }
 
     /// The cached value of `key`, else `review`'s, cached for `ttl` of it; a review
@@ -292,11 +325,15 @@ impl<K: Eq + Hash, V: Clone> TtlCache<K, V> {
 pub struct Auth<R> {
     reviews: R,
     node: String,
-    /// By SHA-256 of the token: tokens themselves are not kept.
-    tokens: TtlCache<[u8; 32], Option<UserInfo>>,
+    /// Valid tokens' users, by SHA-256 of the token: tokens themselves are not kept.
+    tokens: TtlCache<[u8; 32], UserInfo>,
+    /// Refused tokens, by SHA-256.
+    refused: TtlCache<[u8; 32], ()>,
     decisions: TtlCache<String, bool>,
     /// Token reviews asked at once, at most [`MAX_REVIEWS_IN_FLIGHT`].
     token_reviews: tokio::sync::Semaphore,
+    /// Token reviews per peer address, at most [`MAX_REVIEWS_PER_PEER`].
+    peer_reviews: crate::lock::KeyedTurns<IpAddr>,
     /// Access reviews asked at once, at most [`MAX_REVIEWS_IN_FLIGHT`].
     access_reviews: tokio::sync::Semaphore,
 }
@@ -308,13 +345,16 @@ impl<R: Reviews> Auth<R> {
             reviews,
             node,
             tokens: TtlCache::new(),
+            refused: TtlCache::new(),
             decisions: TtlCache::new(),
             token_reviews: tokio::sync::Semaphore::new(MAX_REVIEWS_IN_FLIGHT),
+            peer_reviews: crate::lock::KeyedTurns::new(MAX_REVIEWS_PER_PEER),
             access_reviews: tokio::sync::Semaphore::new(MAX_REVIEWS_IN_FLIGHT),
         }
     }
 
-    /// The user of a request: its verified client certificate's, else its bearer token's.
+    /// The user of a request from `peer`: its verified client certificate's, else its
+    /// bearer token's (the `Authorization` header's value).
     ///
     /// # Errors
     /// [`AuthError::Unauthorized`] without valid credentials; a failed review.
@@ -322,39 +362,61 @@ impl<R: Reviews> Auth<R> {
         &self,
         certificate_user: Option<UserInfo>,
         authorization: Option<&str>,
+        peer: Option<IpAddr>,
     ) -> Result<UserInfo, AuthError> {
         if let Some(user) = certificate_user {
             return Ok(user);
         }
-        let token = authorization
-            .and_then(|h| {
-                let (scheme, token) = h.trim().split_once(' ')?;
-                scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
-            })
-            .filter(|t| !t.is_empty())
-            .ok_or(AuthError::Unauthorized)?;
+        let token = bearer_token(authorization).ok_or(AuthError::Unauthorized)?;
         let mut key = [0u8; 32];
         key.copy_from_slice(ring::digest::digest(&ring::digest::SHA256, token.as_bytes()).as_ref());
         let user = self
-            .tokens
-            .get_or_review(
-                key,
-                &self.token_reviews,
-                || self.reviews.token_review(token),
-                |reviewed| {
-                    if reviewed.is_some() {
-                        TOKEN_TTL
-                    } else {
-                        TOKEN_REFUSED_TTL
-                    }
-                },
-            )
+            .review_token(key, token, peer)
             .await
             .map_err(|source| AuthError::Review {
                 what: "token",
                 source,
             })?;
         user.ok_or(AuthError::Unauthorized)
+    }
+
+    /// The cached review of the token whose digest is `key`, else the API server's: asked
+    /// in `peer`'s turn, then in one of the global ones, the caches looked at again then.
+    async fn review_token(
+        &self,
+        key: [u8; 32],
+        token: &str,
+        peer: Option<IpAddr>,
+    ) -> Result<Option<UserInfo>, kube::Error> {
+        let cached = || {
+            if let Some(user) = self.tokens.get(&key) {
+                return Some(Some(user));
+            }
+            self.refused.get(&key).map(|()| None)
+        };
+        if let Some(known) = cached() {
+            return Ok(known);
+        }
+        let _peer_turn = match peer {
+            Some(ip) => Some(self.peer_reviews.acquire(ip).await),
+            None => None,
+        };
+        let _permit = self.token_reviews.acquire().await.ok();
+        if let Some(known) = cached() {
+            return Ok(known);
+        }
+        let reviewed = self.reviews.token_review(token).await?;
+        match &reviewed {
+            Some(user) => {
+                tracing::debug!(user = %user.name, ?peer, "token reviewed: valid");
+                self.tokens.insert(key, user.clone(), TOKEN_TTL);
+            }
+            None => {
+                tracing::debug!(?peer, "token reviewed: refused");
+                self.refused.insert(key, (), TOKEN_REFUSED_TTL);
+            }
+        }
+        Ok(reviewed)
     }
 
     /// Whether `user` may make this request.
@@ -410,6 +472,47 @@ impl<R: Reviews> Auth<R> {
     }
 }
 
+/// Authentication and authorization of fuzzed credentials (for the fuzz target): `data`
+/// is an `Authorization` header value, a newline, a path, a NUL byte and a DER client
+/// certificate; a fake review API accepts tokens that start with `good`.
+#[cfg(any(test, fuzzing))]
+pub(crate) async fn fuzz_authentication(data: &[u8]) {
+    struct Fuzzed;
+    impl Reviews for Fuzzed {
+        async fn token_review(&self, token: &str) -> Result<Option<UserInfo>, kube::Error> {
+            Ok(token.starts_with("good").then(|| UserInfo {
+                name: token.to_owned(),
+                groups: token.split(':').map(str::to_owned).collect(),
+                ..UserInfo::default()
+            }))
+        }
+        async fn subject_access_review(
+            &self,
+            user: &UserInfo,
+            attrs: &Attributes,
+        ) -> Result<bool, kube::Error> {
+            Ok(user.name.len().is_multiple_of(2) || attrs.subresource == "stats")
+        }
+    }
+    let (head, der) = match data.iter().position(|b| *b == 0) {
+        Some(at) => (&data[..at], &data[at + 1..]),
+        None => (data, &[][..]),
+    };
+    let head = String::from_utf8_lossy(head);
+    let (header, path) = head.split_once('\n').unwrap_or((&head, "/pods"));
+    let certificate_user = crate::tls::x509::parse(der)
+        .ok()
+        .and_then(|info| UserInfo::from_certificate(&info));
+    let auth = Auth::new(Fuzzed, "n1".into());
+    let peer = Some(IpAddr::from([10, 0, 0, 1]));
+    if let Ok(user) = auth
+        .authenticate(certificate_user, Some(header), peer)
+        .await
+    {
+        let _ = auth.authorize(&user, "GET", path).await;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -442,9 +545,12 @@ mod tests {
     #[derive(Default)]
     struct Fake {
         token_reviews: AtomicUsize,
+        good_reviews: AtomicUsize,
         access_reviews: AtomicUsize,
         in_flight: AtomicUsize,
         most_in_flight: AtomicUsize,
+        /// How long a token review takes beyond 5 ms.
+        slow_ms: u64,
     }
 
     impl Reviews for Fake {
@@ -452,8 +558,11 @@ mod tests {
             self.token_reviews.fetch_add(1, Ordering::SeqCst);
             let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
             self.most_in_flight.fetch_max(now, Ordering::SeqCst);
-            tokio::time::sleep(Duration::from_millis(5)).await;
+            tokio::time::sleep(Duration::from_millis(5 + self.slow_ms)).await;
             self.in_flight.fetch_sub(1, Ordering::SeqCst);
+            if token == "good" {
+                self.good_reviews.fetch_add(1, Ordering::SeqCst);
+            }
             Ok((token == "good").then(|| UserInfo {
                 name: "system:serviceaccount:ns:sa".into(),
                 groups: vec!["system:serviceaccounts".into()],
@@ -482,13 +591,16 @@ mod tests {
     async fn certificates_first_then_tokens_reviewed_once_else_401() {
         let auth = Auth::new(Fake::default(), "n1".into());
         let user = auth
-            .authenticate(Some(admin()), Some("Bearer bad"))
+            .authenticate(Some(admin()), Some("Bearer bad"), None)
             .await
             .unwrap();
         assert_eq!(user, admin(), "a certificate wins over a token");
         assert_eq!(auth.reviews.token_reviews.load(Ordering::SeqCst), 0);
         for _ in 0..3 {
-            let user = auth.authenticate(None, Some("Bearer good")).await.unwrap();
+            let user = auth
+                .authenticate(None, Some("Bearer good"), None)
+                .await
+                .unwrap();
             assert_eq!(user.name, "system:serviceaccount:ns:sa");
         }
         assert_eq!(
@@ -497,10 +609,10 @@ mod tests {
             "cached"
         );
         for header in [None, Some("Basic abc"), Some("Bearer "), Some("Bearer bad")] {
-            let err = auth.authenticate(None, header).await.unwrap_err();
+            let err = auth.authenticate(None, header, None).await.unwrap_err();
             assert_eq!(err.status(), 401, "{header:?}");
         }
-        auth.authenticate(None, Some("bearer bad"))
+        auth.authenticate(None, Some("bearer bad"), None)
             .await
             .unwrap_err();
         assert_eq!(
@@ -523,7 +635,7 @@ mod tests {
             } else {
                 "Bearer good".to_owned()
             };
-            tasks.spawn(async move { auth.authenticate(None, Some(&header)).await.is_ok() });
+            tasks.spawn(async move { auth.authenticate(None, Some(&header), None).await.is_ok() });
         }
         let mut good = 0;
         while let Some(ok) = tasks.join_next().await {
@@ -542,6 +654,79 @@ mod tests {
         );
     }
 
+    /// More invented tokens than the cache holds, all within the refused tokens' 10 s: the
+    /// valid client's review stays cached (it was flushed with them before).
+    #[tokio::test]
+    async fn refused_tokens_never_evict_a_valid_review() {
+        let auth = Auth::new(Fake::default(), "n1".into());
+        auth.authenticate(None, Some("Bearer good"), None)
+            .await
+            .expect("valid");
+        for i in 0..CACHE_MAX + 100 {
+            let header = format!("Bearer junk-{i}");
+            let refused = auth.authenticate(None, Some(&header), None).await;
+            assert!(refused.is_err());
+            if i % 1000 == 0 {
+                auth.authenticate(None, Some("Bearer good"), None)
+                    .await
+                    .expect("still valid");
+            }
+        }
+        auth.authenticate(None, Some("Bearer good"), None)
+            .await
+            .expect("still valid");
+        assert_eq!(
+            auth.reviews.good_reviews.load(Ordering::SeqCst),
+            1,
+            "the valid token was reviewed again"
+        );
+        assert!(auth.refused.len() <= CACHE_MAX);
+    }
+
+    /// One address asking for reviews of many new tokens at once has at most two asked or
+    /// waiting; another address's new token is reviewed beside them at once.
+    #[tokio::test]
+    async fn token_reviews_are_bounded_per_peer() {
+        let auth = std::sync::Arc::new(Auth::new(
+            Fake {
+                slow_ms: 45,
+                ..Fake::default()
+            },
+            "n1".into(),
+        ));
+        let flooding = IpAddr::from([10, 0, 0, 1]);
+        let mut flood = tokio::task::JoinSet::new();
+        for i in 0..40 {
+            let auth = auth.clone();
+            flood.spawn(async move {
+                let header = format!("Bearer junk-{i}");
+                auth.authenticate(None, Some(&header), Some(flooding))
+                    .await
+                    .is_err()
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(
+            auth.reviews.in_flight.load(Ordering::SeqCst),
+            MAX_REVIEWS_PER_PEER,
+            "one peer's reviews at once"
+        );
+        let started = Instant::now();
+        auth.authenticate(None, Some("Bearer good"), Some(IpAddr::from([10, 0, 0, 2])))
+            .await
+            .expect("valid");
+        let waited = started.elapsed();
+        assert!(
+            waited < Duration::from_millis(400),
+            "the other peer's review waited {waited:?}"
+        );
+        while let Some(refused) = flood.join_next().await {
+            assert!(refused.unwrap());
+        }
+        assert_eq!(auth.peer_reviews.len(), 0, "peers are forgotten");
+        assert!(auth.reviews.most_in_flight.load(Ordering::SeqCst) <= MAX_REVIEWS_PER_PEER + 1);
+    }
+
     #[tokio::test]
     async fn decisions_are_cached_and_denials_are_403_with_the_kubelets_message() {
         let auth = Auth::new(Fake::default(), "n1".into());
@@ -551,7 +736,10 @@ mod tests {
                 .unwrap();
         }
         assert_eq!(auth.reviews.access_reviews.load(Ordering::SeqCst), 1);
-        let sa = auth.authenticate(None, Some("Bearer good")).await.unwrap();
+        let sa = auth
+            .authenticate(None, Some("Bearer good"), None)
+            .await
+            .unwrap();
         auth.authorize(&sa, "GET", "/stats/summary").await.unwrap();
         let err = auth.authorize(&sa, "GET", "/pods").await.unwrap_err();
         assert_eq!(err.status(), 403);

@@ -341,9 +341,10 @@ impl Server {
             .headers()
             .get(hyper::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok());
+        let peer = req.extensions().get::<Arc<Connection>>().map(|c| c.peer());
         let user = match self
             .auth
-            .authenticate(certificate_user, authorization)
+            .authenticate(certificate_user, authorization, peer)
             .await
         {
             Ok(user) => user,
@@ -921,7 +922,7 @@ async fn serve_tls(
     cancel: CancellationToken,
 ) {
     let budget = Budget::new(Limits::default());
-    accept_bounded(listener, budget.pending_slots(), cancel, move |stream, peer, slot| {
+    accept_bounded(listener, budget.accept_slots(), cancel, move |stream, peer, slot| {
         let acceptor = acceptor.clone();
         let server = server.clone();
         let budget = budget.clone();
@@ -931,44 +932,115 @@ async fn serve_tls(
                 return;
             };
             let connection = Arc::new(connection);
-            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-                Ok(Ok(tls)) => tls,
-                Ok(Err(e)) => {
-                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                    return;
+            let watch = connection.clone();
+            tokio::select! {
+                () = watch.cut() => {
+                    tracing::debug!(%peer, "unauthenticated connection cut for another peer's");
                 }
-                Err(_) => {
-                    tracing::debug!(%peer, "TLS handshake timed out");
-                    return;
-                }
-            };
-            let user = tls
-                .get_ref()
-                .1
-                .peer_certificates()
-                .and_then(|chain| chain.first())
-                .and_then(|leaf| x509::parse(leaf).ok())
-                .and_then(|info| UserInfo::from_certificate(&info));
-            let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
-                let server = server.clone();
-                let user = user.clone();
-                // The request's handler moves the connection between budgets, and an
-                // upgraded stream keeps its hold until it ends.
-                req.extensions_mut().insert(connection.clone());
-                async move { Ok::<_, Infallible>(server.handle(req, user).await) }
-            });
-            if let Err(e) = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(HEADER_READ_TIMEOUT)
-                .serve_connection(TokioIo::new(tls), service)
-                .with_upgrades()
-                .await
-            {
-                tracing::debug!(%peer, error = %e, "connection ended with an error");
+                () = serve_connection(stream, peer, &acceptor, server, connection) => {}
             }
         }
     })
     .await;
+}
+
+/// Serves one accepted connection: its TLS handshake, then its requests.
+async fn serve_connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    acceptor: &tokio_rustls::TlsAcceptor,
+    server: Arc<Server>,
+    connection: Arc<Connection>,
+) {
+    let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+        Ok(Ok(tls)) => tls,
+        Ok(Err(e)) => {
+            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+            return;
+        }
+        Err(_) => {
+            tracing::debug!(%peer, "TLS handshake timed out");
+            return;
+        }
+    };
+    let user = tls
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|chain| chain.first())
+        .and_then(|leaf| x509::parse(leaf).ok())
+        .and_then(|info| UserInfo::from_certificate(&info));
+    // A verified client certificate authenticates the connection at once: the API
+    // server's connections leave the pending budget before their first request.
+    if user.is_some() && connection.authenticated().is_err() {
+        tracing::debug!(%peer, "authenticated connections at their limit");
+    }
+    let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
+        let server = server.clone();
+        let user = user.clone();
+        // The request's handler moves the connection between budgets, and an
+        // upgraded stream keeps its hold until it ends.
+        req.extensions_mut().insert(connection.clone());
+        async move { Ok::<_, Infallible>(server.handle(req, user).await) }
+    });
+    if let Err(e) = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .serve_connection(TokioIo::new(tls), service)
+        .with_upgrades()
+        .await
+    {
+        tracing::debug!(%peer, error = %e, "connection ended with an error");
+    }
+}
+
+/// The kubelet API's parsing of requests, as [`serve_connection`] runs it: hyper's HTTP/1
+/// parser configured the same way over `data`, then, for each request parsed, its route,
+/// authorization attributes, bearer token, query and its options, `/logs/` target and pod
+/// path through the functions the handlers call (for the fuzz target).
+#[cfg(any(test, fuzzing))]
+pub(crate) async fn serve_fuzzed_request_bytes(data: Vec<u8>) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let (client, server) = tokio::io::duplex(64 << 10);
+    let (mut from_server, mut to_server) = tokio::io::split(client);
+    let client = async move {
+        let _ = to_server.write_all(&data).await;
+        let _ = to_server.shutdown().await;
+        let _ = tokio::io::copy(&mut from_server, &mut tokio::io::sink()).await;
+        let _ = from_server.read(&mut [0u8; 1]).await;
+    };
+    let service = hyper::service::service_fn(|req: Request<Incoming>| async move {
+        parse_fuzzed_request(&req);
+        Ok::<_, Infallible>(Response::new(empty()))
+    });
+    let serve = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .serve_connection(TokioIo::new(server), service)
+        .with_upgrades();
+    let _ = tokio::join!(client, serve);
+}
+
+#[cfg(any(test, fuzzing))]
+fn parse_fuzzed_request(req: &Request<Incoming>) {
+    let path = req.uri().path();
+    let _ = route(path);
+    let query = Query::parse(req.uri().query());
+    let _ = auth::attributes(req.method().as_str(), path, "n1");
+    let _ = auth::bearer_token(
+        req.headers()
+            .get(hyper::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok()),
+    );
+    let _ = LogOptions::from_query(&query, Timestamp::UNIX_EPOCH);
+    let _ = StreamOptions::from_query(&query);
+    let _ = streaming::command(&query);
+    let _ = streaming::ports(&query);
+    let _ = syslogs::target(path);
+    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    if let [_, namespace, name, rest @ ..] = segments.as_slice() {
+        let _ = PodPath::with_container(namespace, name, rest);
+    }
 }
 
 async fn serve_healthz(listener: TcpListener, cancel: CancellationToken) {
