@@ -5,7 +5,12 @@
 //! `<root-dir>/plugins_registry` answering `GetInfo` and `NotifyRegistrationStatus`.
 //!
 //! Every node call is appended to `<state-dir>/calls.log` (`<RPC> <volume id> <path>`),
-//! so a test can count publishes. On SIGTERM or SIGINT both sockets are removed (the agent
+//! so a test can count publishes. The CSI spec's order is checked as a driver of real
+//! devices relies on it: a `NodeUnstageVolume` while a target of the volume is still
+//! published, or a `NodePublishVolume` from a staging path that is not staged, is logged
+//! as a `VIOLATION` line (the publish is refused). `--unstage-delay-ms` makes unstaging
+//! slow (a real device's detach), `--stats` answers `NodeGetVolumeStats` with fixed
+//! figures instead of statvfs's. On SIGTERM or SIGINT both sockets are removed (the agent
 //! deregisters the driver); mounts stay, as with a real driver.
 //!
 //! An example, not a binary of the package: `cargo test` builds it, `cargo build` and the
@@ -48,6 +53,13 @@ struct Args {
     /// Announce `STAGE_UNSTAGE_VOLUME` and stage volumes before publishing them.
     #[arg(long)]
     stage: bool,
+    /// How long `NodeUnstageVolume` takes before it unmounts.
+    #[arg(long, default_value_t = 0)]
+    unstage_delay_ms: u64,
+    /// `NodeGetVolumeStats` figures, `capacity,available,used,inodes,inodes_free,inodes_used`
+    /// (bytes and inodes), instead of the volume's statvfs.
+    #[arg(long, value_delimiter = ',', num_args = 6)]
+    stats: Vec<i64>,
 }
 
 type Failed = Box<dyn std::error::Error + Send + Sync>;
@@ -57,6 +69,8 @@ struct Driver {
     args: Args,
     csi_socket: PathBuf,
     log: Arc<Mutex<fs::File>>,
+    /// Published targets by volume ID.
+    published: Arc<Mutex<HashMap<String, Vec<String>>>>,
 }
 
 impl Driver {
@@ -66,6 +80,12 @@ impl Driver {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let _ = writeln!(log, "{line}");
+    }
+
+    fn published(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<String>>> {
+        self.published
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn volume_dir(&self, volume_id: &str) -> Result<PathBuf, Status> {
@@ -170,6 +190,21 @@ impl Node for Driver {
             "NodeUnstageVolume {} {}",
             r.volume_id, r.staging_target_path
         ));
+        tokio::time::sleep(std::time::Duration::from_millis(self.args.unstage_delay_ms)).await;
+        let still = self
+            .published()
+            .get(&r.volume_id)
+            .cloned()
+            .unwrap_or_default();
+        if !still.is_empty() {
+            // Unstaged anyway, as a driver of real devices would (its device detached
+            // from under the pod).
+            self.record(&format!(
+                "VIOLATION NodeUnstageVolume {} while published at {}",
+                r.volume_id,
+                still.join(" ")
+            ));
+        }
         unmount(Path::new(&r.staging_target_path))?;
         Ok(Response::new(api::NodeUnstageVolumeResponse {}))
     }
@@ -188,11 +223,26 @@ impl Node for Driver {
             return Ok(Response::new(api::NodePublishVolumeResponse {}));
         }
         let source = if self.args.stage && !r.staging_target_path.is_empty() {
-            PathBuf::from(&r.staging_target_path)
+            let staging = PathBuf::from(&r.staging_target_path);
+            if !is_mount_point(&staging)? {
+                self.record(&format!(
+                    "VIOLATION NodePublishVolume {} from {}, which is not staged",
+                    r.volume_id, r.staging_target_path
+                ));
+                return Err(Status::failed_precondition(format!(
+                    "{} is not staged",
+                    r.staging_target_path
+                )));
+            }
+            staging
         } else {
             self.volume_dir(&r.volume_id)?
         };
         bind(&source, target, r.readonly)?;
+        self.published()
+            .entry(r.volume_id.clone())
+            .or_default()
+            .push(r.target_path.clone());
         let context: Vec<String> = r
             .volume_context
             .iter()
@@ -212,6 +262,9 @@ impl Node for Driver {
             r.volume_id, r.target_path
         ));
         unmount(Path::new(&r.target_path))?;
+        if let Some(targets) = self.published().get_mut(&r.volume_id) {
+            targets.retain(|t| t != &r.target_path);
+        }
         Ok(Response::new(api::NodeUnpublishVolumeResponse {}))
     }
 
@@ -230,6 +283,25 @@ impl Node for Driver {
                 "{} is not published",
                 r.volume_path
             )));
+        }
+        if let [capacity, available, used, inodes, inodes_free, inodes_used] = self.args.stats[..] {
+            let usage = |unit: api::volume_usage::Unit, total, available, used| api::VolumeUsage {
+                available,
+                total,
+                used,
+                unit: unit.into(),
+            };
+            return Ok(Response::new(api::NodeGetVolumeStatsResponse {
+                usage: vec![
+                    usage(api::volume_usage::Unit::Bytes, capacity, available, used),
+                    usage(
+                        api::volume_usage::Unit::Inodes,
+                        inodes,
+                        inodes_free,
+                        inodes_used,
+                    ),
+                ],
+            }));
         }
         let fs = nix::sys::statvfs::statvfs(path).map_err(internal)?;
         let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
@@ -372,6 +444,7 @@ async fn main() -> Result<(), Failed> {
         args,
         csi_socket: csi_socket.clone(),
         log: Arc::new(Mutex::new(log)),
+        published: Arc::default(),
     };
     let identity = IdentityServer::new(driver.clone());
     let node = NodeServer::new(driver.clone());

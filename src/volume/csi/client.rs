@@ -63,6 +63,19 @@ impl Connector for GrpcConnector {
 
 struct GrpcNodeClient(GrpcNode<Channel>);
 
+/// The RPC capabilities of a `NodeGetCapabilities` answer (others are ignored).
+pub(crate) fn capability_types(
+    reply: &api::NodeGetCapabilitiesResponse,
+) -> Vec<node_service_capability::rpc::Type> {
+    reply
+        .capabilities
+        .iter()
+        .filter_map(|c| match c.r#type.as_ref()? {
+            node_service_capability::Type::Rpc(rpc) => Some(rpc.r#type()),
+        })
+        .collect()
+}
+
 fn deadline<T>(message: T) -> tonic::Request<T> {
     let mut request = tonic::Request::new(message);
     request.set_timeout(CSI_TIMEOUT);
@@ -86,14 +99,7 @@ impl NodeClient for GrpcNodeClient {
             let reply = client
                 .node_get_capabilities(deadline(api::NodeGetCapabilitiesRequest {}))
                 .await?;
-            Ok(reply
-                .into_inner()
-                .capabilities
-                .into_iter()
-                .filter_map(|c| match c.r#type? {
-                    node_service_capability::Type::Rpc(rpc) => Some(rpc.r#type()),
-                })
-                .collect())
+            Ok(capability_types(&reply.into_inner()))
         })
     }
 

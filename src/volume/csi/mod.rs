@@ -8,10 +8,15 @@
 //! lists the `Ephemeral` lifecycle mode; `podInfoOnMount` adds the pod's attributes.
 //!
 //! A target already mounted is not published again (after an agent restart the mount
-//! table tells what is published); a pod's volumes are unpublished (and unstaged when no
+//! table tells what is published), and its re-set-up at every pod sync asks nothing of
+//! the API and writes nothing; a pod's volumes are unpublished (and unstaged when no
 //! other pod uses them) only when it is torn down, from its `vol_data.json` files, and
 //! only through the driver: without it registered, nothing is unmounted and the teardown
-//! fails, to be retried. `NodeGetVolumeStats` answers [`CsiPlugin::volume_stats`].
+//! fails, to be retried. The set-up and tear-down of one volume (by the kubelet's unique
+//! volume name, `kubernetes.io/csi/<driver>^<handle>`) run one at a time, as the
+//! kubelet's operation executor runs them: a pod's set-up never publishes from a staging
+//! mount that another pod's tear-down is unstaging. `NodeGetVolumeStats` answers
+//! [`CsiPlugin::volume_stats`].
 //!
 //! Knows no pod worker, runtime or stats provider: the volume manager calls it.
 
@@ -25,7 +30,7 @@ mod client;
 pub(super) mod error;
 pub mod nodeinfo;
 pub mod paths;
-mod registration;
+pub(crate) mod registration;
 #[cfg(test)]
 mod testing;
 
@@ -40,6 +45,8 @@ use k8s_openapi::api::storage::v1::CSIDriver;
 use kube::api::Api;
 use tracing::Instrument;
 
+#[cfg(any(test, fuzzing))]
+pub(crate) use client::capability_types;
 pub use client::{Connector, GrpcConnector, NodeClient, Reply};
 pub use error::CsiError;
 pub use nodeinfo::{KubeNodeInfo, NodeInfoError, NodeInfoUpdater};
@@ -156,6 +163,13 @@ pub struct CsiPlugin {
     connector: Arc<dyn Connector>,
     objects: Arc<dyn CsiObjects>,
     mounter: Arc<dyn Mounter>,
+    /// Operations on one volume, one at a time, by unique volume name.
+    operations: crate::lock::KeyedTurns<String>,
+}
+
+/// The kubelet's unique name of a CSI volume (`GetUniqueVolumeNameFromSpec`).
+fn unique_volume_name(driver: &str, handle: &str) -> String {
+    format!("{}/{driver}^{handle}", paths::PLUGIN_NAME)
 }
 
 impl CsiPlugin {
@@ -177,6 +191,7 @@ impl CsiPlugin {
             connector,
             objects,
             mounter,
+            operations: crate::lock::KeyedTurns::default(),
         }
     }
 
@@ -279,6 +294,17 @@ impl CsiPlugin {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let span = tracing::info_span!("csi_set_up", driver = %publish.driver, volume = %publish.spec_name, handle = %publish.handle);
         async {
+            let volume_dir = paths::pod_volume_dir(&self.root_dir, &uid, &publish.spec_name);
+            let target = paths::target_path(&volume_dir);
+            let _turn = self
+                .operations
+                .acquire(unique_volume_name(&publish.driver, &publish.handle))
+                .await;
+            let data_file = volume_dir.join(paths::VOL_DATA_FILE);
+            if self.is_mounted(&target).await? && tokio::fs::try_exists(&data_file).await.unwrap_or(false) {
+                tracing::trace!(target = %target.display(), "already published");
+                return Ok(target);
+            }
             let client = self.driver_client(&publish.driver)?;
             let csi_driver = self
                 .objects
@@ -289,8 +315,6 @@ impl CsiPlugin {
                     source: Box::new(e),
                 })?;
             check_driver(csi_driver.as_ref(), &publish.driver, publish.mode)?;
-            let volume_dir = paths::pod_volume_dir(&self.root_dir, &uid, &publish.spec_name);
-            let target = paths::target_path(&volume_dir);
             let data = VolumeData {
                 spec_vol_id: publish.spec_name.clone(),
                 volume_handle: publish.handle.clone(),
@@ -495,6 +519,10 @@ impl CsiPlugin {
             return remove(volume_dir.to_path_buf(), target).await;
         };
         let client = self.driver_client(&data.driver_name)?;
+        let _turn = self
+            .operations
+            .acquire(unique_volume_name(&data.driver_name, &data.volume_handle))
+            .await;
         client
             .node_unpublish_volume(api::NodeUnpublishVolumeRequest {
                 volume_id: data.volume_handle.clone(),
@@ -601,7 +629,7 @@ impl CsiPlugin {
 }
 
 /// The stats of a `NodeGetVolumeStats` reply: bytes and inodes by unit.
-fn usage_stats(usage: &[api::VolumeUsage]) -> VolumeStats {
+pub(crate) fn usage_stats(usage: &[api::VolumeUsage]) -> VolumeStats {
     let n = |v: i64| u64::try_from(v).unwrap_or(0);
     let mut stats = VolumeStats::default();
     for u in usage {
@@ -699,9 +727,13 @@ fn check_driver(csi_driver: Option<&CSIDriver>, driver: &str, mode: &str) -> Res
     Ok(())
 }
 
-/// Whether the CSIDriver's fsGroupPolicy has the fsGroup applied (1.20's
-/// `supportsFSGroup`): `File` always, `ReadWriteOnceWithFSType` (the default) for a
-/// persistent volume with an fsType and `ReadWriteOnce`; never read-only.
+/// Whether the CSIDriver's fsGroupPolicy has the fsGroup applied (the kubelet's
+/// `supportsFSGroup`): `File` always, `ReadWriteOnceWithFSType` (the default) for a volume
+/// with an fsType that is mounted `ReadWriteOnce` (a persistent volume whose access modes
+/// say so; an inline volume always is); never read-only. The kubelet v1.20 dereferences
+/// the missing PersistentVolume of an inline volume there (kubernetes#102651: the mount
+/// fails "recovered from panic" and the pod never starts); v1.22 skipped the fsGroup of
+/// inline volumes, and v1.24 (kubernetes#108662) applies it, as here.
 fn applies_fs_group(csi_driver: Option<&CSIDriver>, publish: &Publish) -> bool {
     let policy = csi_driver
         .and_then(|d| d.spec.fs_group_policy.clone())
@@ -710,9 +742,9 @@ fn applies_fs_group(csi_driver: Option<&CSIDriver>, publish: &Publish) -> bool {
         && match policy.as_str() {
             "File" => true,
             "ReadWriteOnceWithFSType" => {
-                publish.mode == PERSISTENT
-                    && !publish.fs_type.is_empty()
-                    && publish.access_modes.iter().any(|m| m == "ReadWriteOnce")
+                !publish.fs_type.is_empty()
+                    && (publish.mode == EPHEMERAL
+                        || publish.access_modes.iter().any(|m| m == "ReadWriteOnce"))
             }
             _ => false,
         }

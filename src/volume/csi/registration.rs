@@ -20,7 +20,7 @@ pub(super) fn log(message: &str) -> String {
 
 /// A CSI version as the kubelet's `ParseGeneric` reads it: `[v]major.minor[.patch...]`.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub(super) struct Version(Vec<u64>);
+pub(crate) struct Version(Vec<u64>);
 
 impl Version {
     fn parse_generic(text: &str) -> Result<Self, String> {
@@ -55,7 +55,7 @@ impl std::fmt::Display for Version {
 }
 
 /// The highest 1.x version of `versions` (the kubelet's `highestSupportedVersion`).
-pub(super) fn highest_supported_version(versions: &[String]) -> Result<Version, String> {
+pub(crate) fn highest_supported_version(versions: &[String]) -> Result<Version, String> {
     if versions.is_empty() {
         return Err(log(
             "CSI driver reporting empty array for supported versions",

@@ -37,6 +37,8 @@ pub(crate) struct FakeDriver {
     pub(crate) connected: Arc<Mutex<Vec<String>>>,
     /// An error every publish answers with.
     pub(crate) fail_publish: Option<Status>,
+    /// How long an unstage takes before it unmounts.
+    pub(crate) slow_unstage: std::time::Duration,
 }
 
 impl FakeDriver {
@@ -95,9 +97,12 @@ impl NodeClient for FakeDriver {
     }
 
     fn node_unstage_volume(&self, request: api::NodeUnstageVolumeRequest) -> Reply<'_, ()> {
-        self.unmount(&request.staging_target_path);
-        self.record(Call::Unstage(request));
-        done(Ok(()))
+        Box::pin(async move {
+            tokio::time::sleep(self.slow_unstage).await;
+            self.unmount(&request.staging_target_path);
+            self.record(Call::Unstage(request));
+            Ok(())
+        })
     }
 
     fn node_publish_volume(&self, request: api::NodePublishVolumeRequest) -> Reply<'_, ()> {
@@ -141,10 +146,14 @@ impl NodeClient for FakeDriver {
 pub(crate) struct FakeObjects {
     pub(crate) drivers: BTreeMap<String, CSIDriver>,
     pub(crate) secrets: HashMap<(String, String), Secret>,
+    /// CSIDriver reads made.
+    pub(crate) driver_reads: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl CsiObjects for FakeObjects {
     fn csi_driver<'a>(&'a self, name: &'a str) -> BoxFuture<'a, kube::Result<Option<CSIDriver>>> {
+        self.driver_reads
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let found = self.drivers.get(name).cloned();
         Box::pin(async move { Ok(found) })
     }

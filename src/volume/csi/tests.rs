@@ -487,5 +487,108 @@ fn fs_group_follows_the_drivers_policy() {
     ));
     assert!(applies_fs_group(None, &publish(PERSISTENT, "ext4", false)));
     assert!(!applies_fs_group(None, &publish(PERSISTENT, "", false)));
-    assert!(!applies_fs_group(None, &publish(EPHEMERAL, "ext4", false)));
+    // Inline volumes are mounted ReadWriteOnce: with an fsType, the default policy
+    // applies the fsGroup (kubernetes#108662; the kubelet v1.20 panicked there).
+    assert!(applies_fs_group(None, &publish(EPHEMERAL, "ext4", false)));
+    assert!(!applies_fs_group(None, &publish(EPHEMERAL, "", false)));
+    assert!(!applies_fs_group(None, &publish(EPHEMERAL, "ext4", true)));
+}
+
+/// A pod sync sets its volumes up again: a published volume is seen as such before
+/// anything is read from the API or written to disk.
+#[tokio::test]
+async fn a_published_volume_is_set_up_again_without_api_reads_or_writes() {
+    let objects = ephemeral_objects(false);
+    let reads = objects.driver_reads.clone();
+    let s = setup("csi-again", vec![], objects);
+    let (pod, source) = inline("uid-1");
+    s.plugin
+        .set_up_inline(&pod, "data", &source, None)
+        .await
+        .unwrap();
+    let data_file = s
+        .dir
+        .path()
+        .join("pods/uid-1/volumes/kubernetes.io~csi/data/vol_data.json");
+    let written = std::fs::metadata(&data_file).unwrap().modified().unwrap();
+    assert_eq!(reads.load(std::sync::atomic::Ordering::SeqCst), 1);
+    s.driver.calls();
+    for _ in 0..3 {
+        s.plugin
+            .set_up_inline(&pod, "data", &source, None)
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        reads.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "CSIDriver read again"
+    );
+    assert_eq!(
+        std::fs::metadata(&data_file).unwrap().modified().unwrap(),
+        written,
+        "vol_data.json written again"
+    );
+    assert!(s.driver.calls().is_empty());
+}
+
+/// One pod's tear-down unstages the shared PV (slowly) while another pod sets the same PV
+/// up: the set-up waits, then stages again, so the second pod is never left published
+/// from an unstaged volume.
+#[tokio::test]
+async fn a_set_up_waits_for_the_tear_down_of_the_same_volume() {
+    let mut objects = FakeObjects::default();
+    objects.drivers.insert(
+        DRIVER.into(),
+        csi_driver(serde_json::json!({"attachRequired": false})),
+    );
+    objects
+        .secrets
+        .insert(("ns".into(), "stage".into()), Secret::default());
+    let dir = TempDir::new("csi-serial");
+    let driver = FakeDriver {
+        capabilities: vec![Capability::StageUnstageVolume],
+        slow_unstage: std::time::Duration::from_millis(200),
+        ..FakeDriver::default()
+    };
+    let plugin = Arc::new(plugin_on(dir.path(), registered(), &driver, objects));
+    let volume = pv("pv-1");
+    let claim = serde_json::json!({"name": "data", "persistentVolumeClaim": {"claimName": "c"}});
+    let (pod_a, pod_b) = (pod("uid-a", claim.clone()), pod("uid-b", claim));
+    plugin
+        .set_up_persistent(&pod_a, &volume, false, None)
+        .await
+        .unwrap();
+    driver.calls();
+    let tear_down = tokio::spawn({
+        let plugin = plugin.clone();
+        async move { plugin.tear_down_pod("uid-a").await }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    plugin
+        .set_up_persistent(&pod_b, &volume, false, None)
+        .await
+        .unwrap();
+    tear_down.await.unwrap().unwrap();
+    let calls: Vec<&str> = driver
+        .calls()
+        .iter()
+        .map(|c| match c {
+            Call::Stage(_) => "stage",
+            Call::Unstage(_) => "unstage",
+            Call::Publish(_) => "publish",
+            Call::Unpublish(_) => "unpublish",
+            Call::Stats(_) => "stats",
+        })
+        .collect();
+    assert_eq!(calls, ["unpublish", "unstage", "stage", "publish"]);
+    let device = paths::device_mount_path(dir.path(), "pv-1");
+    assert!(
+        driver
+            .mounter
+            .mount_points()
+            .unwrap()
+            .contains(&canonical(&device)),
+        "the second pod's volume is staged"
+    );
 }
