@@ -17,7 +17,7 @@ use super::api::{self, registration_server};
 use super::checkpoint::{self, CHECKPOINT_FILE, CheckpointData};
 use super::endpoint::PluginClient;
 use super::pod_devices::{Allocation, DeviceRunOptions, DeviceSet, PodDevices};
-use super::{DeviceError, HEALTHY, KUBELET_SOCKET, VERSION, is_extended_resource_name};
+use super::{DeviceError, HEALTHY, KUBELET_SOCKET, check_registration, is_extended_resource_name};
 use crate::lock::lock;
 
 /// How long a stopped plugin's resource is kept (capacity, no allocatable) before it is
@@ -500,18 +500,8 @@ impl DeviceManager {
     fn register(self: &Arc<Self>, request: api::RegisterRequest) -> Result<(), String> {
         let resource = request.resource_name.clone();
         tracing::info!(%resource, endpoint = %request.endpoint, "registration request from device plugin");
-        if request.version != VERSION {
-            let message = format!(
-                "requested API version {:?} is not supported by kubelet. Supported version is {:?}",
-                request.version,
-                [VERSION]
-            );
+        if let Err(message) = check_registration(&request) {
             tracing::info!(%resource, %message, "bad registration request from device plugin");
-            return Err(message);
-        }
-        if !is_extended_resource_name(&resource) {
-            let message = format!("the ResourceName {resource:?} is invalid");
-            tracing::info!(%message, "bad registration request from device plugin");
             return Err(message);
         }
         let manager = self.clone();
@@ -678,8 +668,42 @@ impl Serving {
     }
 }
 
+/// A plugin's `ListAndWatch` device list as the manager takes it, then the capacity it
+/// reports (for the fuzz target).
+#[cfg(any(test, fuzzing))]
+pub(crate) fn fuzz_device_list(devices: &[api::Device]) {
+    let manager = DeviceManager::new(Path::new("/nonexistent"), Box::new(|| {}));
+    let resource = "example.com/dev";
+    manager.restore(&CheckpointData {
+        pod_device_entries: None,
+        registered_devices: Some(BTreeMap::from([(resource.to_owned(), Vec::new())])),
+    });
+    let mut state = manager.state();
+    state.update_devices(resource, devices);
+    let _ = state.capacity(Instant::now());
+    state.mark_unhealthy(resource);
+}
+
+/// A checkpoint as the manager restores it at start, then every container's run options
+/// from the plugins' `Allocate` answers it holds, applied to a CRI container config (for
+/// the fuzz target).
+#[cfg(any(test, fuzzing))]
+pub(crate) fn fuzz_checkpoint(data: &CheckpointData) {
+    let manager = DeviceManager::new(Path::new("/nonexistent"), Box::new(|| {}));
+    manager.restore(data);
+    for entry in data.pod_device_entries.iter().flatten() {
+        let options = manager
+            .state()
+            .pods
+            .run_options(&entry.pod_uid, &entry.container_name);
+        options.apply(&mut crate::cri::api::ContainerConfig::default());
+    }
+    let _ = manager.state().capacity(Instant::now());
+}
+
 #[cfg(test)]
 mod tests {
+    use super::super::VERSION;
     use super::*;
     use k8s_openapi::api::core::v1::{PodSpec, ResourceRequirements};
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -834,6 +858,47 @@ mod tests {
         assert_eq!(
             m.register(request(VERSION, "cpu")).unwrap_err(),
             r#"the ResourceName "cpu" is invalid"#
+        );
+    }
+
+    /// An endpoint naming anything but a file of the plugin directory is refused before
+    /// anything is dialled (the kubelet v1.20 would dial `/run/containerd/containerd.sock`).
+    #[test]
+    fn an_endpoint_outside_the_plugin_directory_is_refused() {
+        let m = Arc::new(manager());
+        for endpoint in [
+            "/run/containerd/containerd.sock",
+            "../kubelet.sock",
+            "..",
+            ".",
+            "",
+            "sub/plugin.sock",
+            "a\0b",
+        ] {
+            let refused = m
+                .register(api::RegisterRequest {
+                    version: VERSION.into(),
+                    endpoint: endpoint.into(),
+                    resource_name: DEV.into(),
+                    options: None,
+                })
+                .unwrap_err();
+            assert_eq!(
+                refused,
+                format!(
+                    "invalid name of device plugin socket: endpoint {endpoint:?} must be a file name in the device plugin directory"
+                )
+            );
+        }
+        assert!(
+            check_registration(&api::RegisterRequest {
+                version: VERSION.into(),
+                endpoint: "vendor..plugin.sock".into(),
+                resource_name: DEV.into(),
+                options: None,
+            })
+            .is_ok(),
+            "dots inside a file name are a file name"
         );
     }
 

@@ -32,6 +32,8 @@ pub mod api {
 }
 
 pub use manager::{DeviceCapacity, DeviceManager, Serving};
+#[cfg(any(test, fuzzing))]
+pub(crate) use manager::{fuzz_checkpoint, fuzz_device_list};
 pub use pod_devices::DeviceRunOptions;
 
 /// The API version the manager speaks.
@@ -77,6 +79,43 @@ pub enum DeviceError {
     /// Choosing devices failed (the text the admission message carries).
     #[error("{0}")]
     Allocation(String),
+}
+
+/// The checks of a plugin's `RegisterRequest` before its socket is dialled (the kubelet's
+/// `Register`): the API version, the resource name, and the endpoint, which must name a
+/// socket in the device plugin directory. The kubelet v1.20 joins the endpoint to the
+/// directory unchecked, so that an absolute endpoint or one with `..` dials any socket on
+/// the node; here such an endpoint is refused as a bad socket name, in the words of the
+/// kubelet's `ValidatePlugin`.
+///
+/// # Errors
+/// The message the plugin gets back, as the kubelet's.
+pub fn check_registration(request: &api::RegisterRequest) -> Result<(), String> {
+    if request.version != VERSION {
+        return Err(format!(
+            "requested API version {:?} is not supported by kubelet. Supported version is {:?}",
+            request.version,
+            [VERSION]
+        ));
+    }
+    if !is_extended_resource_name(&request.resource_name) {
+        return Err(format!(
+            "the ResourceName {:?} is invalid",
+            request.resource_name
+        ));
+    }
+    let endpoint = request.endpoint.as_str();
+    if endpoint.is_empty()
+        || endpoint.contains('/')
+        || endpoint.contains('\0')
+        || endpoint == "."
+        || endpoint == ".."
+    {
+        return Err(format!(
+            "invalid name of device plugin socket: endpoint {endpoint:?} must be a file name in the device plugin directory"
+        ));
+    }
+    Ok(())
 }
 
 /// The kubelet's `IsExtendedResourceName`: a domain-prefixed name outside
