@@ -293,7 +293,16 @@ impl<C: Cri> ContainerLogManager<C> {
         }
         let running: Vec<String> = containers.into_iter().map(|c| c.id).collect();
         watches.retain_running(&running);
+        self.forget_finished_compressions();
         Ok(())
+    }
+
+    /// Forgets the compressions that have ended: a finished one is of no use to the next
+    /// rotation (its files are compressed or gone), and the container of one may be gone
+    /// without [`Self::clean`] (removed by the runtime's own GC or another client), whose
+    /// entry would otherwise stay for the agent's life.
+    fn forget_finished_compressions(&self) {
+        crate::lock::lock(&self.compressing).retain(|_, c| !c.done.is_finished());
     }
 
     /// Rotates the container's log if it has reached the policy's size; its path and what
@@ -407,9 +416,23 @@ impl<C: Cri> ContainerLogManager<C> {
         };
         let rotated = cut.rotated;
         if let Err(e) = reopened {
-            // Renamed back, to be rotated again at the next look.
-            if let Err(back) = tokio::fs::rename(&rotated, path).await {
-                tracing::error!(rotated = %rotated.display(), log = %path.display(), error = %back, reopen_error = %e, "Failed to rename rotated log back");
+            // Renamed back, to be rotated again at the next look; unless the runtime did
+            // open a new file before it failed: that one is not replaced (the kubelet's
+            // `os.Rename` would, losing what the container wrote there), and the rotated
+            // file stays as rotated.
+            let (from, to) = (rotated.clone(), path.to_owned());
+            let back = tokio::task::spawn_blocking(move || rename_without_replacing(&from, &to))
+                .await
+                .map_err(std::io::Error::other)
+                .and_then(|r| r);
+            match back {
+                Ok(()) => {}
+                Err(back) if back.kind() == std::io::ErrorKind::AlreadyExists => {
+                    tracing::warn!(rotated = %rotated.display(), log = %path.display(), reopen_error = %e, "the runtime opened a new log before failing to reopen: the rotated log is kept");
+                }
+                Err(back) => {
+                    tracing::error!(rotated = %rotated.display(), log = %path.display(), error = %back, reopen_error = %e, "Failed to rename rotated log back");
+                }
             }
             if let Some(pending) = pending {
                 crate::lock::lock(&self.compressing).insert(path.to_owned(), pending);
@@ -576,6 +599,14 @@ fn cut_files(
         abandoned,
         excess,
     })
+}
+
+/// Renames `from` to `to` unless `to` exists (`renameat2` with `RENAME_NOREPLACE`):
+/// `AlreadyExists` then (blocking).
+fn rename_without_replacing(from: &Path, to: &Path) -> std::io::Result<()> {
+    use nix::fcntl::{AT_FDCWD, RenameFlags, renameat2};
+    renameat2(AT_FDCWD, from, AT_FDCWD, to, RenameFlags::RENAME_NOREPLACE)
+        .map_err(std::io::Error::from)
 }
 
 /// Whether `name` is one of `files` (a compression's), its temporary file or its result.
@@ -758,6 +789,8 @@ mod tests {
         /// Running container id → its open log.
         open: Mutex<BTreeMap<String, std::fs::File>>,
         reopen_fails: AtomicBool,
+        /// A failing reopen has created the new file first and written to it.
+        reopen_fails_after_open: AtomicBool,
         /// At a reopen of this container, its old file gets a line 50 ms later, then is
         /// closed.
         late_close: Mutex<Option<String>>,
@@ -821,6 +854,16 @@ mod tests {
             &self,
             req: api::ReopenContainerLogRequest,
         ) -> crate::cri::Result<api::ReopenContainerLogResponse> {
+            if self.reopen_fails_after_open.load(Ordering::SeqCst) {
+                let path = crate::lock::lock(&self.logs)
+                    .get(&req.container_id)
+                    .cloned()
+                    .unwrap();
+                use std::io::Write;
+                append(&path)
+                    .write_all(b"written to the new file\n")
+                    .unwrap();
+            }
             if self.reopen_fails.load(Ordering::SeqCst) {
                 return Err(CriError::Rpc {
                     rpc: "ReopenContainerLog",
@@ -1150,6 +1193,56 @@ mod tests {
             "{err}"
         );
         assert_eq!(s.files(), ["a.log"]);
+    }
+
+    /// A runtime that opened the new file before its reopen failed keeps it: the rotated
+    /// file is not renamed over it.
+    #[tokio::test]
+    async fn a_failed_reopen_never_renames_over_a_file_the_runtime_opened() {
+        let s = Setup::new("reopen-open", 1, 3);
+        s.container("a", "keep me\n");
+        s.runtime.reopen_fails.store(true, Ordering::SeqCst);
+        s.runtime
+            .reopen_fails_after_open
+            .store(true, Ordering::SeqCst);
+        s.manager.rotate_logs().await.unwrap();
+        let files = s.files();
+        assert_eq!(files.len(), 2, "{files:?}");
+        assert_eq!(
+            std::fs::read_to_string(s.dir.join("a.log")).unwrap(),
+            "written to the new file\n"
+        );
+        assert_eq!(
+            std::fs::read_to_string(s.dir.join(&files[1])).unwrap(),
+            "keep me\n"
+        );
+    }
+
+    /// A container removed without `clean` (by the runtime's GC, another client) leaves
+    /// no compression behind once it has ended.
+    #[tokio::test]
+    async fn the_compressions_of_removed_containers_are_forgotten() {
+        let s = Setup::new("forget", 10, 3);
+        for id in ["a", "b"] {
+            let log = s.container(id, "0123456789\n");
+            s.manager.rotate_logs().await.unwrap();
+            std::fs::write(&log, "0123456789\n").unwrap();
+        }
+        s.manager.rotate_logs().await.unwrap();
+        assert!(s.files().len() > 2, "rotated: {:?}", s.files());
+        crate::lock::lock(&s.runtime.logs).remove("a");
+        crate::lock::lock(&s.runtime.logs).remove("b");
+        for _ in 0..100 {
+            let all_done = crate::lock::lock(&s.manager.compressing)
+                .values()
+                .all(|c| c.done.is_finished());
+            if all_done {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        s.manager.rotate_logs().await.unwrap();
+        assert!(crate::lock::lock(&s.manager.compressing).is_empty());
     }
 
     #[tokio::test]
