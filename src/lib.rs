@@ -21,6 +21,8 @@ pub mod events;
 pub mod eviction;
 pub mod expansion;
 pub mod fault;
+#[cfg(any(test, fuzzing))]
+pub mod fuzzing;
 pub mod image_reference;
 pub mod images;
 pub mod inspect;

@@ -93,6 +93,15 @@ fn user_pems(user: &AuthInfo) -> Option<(Vec<u8>, Vec<u8>)> {
     Some((cert, key))
 }
 
+/// The client certificate and key of a kubeconfig's current user, read as the agent
+/// reads them (for the fuzz target).
+#[cfg(any(test, fuzzing))]
+pub(crate) fn fuzz_user_certificate(kubeconfig: &Kubeconfig) {
+    if let Some((cert, key)) = current_user(kubeconfig).and_then(user_pems) {
+        let _ = tls::serving_certificate(&cert, &key, Path::new("kubeconfig"));
+    }
+}
+
 /// The client certificate of the kubeconfig at `path`.
 fn kubeconfig_certificate(path: &Path) -> Result<ServingCertificate, CertificateError> {
     let kubeconfig = Kubeconfig::read_from(path).map_err(|e| kubeconfig_err(path, e))?;

@@ -91,16 +91,7 @@ impl ResultCache {
                 });
             }
         };
-        let invalid = |reason: String| CniError::InvalidCache {
-            path: path.to_owned(),
-            reason,
-        };
-        let entry: CacheEntry =
-            serde_json::from_slice(&bytes).map_err(|e| invalid(e.to_string()))?;
-        if entry.kind != KIND {
-            return Err(invalid(format!("unknown kind {:?}", entry.kind)));
-        }
-        Ok(Some(entry))
+        decode_entry(path, &bytes).map(Some)
     }
 
     /// The entries in the results dir (none if it does not exist); temporaries are not
@@ -172,6 +163,22 @@ impl ResultCache {
             _ => Ok(()),
         }
     }
+}
+
+/// A cache file's entry (`path` names it in errors).
+///
+/// # Errors
+/// [`CniError::InvalidCache`]: not JSON of an entry, or of another kind.
+pub(crate) fn decode_entry(path: &Path, bytes: &[u8]) -> Result<CacheEntry, CniError> {
+    let invalid = |reason: String| CniError::InvalidCache {
+        path: path.to_owned(),
+        reason,
+    };
+    let entry: CacheEntry = serde_json::from_slice(bytes).map_err(|e| invalid(e.to_string()))?;
+    if entry.kind != KIND {
+        return Err(invalid(format!("unknown kind {:?}", entry.kind)));
+    }
+    Ok(entry)
 }
 
 #[cfg(test)]

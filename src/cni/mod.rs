@@ -22,7 +22,7 @@
 //! namespace and returns its network.
 
 mod bridge;
-mod cache;
+pub(crate) mod cache;
 mod chain;
 mod config;
 mod error;

@@ -292,6 +292,48 @@ fn blame_file(
     }
 }
 
+/// A command shaped like rkubelet's (which the binary defines): a `run` subcommand with
+/// flags of each kind; for the tests and the fuzz target.
+#[cfg(any(test, fuzzing))]
+pub(crate) fn command() -> Command {
+    let run = Command::new("run")
+        .arg(
+            Arg::new("max_pods")
+                .long("max-pods")
+                .default_value("110")
+                .value_parser(clap::value_parser!(u32)),
+        )
+        .arg(
+            Arg::new("cluster_dns")
+                .long("cluster-dns")
+                .value_delimiter(','),
+        )
+        .arg(
+            Arg::new("cluster_domain")
+                .long("cluster-domain")
+                .default_value("cluster.local"),
+        )
+        .arg(
+            Arg::new("cgroups_per_qos")
+                .long("cgroups-per-qos")
+                .default_value("true")
+                .num_args(0..=1)
+                .require_equals(true)
+                .value_parser(clap::value_parser!(bool)),
+        )
+        .arg(Arg::new("client_ca_file").long("client-ca-file"));
+    Command::new("rkubelet")
+        .version("1.20.2")
+        .arg(
+            Arg::new("print_version")
+                .long("print-version")
+                .action(clap::ArgAction::SetTrue),
+        )
+        .arg(Arg::new("log_level").long("log-level").global(true))
+        .subcommand(run)
+        .subcommand(Command::new("cri"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -301,46 +343,6 @@ mod tests {
             .chain(args.iter().copied())
             .map(OsString::from)
             .collect()
-    }
-
-    /// A command shaped like rkubelet's: a `run` subcommand with flags of each kind.
-    fn command() -> Command {
-        let run = Command::new("run")
-            .arg(
-                Arg::new("max_pods")
-                    .long("max-pods")
-                    .default_value("110")
-                    .value_parser(clap::value_parser!(u32)),
-            )
-            .arg(
-                Arg::new("cluster_dns")
-                    .long("cluster-dns")
-                    .value_delimiter(','),
-            )
-            .arg(
-                Arg::new("cluster_domain")
-                    .long("cluster-domain")
-                    .default_value("cluster.local"),
-            )
-            .arg(
-                Arg::new("cgroups_per_qos")
-                    .long("cgroups-per-qos")
-                    .default_value("true")
-                    .num_args(0..=1)
-                    .require_equals(true)
-                    .value_parser(clap::value_parser!(bool)),
-            )
-            .arg(Arg::new("client_ca_file").long("client-ca-file"));
-        Command::new("rkubelet")
-            .version("1.20.2")
-            .arg(
-                Arg::new("print_version")
-                    .long("print-version")
-                    .action(clap::ArgAction::SetTrue),
-            )
-            .arg(Arg::new("log_level").long("log-level").global(true))
-            .subcommand(run)
-            .subcommand(Command::new("cri"))
     }
 
     fn write_config(dir: &std::path::Path, body: &str) -> PathBuf {

@@ -359,7 +359,7 @@ fn non_empty(what: &'static str, path: &str, text: &str) -> Result<String, Machi
 }
 
 /// Counts the CPUs in a kernel CPU list such as `0-3,8,10-11`.
-fn parse_cpu_list(text: &str) -> Option<u32> {
+pub(crate) fn parse_cpu_list(text: &str) -> Option<u32> {
     let text = text.trim();
     if text.is_empty() {
         return None;
@@ -380,7 +380,7 @@ fn parse_cpu_list(text: &str) -> Option<u32> {
 
 /// The figures of `/proc/meminfo` the memory readings use, in bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct MemInfo {
+pub(crate) struct MemInfo {
     /// `MemTotal`.
     total_bytes: u64,
     /// `MemFree`.
@@ -388,7 +388,7 @@ struct MemInfo {
 }
 
 /// `MemTotal` and `MemFree` from `/proc/meminfo`, in bytes.
-fn parse_meminfo(text: &str) -> Result<MemInfo, String> {
+pub(crate) fn parse_meminfo(text: &str) -> Result<MemInfo, String> {
     let field = |name: &str| -> Result<u64, String> {
         let line = text
             .lines()
@@ -470,7 +470,7 @@ fn root_memory_usage(root: &Path, meminfo: &MemInfo) -> Result<MemoryUsage, Mach
 }
 
 /// The page size in bytes of a `/sys/kernel/mm/hugepages` entry such as `hugepages-2048kB`.
-fn parse_hugepage_dir(name: &str) -> Option<u64> {
+pub(crate) fn parse_hugepage_dir(name: &str) -> Option<u64> {
     let kib: u64 = name
         .strip_prefix("hugepages-")?
         .strip_suffix("kB")?
@@ -480,7 +480,7 @@ fn parse_hugepage_dir(name: &str) -> Option<u64> {
 }
 
 /// The total task count of `/proc/loadavg` (`0.54 2.52 2.19 2/144 22898` gives 144).
-fn parse_loadavg_tasks(text: &str) -> Option<u64> {
+pub(crate) fn parse_loadavg_tasks(text: &str) -> Option<u64> {
     text.split_whitespace()
         .nth(3)?
         .split_once('/')?
@@ -490,7 +490,7 @@ fn parse_loadavg_tasks(text: &str) -> Option<u64> {
 }
 
 /// `PRETTY_NAME` of an os-release file, unquoted.
-fn parse_os_release_pretty_name(text: &str) -> Option<String> {
+pub(crate) fn parse_os_release_pretty_name(text: &str) -> Option<String> {
     let value = text
         .lines()
         .find_map(|l| l.trim().strip_prefix("PRETTY_NAME="))?

@@ -33,7 +33,7 @@ mod config;
 mod error;
 mod lease;
 mod lister;
-mod machine;
+pub(crate) mod machine;
 mod quantity;
 mod registration;
 mod runtime;

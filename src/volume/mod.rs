@@ -49,7 +49,7 @@ mod error;
 mod host_path;
 mod local;
 mod metrics;
-mod mounter;
+pub(crate) mod mounter;
 mod ownership;
 mod payload;
 pub mod pvc;

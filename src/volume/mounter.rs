@@ -119,7 +119,7 @@ impl Mounter for LinuxMounter {
 }
 
 /// The mount points (fifth field) of a `/proc/<pid>/mountinfo` text, unescaped.
-pub(super) fn parse_mountinfo(text: &str) -> Vec<PathBuf> {
+pub(crate) fn parse_mountinfo(text: &str) -> Vec<PathBuf> {
     text.lines()
         .filter_map(|line| line.split(' ').nth(4))
         .map(|field| PathBuf::from(unescape_octal(field)))
