@@ -33,10 +33,11 @@ log=$(mktemp /tmp/rkubelet-fuzz-$target.XXXXXX)
 set +e
 RUSTC_BOOTSTRAP=1 nice -n 19 cargo fuzz run --fuzz-dir fuzz "$target" "$found" "fuzz/corpus/$target" -- \
   -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=16384 \
-  -print_final_stats=1 2>&1 | tee "$log" | grep -E '^#[0-9]+ *(INITED|REDUCE|NEW|pulse|DONE)|^Done|^==|ERROR|panicked|SUMMARY|Test unit written' | tail -n 40
+  -print_final_stats=1 2>&1 | tee "$log" | grep -E '^#[0-9]+[[:space:]]+(INITED|pulse|DONE)|^Done|^==|ERROR|panicked|SUMMARY|Test unit written' | tail -n 40
 rc=${PIPESTATUS[0]}
 set -e
-echo "--- $target: $(grep -E '^#[0-9]+ *DONE' "$log" | tail -n 1)"
+echo "--- $target: last new coverage $(grep -E '^#[0-9]+[[:space:]]+NEW' "$log" | tail -n 1)"
+echo "--- $target: $(grep -E '^#[0-9]+[[:space:]]+(DONE|pulse)' "$log" | tail -n 1)"
 grep -E '^stat::' "$log" || true
 rm -f "$log"
 exit "$rc"

@@ -9,7 +9,7 @@
 //! An entry point must never panic on any input: a panic, a hang or an allocation beyond
 //! libFuzzer's limit (2 GiB) is a finding.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use prost::Message as _;
@@ -362,6 +362,8 @@ pub fn container_log(data: &[u8]) {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashMap;
+
     use super::*;
 
     /// Every seed and every input a fuzzer found, through its target's entry point:

@@ -76,6 +76,11 @@ impl CniResult {
     /// A description of what does not parse (not an object, an address that is not
     /// `address/prefix`, ...).
     pub fn from_json(raw: Value) -> Result<Self, String> {
+        // An array would pass for the struct's fields in order (serde's sequence form),
+        // and then not take `cniVersion` (a panic before: found by fuzzing).
+        if !raw.is_object() {
+            return Err(format!("a CNI result is a JSON object, not {raw}"));
+        }
         let wire = Wire::deserialize(&raw).map_err(|e| e.to_string())?;
         let ips = wire
             .ips

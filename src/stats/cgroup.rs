@@ -279,7 +279,9 @@ pub fn weight_to_shares(weight: u64) -> u64 {
     if weight == 0 {
         return 0;
     }
-    2 + (weight - 1) * 262_142 / 9_999
+    // The kernel keeps `cpu.weight` within 1..=10000; a file saying more is read as the
+    // most (an overflow before: found by fuzzing).
+    2 + (weight.min(10_000) - 1) * 262_142 / 9_999
 }
 
 /// Reads cgroups in the host's hierarchies.
