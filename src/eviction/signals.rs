@@ -3,7 +3,7 @@
 //! ([`crate::node::thresholds_met`]), shared with the node's pressure conditions.
 
 use super::EvictionError;
-use crate::node::EvictionHard;
+use crate::node::{EvictionHard, Threshold};
 use crate::resources::Quantity;
 
 /// What `--eviction-hard` set: the thresholds, and the statements rkubelet accepts but
@@ -20,19 +20,20 @@ pub struct ParsedThresholds {
 
 /// Parses `--eviction-hard` (`memory.available<100Mi,nodefs.available<10%,...`), the
 /// kubelet's `ParseThresholdConfig` for hard thresholds: `memory.available` takes a
-/// quantity, the filesystem and PID signals a percentage.
+/// quantity, the filesystem and PID signals a percentage or a quantity (bytes, inodes,
+/// PIDs: `nodefs.available<1Gi`).
 ///
 /// # Errors
 /// [`EvictionError::InvalidThreshold`] for an unknown signal, a malformed or negative
-/// value, or a form rkubelet does not support (a percentage of memory, a quantity of disk).
+/// value, or a form rkubelet does not support (a percentage of memory).
 pub fn parse_eviction_hard(text: &str) -> Result<ParsedThresholds, EvictionError> {
     let mut hard = EvictionHard {
         memory_available_bytes: 0,
-        nodefs_available_percent: 0,
-        nodefs_inodes_free_percent: 0,
-        imagefs_available_percent: 0,
-        imagefs_inodes_free_percent: 0,
-        pid_available_percent: 0,
+        nodefs_available: Threshold::NONE,
+        nodefs_inodes_free: Threshold::NONE,
+        imagefs_available: Threshold::NONE,
+        imagefs_inodes_free: Threshold::NONE,
+        pid_available: Threshold::NONE,
     };
     let mut ignored = Vec::new();
     for statement in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
@@ -44,21 +45,25 @@ pub fn parse_eviction_hard(text: &str) -> Result<ParsedThresholds, EvictionError
             .split_once('<')
             .ok_or_else(|| invalid("expected <signal><<value>"))?;
         let (signal, value) = (signal.trim(), value.trim());
-        let percent = || -> Result<u8, EvictionError> {
+        // A percentage of the total, or an amount (the kubelet's `parseThresholdStatement`).
+        let threshold = || -> Result<Threshold, EvictionError> {
+            let Some(number) = value.strip_suffix('%') else {
+                let q = Quantity::parse(value).map_err(|e| invalid(&e))?;
+                return u64::try_from(q.value())
+                    .map(Threshold::Amount)
+                    .map_err(|_| invalid("eviction threshold must be non-negative"));
+            };
             // The kubelet drops `0%` and `100%` (the latter would always be met).
             if value == "0%" || value == "100%" {
-                return Ok(0);
+                return Ok(Threshold::NONE);
             }
-            let number = value
-                .strip_suffix('%')
-                .ok_or_else(|| invalid("rkubelet takes this signal as a percentage"))?;
             let p: f64 = number.parse().map_err(|_| invalid("not a percentage"))?;
             if !(0.0..=100.0).contains(&p) {
                 return Err(invalid("percentage must be between 0% and 100%"));
             }
             // Whole percents: the threshold is met strictly below it.
             #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-            Ok(p.ceil() as u8)
+            Ok(Threshold::Percent(p.ceil() as u8))
         };
         match signal {
             "memory.available" => {
@@ -73,11 +78,11 @@ pub fn parse_eviction_hard(text: &str) -> Result<ParsedThresholds, EvictionError
                 }
                 hard.memory_available_bytes = u64::try_from(q.value()).unwrap_or(u64::MAX);
             }
-            "nodefs.available" => hard.nodefs_available_percent = percent()?,
-            "nodefs.inodesFree" => hard.nodefs_inodes_free_percent = percent()?,
-            "imagefs.available" => hard.imagefs_available_percent = percent()?,
-            "imagefs.inodesFree" => hard.imagefs_inodes_free_percent = percent()?,
-            "pid.available" => hard.pid_available_percent = percent()?,
+            "nodefs.available" => hard.nodefs_available = threshold()?,
+            "nodefs.inodesFree" => hard.nodefs_inodes_free = threshold()?,
+            "imagefs.available" => hard.imagefs_available = threshold()?,
+            "imagefs.inodesFree" => hard.imagefs_inodes_free = threshold()?,
+            "pid.available" => hard.pid_available = threshold()?,
             "allocatableMemory.available" => {
                 ignored.push(statement.to_owned());
             }
@@ -96,9 +101,9 @@ mod tests {
         let parsed =
             parse_eviction_hard("nodefs.available<100%,nodefs.inodesFree<0%,pid.available<5%")
                 .unwrap();
-        assert_eq!(parsed.hard.nodefs_available_percent, 0);
-        assert_eq!(parsed.hard.nodefs_inodes_free_percent, 0);
-        assert_eq!(parsed.hard.pid_available_percent, 5);
+        assert_eq!(parsed.hard.nodefs_available, Threshold::NONE);
+        assert_eq!(parsed.hard.nodefs_inodes_free, Threshold::NONE);
+        assert_eq!(parsed.hard.pid_available, Threshold::Percent(5));
         let e = parse_eviction_hard("memory.available<0").unwrap_err();
         assert!(e.to_string().contains("must be positive"), "{e}");
         assert!(parse_eviction_hard("memory.available<-1Mi").is_err());
@@ -113,25 +118,37 @@ mod tests {
         assert_eq!(
             parsed.hard,
             EvictionHard {
-                pid_available_percent: 0,
+                pid_available: Threshold::NONE,
                 ..EvictionHard::default()
             }
         );
         assert!(parsed.ignored.is_empty());
         let kind = parse_eviction_hard("nodefs.available<0%,imagefs.inodesFree<3%").unwrap();
         assert_eq!(kind.hard.memory_available_bytes, 0);
-        assert_eq!(kind.hard.nodefs_available_percent, 0);
-        assert_eq!(kind.hard.imagefs_available_percent, 0);
-        assert_eq!(kind.hard.imagefs_inodes_free_percent, 3);
+        assert_eq!(kind.hard.nodefs_available, Threshold::NONE);
+        assert_eq!(kind.hard.imagefs_available, Threshold::NONE);
+        assert_eq!(kind.hard.imagefs_inodes_free, Threshold::Percent(3));
         let allocatable = parse_eviction_hard("allocatableMemory.available<1Gi").unwrap();
         assert_eq!(allocatable.ignored, ["allocatableMemory.available<1Gi"]);
+    }
+
+    #[test]
+    fn disk_inode_and_pid_signals_take_amounts_as_the_kubelet() {
+        let parsed = parse_eviction_hard(
+            "nodefs.available<1Gi,imagefs.available<2Gi,nodefs.inodesFree<10k,pid.available<1000",
+        )
+        .unwrap();
+        assert_eq!(parsed.hard.nodefs_available, Threshold::Amount(1 << 30));
+        assert_eq!(parsed.hard.imagefs_available, Threshold::Amount(2 << 30));
+        assert_eq!(parsed.hard.nodefs_inodes_free, Threshold::Amount(10_000));
+        assert_eq!(parsed.hard.pid_available, Threshold::Amount(1000));
     }
 
     #[test]
     fn rejects_what_it_cannot_honour() {
         for bad in [
             "memory.available<10%",
-            "nodefs.available<1Gi",
+            "nodefs.available<-1Gi",
             "nodefs.available<150%",
             "memory.available=1Gi",
             "swap.available<1Gi",

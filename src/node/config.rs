@@ -35,6 +35,45 @@ pub struct Reservation {
     pub ephemeral_storage_bytes: u64,
 }
 
+/// A threshold on a filesystem or PID eviction signal, as the kubelet's `ThresholdValue`: a
+/// percentage of the total (`nodefs.available<10%`) or an absolute amount, in bytes, inodes
+/// or PIDs (`nodefs.available<1Gi`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Threshold {
+    /// This percentage of the total; 0 is no threshold.
+    Percent(u8),
+    /// This many bytes, inodes or PIDs.
+    Amount(u64),
+}
+
+impl Threshold {
+    /// No threshold: never met.
+    pub const NONE: Self = Self::Percent(0);
+
+    /// What the threshold stands for out of `total` (the kubelet's `GetThresholdQuantity`).
+    #[must_use]
+    pub fn amount_of(self, total: u64) -> u64 {
+        match self {
+            Self::Percent(p) => {
+                u64::try_from(u128::from(total) * u128::from(p) / 100).unwrap_or(u64::MAX)
+            }
+            Self::Amount(a) => a,
+        }
+    }
+
+    /// Whether `available` of `total` is strictly below the threshold (a percentage is
+    /// never met with an unknown total).
+    #[must_use]
+    pub fn met(self, available: u64, total: u64) -> bool {
+        match self {
+            Self::Percent(p) => {
+                total > 0 && u128::from(available) * 100 < u128::from(total) * u128::from(p)
+            }
+            Self::Amount(a) => available < a,
+        }
+    }
+}
+
 /// The hard eviction thresholds (the kubelet's `--eviction-hard`). They decide the pressure
 /// conditions and are also subtracted from allocatable, as the kubelet does for
 /// `memory.available` and `nodefs.available`.
@@ -42,30 +81,29 @@ pub struct Reservation {
 pub struct EvictionHard {
     /// `memory.available` below this many bytes is memory pressure (kubelet default 100Mi).
     pub memory_available_bytes: u64,
-    /// `nodefs.available` below this percentage of the filesystem is disk pressure
-    /// (kubelet default 10%).
-    pub nodefs_available_percent: u8,
-    /// `nodefs.inodesFree` below this percentage is disk pressure too (kubelet default 5%).
-    pub nodefs_inodes_free_percent: u8,
-    /// `imagefs.available` below this percentage of the runtime's image filesystem is disk
-    /// pressure too (kubelet default 15%).
-    pub imagefs_available_percent: u8,
-    /// `imagefs.inodesFree` below this percentage (the kubelet sets none by default).
-    pub imagefs_inodes_free_percent: u8,
-    /// `pid.available` below this percentage of `kernel.pid_max` is PID pressure. The kubelet
-    /// has no default PID threshold; rkubelet uses 10% so that the condition means something.
-    pub pid_available_percent: u8,
+    /// `nodefs.available` below this is disk pressure (kubelet default 10%).
+    pub nodefs_available: Threshold,
+    /// `nodefs.inodesFree` below this is disk pressure too (kubelet default 5%).
+    pub nodefs_inodes_free: Threshold,
+    /// `imagefs.available` below this (of the runtime's image filesystem) is disk pressure
+    /// too (kubelet default 15%).
+    pub imagefs_available: Threshold,
+    /// `imagefs.inodesFree` below this (the kubelet sets none by default).
+    pub imagefs_inodes_free: Threshold,
+    /// `pid.available` below this (of `kernel.pid_max`) is PID pressure. The kubelet has no
+    /// default PID threshold; rkubelet uses 10% so that the condition means something.
+    pub pid_available: Threshold,
 }
 
 impl Default for EvictionHard {
     fn default() -> Self {
         Self {
             memory_available_bytes: 100 * 1024 * 1024,
-            nodefs_available_percent: 10,
-            nodefs_inodes_free_percent: 5,
-            imagefs_available_percent: 15,
-            imagefs_inodes_free_percent: 0,
-            pid_available_percent: 10,
+            nodefs_available: Threshold::Percent(10),
+            nodefs_inodes_free: Threshold::Percent(5),
+            imagefs_available: Threshold::Percent(15),
+            imagefs_inodes_free: Threshold::NONE,
+            pid_available: Threshold::Percent(10),
         }
     }
 }

@@ -47,8 +47,8 @@ use tokio_util::sync::CancellationToken;
 pub use address::{AddressError, HostAddresses, LinuxHost, node_ip};
 pub use agent::{NodeAgent, StatusTrigger, StatusUpdate};
 pub use config::{
-    DEFAULT_KUBELET_VERSION, DEFAULT_ROOT_DIR, EvictionHard, NodeConfig, Reservation, go_arch,
-    parse_go_duration,
+    DEFAULT_KUBELET_VERSION, DEFAULT_ROOT_DIR, EvictionHard, NodeConfig, Reservation, Threshold,
+    go_arch, parse_go_duration,
 };
 pub use error::{MachineError, NodeError};
 pub use lease::{LeaseController, NODE_LEASE_NAMESPACE};

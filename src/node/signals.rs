@@ -4,6 +4,8 @@
 //! the node's pressure conditions and of the eviction manager above: it knows neither.
 
 use super::config::EvictionHard;
+#[cfg(test)]
+use super::config::Threshold;
 use super::machine::{FsStats, PidUsage};
 
 /// An eviction signal rkubelet observes.
@@ -87,11 +89,6 @@ pub struct Observations {
     pub pids: Option<PidUsage>,
 }
 
-/// Whether `available` is below `percent` of `total` (never with an unknown total).
-fn below_percent(available: u64, total: u64, percent: u8) -> bool {
-    total > 0 && u128::from(available) * 100 < u128::from(total) * u128::from(percent)
-}
-
 /// The hard thresholds `obs` meets (`thresholdsMet`), in the order the kubelet reclaims
 /// them (`byEvictionPriority`: memory first).
 #[must_use]
@@ -106,30 +103,27 @@ pub fn thresholds_met(obs: &Observations, hard: &EvictionHard) -> Vec<Signal> {
     let filesystems = [
         (
             obs.nodefs,
-            (Signal::NodeFsAvailable, hard.nodefs_available_percent),
-            (Signal::NodeFsInodesFree, hard.nodefs_inodes_free_percent),
+            (Signal::NodeFsAvailable, hard.nodefs_available),
+            (Signal::NodeFsInodesFree, hard.nodefs_inodes_free),
         ),
         (
             obs.imagefs,
-            (Signal::ImageFsAvailable, hard.imagefs_available_percent),
-            (Signal::ImageFsInodesFree, hard.imagefs_inodes_free_percent),
+            (Signal::ImageFsAvailable, hard.imagefs_available),
+            (Signal::ImageFsInodesFree, hard.imagefs_inodes_free),
         ),
     ];
-    for (fs, (bytes, bytes_percent), (inodes, inodes_percent)) in filesystems {
+    for (fs, (bytes, bytes_threshold), (inodes, inodes_threshold)) in filesystems {
         let Some(fs) = fs else { continue };
-        if below_percent(fs.available_bytes, fs.capacity_bytes, bytes_percent) {
+        if bytes_threshold.met(fs.available_bytes, fs.capacity_bytes) {
             met.push(bytes);
         }
-        if below_percent(fs.inodes_free, fs.inodes, inodes_percent) {
+        if inodes_threshold.met(fs.inodes_free, fs.inodes) {
             met.push(inodes);
         }
     }
     if obs.pids.is_some_and(|p| {
-        below_percent(
-            p.max.saturating_sub(p.running),
-            p.max,
-            hard.pid_available_percent,
-        )
+        hard.pid_available
+            .met(p.max.saturating_sub(p.running), p.max)
     }) {
         met.push(Signal::PidAvailable);
     }
@@ -180,6 +174,33 @@ mod tests {
         };
         assert!(thresholds_met(&at_threshold, &hard).is_empty());
         assert!(thresholds_met(&Observations::default(), &hard).is_empty());
+    }
+
+    #[test]
+    fn absolute_thresholds_are_met_below_their_amount_whatever_the_total() {
+        let hard = EvictionHard {
+            nodefs_available: Threshold::Amount(2 * GIB),
+            nodefs_inodes_free: Threshold::Amount(20),
+            imagefs_available: Threshold::NONE,
+            ..EvictionHard::default()
+        };
+        let obs = |available, inodes_free| Observations {
+            nodefs: Some(fs(available, inodes_free)),
+            imagefs: Some(fs(available, inodes_free)),
+            ..Observations::default()
+        };
+        // 1.9 GiB of 100 (1.9 %: far from 10 %, but below the 2 GiB given).
+        assert_eq!(
+            thresholds_met(&obs(2 * GIB - 1, 100), &hard),
+            [Signal::NodeFsAvailable]
+        );
+        assert_eq!(
+            thresholds_met(&obs(2 * GIB, 19), &hard),
+            [Signal::NodeFsInodesFree]
+        );
+        assert!(thresholds_met(&obs(2 * GIB, 20), &hard).is_empty());
+        assert_eq!(Threshold::Amount(5).amount_of(1000), 5);
+        assert_eq!(Threshold::Percent(10).amount_of(1000), 100);
     }
 
     #[test]

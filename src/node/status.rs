@@ -275,7 +275,7 @@ fn set_machine_info(status: &mut NodeStatus, config: &NodeConfig, obs: &Observat
         ("pods".into(), quantity::count(u64::from(config.max_pods))),
     ];
     if let Some(storage) = cap.ephemeral_storage_bytes {
-        let eviction = storage / 100 * u64::from(config.eviction_hard.nodefs_available_percent);
+        let eviction = config.eviction_hard.nodefs_available.amount_of(storage);
         capacity.push(("ephemeral-storage".into(), quantity::bytes(storage)));
         allocatable.push((
             "ephemeral-storage".into(),
