@@ -1,6 +1,7 @@
 //! The `rkubelet` command as a kubelet user meets it, without a cluster: `--version` as the
 //! kubelet prints it, a `--node-ip` that is not this host's refused with the kubelet's
-//! message, and plain log lines (no colour escapes) when stderr is not a terminal.
+//! message, plain log lines (no colour escapes) when stderr is not a terminal, and
+//! `--eviction-hard` as the kubelet takes it (disk thresholds as amounts too).
 
 use std::process::Command;
 
@@ -43,6 +44,23 @@ fn a_flag_given_twice_takes_the_later_value_as_on_the_kubelet() {
         &["--node-ip", "203.0.113.1", "--node-ip", "203.0.113.78"],
         "203.0.113.78",
     );
+}
+
+#[test]
+fn eviction_thresholds_are_taken_as_the_kubelet_takes_them() {
+    // What conformance.sh gives both agents: past the flags, rkubelet stops only at the
+    // node IP (not this host's), as the kubelet would.
+    let given =
+        "memory.available<100Mi,nodefs.available<1Gi,imagefs.available<2%,nodefs.inodesFree<10k";
+    assert_node_ip_refused(
+        &["--eviction-hard", given, "--node-ip", "203.0.113.79"],
+        "203.0.113.79",
+    );
+    // A percentage of memory is not something rkubelet can honour: refused, named.
+    let out = run_without_cluster(&["--eviction-hard", "memory.available<10%"]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("memory.available<10%"), "{stderr}");
 }
 
 /// `rkubelet run` with a kubeconfig that does not exist and ARGS: it fails before it
