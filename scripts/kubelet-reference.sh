@@ -8,6 +8,7 @@
 # (tests/data/kubernetes-mixin/queries.json) and writes to OUT_DIR (default
 # tests/data/kubelet-v1.20.2):
 #   metrics.txt, cadvisor.txt, resource.txt, probes.txt  each endpoint's answer
+#   content-types.txt  the Content-Type each endpoint answers with, per Accept header
 #   mixin.json  per query and selector: how many series, and their label names
 # Then removes the workload, stops the kubelet and Prometheus (its data dir goes too) and
 # puts back what the kubelet changes on the host.
@@ -95,6 +96,18 @@ curl -fsS "http://127.0.0.1:$port/api/v1/targets" |
 for e in metrics:/metrics cadvisor:/metrics/cadvisor resource:/metrics/resource probes:/metrics/probes; do
   kubectl get --raw "/api/v1/nodes/$NODE_NAME/proxy${e#*:}" >"$OUT/${e%%:*}.txt"
 done
+
+# The wire format each kind of client gets: none (curl, kubectl get --raw), Prometheus 2.42's
+# Accept header, a text-only one.
+PROM_ACCEPT='application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1'
+for path in /metrics /metrics/cadvisor /metrics/probes /metrics/resource; do
+  for accept in "" "$PROM_ACCEPT" "text/plain;version=0.0.4"; do
+    ct=$(curl -fsS -o /dev/null -w '%{content_type}' --cacert "$PKI/ca.crt" \
+      -H "Authorization: Bearer $(cat "$WORK/token")" ${accept:+-H "Accept: $accept"} \
+      "https://$NODE_IP:10250$path")
+    printf '%s\tAccept: %s\t-> %s\n' "$path" "${accept:-(none)}" "$ct"
+  done
+done >"$OUT/content-types.txt"
 
 # query EXPR: {series, labels} of its answer now.
 query() {
