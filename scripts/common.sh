@@ -11,6 +11,8 @@ RKUBELET_STATE="${RKUBELET_STATE:-/var/lib/rkubelet-cluster}"
 K8S_VERSION="v1.20.2"
 K8S_BIN="$RKUBELET_CACHE/kubernetes-$K8S_VERSION/bin"
 IMAGES_CACHE="$RKUBELET_CACHE/images"
+# The VM node's disk, kernel, initramfs and SSH key (scripts/vm-image.sh).
+VM_IMAGE_DIR="$RKUBELET_CACHE/vm-node"
 
 # Local image registry (Distribution v2, plain HTTP on loopback).
 REGISTRY="127.0.0.1:5000"

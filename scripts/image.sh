@@ -5,6 +5,8 @@
 #   image.sh build             the base (once; cached) and the image $RKUBELET_IMAGE
 #   image.sh build-kind-node   the kind node base (once; cached) and the kind-style node
 #                              image $RKUBELET_KIND_IMAGE: the Dockerfile's `node` stage on it
+#   image.sh build-vm-node     the VM node's disk, kernel and initramfs (once; cached under
+#                              $VM_IMAGE_DIR; scripts/vm-image.sh)
 #   image.sh clean             removes the images from buildah's storage and the cached bases
 #
 # Two bases, two recipes, each Debian bookworm minbase made by debootstrap from the Debian
@@ -16,6 +18,9 @@
 #   rkubelet-kind-base  a kind-style node: systemd as PID 1, dbus, containerd + runc, the
 #                       CNI plugins, iptables, iproute2, conntrack, and the files of
 #                       packaging/kind-node/ (containerd configured as kind configures it).
+# A third root file system, made the same way, is no container image but a VM's disk
+# (scripts/vm-image.sh): rkubelet-vm-base, the kind node's packages plus a kernel, an
+# initramfs and an SSH server.
 #
 # The image's rkubelet: target/release/rkubelet, built first by cargo (a no-op when it is
 # up to date), or RKUBELET_BINARY (e.g. a test's binary), stripped. Only the files the
@@ -47,6 +52,11 @@ use_base() {
     kind)
       BASE_NAME="rkubelet-kind-base"
       BASE_PACKAGES="systemd,systemd-sysv,dbus,containerd,runc,containernetworking-plugins,iptables,iproute2,conntrack,procps,kmod"
+      BASE_FILES="$KIND_FILES"
+      ;;
+    vm)
+      BASE_NAME="rkubelet-vm-base"
+      BASE_PACKAGES="systemd,systemd-sysv,udev,dbus,containerd,runc,containernetworking-plugins,iptables,iproute2,conntrack,procps,kmod,linux-image-cloud-amd64,initramfs-tools,openssh-server,curl"
       BASE_FILES="$KIND_FILES"
       ;;
   esac
@@ -254,7 +264,8 @@ cmd_build() {
   log "image: $image, $(buildah images --format '{{.Size}}' "$image"), in $((SECONDS - start)) s"
 }
 
-# Removes every tag of the images' and the bases' repositories, and the cached bases.
+# Removes every tag of the images' and the bases' repositories, the cached bases and the
+# VM node image.
 cmd_clean() {
   local repo=${RKUBELET_IMAGE:-localhost/rkubelet} kind=${RKUBELET_KIND_IMAGE:-localhost/rkubelet-kind-node} b
   for b in agent kind; do
@@ -266,14 +277,22 @@ cmd_clean() {
     rm -f "$BASE_TARBALL" "$BASE_TARBALL.recipe"
     log "removed the images and $BASE_TARBALL"
   done
+  # shellcheck source=scripts/vm-image.sh
+  source "$RKUBELET_REPO/scripts/vm-image.sh"
+  cmd_clean_vm
 }
 
 case ${1:-} in
   build) cmd_build ;;
   build-kind-node) cmd_build kind ;;
+  build-vm-node)
+    # shellcheck source=scripts/vm-image.sh
+    source "$RKUBELET_REPO/scripts/vm-image.sh"
+    cmd_build_vm
+    ;;
   clean) cmd_clean ;;
   *)
-    echo "usage: $(basename "$0") build|build-kind-node|clean" >&2
+    echo "usage: $(basename "$0") build|build-kind-node|build-vm-node|clean" >&2
     exit 2
     ;;
 esac
