@@ -191,7 +191,9 @@ impl CgroupLayout {
     }
 }
 
-/// Controllers the kubelet checks for a cgroup to exist (v1) and enables (v2).
+/// Controllers the kubelet checks for a cgroup to exist (v1), and those it needs in a
+/// cgroup and enables down its path (v2, `getSupportedUnifiedControllers`: of these, the
+/// ones the root has).
 const V1_CHECKED: &[&str] = &[
     "cpu",
     "cpuacct",
@@ -273,15 +275,35 @@ impl<F: CgroupFs> FsCgroups<F> {
         }
     }
 
-    /// Whether the cgroup exists (in every hierarchy the kubelet checks).
+    /// Whether the cgroup exists: in every v1 hierarchy the kubelet checks; in v2, with
+    /// every controller the kubelet uses that the root has available in it (the kubelet's
+    /// `Exists` reads the cgroup's `cgroup.controllers`: a directory whose parent does not
+    /// pass those controllers down is made again).
     pub fn exists(&self, path: &CgroupPath) -> bool {
+        if let CgroupLayout::V2(mount) = &self.layout {
+            let (Ok(root), Ok(own)) = (
+                self.fs.read(&mount.join("cgroup.controllers")),
+                self.fs
+                    .read(&mount.join(path.relative()).join("cgroup.controllers")),
+            ) else {
+                return false;
+            };
+            let own: Vec<&str> = own.split_whitespace().collect();
+            return root
+                .split_whitespace()
+                .filter(|c| V2_ENABLED.contains(c))
+                .all(|c| own.contains(&c));
+        }
         self.paths(path)
             .iter()
             .filter(|(_, h)| h.is_none_or(|h| V1_CHECKED.iter().any(|c| h.has(c))))
             .all(|(path, _)| self.fs.exists(path))
     }
 
-    /// Creates the cgroup (and its parents) in every hierarchy and applies `config`.
+    /// Creates the cgroup (and its parents) in every hierarchy and applies `config`. In
+    /// v2, every controller the root has is enabled from the root down to the cgroup's
+    /// parent first, as runc's `Apply` does for the kubelet's `Create` (so `io` too, and
+    /// pods get `io.stat`), before `update` enables the kubelet's own.
     ///
     /// # Errors
     /// A directory or control file that cannot be written.
@@ -290,13 +312,42 @@ impl<F: CgroupFs> FsCgroups<F> {
             self.fs
                 .create_dir_all(&dir)
                 .map_err(Self::io("creating cgroup", &dir))?;
-            if let Some(h) = hierarchy
-                && h.has("cpuset")
-            {
-                self.fill_cpuset(&h.mount, path)?;
+            match hierarchy {
+                Some(h) if h.has("cpuset") => self.fill_cpuset(&h.mount, path)?,
+                None => self.enable_all_down(path),
+                Some(_) => {}
             }
         }
         self.update(path, config)
+    }
+
+    /// v2: every controller of the root enabled in each `cgroup.subtree_control` from the
+    /// root down to the cgroup's parent; where the set is refused, each controller alone,
+    /// and what is still refused is left to the settings' writes to report (runc's
+    /// `CreateCgroupPath`).
+    fn enable_all_down(&self, path: &CgroupPath) {
+        let CgroupLayout::V2(mount) = &self.layout else {
+            return;
+        };
+        let Ok(available) = self.fs.read(&mount.join("cgroup.controllers")) else {
+            return;
+        };
+        let enable: Vec<String> = available
+            .split_whitespace()
+            .map(|c| format!("+{c}"))
+            .collect();
+        let mut dir = mount.clone();
+        for part in &path.0 {
+            let file = dir.join("cgroup.subtree_control");
+            if self.fs.write(&file, &enable.join(" ")).is_err() {
+                for one in &enable {
+                    if let Err(e) = self.fs.write(&file, one) {
+                        tracing::debug!(file = %file.display(), controller = %one, error = %e, "controller not enabled");
+                    }
+                }
+            }
+            dir = dir.join(part);
+        }
     }
 
     /// A new v1 cpuset cgroup has no CPUs or memory nodes: each level gets its parent's.
@@ -719,20 +770,62 @@ pub(crate) mod testing {
             s.dirs.contains(path) || s.files.contains_key(path)
         }
 
+        /// As the kernel's v2 tree, a cgroup's `cgroup.controllers` not laid out by the
+        /// test are those its parent enables in `cgroup.subtree_control`.
         fn read(&self, path: &Path) -> io::Result<String> {
-            self.state()
-                .files
-                .get(path)
-                .cloned()
-                .ok_or_else(|| io::ErrorKind::NotFound.into())
+            let s = self.state();
+            if let Some(text) = s.files.get(path) {
+                return Ok(text.clone());
+            }
+            let dir = path.parent().filter(|d| s.dirs.contains(*d));
+            match (dir.and_then(Path::parent), path.file_name()) {
+                (Some(parent), Some(name)) if name == "cgroup.controllers" => Ok(s
+                    .files
+                    .get(&parent.join("cgroup.subtree_control"))
+                    .cloned()
+                    .unwrap_or_default()),
+                _ => Err(io::ErrorKind::NotFound.into()),
+            }
         }
 
+        /// `cgroup.subtree_control` takes `+c`/`-c` words as the kernel does: all or
+        /// none, each one a controller of the cgroup's own `cgroup.controllers`
+        /// (`EINVAL` otherwise); it reads back as the enabled names.
         fn write(&self, path: &Path, value: &str) -> io::Result<()> {
-            let mut s = self.state();
-            if !path.parent().is_some_and(|p| s.dirs.contains(p)) {
+            if !path.parent().is_some_and(|p| self.state().dirs.contains(p)) {
                 return Err(io::ErrorKind::NotFound.into());
             }
-            s.files.insert(path.to_owned(), value.to_owned());
+            let value = if path.ends_with("cgroup.subtree_control") {
+                let dir = path.parent().unwrap_or(path);
+                let available = self.read(&dir.join("cgroup.controllers"))?;
+                let mut enabled: Vec<String> = self
+                    .read(path)
+                    .unwrap_or_default()
+                    .split_whitespace()
+                    .map(str::to_owned)
+                    .collect();
+                for word in value.split_whitespace() {
+                    let (on, name) = match word.split_at(1) {
+                        ("+", name) => (true, name),
+                        ("-", name) => (false, name),
+                        _ => return Err(io::Error::from_raw_os_error(22)),
+                    };
+                    if !available.split_whitespace().any(|c| c == name) {
+                        return Err(io::Error::from_raw_os_error(22));
+                    }
+                    enabled.retain(|c| c != name);
+                    if on {
+                        enabled.push(name.to_owned());
+                    }
+                }
+                // In the order the kernel lists controllers (its `cgroup.controllers`').
+                let rank = |c: &String| available.split_whitespace().position(|a| a == c);
+                enabled.sort_by_key(rank);
+                enabled.join(" ")
+            } else {
+                value.to_owned()
+            };
+            self.state().files.insert(path.to_owned(), value);
             Ok(())
         }
 
@@ -932,16 +1025,27 @@ mod tests {
             pids_limit: Some(1024),
             hugepage_limits: [(2 << 20, 2 << 20)].into(),
         };
-        m.create(&name("/kubepods/podG"), &config).unwrap();
-        let enabled = "+cpuset +cpu +memory +hugetlb +pids";
+        let pod = name("/kubepods/podG");
+        assert!(!m.exists(&pod));
+        m.create(&pod, &config).unwrap();
+        // Every controller of the root down the path (runc's Apply), the kubelet's among
+        // them; the pod has them all, so it exists for the kubelet.
+        let every = "cpuset cpu io memory hugetlb pids rdma";
         assert_eq!(
             fs.file("/cg/cgroup.subtree_control").as_deref(),
-            Some(enabled)
+            Some(every)
         );
         assert_eq!(
             fs.file("/cg/kubepods/cgroup.subtree_control").as_deref(),
-            Some(enabled)
+            Some(every)
         );
+        assert!(m.exists(&pod));
+        // A parent that stops passing memory down: the pod cgroup is not there any more
+        // for the kubelet, and an update enables it again.
+        fs.put("/cg/kubepods/cgroup.subtree_control", "cpuset cpu pids");
+        assert!(!m.exists(&pod));
+        m.update(&pod, &config).unwrap();
+        assert!(m.exists(&pod));
         assert_eq!(
             fs.file("/cg/kubepods/podG/cpu.weight").as_deref(),
             Some("1")
