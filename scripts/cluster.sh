@@ -22,6 +22,12 @@
 #   cluster.sh kind-exec NAME CMD...  a command inside a kind-style node (podman exec, as the
 #                                  scripts run podman); kind-pid NAME: its PID 1 on the host
 #   cluster.sh remove-kind-node NAME   remove it, its container, cgroups, netns and link
+#   cluster.sh add-vm-node NAME [--cgroup-driver cgroupfs|systemd] [--binary PATH]
+#                                  a VM node: a Debian 12 virtual machine (qemu, cgroup v2)
+#                                  booting systemd, containerd and rkubelet, on a tap of the
+#                                  underlay, joined by bootstrap token (Ready)
+#   cluster.sh vm-exec NAME CMD...  a command inside a VM node (as root, over SSH)
+#   cluster.sh remove-vm-node NAME  remove it: its qemu, SSH connection, tap and disk
 #   cluster.sh down                stop and remove everything `up` made
 #   cluster.sh status              show components; non-zero if any is dead
 #   cluster.sh node-credentials N  mint a node identity (cert + kubeconfig) for N
@@ -37,7 +43,8 @@
 #   lib.sh (state layout, processes by recorded PID, chains, netns, mounts, cgroups),
 #   pki.sh (certificates, kubeconfigs, bootstrap token), containerd.sh (a containerd's
 #   config, start and removal), control-plane.sh (up, down, status, drills), nodes.sh
-#   (network-namespace nodes), kind-node.sh (kind-style nodes), leaks.sh (leak check).
+#   (network-namespace nodes), kubeadm.sh (the files `kubeadm join` writes), kind-node.sh
+#   (kind-style nodes), vm-node.sh (VM nodes), leaks.sh (leak check).
 #
 # Everything lives under $RKUBELET_STATE; `down` removes exactly what `up`
 # created (processes by recorded PID, links, netns, iptables rules, sysctls).
@@ -55,8 +62,12 @@ source "$RKUBELET_REPO/scripts/cluster/containerd.sh"
 source "$RKUBELET_REPO/scripts/cluster/control-plane.sh"
 # shellcheck source=scripts/cluster/nodes.sh
 source "$RKUBELET_REPO/scripts/cluster/nodes.sh"
+# shellcheck source=scripts/cluster/kubeadm.sh
+source "$RKUBELET_REPO/scripts/cluster/kubeadm.sh"
 # shellcheck source=scripts/cluster/kind-node.sh
 source "$RKUBELET_REPO/scripts/cluster/kind-node.sh"
+# shellcheck source=scripts/cluster/vm-node.sh
+source "$RKUBELET_REPO/scripts/cluster/vm-node.sh"
 # shellcheck source=scripts/cluster/leaks.sh
 source "$RKUBELET_REPO/scripts/cluster/leaks.sh"
 
@@ -68,6 +79,9 @@ case "${1:-}" in
   remove-nodes) need_root; remove_hosts ;;
   add-kind-node) shift; cmd_add_kind_node "$@" ;;
   remove-kind-node) cmd_remove_kind_node "${2:-}" ;;
+  add-vm-node) shift; cmd_add_vm_node "$@" ;;
+  remove-vm-node) cmd_remove_vm_node "${2:-}" ;;
+  vm-exec) shift; cmd_vm_exec "$@" ;;
   kind-pid)
     need_root
     [[ -n ${2:-} ]] || die "usage: $0 kind-pid NAME"
@@ -105,7 +119,7 @@ case "${1:-}" in
     start_proc rkubelet "$@"
     ;;
   *)
-    echo "usage: $0 {up [--nodes N]|down|status|leak-check|node-credentials NAME [IP]|bootstrap-token|start-agent BINARY [ARGS...]|kill|stop|start COMPONENT|add-nodes N|remove-nodes|add-kind-node NAME [...]|remove-kind-node NAME|start-agents [--agent rkubelet|kubelet] [--pod-network-routes MODE] [--binary PATH]|pod-routes [--between-nodes]|stop-agent NODE}" >&2
+    echo "usage: $0 {up [--nodes N]|down|status|leak-check|node-credentials NAME [IP]|bootstrap-token|start-agent BINARY [ARGS...]|kill|stop|start COMPONENT|add-nodes N|remove-nodes|add-kind-node NAME [...]|remove-kind-node NAME|add-vm-node NAME [...]|vm-exec NAME CMD...|remove-vm-node NAME|start-agents [--agent rkubelet|kubelet] [--pod-network-routes MODE] [--binary PATH]|pod-routes [--between-nodes]|stop-agent NODE}" >&2
     exit 2
     ;;
 esac

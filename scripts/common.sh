@@ -13,6 +13,8 @@ K8S_BIN="$RKUBELET_CACHE/kubernetes-$K8S_VERSION/bin"
 IMAGES_CACHE="$RKUBELET_CACHE/images"
 # The VM node's disk, kernel, initramfs and SSH key (scripts/vm-image.sh).
 VM_IMAGE_DIR="$RKUBELET_CACHE/vm-node"
+# The name under which the VM image's SSH host key is known (every VM node has it).
+VM_HOST_KEY_ALIAS="rkubelet-vm-node"
 
 # Local image registry (Distribution v2, plain HTTP on loopback).
 REGISTRY="127.0.0.1:5000"

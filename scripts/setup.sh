@@ -20,7 +20,7 @@ PACKAGES=(
   golang-go rsync dpkg-dev
   docker-registry busybox-static skopeo debootstrap buildah systemd
   protobuf-compiler libprotobuf-dev iptables iproute2 openssl jq curl ca-certificates
-  apache2-utils nftables shellcheck conntrack podman gcc libc6-dev
+  apache2-utils nftables shellcheck conntrack podman gcc libc6-dev qemu-system-x86 openssh-client
 )
 
 # shellcheck source=scripts/common.sh

@@ -20,7 +20,6 @@
 # files below remakes the disk in about a minute without the mirror.
 
 VM_DISK_SIZE="4G"
-VM_HOST_KEY_ALIAS="rkubelet-vm-node"
 
 # What makes the Debian root file system ROOT a VM node (run on the host, in chroot ROOT):
 # - an initramfs that loads only the virtio drivers (PCI, block, and the network's, so

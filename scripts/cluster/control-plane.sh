@@ -508,8 +508,9 @@ cmd_down() {
   # 0. An agent started on this cluster (scripts/run.sh records it like a component):
   #    stopped first, so it does not re-create what is removed next.
   if pid=$(comp_pid rkubelet); then stop_pid rkubelet "$pid"; fi
-  # The kind-style nodes (`add-kind-node`), then the nodes of `add-nodes`, each with all
-  # it holds.
+  # The VM nodes (`add-vm-node`), the kind-style nodes (`add-kind-node`), then the nodes of
+  # `add-nodes`, each with all it holds.
+  remove_vm_nodes
   remove_kind_nodes
   remove_hosts
   # 1. Containers first, while containerd still runs.

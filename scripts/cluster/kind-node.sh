@@ -79,51 +79,17 @@ kind_node_write() {
 }
 
 # kind_kubelet_config DRIVER: the KubeletConfiguration kubeadm v1.20 renders for a kind
-# worker (its zero durations, kind's eviction thresholds that disable disk eviction), with
-# the cgroup driver of the node's containerd.
+# worker: kubeadm's (kubeadm.sh) with kind's settings, eviction thresholds that disable
+# disk eviction and no image garbage collection, swap allowed.
 kind_kubelet_config() {
+  kubeadm_kubelet_config "$1"
   cat <<EOC
-apiVersion: kubelet.config.k8s.io/v1beta1
-authentication:
-  anonymous:
-    enabled: false
-  webhook:
-    cacheTTL: 0s
-    enabled: true
-  x509:
-    clientCAFile: /etc/kubernetes/pki/ca.crt
-authorization:
-  mode: Webhook
-  webhook:
-    cacheAuthorizedTTL: 0s
-    cacheUnauthorizedTTL: 0s
-cgroupDriver: $1
-clusterDNS:
-- 10.96.0.10
-clusterDomain: cluster.local
-cpuManagerReconcilePeriod: 0s
 evictionHard:
   imagefs.available: 0%
   nodefs.available: 0%
   nodefs.inodesFree: 0%
-evictionPressureTransitionPeriod: 0s
 failSwapOn: false
-fileCheckFrequency: 0s
-healthzBindAddress: 127.0.0.1
-healthzPort: 10248
-httpCheckFrequency: 0s
 imageGCHighThresholdPercent: 100
-imageMinimumGCAge: 0s
-kind: KubeletConfiguration
-logging: {}
-nodeStatusReportFrequency: 0s
-nodeStatusUpdateFrequency: 0s
-rotateCertificates: true
-runtimeRequestTimeout: 0s
-staticPodPath: /etc/kubernetes/manifests
-streamingConnectionIdleTimeout: 0s
-syncFrequency: 0s
-volumeStatsAggPeriod: 0s
 EOC
 }
 
@@ -295,7 +261,7 @@ remove_kind_node() {
     mv "$REC/kind-nodes.new" "$REC/kind-nodes"
     [[ -s $REC/kind-nodes ]] || rm -f "$REC/kind-nodes"
   fi
-  [[ -n $(kind_nodes) || -n $(host_names) ]] || remove_host_dnat
+  remove_host_dnat_unless_used
 }
 
 # remove_kind_nodes: every recorded kind node, and any container of ours left unrecorded.

@@ -50,6 +50,7 @@ list_leaks() {
   find /sys/fs/cgroup/ /sys/fs/cgroup/*/ -maxdepth 1 -type d -name "$HOST_PREFIX*" \
     -printf 'node cgroup %p\n' 2>/dev/null || true
   kind_leaks
+  vm_leaks
   [[ ! -e $RKUBELET_STATE ]] || echo "state dir $RKUBELET_STATE"
 }
 

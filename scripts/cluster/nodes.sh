@@ -282,8 +282,13 @@ remove_hosts() {
   rm -f "$REC/hosts"
   restore_kubelet_changes
   remove_pod_routes
-  # The kind nodes reach the control plane through the same DNAT.
-  [[ -n $(kind_nodes) ]] || remove_host_dnat
+  remove_host_dnat_unless_used
+}
+
+# remove_host_dnat_unless_used: the DNAT, once no node reaches the control plane through
+# it (these nodes, kind-style nodes, VM nodes).
+remove_host_dnat_unless_used() {
+  [[ -n $(host_names) || -n $(kind_nodes) || -n $(vm_nodes) ]] || remove_host_dnat
 }
 
 # remove_host_dnat: what setup_host_dnat made.
