@@ -3,7 +3,7 @@
 # node agent (with only its node identity), and follow the seed's story:
 # `kubectl create deployment nginx --image=nginx --replicas=3`, until the pods serve HTTP.
 #
-#   bash scripts/run.sh [--nodes N] [--pod-network-routes none|host-gw|vxlan] [--kind-node]
+#   bash scripts/run.sh [--nodes N] [--pod-network-routes none|host-gw|vxlan] [--kind-node|--vm-node]
 #
 # One node (the default): rkubelet runs node rk-node1 here, and the story of one pod is
 # told with `rkubelet inspect` (scripts/story.sh). N > 1 nodes: each node rk-host1..N is its
@@ -14,22 +14,29 @@
 # podman container booting systemd, containerd and rkubelet as its kubelet.service, joined
 # by bootstrap token with kubeadm's files and the systemd cgroup driver); the answer comes
 # from the node's network namespace and `rkubelet inspect` runs inside the node.
+# --vm-node: the Deployment runs on a VM node instead (`cluster.sh add-vm-node rk-vm1`: a
+# Debian 12 virtual machine on cgroup v2 under qemu's software emulation, booting systemd,
+# containerd and rkubelet as its kubelet.service, joined by bootstrap token with kubeadm's
+# files and the systemd cgroup driver); the answer and `rkubelet inspect` come from inside
+# the VM, and the run says how long the VM took (image, boot, join, the Deployment).
 # Leaves everything running; stop it all with `scripts/cluster.sh down`.
 set -euo pipefail
 # shellcheck source=scripts/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 cd "$RKUBELET_REPO"
 
-nodes=1 routes=none kind=0
+nodes=1 routes=none kind=0 vm=0
 while [[ $# -gt 0 ]]; do
   case $1 in
     --nodes) nodes=${2:-}; shift 2 ;;
     --pod-network-routes) routes=${2:-}; shift 2 ;;
     --kind-node) kind=1; shift ;;
-    *) die "usage: $0 [--nodes N] [--pod-network-routes none|host-gw|vxlan] [--kind-node]" ;;
+    --vm-node) vm=1; shift ;;
+    *) die "usage: $0 [--nodes N] [--pod-network-routes none|host-gw|vxlan] [--kind-node|--vm-node]" ;;
   esac
 done
 ((kind == 0 || nodes == 1)) || die "--kind-node runs on one kind-style node: no --nodes"
+((vm == 0 || (nodes == 1 && kind == 0))) || die "--vm-node runs on one VM node: no --nodes, no --kind-node"
 if ! [[ $nodes =~ ^[0-9]+$ ]] || ((nodes < 1)); then die "--nodes wants a number ≥ 1"; fi
 [[ $routes =~ ^(none|host-gw|vxlan)$ ]] || die "--pod-network-routes: none, host-gw or vxlan"
 
@@ -64,6 +71,35 @@ if ((kind == 1)); then
   log "the pod's cgroup, a slice systemd made (inside the node):"
   in_node systemctl --no-pager list-units --type=slice 'kubepods*'
   log "the node's journal: bash scripts/cluster.sh kind-exec $kind_node journalctl -u kubelet"
+elif ((vm == 1)); then
+  vm_node="rk-vm1"
+  bash scripts/cluster.sh add-vm-node "$vm_node" --binary "$rk"
+  in_vm() { bash scripts/cluster.sh vm-exec "$vm_node" "$@"; }
+  in_vm systemctl --no-pager status kubelet | head -n 4
+  # shellcheck disable=SC2016  # expanded inside the VM
+  log "inside the VM: $(in_vm 'echo "$(uname -sr), systemd $(systemctl --version | head -n 1 | cut -d" " -f2), /sys/fs/cgroup is $(stat -fc %T /sys/fs/cgroup)"')"
+  k get node "$vm_node" -o wide
+  deployed=$SECONDS
+  k create deployment nginx --image=nginx --replicas=3
+  k patch deployment nginx --type=merge \
+    -p "{\"spec\":{\"template\":{\"spec\":{\"nodeSelector\":{\"kubernetes.io/hostname\":\"$vm_node\"}}}}}"
+  k rollout status deployment/nginx --timeout=600s
+  deployed=$((SECONDS - deployed))
+  k get pods -o wide
+  pod=$(k get pods -l app=nginx -o jsonpath='{.items[0].metadata.name}')
+  ip=$(k get pod "$pod" -o jsonpath='{.status.podIP}')
+  log "HTTP answer of pod $ip, from inside the VM:"
+  in_vm curl -sS -i "http://$ip/" | head -n 12
+  log "rkubelet inspect pod default/$pod, inside the VM:"
+  in_vm rkubelet inspect pod "default/$pod"
+  log "rkubelet inspect node, inside the VM:"
+  in_vm rkubelet inspect node
+  log "the pods' cgroups, slices systemd made on cgroup v2 (inside the VM):"
+  in_vm systemctl --no-pager list-units --type=slice 'kubepods*'
+  read -r image boot join < <(awk '{print $2}' "$RKUBELET_STATE/vm/$vm_node/took" | xargs)
+  log "the VM node took: image ${image} s (cached after the first build), boot to SSH ${boot} s," \
+    "join to Ready ${join} s, 3 replicas rolled out in ${deployed} s (software emulation: every process is slow)"
+  log "inside the VM: bash scripts/cluster.sh vm-exec $vm_node journalctl -u kubelet"
 elif ((nodes > 1)); then
   bash scripts/cluster.sh start-agents --binary "$rk" --pod-network-routes "$routes"
   log "waiting for $nodes nodes to be Ready"
