@@ -54,6 +54,15 @@
 # kind of node, with the machine's drift falling alike on every node, e.g.
 #   BENCH_KIND=1 bash scripts/bench.sh out/kind
 #
+# With BENCH_VM=1, the layout is a VM node (`cluster.sh add-vm-node`: a Debian 12 virtual
+# machine on cgroup v2 under qemu's software emulation, systemd as PID 1, its own
+# containerd with the systemd cgroup driver, kubeadm's files) and there is one scenario:
+# BENCH_BURSTS pods (default 10) bound to it, BENCH_REPEAT times, then the CRI floor inside
+# the VM (rkubelet stopped, the bench binary run in it against its containerd), as many
+# times: the ratio says what rkubelet adds to the runtime on that node; the absolute times
+# say only how slow emulation is, e.g.
+#   BENCH_VM=1 bash scripts/bench.sh out/vm
+#
 # With BENCH_SCRAPE=1, the one scenario is `scrape` for rkubelet and the kubelet (QPS 50)
 # (BENCH_AGENTS to change them), without the floor: 100 pods bound to the node, then each
 # endpoint monitoring reads (/metrics, /metrics/resource, /metrics/probes,
@@ -95,6 +104,9 @@ KIND="${BENCH_KIND:-0}"
 KIND_NODE=rk-kind1
 # kind_node_name DRIVER: the kind layout's node with that cgroup driver.
 kind_node_name() { echo "$KIND_NODE-${1:0:1}"; }
+VM="${BENCH_VM:-0}"
+[[ $VM == 0 || ($VM == 1 && $NODES == 1 && $KIND == 0) ]] || die "BENCH_VM=1 runs on one VM node (BENCH_NODES=1, BENCH_KIND=0)"
+VM_NODE=rk-vm1
 SCRAPE="${BENCH_SCRAPE:-0}"
 [[ $SCRAPE == 0 || ($SCRAPE == 1 && $NODES == 1 && $KIND == 0) ]] || die "BENCH_SCRAPE=1 runs on one host node (BENCH_NODES=1, BENCH_KIND=0)"
 LOGROTATE="${BENCH_LOGROTATE:-0}"
@@ -114,6 +126,9 @@ elif [[ $LOGROTATE == 1 ]]; then
   AGENTS=()
 elif [[ $KIND == 1 ]]; then
   read -ra BURSTS <<<"${BENCH_BURSTS:-30}"
+  AGENTS=()
+elif [[ $VM == 1 ]]; then
+  read -ra BURSTS <<<"${BENCH_BURSTS:-10}"
   AGENTS=()
 elif ((NODES > 1)); then
   read -ra BURSTS <<<"${BENCH_BURSTS:-30}"
@@ -142,7 +157,7 @@ SECOND_NODE=rk-node2
 
 # The floor uses containerd's own network, whose config containerd renders from the pod
 # CIDR an agent with runtime-owned networking sends it (UpdateRuntimeConfig).
-if ((NODES == 1)) && [[ $KIND == 0 && $LOGROTATE == 0 && ${BENCH_FLOOR:-1} == 1 && " ${AGENTS[*]} " != *" rkubelet "* && " ${AGENTS[*]} " != *" kubelet-qps"* ]]; then
+if ((NODES == 1)) && [[ $KIND == 0 && $VM == 0 && $LOGROTATE == 0 && ${BENCH_FLOOR:-1} == 1 && " ${AGENTS[*]} " != *" rkubelet "* && " ${AGENTS[*]} " != *" kubelet-qps"* ]]; then
   die "the CRI floor needs containerd's CNI config, rendered once rkubelet or the kubelet ran: add one to BENCH_AGENTS, or set BENCH_FLOOR=0"
 fi
 
@@ -194,6 +209,7 @@ cleanup() {
   if [[ $KIND == 1 ]]; then
     for d in cgroupfs systemd; do bash scripts/cluster.sh remove-kind-node "$(kind_node_name "$d")" || true; done
   fi
+  [[ $VM == 0 ]] || bash scripts/cluster.sh remove-vm-node "$VM_NODE" || true
   bash scripts/cluster.sh down || true
   for s in "${SYSCTLS[@]}"; do sysctl -qw "$s=${SYSCTL_BEFORE[$s]}" || true; done
   for d in /var/log/pods /var/log/containers /var/lib/kubelet; do
@@ -520,6 +536,45 @@ if [[ $KIND == 1 ]]; then
   kind_layout_down
 fi
 
+# ---- a VM node (BENCH_VM=1)
+
+VM_AGENT="rkubelet, VM node, systemd driver"
+
+# vm_layout: the VM node with the release build, one unmeasured pod (the image pull); for
+# each burst count, BENCH_REPEAT bursts on it; then, rkubelet stopped in the VM, the CRI
+# floor inside it (the bench binary against its containerd, 10 sandboxes at a time, under
+# system.slice: runc with the systemd driver refuses a sandbox without a slice) as many
+# times; the VM's agent log kept; the VM goes.
+vm_layout() {
+  local n run
+  bash scripts/cluster.sh add-vm-node "$VM_NODE" --binary "$RK"
+  cp "$RKUBELET_STATE/vm/$VM_NODE/took" "$OUT/vm-node-took.txt"
+  "$BENCH" burst --kubeconfig "$KUBECONFIG_ADMIN" --node "$VM_NODE" --count 1 --agent warm-up >>"$OUT/warm-up.log"
+  for n in "${BURSTS[@]}"; do
+    for ((run = 1; run <= REPEAT; run++)); do
+      settle
+      log "$VM_AGENT: burst of $n (round $run of $REPEAT)"
+      "$BENCH" burst --kubeconfig "$KUBECONFIG_ADMIN" --node "$VM_NODE" --count "$n" --agent "$VM_AGENT" \
+        >>"$OUT/burst.json"
+    done
+  done
+  bash scripts/cluster.sh vm-exec "$VM_NODE" 'cat >/usr/local/bin/rk-bench && chmod 0755 /usr/local/bin/rk-bench' <"$BENCH"
+  bash scripts/cluster.sh vm-exec "$VM_NODE" systemctl stop kubelet
+  for n in "${BURSTS[@]}"; do
+    for ((run = 1; run <= REPEAT; run++)); do
+      settle
+      log "CRI floor in the VM node: $n sandboxes, 10 at a time (round $run of $REPEAT)"
+      bash scripts/cluster.sh vm-exec "$VM_NODE" rk-bench floor --count "$n" --concurrency 10 \
+        --cgroup-parent system.slice --agent "'CRI floor, VM node'" >>"$OUT/floor-vm.json"
+    done
+  done
+  bash scripts/cluster.sh vm-exec "$VM_NODE" journalctl -u kubelet -o cat --no-pager \
+    >"$OUT/rkubelet in the VM node.journal" 2>&1 || true
+  bash scripts/cluster.sh remove-vm-node "$VM_NODE"
+}
+
+[[ $VM == 0 ]] || vm_layout
+
 # ---- log rotation (BENCH_LOGROTATE=1)
 
 # logrotate_run NAME POD_LOGS_DIR COMMAND...: the agent with the log rotation flags, one
@@ -564,13 +619,14 @@ done
 # one pod and at every burst count of 30 and more.
 FLOOR_COUNTS=()
 for n in "${BURSTS[@]}"; do ((n != 1 && n < 30)) || FLOOR_COUNTS+=("$n"); done
-[[ ${BENCH_FLOOR:-1} == 1 && $NODES == 1 && $KIND == 0 && $LOGROTATE == 0 ]] || FLOOR_COUNTS=()
+[[ ${BENCH_FLOOR:-1} == 1 && $NODES == 1 && $KIND == 0 && $VM == 0 && $LOGROTATE == 0 ]] || FLOOR_COUNTS=()
 for n in "${FLOOR_COUNTS[@]}"; do floor_runs "$n" "$OUT/floor-$n.json" "$CONTAINERD_SOCK"; done
 rm -f "$OUT"/*.tmp
 
 machine="$(date -u +%Y-%m-%d), $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB, $(uname -r), containerd $(containerd --version | awk '{print $3}')"
 ((NODES == 1)) || machine+=", $NODES nodes as hosts (a netns, containerd and kube-proxy each) on this machine"
 [[ $KIND == 0 ]] || machine+=", a kind-style node (podman, systemd as PID 1, its own containerd) beside the host node"
+[[ $VM == 0 ]] || machine+=", a VM node (qemu software emulation, 2 vCPUs, Debian 12, cgroup v2, systemd driver)"
 "$BENCH" report "$OUT" --machine "($machine)" >/dev/null
 # (no start-up latencies in the log rotation layout: nothing to plot)
 [[ -s $OUT/latency.dat ]] && gnuplot <<EOF
