@@ -120,12 +120,8 @@ cmd_add_kind_node() {
       *) die "$usage" ;;
     esac
   done
-  [[ $driver == cgroupfs || $driver == systemd ]] || die "$usage"
-  [[ $name =~ ^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$ ]] || die "bad node name: $name (a DNS label of at most 40 characters)"
-  comp_pid kube-apiserver >/dev/null || die "the cluster is not up: run 'cluster.sh up'"
-  if kind_nodes | grep -qxF "$name"; then die "kind node $name already exists"; fi
-  [[ -z ${bin:-} ]] && bin="$RKUBELET_REPO/target/debug/rkubelet"
-  [[ -x $bin ]] || die "no rkubelet binary $bin (--binary PATH or RKUBELET_BINARY)"
+  [[ -n ${bin:-} ]] || bin="$RKUBELET_REPO/target/debug/rkubelet"
+  node_join_checks kind "$name" "$driver" "$bin"
   ensure_podman
   if podman_ container exists "$name"; then die "a podman container $name already exists"; fi
   local t0=$SECONDS version ip octet netns link dir
@@ -134,25 +130,11 @@ cmd_add_kind_node() {
   RKUBELET_BINARY=$bin RKUBELET_KIND_IMAGE=$image nice bash "$RKUBELET_REPO/scripts/image.sh" build-kind-node
   local built=$SECONDS
   # Its address: the first free one from 198.18.0.100.
-  for ((octet = 100; octet < 200; octet++)); do
-    ip="198.18.0.$octet"
-    awk -v ip="$ip" '$2 == ip {found = 1} END {exit !found}' "$REC/kind-nodes" 2>/dev/null || break
-  done
-  ((octet < 200)) || die "no free address for a kind node"
+  ip=$(record_node_address kind "$name" 100 200)
+  octet=${ip##*.}
   netns="$KIND_NETNS_PREFIX$name" link="$KIND_LINK_PREFIX$octet" dir="$KIND_DIR/$name"
-  # Recorded first: a node that fails half-way is removed like any other.
-  echo "$name $ip" >>"$REC/kind-nodes"
-  local rc
-  set +e
-  (add_kind_node "$name" "$ip" "$netns" "$link" "$dir" "$driver" "$image")
-  rc=$?
-  set -e
-  if ((rc != 0)); then
-    log "kind node $name failed: removing it"
-    kind_node_logs "$name" >&2 || true
-    remove_kind_node "$name"
-    die "kind node $name could not join"
-  fi
+  join_or_remove kind "$name" add_kind_node kind_node_logs remove_kind_node \
+    "$name" "$ip" "$netns" "$link" "$dir" "$driver" "$image"
   log "kind node $name ($ip, cgroup driver $driver) Ready: image $((built - t0)) s, boot to Ready $((SECONDS - built)) s"
 }
 
@@ -256,12 +238,7 @@ remove_kind_node() {
   delete_netns "$netns"
   unmount_under "$KIND_DIR/$name"
   rm -rf "${KIND_DIR:?}/$name"
-  if [[ -f $REC/kind-nodes ]]; then
-    awk -v n="$name" '$1 != n' "$REC/kind-nodes" >"$REC/kind-nodes.new"
-    mv "$REC/kind-nodes.new" "$REC/kind-nodes"
-    [[ -s $REC/kind-nodes ]] || rm -f "$REC/kind-nodes"
-  fi
-  remove_host_dnat_unless_used
+  forget_node kind "$name"
 }
 
 # remove_kind_nodes: every recorded kind node, and any container of ours left unrecorded.

@@ -96,38 +96,18 @@ cmd_add_vm_node() {
       *) die "$usage" ;;
     esac
   done
-  [[ $driver == cgroupfs || $driver == systemd ]] || die "$usage"
-  [[ $name =~ ^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$ ]] || die "bad node name: $name (a DNS label of at most 40 characters)"
-  comp_pid kube-apiserver >/dev/null || die "the cluster is not up: run 'cluster.sh up'"
-  if vm_nodes | grep -qxF "$name"; then die "VM node $name already exists"; fi
   [[ -n ${bin:-} ]] || bin="$RKUBELET_REPO/target/debug/rkubelet"
-  [[ -x $bin ]] || die "no rkubelet binary $bin (--binary PATH or RKUBELET_BINARY)"
+  node_join_checks vm "$name" "$driver" "$bin"
   command -v qemu-system-x86_64 >/dev/null || die "qemu is needed (apt-get install qemu-system-x86)"
-  local t0=$SECONDS ip octet
+  local t0=$SECONDS ip
   nice bash "$RKUBELET_REPO/scripts/image.sh" build-vm-node
   # Its address: the first free one from 198.18.0.200.
-  for ((octet = 200; octet < 250; octet++)); do
-    ip="198.18.0.$octet"
-    awk -v ip="$ip" '$2 == ip {found = 1} END {exit !found}' "$REC/vm-nodes" 2>/dev/null || break
-  done
-  ((octet < 250)) || die "no free address for a VM node"
-  # Recorded first: a node that fails half-way is removed like any other.
-  echo "$name $ip" >>"$REC/vm-nodes"
-  local rc
-  set +e
-  (add_vm_node "$name" "$ip" "$driver" "$bin" "$((SECONDS - t0))")
-  rc=$?
-  set -e
-  if ((rc != 0)); then
-    log "VM node $name failed: removing it"
-    vm_node_logs "$name" >&2 || true
-    remove_vm_node "$name"
-    die "VM node $name could not join"
-  fi
+  ip=$(record_node_address vm "$name" 200 250)
+  join_or_remove vm "$name" add_vm_node vm_node_logs remove_vm_node \
+    "$name" "$ip" "$driver" "$bin" "$((SECONDS - t0))"
 }
 
-# add_vm_node NAME IP DRIVER BINARY IMAGE_SECONDS (in a subshell not tested by `if` or
-# `||`, so that `set -e` ends it at the first failure).
+# add_vm_node NAME IP DRIVER BINARY IMAGE_SECONDS (join_or_remove runs it).
 add_vm_node() {
   set -e
   local name=$1 ip=$2 driver=$3 bin=$4 image_s=$5 dir="$VM_DIR/$1" tap="$VM_TAP_PREFIX${2##*.}"
@@ -247,12 +227,7 @@ remove_vm_node() {
   [[ -z $ip ]] || ip link delete "$VM_TAP_PREFIX${ip##*.}" 2>/dev/null || true
   rm -f "$PIDS/qemu@$name".{pid,exe} "$PIDS/ssh@$name".{pid,exe}
   rm -rf "${VM_DIR:?}/$name"
-  if [[ -f $REC/vm-nodes ]]; then
-    awk -v n="$name" '$1 != n' "$REC/vm-nodes" >"$REC/vm-nodes.new"
-    mv "$REC/vm-nodes.new" "$REC/vm-nodes"
-    [[ -s $REC/vm-nodes ]] || rm -f "$REC/vm-nodes"
-  fi
-  remove_host_dnat_unless_used
+  forget_node vm "$name"
 }
 
 # remove_vm_nodes: every recorded VM node, and any tap device of ours left unrecorded.
