@@ -24,10 +24,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::agent::{NODE_IP, TEST_EVICTION_HARD};
-use common::pods::{TestPods, sleeper};
+use common::pods::{TestPods, running_and_ready, sleeper};
 use common::{cleanup_blocking, cluster, eventually, kube_client, kubectl, state_dir};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
@@ -168,14 +167,6 @@ fn seen(pods: &[Pod]) -> PodsSeen {
         .collect()
 }
 
-fn running_and_ready(p: &Pod) -> bool {
-    let status = p.status.as_ref();
-    status.and_then(|s| s.phase.as_deref()) == Some("Running")
-        && status
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
 /// The Deployment's pods, once all `REPLICAS` run and are Ready on the node.
 async fn all_running(pods: &Api<Pod>) -> Vec<Pod> {
     eventually(
@@ -224,29 +215,9 @@ async fn a_kind_style_node_joins_by_bootstrap_token_and_runs_a_deployment() {
         n.spec.as_ref().and_then(|s| s.provider_id.as_deref()),
         Some(format!("kind://podman/kind/{NODE}").as_str())
     );
-    let internal_ip = n
-        .status
-        .as_ref()
-        .and_then(|s| s.addresses.as_ref())
-        .and_then(|a| a.iter().find(|a| a.type_ == "InternalIP"))
-        .map(|a| a.address.clone())
-        .expect("an InternalIP");
+    let internal_ip = common::internal_ip(&n);
     assert!(internal_ip.starts_with("198.18.0."), "{internal_ip}");
-    let token = std::fs::read_to_string(state_dir().join("pki/bootstrap-token")).unwrap();
-    let bootstrap_user = format!(
-        "system:bootstrap:{}",
-        token.trim().split('.').next().unwrap()
-    );
-    let csrs = Api::<CertificateSigningRequest>::all(admin.clone())
-        .list(&ListParams::default())
-        .await
-        .expect("CSRs");
-    assert!(
-        csrs.items
-            .iter()
-            .any(|c| c.spec.username.as_deref() == Some(bootstrap_user.as_str())),
-        "a CSR by {bootstrap_user}"
-    );
+    common::assert_joined_by_bootstrap_token(&admin).await;
     // The node's own view: systemd runs, the kubelet is rkubelet under kubelet.service, the
     // kubeconfig is the one TLS bootstrap wrote.
     assert_eq!(

@@ -416,44 +416,12 @@ async fn kubectl_attach_and_port_forward() {
     child.kill().await.expect("detach");
 
     running(&web, Duration::from_secs(60)).await;
-    let mut forward = kubectl(&[
-        "port-forward",
-        "--address",
-        "127.0.0.1",
-        &format!("pod/{web}"),
-        ":80",
-    ]);
-    forward.stdout(Stdio::piped()).stderr(Stdio::piped());
-    let mut child = forward.spawn().expect("kubectl port-forward");
-    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-        .await
-        .expect("port-forward ready")
-        .expect("read")
-        .expect("a line");
-    // "Forwarding from 127.0.0.1:40123 -> 80"
-    let port: u16 = line
-        .split_whitespace()
-        .nth(2)
-        .and_then(|a| a.rsplit_once(':'))
-        .and_then(|(_, p)| p.parse().ok())
-        .unwrap_or_else(|| panic!("no local port in {line:?}"));
+    let forward = common::PortForward::start(&web, 80).await;
     for _ in 0..3 {
-        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .expect("connect to the forwarded port");
-        s.write_all(b"GET / HTTP/1.0\r\nHost: pod\r\n\r\n")
-            .await
-            .expect("request");
-        let mut answer = String::new();
-        tokio::time::timeout(Duration::from_secs(20), s.read_to_string(&mut answer))
-            .await
-            .expect("an answer")
-            .expect("read");
+        let answer = forward.get().await;
         assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
         assert!(answer.contains("Welcome to nginx!"), "{answer}");
     }
-    child.kill().await.expect("stop port-forward");
 }
 
 #[tokio::test]

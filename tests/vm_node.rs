@@ -34,11 +34,10 @@ use std::collections::BTreeMap;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use common::pods::running_and_ready;
 use common::{cleanup_blocking, cluster, eventually, kube_client, kubectl, state_dir};
-use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use kube::api::{Api, DeleteParams, PostParams};
 
 /// The VM node's name (its hostname, its Node's).
 const NODE: &str = "rk-vm1";
@@ -219,14 +218,6 @@ async fn create(pods: &Api<Pod>, list: &[Pod]) {
             .await
             .unwrap_or_else(|e| panic!("create {:?}: {e}", p.metadata.name));
     }
-}
-
-fn running_and_ready(p: &Pod) -> bool {
-    let status = p.status.as_ref();
-    status.and_then(|s| s.phase.as_deref()) == Some("Running")
-        && status
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 /// The named pods by name, if each runs and is Ready now.
@@ -681,48 +672,12 @@ async fn check_kubectl_reaches(name: &str) {
     assert_eq!(logs.trim(), format!("started {name}"));
     let exec = kubectl(&["exec", name, "--", "cat", "/www/index.html"]).await;
     assert_eq!(exec.trim(), "hello from the vm");
-    let mut forward = common::kubectl_command(&[
-        "port-forward",
-        "--address",
-        "127.0.0.1",
-        &format!("pod/{name}"),
-        ":80",
-    ]);
-    forward
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    let mut child = forward.spawn().expect("kubectl port-forward");
-    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
-        .await
-        .expect("port-forward ready")
-        .expect("read")
-        .expect("a line");
-    // "Forwarding from 127.0.0.1:40123 -> 80"
-    let port: u16 = line
-        .split_whitespace()
-        .nth(2)
-        .and_then(|a| a.rsplit_once(':'))
-        .and_then(|(_, p)| p.parse().ok())
-        .unwrap_or_else(|| panic!("no local port in {line:?}"));
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .expect("connect to the forwarded port");
-    s.write_all(b"GET / HTTP/1.0\r\nHost: pod\r\n\r\n")
-        .await
-        .expect("request");
-    let mut answer = String::new();
-    tokio::time::timeout(Duration::from_secs(60), s.read_to_string(&mut answer))
-        .await
-        .expect("an answer")
-        .expect("read");
+    let answer = common::PortForward::start(name, 80).await.get().await;
     assert!(
         answer.starts_with("HTTP/1.") && answer.contains(" 200 "),
         "{answer}"
     );
     assert!(answer.contains("hello from the vm"), "{answer}");
-    child.kill().await.expect("stop port-forward");
 }
 
 /// The sandboxes and containers containerd holds in the VM (`crictl`-like, from `ctr`).
@@ -738,7 +693,9 @@ async fn runtime_ids() -> Vec<String> {
 
 /// The cgroup directories left for pods in the VM, with either driver.
 async fn pod_cgroups_left() -> String {
-    in_vm("find /sys/fs/cgroup/kubepods.slice /sys/fs/cgroup/kubepods -name '*pod*' -type d 2>/dev/null; true")
+    in_vm(
+        "find /sys/fs/cgroup/kubepods.slice /sys/fs/cgroup/kubepods -type d \\( -name '*-pod*.slice' -o -name 'pod[0-9a-f]*' \\) 2>/dev/null; true",
+    )
         .await
 }
 
@@ -747,6 +704,7 @@ async fn pod_cgroups_left() -> String {
 /// restarted; waits until the Node is Ready again.
 async fn switch_driver(nodes: &Api<Node>, driver: &str) {
     let systemd = driver == "systemd";
+    let restarted = k8s_openapi::jiff::Timestamp::now();
     in_vm(&format!(
         "set -e
          sed -i 's/^\\([[:space:]]*SystemdCgroup = \\).*/\\1{systemd}/' /etc/containerd/config.toml
@@ -755,10 +713,13 @@ async fn switch_driver(nodes: &Api<Node>, driver: &str) {
          systemctl restart kubelet"
     ))
     .await;
-    // The restarted agent's first heartbeat, then Ready.
-    let restarted = k8s_openapi::jiff::Timestamp::now();
+    ready_again(nodes, restarted, "the kubelet with the other driver").await;
+}
+
+/// Waits until the Node is Ready with a heartbeat after `since` (an agent restarted then).
+async fn ready_again(nodes: &Api<Node>, since: k8s_openapi::jiff::Timestamp, who: &str) {
     eventually(
-        "the node Ready after the driver switch",
+        &format!("the node Ready, heartbeat by {who}"),
         POD_TIMEOUT,
         || async {
             let n = nodes.get(NODE).await.ok()?;
@@ -767,7 +728,7 @@ async fn switch_driver(nodes: &Api<Node>, driver: &str) {
                 .conditions?
                 .into_iter()
                 .find(|c| c.type_ == "Ready")?;
-            (ready.status == "True" && ready.last_heartbeat_time?.0 > restarted).then_some(())
+            (ready.status == "True" && ready.last_heartbeat_time?.0 > since).then_some(())
         },
     )
     .await;
@@ -802,21 +763,7 @@ async fn a_vm_node_on_cgroup_v2_joins_runs_pods_and_lives_as_a_node() {
     // its PID 1, rkubelet its kubelet.service.
     let node = nodes.get(NODE).await.expect("the VM's Node");
     assert!(node_ready(&node), "{node:?}");
-    let token = std::fs::read_to_string(state_dir().join("pki/bootstrap-token")).unwrap();
-    let bootstrap_user = format!(
-        "system:bootstrap:{}",
-        token.trim().split('.').next().unwrap()
-    );
-    let csrs = Api::<CertificateSigningRequest>::all(admin.clone())
-        .list(&ListParams::default())
-        .await
-        .expect("CSRs");
-    assert!(
-        csrs.items
-            .iter()
-            .any(|c| c.spec.username.as_deref() == Some(bootstrap_user.as_str())),
-        "a CSR by {bootstrap_user}"
-    );
+    common::assert_joined_by_bootstrap_token(&admin).await;
     let facts = in_vm(
         "stat -fc %T /sys/fs/cgroup; cat /proc/1/comm; systemctl is-active kubelet containerd; \
          readlink -f /proc/$(systemctl show -p MainPID --value kubelet)/exe; \
@@ -869,22 +816,9 @@ async fn a_vm_node_on_cgroup_v2_joins_runs_pods_and_lives_as_a_node() {
     let journal_cursor =
         in_vm("journalctl -u kubelet -n 0 --show-cursor --no-pager | sed -n 's/^-- cursor: //p'")
             .await;
-    in_vm("systemctl restart kubelet").await;
     let restarted = k8s_openapi::jiff::Timestamp::now();
-    eventually(
-        "the first heartbeat of the restarted kubelet",
-        POD_TIMEOUT,
-        || async {
-            let n = nodes.get(NODE).await.ok()?;
-            let ready = n
-                .status?
-                .conditions?
-                .into_iter()
-                .find(|c| c.type_ == "Ready")?;
-            (ready.status == "True" && ready.last_heartbeat_time?.0 > restarted).then_some(())
-        },
-    )
-    .await;
+    in_vm("systemctl restart kubelet").await;
+    ready_again(&nodes, restarted, "the restarted kubelet").await;
     // A relist and a sync of every pod by the new agent change nothing.
     tokio::time::sleep(Duration::from_secs(10)).await;
     let again = all_running(&pods, &trio_names, "the pods after the restart").await;
@@ -969,13 +903,7 @@ async fn a_vm_node_on_cgroup_v2_joins_runs_pods_and_lives_as_a_node() {
     phases.mark("cgroupfs driver: 3 pods, values, removal");
 
     // Gone, and nothing of it on the host.
-    let ip = node
-        .status
-        .as_ref()
-        .and_then(|s| s.addresses.as_ref())
-        .and_then(|a| a.iter().find(|a| a.type_ == "InternalIP"))
-        .map(|a| a.address.clone())
-        .expect("an InternalIP");
+    let ip = common::internal_ip(&node);
     drop(vm);
     phases.mark("remove-vm-node");
     assert_nothing_left(&ip);

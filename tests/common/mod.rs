@@ -247,6 +247,98 @@ fn kubectl_command_of(kubectl: &std::path::Path, args: &[&str]) -> tokio::proces
     cmd
 }
 
+/// `kubectl port-forward pod/POD :PORT` as the admin: a free local port on 127.0.0.1
+/// forwarded through the API server to the pod's PORT; stopped when dropped.
+pub struct PortForward {
+    _child: tokio::process::Child,
+    /// The local port.
+    pub port: u16,
+}
+
+impl PortForward {
+    /// Starts the forward and waits (a minute at most) until kubectl says where it listens.
+    pub async fn start(pod: &str, port: u16) -> Self {
+        use tokio::io::AsyncBufReadExt;
+        let mut forward = kubectl_command(&[
+            "port-forward",
+            "--address",
+            "127.0.0.1",
+            &format!("pod/{pod}"),
+            &format!(":{port}"),
+        ]);
+        forward
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true);
+        let mut child = forward.spawn().expect("kubectl port-forward");
+        let mut lines = tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
+        let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+            .await
+            .expect("port-forward ready")
+            .expect("read")
+            .expect("a line");
+        // "Forwarding from 127.0.0.1:40123 -> 80"
+        let local: u16 = line
+            .split_whitespace()
+            .nth(2)
+            .and_then(|a| a.rsplit_once(':'))
+            .and_then(|(_, p)| p.parse().ok())
+            .unwrap_or_else(|| panic!("no local port in {line:?}"));
+        Self {
+            _child: child,
+            port: local,
+        }
+    }
+
+    /// `GET /` over HTTP/1.0 through the forward: the whole answer (a minute at most).
+    pub async fn get(&self) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", self.port))
+            .await
+            .expect("connect to the forwarded port");
+        s.write_all(b"GET / HTTP/1.0\r\nHost: pod\r\n\r\n")
+            .await
+            .expect("request");
+        let mut answer = String::new();
+        tokio::time::timeout(Duration::from_secs(60), s.read_to_string(&mut answer))
+            .await
+            .expect("an answer")
+            .expect("read");
+        answer
+    }
+}
+
+/// The Node's `InternalIP` address; panics when it has none.
+pub fn internal_ip(node: &k8s_openapi::api::core::v1::Node) -> String {
+    node.status
+        .as_ref()
+        .and_then(|s| s.addresses.as_ref())
+        .and_then(|a| a.iter().find(|a| a.type_ == "InternalIP"))
+        .map(|a| a.address.clone())
+        .expect("an InternalIP")
+}
+
+/// A node joined by TLS bootstrap with the cluster's bootstrap token: a CSR made by the
+/// token's user (`system:bootstrap:<token id>`).
+pub async fn assert_joined_by_bootstrap_token(admin: &kube::Client) {
+    use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+    let token = std::fs::read_to_string(state_dir().join("pki/bootstrap-token"))
+        .expect("the cluster's bootstrap token");
+    let id = token.trim().split('.').next().expect("a token id");
+    let user = format!("system:bootstrap:{id}");
+    let csrs = kube::Api::<CertificateSigningRequest>::all(admin.clone())
+        .list(&Default::default())
+        .await
+        .expect("CSRs");
+    assert!(
+        csrs.items
+            .iter()
+            .any(|c| c.spec.username.as_deref() == Some(user.as_str())),
+        "a CSR by {user}"
+    );
+}
+
 /// `kubectl` as the admin; answers stdout, panics on failure.
 pub async fn kubectl(args: &[&str]) -> String {
     run_ok(kubectl_command(args), &format!("kubectl {args:?}")).await

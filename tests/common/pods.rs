@@ -13,6 +13,15 @@ use rkubelet::cri::{Cri, CriClient, api};
 use super::leaks::{self, Recorder};
 use super::{API_RETRY, cleanup_blocking, cri, eventually, kube_client, retrying};
 
+/// The pod runs and is Ready.
+pub fn running_and_ready(p: &Pod) -> bool {
+    let status = p.status.as_ref();
+    status.and_then(|s| s.phase.as_deref()) == Some("Running")
+        && status
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
 /// The pods API of the `default` namespace, as the cluster admin.
 pub async fn pods_api() -> Api<Pod> {
     Api::namespaced(kube_client("admin.kubeconfig").await, "default")
