@@ -416,7 +416,7 @@ async fn kubectl_attach_and_port_forward() {
     child.kill().await.expect("detach");
 
     running(&web, Duration::from_secs(60)).await;
-    let forward = common::PortForward::start(&web, 80).await;
+    let mut forward = common::PortForward::start(&web, 80).await;
     for _ in 0..3 {
         let answer = forward.get().await;
         assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");

@@ -250,7 +250,10 @@ fn kubectl_command_of(kubectl: &std::path::Path, args: &[&str]) -> tokio::proces
 /// `kubectl port-forward pod/POD :PORT` as the admin: a free local port on 127.0.0.1
 /// forwarded through the API server to the pod's PORT; stopped when dropped.
 pub struct PortForward {
-    _child: tokio::process::Child,
+    child: tokio::process::Child,
+    /// kubectl's stdout, open while it runs: it prints a line for every connection, and
+    /// a write to a closed pipe would end it.
+    _stdout: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
     /// The local port.
     pub port: u16,
 }
@@ -286,26 +289,45 @@ impl PortForward {
             .and_then(|(_, p)| p.parse().ok())
             .unwrap_or_else(|| panic!("no local port in {line:?}"));
         Self {
-            _child: child,
+            child,
+            _stdout: lines,
             port: local,
         }
     }
 
     /// `GET /` over HTTP/1.0 through the forward: the whole answer (a minute at most).
-    pub async fn get(&self) -> String {
+    /// A failure names what kubectl said.
+    pub async fn get(&mut self) -> String {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", self.port))
-            .await
-            .expect("connect to the forwarded port");
-        s.write_all(b"GET / HTTP/1.0\r\nHost: pod\r\n\r\n")
-            .await
-            .expect("request");
-        let mut answer = String::new();
-        tokio::time::timeout(Duration::from_secs(60), s.read_to_string(&mut answer))
-            .await
-            .expect("an answer")
-            .expect("read");
-        answer
+        let answer = async {
+            let mut s = tokio::net::TcpStream::connect(("127.0.0.1", self.port)).await?;
+            s.write_all(b"GET / HTTP/1.0\r\nHost: pod\r\n\r\n").await?;
+            let mut answer = String::new();
+            tokio::time::timeout(Duration::from_secs(60), s.read_to_string(&mut answer))
+                .await
+                .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+            Ok::<_, std::io::Error>(answer)
+        }
+        .await;
+        match answer {
+            Ok(answer) if !answer.is_empty() => answer,
+            Ok(_) => self.fail("no answer").await,
+            Err(e) => self.fail(&e.to_string()).await,
+        }
+    }
+
+    /// Stops kubectl and panics with `what` and all kubectl said.
+    async fn fail(&mut self, what: &str) -> ! {
+        use tokio::io::AsyncReadExt;
+        let _ = self.child.kill().await;
+        let mut said = String::new();
+        if let Some(mut stderr) = self.child.stderr.take() {
+            let _ = stderr.read_to_string(&mut said).await;
+        }
+        panic!(
+            "GET / through port {}: {what}; kubectl said: {said}",
+            self.port
+        )
     }
 }
 
