@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The one command that runs every test of rkubelet, as root on a Debian 12 machine:
-# set-up (packages, cached Kubernetes build), format and lint checks, then unit and
-# integration tests against a real local cluster that this script brings up and always
-# takes down again, also when a step fails, then checks that nothing of it survived.
+# set-up (packages, cached Kubernetes build, cached VM node image), format and lint
+# checks, then unit and integration tests against a real local cluster that this script
+# brings up and always takes down again, also when a step fails, then checks that nothing
+# of it survived.
 set -euo pipefail
 # shellcheck source=scripts/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -10,6 +11,9 @@ cd "$RKUBELET_REPO"
 
 started=$SECONDS
 bash scripts/setup.sh
+# The VM node's disk, kernel and initramfs (tests/vm_node.rs boots them): made here, with
+# the Debian mirror, at set-up; reused while their recipe holds (a fraction of a second).
+bash scripts/image.sh build-vm-node
 
 log "format and lint"
 cargo fmt --check
