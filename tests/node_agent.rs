@@ -13,6 +13,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::agent::TEST_EVICTION_HARD;
 use common::{cri, kube_client, node_name};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeStatus};
@@ -60,8 +61,15 @@ fn agent_with(
         .expect("a valid configuration")
 }
 
+/// The kubelet's defaults, with the test agents' eviction thresholds: the shared disk is
+/// often below the default `nodefs.available<10%` (DiskPressure); the defaults themselves
+/// are unit tests' (`node::config`).
 fn config() -> NodeConfig {
-    NodeConfig::new(node_name(), node_ip())
+    let mut config = NodeConfig::new(node_name(), node_ip());
+    config.eviction_hard = rkubelet::eviction::parse_eviction_hard(TEST_EVICTION_HARD)
+        .expect("the test thresholds")
+        .hard;
+    config
 }
 
 async fn delete_if_present<K>(api: &Api<K>, name: &str)

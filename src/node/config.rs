@@ -423,7 +423,17 @@ mod tests {
         assert_eq!(c.lease_renew_interval(), Duration::from_secs(10));
         assert_eq!(c.node_status_update_frequency, Duration::from_secs(10));
         assert_eq!(c.node_status_report_frequency, Duration::from_secs(60));
-        assert_eq!(c.eviction_hard.memory_available_bytes, 100 << 20);
+        assert_eq!(
+            c.eviction_hard,
+            EvictionHard {
+                memory_available_bytes: 100 << 20,
+                nodefs_available: Threshold::Percent(10),
+                nodefs_inodes_free: Threshold::Percent(5),
+                imagefs_available: Threshold::Percent(15),
+                imagefs_inodes_free: Threshold::NONE,
+                pid_available: Threshold::Percent(10),
+            }
+        );
         c.validate().unwrap();
     }
 
