@@ -444,17 +444,42 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
         .build()?;
     runtime.block_on(async {
         match command {
-            Command::Run(args) => run_command(*args, timelines, startup.configuration).await,
+            Command::Run(args) => {
+                // First of all: a SIGTERM from now on stops the agent cleanly, also one
+                // that comes while it starts.
+                let cancel = stop_on_signals().context("installing the SIGTERM handler")?;
+                run_command(*args, timelines, startup.configuration, cancel).await
+            }
             Command::Cri(args) => cri_command(args).await,
             Command::Inspect(args) => inspect_command(args).await,
         }
     })
 }
 
+/// A token cancelled on the first SIGTERM or SIGINT. Both handlers are installed before
+/// this returns (the process no longer dies of either); must be called in the runtime.
+fn stop_on_signals() -> std::io::Result<tokio_util::sync::CancellationToken> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let stop = cancel.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = interrupt.recv() => {}
+        }
+        tracing::info!("stop requested");
+        stop.cancel();
+    });
+    Ok(cancel)
+}
+
 async fn run_command(
     args: RunArgs,
     timelines: std::sync::Arc<rkubelet::timeline::Timelines>,
     configuration: serde_json::Value,
+    cancel: tokio_util::sync::CancellationToken,
 ) -> anyhow::Result<std::process::ExitCode> {
     let node_name = match args.hostname_override {
         Some(name) => name,
@@ -534,18 +559,6 @@ async fn run_command(
         )
         .context("failed to initialize container log manager")?,
     };
-    let cancel = tokio_util::sync::CancellationToken::new();
-    let stop = cancel.clone();
-    tokio::spawn(async move {
-        let mut term =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            () = async { if let Some(t) = term.as_mut() { t.recv().await; } } => {}
-        }
-        tracing::info!("stop requested");
-        stop.cancel();
-    });
     app::run(config, cancel).await?;
     Ok(std::process::ExitCode::SUCCESS)
 }

@@ -3,7 +3,8 @@
 //! with SIGKILL by a test that wants a crash. A stop checks how the agent ended: exit
 //! status 0 within 10 s of SIGTERM (it cancels its work and returns from `main`), no
 //! panic in its log since it started, and no exit before it was asked to; anything else
-//! fails the test.
+//! fails the test. The SIGTERM waits (up to 10 s) until the agent has its handler
+//! installed: an agent stopped right after its start is not killed half loaded.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -53,6 +54,12 @@ pub fn free_port_on_node_ip() -> u16 {
 /// pressure; a test may give its own thresholds (the last `--eviction-hard` wins).
 pub const TEST_EVICTION_HARD: &str =
     "memory.available<100Mi,nodefs.available<1%,nodefs.inodesFree<1%,imagefs.available<1%";
+
+/// The image GC high threshold test agents run with: 100 disables image GC, as kind
+/// configures its nodes (on a disk more than 85% full, the kubelet's default would remove
+/// every unused image of the shared containerd at each agent's start, under the other
+/// tests). A test may give its own (the last `--image-gc-high-threshold` wins).
+pub const TEST_IMAGE_GC_HIGH_THRESHOLD: &str = "100";
 
 impl AgentProcess {
     /// Starts `rkubelet run` as node `node` with the cluster's dirs and the repository's
@@ -197,6 +204,7 @@ impl AgentProcess {
             .arg(state.join("cni/bin"))
             .args(["--resolv-conf", ""])
             .args(["--eviction-hard", TEST_EVICTION_HARD])
+            .args(["--image-gc-high-threshold", TEST_IMAGE_GC_HIGH_THRESHOLD])
             .args(server_args)
             .envs(env.iter().copied())
             .stdin(Stdio::null())
@@ -275,6 +283,24 @@ impl AgentProcess {
             ));
         }
         let pid = Pid::from_raw(i32::try_from(child.id()).expect("pid"));
+        // A process dies of a SIGTERM that comes before its handler is installed (while it
+        // is exec'd, loaded and parses its flags), whatever it does afterwards.
+        let handler_by = Instant::now() + STOP_WITHIN;
+        while !catches_sigterm(pid) {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(format!(
+                    "the agent exited by itself, before it was stopped, with {status}"
+                ));
+            }
+            if Instant::now() >= handler_by {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!(
+                    "the agent did not catch SIGTERM within {STOP_WITHIN:?} of being asked to stop (killed)"
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
         kill(pid, Signal::SIGTERM).map_err(|e| format!("SIGTERM to the agent: {e}"))?;
         let deadline = Instant::now() + STOP_WITHIN;
         let status = loop {
@@ -346,6 +372,17 @@ fn serving_args(node: &str, minted: bool) -> Vec<std::ffi::OsString> {
         args.push(pki.join(format!("node-{node}-serving.key")).into());
     }
     args
+}
+
+/// Whether process `pid` has a SIGTERM handler installed (`SigCgt` of
+/// `/proc/<pid>/status`, a mask of signal numbers minus one).
+fn catches_sigterm(pid: Pid) -> bool {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigCgt:"))
+        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        .is_some_and(|mask| mask & (1_u64 << (Signal::SIGTERM as i32 - 1)) != 0)
 }
 
 /// The lines of an agent's log that tell of a panic (Rust's panic hook writes
