@@ -204,8 +204,10 @@ async fn a_csi_driver_registers_publishes_into_a_pod_and_survives_an_agent_resta
         csi_driver(&name, &["Persistent", "Ephemeral"]),
     )
     .await;
-    let debug = [("RUST_LOG", "info,rkubelet::volume::csi=debug")];
-    case.start_agent_with(None, &[], &debug);
+    // Trace: a re-set-up of a volume found published says so at trace level only (it
+    // runs at every pod sync).
+    let trace = [("RUST_LOG", "info,rkubelet::volume::csi=trace")];
+    case.start_agent_with(None, &[], &trace);
 
     // Registration: GetInfo, NodeGetInfo, the CSINode and the node's annotation, then the
     // driver is told.
@@ -309,7 +311,7 @@ async fn a_csi_driver_registers_publishes_into_a_pod_and_survives_an_agent_resta
     // A crash mid-pod, then a new start: the driver registers again, the volume is found
     // published (no second NodePublishVolume, one mount).
     case.crash_agent();
-    case.start_agent_with(None, &[], &debug);
+    case.start_agent_with(None, &[], &trace);
     eventually(
         "the driver registered again",
         Duration::from_secs(30),
@@ -345,7 +347,7 @@ async fn a_csi_driver_registers_publishes_into_a_pod_and_survives_an_agent_resta
     .await
     .expect("deleting the pod");
     assert_eq!(driver.count("NodeUnpublishVolume"), 0);
-    case.start_agent_with(None, &[], &debug);
+    case.start_agent_with(None, &[], &trace);
     eventually(
         "the volume unpublished",
         Duration::from_secs(30),
