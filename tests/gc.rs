@@ -182,7 +182,7 @@ async fn image_gc_removes_an_unused_image_and_keeps_the_used_ones() {
     .await;
     let log = case.agent().log_tail();
     // Whatever was removed comes back before the assertions can fail, under an agent
-    // with the default thresholds.
+    // with the test agents' threshold (no image GC).
     case.start_agent(&[]);
     let removed: Vec<&String> = before.difference(&after).collect();
     for image in &removed {

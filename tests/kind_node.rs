@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::agent::{NODE_IP, TEST_EVICTION_HARD};
+use common::agent::{NODE_IP, TEST_EVICTION_HARD, TEST_IMAGE_GC_HIGH_THRESHOLD};
 use common::pods::{TestPods, running_and_ready, sleeper};
 use common::{cleanup_blocking, cluster, eventually, kube_client, kubectl, state_dir};
 use k8s_openapi::api::apps::v1::Deployment;
@@ -837,6 +837,8 @@ impl AgentContainer {
             "",
             "--eviction-hard",
             TEST_EVICTION_HARD,
+            "--image-gc-high-threshold",
+            TEST_IMAGE_GC_HIGH_THRESHOLD,
             "--address",
             NODE_IP,
             "--client-ca-file",
