@@ -199,9 +199,14 @@ fn node_containers() -> Vec<String> {
     ids
 }
 
+/// The tests of this file one at a time: each compares the host's network namespaces (and
+/// links, cgroups) before and after, which the other's node would change meanwhile.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test]
 #[ignore = "needs root and the local cluster: run scripts/test.sh"]
 async fn a_kind_style_node_joins_by_bootstrap_token_and_runs_a_deployment() {
+    let _turn = ONE_AT_A_TIME.lock().await;
     let admin = kube_client("admin.kubeconfig").await;
     let netns_before = netns_names();
     let node = KindNode::add().await;
@@ -341,9 +346,29 @@ async fn a_kind_style_node_joins_by_bootstrap_token_and_runs_a_deployment() {
         },
     )
     .await;
-    // A relist and a sync of every pod after the restart (the status reports of the new
-    // agent) change nothing.
-    tokio::time::sleep(Duration::from_secs(15)).await;
+    // The new process's own sync of every pod (its timeline of the pod, which lives in the
+    // process, begins after the restart and holds a finished `sync_pod`) changes nothing.
+    for name in before.keys() {
+        let path = format!("/api/v1/nodes/{NODE}/proxy/debug/timeline/default/{name}");
+        eventually(
+            &format!("the restarted agent's sync of {name}"),
+            Duration::from_secs(60),
+            || async {
+                let out = common::kubectl_command(&["get", "--raw", &path])
+                    .output()
+                    .await
+                    .ok()?;
+                let timeline: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+                let seen: Timestamp = timeline["seen"].as_str()?.parse().ok()?;
+                let synced = timeline["steps"]
+                    .as_array()?
+                    .iter()
+                    .any(|s| s["name"] == "sync_pod");
+                (seen > restarted && synced).then_some(())
+            },
+        )
+        .await;
+    }
     let after = seen(&all_running(&pods).await);
     assert_eq!(
         before, after,
@@ -901,6 +926,7 @@ impl Drop for AgentContainer {
 #[tokio::test]
 #[ignore = "needs root and the local cluster: run scripts/test.sh"]
 async fn the_agent_image_runs_privileged_in_the_hosts_namespaces() {
+    let _turn = ONE_AT_A_TIME.lock().await;
     let node = "rk-agent-image";
     let admin = kube_client("admin.kubeconfig").await;
     let nodes: Api<Node> = Api::all(admin.clone());
