@@ -6,7 +6,8 @@
 //! allocatable to 3; after an agent restart the plugin registers again and the running
 //! pods keep their devices (the checkpoint); a deleted pod's devices go to the next pod;
 //! a plugin that goes leaves capacity with nothing allocatable, and registers again when
-//! it starts again.
+//! it starts again. A registration whose endpoint names a socket outside the device
+//! plugin directory is refused.
 
 mod common;
 
@@ -113,6 +114,18 @@ impl Drop for SamplePlugin {
 
 fn plugin_dir() -> PathBuf {
     root_dir().join("device-plugins")
+}
+
+/// The agent's registration socket, once it is there.
+async fn registration_socket() -> PathBuf {
+    let socket = plugin_dir().join("kubelet.sock");
+    eventually(
+        "the registration socket",
+        Duration::from_secs(60),
+        || async { socket.exists().then_some(()) },
+    )
+    .await;
+    socket
 }
 
 async fn nodes() -> Api<Node> {
@@ -230,13 +243,7 @@ async fn device_plugin_devices_reach_pods_survive_restarts_and_are_freed() {
     let cleanup = NodeCleanup;
     let mut case = Case::new("dp").await;
     case.start_agent(&[]);
-    let socket = plugin_dir().join("kubelet.sock");
-    eventually(
-        "the registration socket",
-        Duration::from_secs(60),
-        || async { socket.exists().then_some(()) },
-    )
-    .await;
+    registration_socket().await;
     let started = Instant::now();
     let mut plugin = SamplePlugin::start(&devices);
     node_shows("4", "4").await;
@@ -349,4 +356,57 @@ async fn device_plugin_devices_reach_pods_survive_restarts_and_are_freed() {
     drop(plugin);
     drop(case);
     drop(cleanup);
+}
+
+/// A registration whose endpoint is not a file name in the device plugin directory (an
+/// absolute path, `..`, a subdirectory) is refused at `Register` with the kubelet's
+/// error, before anything is dialled: the kubelet v1.20 joins it to the directory and
+/// dials whatever socket it names (containerd's, here).
+#[tokio::test]
+#[ignore = "needs the local cluster (scripts/cluster.sh up)"]
+async fn a_registration_naming_a_socket_outside_the_plugin_directory_is_refused() {
+    use hyper_util::rt::TokioIo;
+    use rkubelet::cm::devicemanager::api::{
+        RegisterRequest, registration_client::RegistrationClient,
+    };
+    let _cleanup = NodeCleanup;
+    let _case = Case::with_agent("dp-endpoint", &[]).await;
+    let socket = registration_socket().await;
+    let channel = tonic::transport::Endpoint::from_static("http://kubelet.local")
+        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+            let path = socket.clone();
+            async move {
+                tokio::net::UnixStream::connect(path)
+                    .await
+                    .map(TokioIo::new)
+            }
+        }))
+        .await
+        .expect("connecting to the registration socket");
+    let mut client = RegistrationClient::new(channel);
+    for endpoint in [
+        "/run/containerd/containerd.sock",
+        "../../../../run/containerd/containerd.sock",
+        "..",
+        "sub/plugin.sock",
+    ] {
+        let refused = client
+            .register(RegisterRequest {
+                version: "v1beta1".into(),
+                endpoint: endpoint.into(),
+                resource_name: RESOURCE.into(),
+                options: None,
+            })
+            .await
+            .expect_err(endpoint);
+        assert_eq!(
+            refused.message(),
+            format!(
+                "invalid name of device plugin socket: endpoint {endpoint:?} must be a file name in the device plugin directory"
+            )
+        );
+    }
+    // Nothing was registered: the node shows no such resource.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(node_devices().await, (None, None));
 }
