@@ -4,7 +4,8 @@
 //! containers killed — one over the pod's total `limits.ephemeral-storage` (its writable
 //! layer), one container over its own limit within the pod's, one emptyDir over its
 //! `sizeLimit` — while a pod within its limit, whose memory-backed emptyDir holds more than
-//! the limit, keeps running; and a pod requesting more `ephemeral-storage` than the node's
+//! the limit (its files' sizes read back), keeps running through a whole pass after its
+//! writes; and a pod requesting more `ephemeral-storage` than the node's
 //! allocatable less what the admitted pods request is refused with `OutOfephemeral-storage`.
 
 mod common;
@@ -12,7 +13,9 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::case::{Case, failed, get, phase, reason_and_message, running};
-use common::pods::{event_with_reason, events_of, running_containers_of, sandboxes_of, sleeper};
+use common::pods::{
+    event_with_reason, events_of, exec_in, running_containers_of, sandboxes_of, sleeper,
+};
 use common::{eventually, node_allocatable};
 use serde_json::{Value, json};
 
@@ -27,6 +30,16 @@ fn writer(name: &str, path: &str, mib: u32, limit: Option<&str>) -> Value {
         c["resources"] = json!({ "limits": { "ephemeral-storage": limit } });
     }
     c
+}
+
+/// The eviction passes that checked the pods' local storage limits so far (the agent logs
+/// each at debug).
+fn passes_checked(case: &Case) -> usize {
+    case.agent()
+        .this_runs_log()
+        .expect("agent log")
+        .matches("local storage limits checked")
+        .count()
 }
 
 /// Waits until the pod `name` is evicted; its time from `start`.
@@ -111,9 +124,32 @@ async fn pods_over_their_local_storage_limits_are_evicted_with_the_kubelets_mess
             "Usage of EmptyDir volume \"cache\" exceeds the limit \"10Mi\". "
         ),
     );
-    // The pod within its limit saw the passes that evicted the others, and one more.
-    running(&within).await;
-    tokio::time::sleep(Duration::from_secs(12)).await;
+    // The pod within its limit wrote what it claims: 5 MiB on disk, 20 MiB in memory.
+    let within_uid = running(&within).await.metadata.uid.expect("uid");
+    let sizes = eventually(
+        "the pod within its limit written",
+        Duration::from_secs(30),
+        || async {
+            let script = "test -f /ram/fill && sleep 1 && stat -c %s /fill /ram/fill";
+            let out = exec_in(
+                &within_uid,
+                "main",
+                vec!["sh".into(), "-c".into(), script.into()],
+            )
+            .await;
+            (out.exit_code == 0).then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+        },
+    )
+    .await;
+    assert_eq!(sizes, format!("{}\n{}\n", 5 * MIB, 20 * MIB));
+    // It saw the passes that evicted the others, and a whole pass after its writes.
+    let seen = passes_checked(&case);
+    eventually(
+        "an eviction pass after the writes",
+        Duration::from_secs(30),
+        || async { (passes_checked(&case) > seen + 1).then_some(()) },
+    )
+    .await;
     let pod = get(&within).await.expect("the pod within its limit");
     assert_eq!(phase(&pod), Some("Running"), "{}", case.agent().log_tail());
     assert!(

@@ -321,18 +321,22 @@ fn log_len(log: &std::path::Path) -> u64 {
     std::fs::metadata(log).map_or(0, |m| m.len())
 }
 
-/// The kubelet's first image detection takes the images there as seen long ago; one
-/// pulled afterwards is seen now, and kept for `--minimum-image-ttl-duration` (2 minutes
-/// here, the default) even on a node that had no image at all when the agent started.
+/// The kubelet's first image detection takes the images there as seen long ago: one that
+/// was there before the agent started goes at the first reclaims; one pulled afterwards is
+/// seen now, and kept for `--minimum-image-ttl-duration` (2 minutes here, the default),
+/// also on a node that had no other image when the agent started.
 #[tokio::test]
 #[ignore = "needs root and the local cluster: run scripts/test.sh"]
 async fn an_image_pulled_on_a_fresh_node_is_kept_for_the_minimum_age() {
     const BUSYBOX: &str = "docker.io/library/busybox:latest";
+    const NGINX: &str = "docker.io/library/nginx:latest";
     let containerd = EmptyContainerd::start().await;
     assert!(
         image_tags_of(&containerd.cri()).await.is_empty(),
         "the new containerd has images"
     );
+    // Old by the time the agent first looks.
+    pull_into(&containerd.cri(), NGINX).await;
     let mut case = Case::new("gc-fresh").await;
     let log = common::case::root_dir().with_extension("log");
     let from = log_len(&log);
@@ -348,6 +352,10 @@ async fn an_image_pulled_on_a_fresh_node_is_kept_for_the_minimum_age() {
     ]);
     eventually("a first reclaim", Duration::from_secs(60), || async {
         (reclaims_since(&log, from) > 0).then_some(())
+    })
+    .await;
+    eventually("the old image removed", Duration::from_secs(60), || async {
+        (!image_tags_of(&containerd.cri()).await.contains(NGINX)).then_some(())
     })
     .await;
     pull_into(&containerd.cri(), BUSYBOX).await;

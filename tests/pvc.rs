@@ -659,6 +659,39 @@ async fn pending_claims_foreign_volumes_and_read_only_claims() {
     }
 
     let pod = running(&read_only).await;
+    let ran = k8s_openapi::jiff::Timestamp::now();
+    // A hostPath PV has no volume stats, as the kubelet's (`MetricsNil`): the pod's entry
+    // in a summary read after it started lists its other volumes (the service account's),
+    // not the claim, and no gauge names the claim.
+    let summary_path = format!("/api/v1/nodes/{}/proxy/stats/summary", node_name());
+    let pod_uid = uid(&pod);
+    let volumes = eventually(
+        "a summary read after the read-only pod started",
+        Duration::from_secs(30),
+        || async {
+            let text = kubectl(&["get", "--raw", &summary_path]).await;
+            let summary: serde_json::Value = serde_json::from_str(&text).ok()?;
+            let entry = summary["pods"]
+                .as_array()?
+                .iter()
+                .find(|p| p["podRef"]["uid"] == pod_uid.as_str())?;
+            let volumes = entry["volume"].as_array()?.clone();
+            let read: k8s_openapi::jiff::Timestamp =
+                volumes.first()?["time"].as_str()?.parse().ok()?;
+            (read > ran).then_some(volumes)
+        },
+    )
+    .await;
+    assert!(
+        volumes.iter().all(|v| v["name"] != "data"),
+        "a hostPath claim with stats: {volumes:?}"
+    );
+    let metrics_path = format!("/api/v1/nodes/{}/proxy/metrics", node_name());
+    let metrics = kubectl(&["get", "--raw", &metrics_path]).await;
+    assert!(
+        !metrics.contains(&format!("persistentvolumeclaim=\"{ro}\"")),
+        "a gauge of the hostPath claim"
+    );
     let (code, out, _) = sh(&uid(&pod), "cat /data/seed").await;
     assert_eq!((code, out.as_str()), (0, "seeded\n"));
     let (code, _, err) = sh(&uid(&pod), "touch /data/x").await;

@@ -324,22 +324,24 @@ async fn an_api_pod_claiming_a_file_source_is_an_ordinary_api_pod() {
             .filter(|t| t.as_second() >= restarted.as_second())
     })
     .await;
-    // Another one is not spared either: refused at admission as BestEffort pods are under
-    // MemoryPressure (`Pod The node had condition: [MemoryPressure]. `), or, when admission
-    // has not counted the condition yet, evicted.
+    // Another one is not spared either: refused at admission, as BestEffort pods are under
+    // MemoryPressure, with nothing of it run.
     let refused = case.create("refused", claiming_to_be_static()).await;
     let rejected = failed(&refused, Duration::from_secs(60)).await;
-    let (reason, message) = reason_and_message(&rejected);
-    assert_eq!(reason, Some("Evicted"), "{message:?}");
-    // Refused at admission: nothing of it was run. (An evicted one had its sandbox, which
-    // goes with its deletion below and the leak check.)
-    if message.is_some_and(|m| m.starts_with("Pod The node had condition")) {
-        let refused_uid = rejected.metadata.uid.clone().expect("uid");
-        assert!(
-            sandboxes_of(&refused_uid).await.is_empty(),
-            "refused at admission, yet it has a sandbox"
-        );
-    }
+    assert_eq!(
+        reason_and_message(&rejected),
+        (
+            Some("Evicted"),
+            Some("Pod The node had condition: [MemoryPressure]. ")
+        ),
+        "{}",
+        case.agent().log_tail()
+    );
+    let refused_uid = rejected.metadata.uid.clone().expect("uid");
+    assert!(
+        sandboxes_of(&refused_uid).await.is_empty(),
+        "refused at admission, yet it has a sandbox"
+    );
 
     // Deleting them finishes: the agent deletes them from the API as any API pod.
     for name in [&name, &refused] {

@@ -3,7 +3,8 @@
 //! emptyDir and 1 MiB into a `medium: Memory` one and mounts a ConfigMap; each volume's
 //! `usedBytes` is within 5 % of `du -x -s -B 1` of its directory, its `inodesUsed` is
 //! `find -xdev`'s count, and its capacity, available bytes and inodes are its
-//! filesystem's (`statvfs`, tmpfs for the Memory one). Only the emptyDir on disk and the
+//! filesystem's (`statvfs`, tmpfs for the Memory one); the same for a Secret, a projected
+//! (ConfigMap and downward API) and a downwardAPI volume. Only the emptyDir on disk and the
 //! ConfigMap count in the pod's ephemeral storage; no volume has a `pvcRef`.
 
 mod common;
@@ -15,18 +16,19 @@ use chrono::{DateTime, Utc};
 use common::case::{Case, root_dir, running};
 use common::pods::{exec_in, sleeper};
 use common::{cleanup_blocking, eventually, kube_client, kubectl, node_name, unique};
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{Api, PostParams};
 use serde_json::json;
 
 const MIB: u64 = 1 << 20;
 
-/// A ConfigMap in `default`, deleted when dropped.
+/// A ConfigMap and a Secret of one name in `default`, deleted when dropped.
 struct TestConfigMap(String);
 
 impl TestConfigMap {
     async fn create(name: &str) -> Self {
-        let api: Api<ConfigMap> = Api::namespaced(kube_client("admin.kubeconfig").await, "default");
+        let client = kube_client("admin.kubeconfig").await;
+        let api: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
         let cm: ConfigMap = serde_json::from_value(json!({
             "metadata": {"name": name},
             "data": {"big": "x".repeat(20_000), "small": "hello"},
@@ -35,6 +37,15 @@ impl TestConfigMap {
         api.create(&PostParams::default(), &cm)
             .await
             .expect("create the ConfigMap");
+        let secret: Secret = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "stringData": {"password": "y".repeat(9_000), "user": "admin"},
+        }))
+        .expect("a Secret");
+        Api::<Secret>::namespaced(client, "default")
+            .create(&PostParams::default(), &secret)
+            .await
+            .expect("create the Secret");
         Self(name.to_owned())
     }
 }
@@ -43,8 +54,10 @@ impl Drop for TestConfigMap {
     fn drop(&mut self) {
         let name = std::mem::take(&mut self.0);
         cleanup_blocking(move || async move {
-            let api: Api<ConfigMap> =
-                Api::namespaced(kube_client("admin.kubeconfig").await, "default");
+            let client = kube_client("admin.kubeconfig").await;
+            let api: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+            let _ = api.delete(&name, &Default::default()).await;
+            let api: Api<Secret> = Api::namespaced(client, "default");
             let _ = api.delete(&name, &Default::default()).await;
         });
     }
@@ -118,7 +131,8 @@ async fn check_volume(entry: &serde_json::Value, dir: &Path, least: u64) {
 
 #[tokio::test]
 #[ignore = "needs root and the local cluster: run scripts/test.sh"]
-async fn summary_volume_stats_of_empty_dirs_and_a_config_map_match_du_and_statfs() {
+async fn summary_volume_stats_of_empty_dirs_config_maps_secrets_and_downward_api_match_du_and_statfs()
+ {
     let case = Case::with_agent("volstats", &[]).await;
     let config = TestConfigMap::create(&unique("volstats")).await;
     let name = case
@@ -129,6 +143,16 @@ async fn summary_volume_stats_of_empty_dirs_and_a_config_map_match_du_and_statfs
                     {"name": "scratch", "emptyDir": {}},
                     {"name": "ram", "emptyDir": {"medium": "Memory"}},
                     {"name": "conf", "configMap": {"name": config.0}},
+                    {"name": "sec", "secret": {"secretName": config.0}},
+                    {"name": "proj", "projected": {"sources": [
+                        {"configMap": {"name": config.0, "items": [{"key": "big", "path": "big"}]}},
+                        {"downwardAPI": {"items": [{"path": "name",
+                            "fieldRef": {"fieldPath": "metadata.name"}}]}},
+                    ]}},
+                    {"name": "down", "downwardAPI": {"items": [
+                        {"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}},
+                        {"path": "namespace", "fieldRef": {"fieldPath": "metadata.namespace"}},
+                    ]}},
                 ],
                 "containers": [{
                     "name": "main",
@@ -141,6 +165,9 @@ async fn summary_volume_stats_of_empty_dirs_and_a_config_map_match_du_and_statfs
                         {"name": "scratch", "mountPath": "/scratch"},
                         {"name": "ram", "mountPath": "/ram"},
                         {"name": "conf", "mountPath": "/conf"},
+                        {"name": "sec", "mountPath": "/sec"},
+                        {"name": "proj", "mountPath": "/proj"},
+                        {"name": "down", "mountPath": "/down"},
                     ],
                 }],
             })),
@@ -204,6 +231,19 @@ async fn summary_volume_stats_of_empty_dirs_and_a_config_map_match_du_and_statfs
         volume("conf"),
         &dir("kubernetes.io~configmap", "conf"),
         20_000,
+    )
+    .await;
+    check_volume(volume("sec"), &dir("kubernetes.io~secret", "sec"), 9_000).await;
+    check_volume(
+        volume("proj"),
+        &dir("kubernetes.io~projected", "proj"),
+        20_000,
+    )
+    .await;
+    check_volume(
+        volume("down"),
+        &dir("kubernetes.io~downward-api", "down"),
+        7,
     )
     .await;
     // tmpfs, not the node's filesystem.

@@ -212,6 +212,7 @@ impl<S: StatsSource, E: PodEvictor, R: NodeReclaimer> EvictionManager<S, E, R> {
                 return Vec::new();
             }
         };
+        tracing::debug!(pods = limited.len(), "local storage limits checked");
         let mut evicted = Vec::new();
         for pod in limited {
             let Some(uid) = pod.metadata.uid.as_deref() else {
