@@ -58,7 +58,7 @@ struct Args {
     unstage_delay_ms: u64,
     /// `NodeGetVolumeStats` figures, `capacity,available,used,inodes,inodes_free,inodes_used`
     /// (bytes and inodes), instead of the volume's statvfs.
-    #[arg(long, value_delimiter = ',', num_args = 6)]
+    #[arg(long, value_delimiter = ',')]
     stats: Vec<i64>,
 }
 
@@ -426,6 +426,9 @@ fn bind_socket(path: &Path) -> Result<UnixListener, Failed> {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Failed> {
     let args = Args::parse();
+    if !matches!(args.stats.len(), 0 | 6) {
+        return Err(format!("--stats takes 6 figures, not {}", args.stats.len()).into());
+    }
     fs::create_dir_all(&args.state_dir)?;
     let csi_socket = args
         .root_dir
