@@ -667,7 +667,7 @@ async fn scrape_cost_with_30_pods() {
         );
         assert!(times[times.len() / 2] < Duration::from_secs(2), "{times:?}");
         let endpoint = path.split("/proxy").nth(1).expect("the endpoint");
-        let log = std::fs::read_to_string(&agent.log).expect("the agent's log");
+        let log = agent.this_runs_log().expect("the agent's log");
         let handled = span_times(
             &log,
             &format!("route{{path={endpoint}}}: rkubelet::server:"),
@@ -681,7 +681,7 @@ async fn scrape_cost_with_30_pods() {
     }
     // A request is served from the last reading: it takes less than one housekeeping
     // pass, which is what every scrape cost when each read the node.
-    let log = std::fs::read_to_string(&agent.log).expect("the agent's log");
+    let log = agent.this_runs_log().expect("the agent's log");
     let passes = span_times(&log, "read: rkubelet::stats::housekeeping:");
     assert!(
         passes.len() >= 3,
