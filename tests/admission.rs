@@ -2,7 +2,8 @@
 //! bound with `nodeName` (no scheduler, which is what the kubelet's own admission is for)
 //! that do not fit the node end Failed with the kubelet's reason and message and get no
 //! sandbox; a RuntimeClass deleted after its pod was created fails the sandbox creation
-//! as in the kubelet v1.20;
+//! as in the kubelet v1.20; under PIDPressure a new pod is refused `Evicted` with the
+//! eviction manager's message and nothing of it run;
 //! a running pod past its active deadline ends Failed/DeadlineExceeded with its
 //! containers stopped, also when the deadline is added to it while it runs.
 
@@ -13,7 +14,9 @@ use std::time::{Duration, Instant};
 use common::agent::AgentProcess;
 use common::case::{Case, delete_and_wait, failed, get, phase, running};
 use common::pods::{events_of, pods_api, running_containers_of, sandboxes_of, sleeper};
-use common::{TestRuntimeClass, eventually, node_allocatable as allocatable, node_name};
+use common::{
+    TestRuntimeClass, eventually, node_allocatable as allocatable, node_condition, node_name,
+};
 use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::api::{ListParams, Patch, PatchParams};
 use serde_json::json;
@@ -142,6 +145,38 @@ async fn more_pods_than_max_pods_fail_out_of_pods() {
         "Node didn't have enough resource: pods, requested: 1, used: {max}, capacity: {max}"
     );
     assert_rejected(case.agent(), &second, "OutOfpods", &message).await;
+}
+
+/// With `pid.available` below a threshold this machine always meets (`kernel.pid_max`
+/// itself: at least one task runs), the Node turns PIDPressure, and a new pod, of any QoS
+/// class, is refused as the kubelet's eviction manager refuses it at admission. Then the
+/// agent without the threshold clears the condition (the next test's agent must not read
+/// a stale one).
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn pid_pressure_refuses_new_pods_as_the_eviction_manager_does() {
+    let mut case = Case::new("adm-pids").await;
+    let pid_max = std::fs::read_to_string("/proc/sys/kernel/pid_max").expect("pid_max");
+    let threshold = format!("pid.available<{}", pid_max.trim());
+    case.start_agent(&["--eviction-hard", &threshold]);
+    eventually(
+        "PIDPressure on the Node",
+        Duration::from_secs(60),
+        || async { (node_condition("PIDPressure").await == Some(true)).then_some(()) },
+    )
+    .await;
+    let guaranteed = json!({ "cpu": "100m", "memory": "32Mi" });
+    let mut manifest = sleeper(json!({}));
+    manifest["spec"]["containers"][0]["resources"] =
+        json!({ "requests": guaranteed, "limits": guaranteed });
+    let name = case.create("p", manifest).await;
+    let message = "The node had condition: [PIDPressure]. ";
+    assert_rejected(case.agent(), &name, "Evicted", message).await;
+    case.start_agent(&[]);
+    eventually("PIDPressure cleared", Duration::from_secs(60), || async {
+        (node_condition("PIDPressure").await == Some(false)).then_some(())
+    })
+    .await;
 }
 
 #[tokio::test]
