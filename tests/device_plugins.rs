@@ -358,6 +358,49 @@ async fn device_plugin_devices_reach_pods_survive_restarts_and_are_freed() {
     drop(cleanup);
 }
 
+/// `Register` with each endpoint in turn, from a client on a runtime of its own: its
+/// connection is closed when that runtime goes, before the agent is stopped. (One left
+/// open on the test's runtime, which is blocked while the agent stops, never answers the
+/// server's shutdown, and the agent drops its registration server, socket and all.)
+fn register_each(socket: &Path, endpoints: &[&str]) -> Vec<Result<(), tonic::Status>> {
+    use hyper_util::rt::TokioIo;
+    use rkubelet::cm::devicemanager::api::{
+        RegisterRequest, registration_client::RegistrationClient,
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        let socket = socket.to_owned();
+        let channel = tonic::transport::Endpoint::from_static("http://kubelet.local")
+            .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+                let path = socket.clone();
+                async move {
+                    tokio::net::UnixStream::connect(path)
+                        .await
+                        .map(TokioIo::new)
+                }
+            }))
+            .await
+            .expect("connecting to the registration socket");
+        let mut client = RegistrationClient::new(channel);
+        let mut answers = Vec::new();
+        for endpoint in endpoints {
+            let answer = client
+                .register(RegisterRequest {
+                    version: "v1beta1".into(),
+                    endpoint: (*endpoint).into(),
+                    resource_name: RESOURCE.into(),
+                    options: None,
+                })
+                .await;
+            answers.push(answer.map(|_| ()));
+        }
+        answers
+    })
+}
+
 /// A registration whose endpoint is not a file name in the device plugin directory (an
 /// absolute path, `..`, a subdirectory) is refused at `Register` with the kubelet's
 /// error, before anything is dialled: the kubelet v1.20 joins it to the directory and
@@ -365,40 +408,21 @@ async fn device_plugin_devices_reach_pods_survive_restarts_and_are_freed() {
 #[tokio::test]
 #[ignore = "needs the local cluster (scripts/cluster.sh up)"]
 async fn a_registration_naming_a_socket_outside_the_plugin_directory_is_refused() {
-    use hyper_util::rt::TokioIo;
-    use rkubelet::cm::devicemanager::api::{
-        RegisterRequest, registration_client::RegistrationClient,
-    };
     let _cleanup = NodeCleanup;
     let _case = Case::with_agent("dp-endpoint", &[]).await;
     let socket = registration_socket().await;
-    let channel = tonic::transport::Endpoint::from_static("http://kubelet.local")
-        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
-            let path = socket.clone();
-            async move {
-                tokio::net::UnixStream::connect(path)
-                    .await
-                    .map(TokioIo::new)
-            }
-        }))
-        .await
-        .expect("connecting to the registration socket");
-    let mut client = RegistrationClient::new(channel);
-    for endpoint in [
+    let endpoints = [
         "/run/containerd/containerd.sock",
         "../../../../run/containerd/containerd.sock",
         "..",
         "sub/plugin.sock",
-    ] {
-        let refused = client
-            .register(RegisterRequest {
-                version: "v1beta1".into(),
-                endpoint: endpoint.into(),
-                resource_name: RESOURCE.into(),
-                options: None,
-            })
-            .await
-            .expect_err(endpoint);
+    ];
+    let answers = tokio::task::spawn_blocking(move || register_each(&socket, &endpoints))
+        .await
+        .expect("the registering thread");
+    assert_eq!(answers.len(), endpoints.len());
+    for (endpoint, answer) in endpoints.iter().zip(answers) {
+        let refused = answer.expect_err(endpoint);
         assert_eq!(
             refused.message(),
             format!(
