@@ -36,6 +36,13 @@ NODE_IP="198.18.0.1"
 
 CONTAINERD_SOCK="/run/containerd/containerd.sock"
 KUBECONFIG_ADMIN="$RKUBELET_STATE/pki/admin.kubeconfig"
+# The main job's agents run with kind's node settings (as the kind-style node does): no disk
+# eviction and no image garbage collection. A shared developer machine's disk is often more
+# than 85-90% full; with the kubelet's defaults (nodefs.available<10%, imagefs.available<15%,
+# image GC at 85%) the node would be tainted with DiskPressure and the seed's Deployment
+# never scheduled.
+# shellcheck disable=SC2034  # used by the scripts that source this file
+KIND_AGENT_FLAGS=(--eviction-hard="nodefs.available<0%,nodefs.inodesFree<0%,imagefs.available<0%" --image-gc-high-threshold=100)
 
 log() { printf '[%s %(%H:%M:%S)T] %s\n' "$(basename "$0" .sh)" -1 "$*" >&2; }
 die() { log "error: $*"; exit 1; }

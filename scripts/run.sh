@@ -101,7 +101,7 @@ elif ((vm == 1)); then
     "join to Ready ${join} s, 3 replicas rolled out in ${deployed} s (software emulation: every process is slow)"
   log "inside the VM: bash scripts/cluster.sh vm-exec $vm_node journalctl -u kubelet"
 elif ((nodes > 1)); then
-  bash scripts/cluster.sh start-agents --binary "$rk" --pod-network-routes "$routes"
+  bash scripts/cluster.sh start-agents --binary "$rk" --pod-network-routes "$routes" -- "${KIND_AGENT_FLAGS[@]}"
   log "waiting for $nodes nodes to be Ready"
   for ((i = 1; i <= nodes; i++)); do
     wait_node_ready "rk-host$i" 120 "see $RKUBELET_STATE/logs/rkubelet@rk-host$i.log"
@@ -140,7 +140,8 @@ else
     --resolv-conf "" \
     --address "$NODE_IP" --client-ca-file "$RKUBELET_STATE/pki/ca.crt" \
     --tls-cert-file "$RKUBELET_STATE/pki/node-$NODE_NAME-serving.crt" \
-    --tls-private-key-file "$RKUBELET_STATE/pki/node-$NODE_NAME-serving.key"
+    --tls-private-key-file "$RKUBELET_STATE/pki/node-$NODE_NAME-serving.key" \
+    "${KIND_AGENT_FLAGS[@]}"
   log "waiting for node $NODE_NAME to be Ready"
   wait_node_ready "$NODE_NAME" 60
   k create deployment nginx --image=nginx --replicas=3
