@@ -85,7 +85,7 @@ async fn configz_gives_back_the_file_and_a_flags_override_over_the_defaults() {
     std::fs::write(
         &config,
         "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
-         maxPods: 23\nimageGCHighThresholdPercent: 90\nevictionPressureTransitionPeriod: 45s\n\
+         maxPods: 23\nimageGCLowThresholdPercent: 70\nevictionPressureTransitionPeriod: 45s\n\
          clusterDomain: file.test\nclusterDNS: [10.96.0.10]\n",
     )
     .expect("config");
@@ -106,7 +106,9 @@ async fn configz_gives_back_the_file_and_a_flags_override_over_the_defaults() {
         serde_json::from_str(&proxied("/configz").await).expect("JSON");
     let config = &configz["kubeletconfig"];
     assert_eq!(config["maxPods"], 31, "the flag over the file: {configz}");
-    assert_eq!(config["imageGCHighThresholdPercent"], 90);
+    assert_eq!(config["imageGCLowThresholdPercent"], 70);
+    // The test agents' own `--image-gc-high-threshold` (image GC off).
+    assert_eq!(config["imageGCHighThresholdPercent"], 100);
     assert_eq!(config["evictionPressureTransitionPeriod"], "45s");
     assert_eq!(config["clusterDomain"], "file.test");
     assert_eq!(config["clusterDNS"], json!(["10.96.0.10"]));
