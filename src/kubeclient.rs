@@ -99,6 +99,7 @@ pub fn build_with_identity(
         )
         .option_layer(config.auth_layer()?)
         .layer(config.extra_headers_layer()?)
+        .layer(RestClientMetricsLayer)
         .service(hyper.map_err(BoxError::from));
     Ok(kube::Client::new(service, config.default_namespace.clone()))
 }
@@ -111,6 +112,89 @@ fn is_stream<B>(req: &hyper::Request<B>) -> bool {
         form_urlencoded::parse(q.as_bytes()).any(|(k, v)| k == "watch" && (v == "true" || v == "1"))
     });
     watch || req.headers().contains_key(hyper::header::UPGRADE)
+}
+
+/// Records each request to the API server as client-go's `rest_client_*` metrics: by
+/// status code (`<error>` without an answer), host and method, and its latency to the
+/// response by verb and URL template ([`url_template`]).
+#[derive(Debug, Clone, Copy)]
+struct RestClientMetricsLayer;
+
+impl<S> Layer<S> for RestClientMetricsLayer {
+    type Service = RestClientMetrics<S>;
+    fn layer(&self, inner: S) -> RestClientMetrics<S> {
+        RestClientMetrics(inner)
+    }
+}
+
+/// See [`RestClientMetricsLayer`].
+#[derive(Debug, Clone)]
+struct RestClientMetrics<S>(S);
+
+impl<S, B, RB> Service<hyper::Request<B>> for RestClientMetrics<S>
+where
+    S: Service<hyper::Request<B>, Response = hyper::Response<RB>>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: hyper::Request<B>) -> Self::Future {
+        let method = req.method().as_str().to_owned();
+        let host = req
+            .uri()
+            .authority()
+            .map(|a| a.as_str().to_owned())
+            .unwrap_or_default();
+        let url = url_template(req.uri());
+        let started = std::time::Instant::now();
+        let response = self.0.call(req);
+        Box::pin(async move {
+            let result = response.await;
+            let code = match &result {
+                Ok(r) => r.status().as_u16().to_string(),
+                Err(_) => "<error>".to_owned(),
+            };
+            crate::metrics::global().observe_rest_request(
+                &method,
+                &host,
+                &url,
+                &code,
+                started.elapsed(),
+            );
+            result
+        })
+    }
+}
+
+/// A request's URL as client-go labels its latency: scheme, host and path, with the
+/// namespace and the object's name replaced by `{namespace}` and `{name}` (written
+/// URL-escaped, as Go's `url.URL` writes them), and no query.
+fn url_template(uri: &hyper::Uri) -> String {
+    let mut segments: Vec<&str> = uri.path().split('/').collect();
+    // `/api/v1/...` or `/apis/<group>/<version>/...`: where the resource path starts.
+    let start = match segments.get(1) {
+        Some(&"api") => 3,
+        Some(&"apis") => 4,
+        _ => segments.len(),
+    };
+    let mut i = start;
+    if segments.get(i) == Some(&"namespaces") && segments.len() > i + 2 {
+        segments[i + 1] = "%7Bnamespace%7D";
+        i += 2;
+    }
+    // <resource>/<name>[/<subresource>]
+    if segments.len() > i + 1 {
+        segments[i + 1] = "%7Bname%7D";
+    }
+    let scheme = uri.scheme_str().unwrap_or("https");
+    let host = uri.authority().map_or("", |a| a.as_str());
+    format!("{scheme}://{host}{}", segments.join("/"))
 }
 
 /// Bounds the time to a response of requests that are not streams.
@@ -223,6 +307,29 @@ mod tests {
     use kube::api::WatchParams;
     use tokio::io::AsyncReadExt;
     use tokio::net::TcpListener;
+
+    #[test]
+    fn urls_are_templated_as_client_gos() {
+        let t = |u: &str| url_template(&u.parse().unwrap());
+        assert_eq!(
+            t("https://127.0.0.1:6443/api/v1/namespaces/default/pods/web/status?x=1"),
+            "https://127.0.0.1:6443/api/v1/namespaces/%7Bnamespace%7D/pods/%7Bname%7D/status"
+        );
+        assert_eq!(
+            t("https://127.0.0.1:6443/api/v1/nodes/n1"),
+            "https://127.0.0.1:6443/api/v1/nodes/%7Bname%7D"
+        );
+        assert_eq!(
+            t(
+                "https://127.0.0.1:6443/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/n1"
+            ),
+            "https://127.0.0.1:6443/apis/coordination.k8s.io/v1/namespaces/%7Bnamespace%7D/leases/%7Bname%7D"
+        );
+        assert_eq!(
+            t("https://127.0.0.1:6443/api/v1/pods?fieldSelector=spec.nodeName%3Dn1"),
+            "https://127.0.0.1:6443/api/v1/pods"
+        );
+    }
 
     /// An API server that accepts connections and reads requests but never answers: what a
     /// client sees through a half-open connection. Returns its address and a channel with

@@ -1,174 +1,227 @@
-//! The kubelet's metrics registry (the recording side of the kubelet's `pkg/kubelet/metrics`):
-//! the histograms and counters of pod start latency, CRI operations, pod worker syncs and
-//! HTTP requests, process-wide so that the CRI client and the pod workers record with one
-//! call and no plumbing, and the Prometheus text exposition of one sample or histogram
-//! (version 0.0.4). It must not know who serves it: the kubelet API server renders the
-//! families on `/metrics` ([`crate::server::metrics`]).
+//! The kubelet's metrics registry (the recording side of the kubelet's `pkg/kubelet/metrics`
+//! and of the metrics its other packages register: the PLEG, the pod workers, the cgroup
+//! manager, the volume manager and its operations, the eviction manager, the certificate
+//! managers, the HTTP server and the API client), process-wide so that each of those
+//! records with one call and no plumbing; and the exposition every endpoint writes with
+//! `prometheus-client` (the Prometheus project's Rust client): OpenMetrics 1.0 text, which
+//! Prometheus asks for first. The kubelet's names, types, buckets and labels. It must not
+//! know who serves it: the kubelet API server renders its pages ([`crate::server`]).
+//!
+//! Two things the library does not do as the kubelet's registry does, and how they are met
+//! here: a counter whose name has no `_total` (`kubelet_evictions`,
+//! `kubelet_pleg_discard_events`, the certificate renewal errors) is a [`PlainCounter`],
+//! typed `counter` with its name as the kubelet's (Prometheus reads it so); help texts are
+//! written as given ([`Page`] encodes its families itself, where the library's registry
+//! would end them with a full stop).
+//! What it cannot do: give a sample its own timestamp (so `/metrics/cadvisor` and
+//! `/metrics/resource`, whose samples carry the time of their reading as the kubelet's do,
+//! are written by hand by the server), and write `le` labels as Go does
+//! (`1.0`, not `1`: the same bucket to Prometheus, whose `histogram_quantile` merges them).
 
-use crate::lock::lock;
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::sync::{LazyLock, Mutex};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
-/// Buckets of `kubelet_pod_start_duration_seconds`, as in the kubelet.
-const POD_START_BUCKETS: &[f64] = &[
-    0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 20.0, 30.0, 45.0, 60.0, 120.0, 180.0, 240.0,
-    300.0, 360.0, 480.0, 600.0, 900.0, 1200.0, 1800.0, 2700.0, 3600.0,
-];
-/// Buckets of `kubelet_runtime_operations_duration_seconds`: exponential from 5 ms by 2.5,
-/// 14 buckets, as in the kubelet.
-const RUNTIME_BUCKETS: &[f64] = &[
-    0.005,
-    0.0125,
-    0.03125,
-    0.078125,
-    0.1953125,
-    0.48828125,
-    1.220703125,
-    3.0517578125,
-    7.62939453125,
-    19.073486328125,
-    47.6837158203125,
-    119.20928955078125,
-    298.0232238769531,
-    745.0580596923828,
-];
-/// Prometheus' default buckets, used by the kubelet for pod worker durations.
-const DEFAULT_BUCKETS: &[f64] = &[
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeLabelValue, EncodeMetric, LabelValueEncoder, MetricEncoder,
+};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::metrics::{MetricType, TypedMetric};
+use prometheus_client::registry::{Metric, Registry};
+
+use crate::lock::lock;
+
+/// The content type of every page.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Prometheus' default buckets (client_golang's `DefBuckets`), which most kubelet
+/// histograms use.
+pub const DEFAULT_BUCKETS: [f64; 11] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
+/// Buckets of `storage_operation_duration_seconds` (the kubelet's volume util).
+const STORAGE_BUCKETS: [f64; 13] = [
+    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 25.0, 50.0, 120.0, 300.0, 600.0,
+];
+/// Buckets of `rest_client_request_duration_seconds` (client-go's, exponential from 1 ms
+/// by 2, 10 buckets).
+const REST_CLIENT_BUCKETS: [f64; 10] = [
+    0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512,
+];
 
-/// A histogram with fixed upper bounds; counts are per bucket, made cumulative when
-/// rendered.
-#[derive(Debug, Clone)]
-pub struct Histogram {
-    bounds: &'static [f64],
-    counts: Vec<u64>,
-    sum: f64,
-    count: u64,
-}
+/// A label value. Cheap to clone: the same value is in many samples of a page.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Value(Arc<str>);
 
-impl Histogram {
-    /// An empty histogram with these upper bounds (ascending; `+Inf` is implied).
-    #[must_use]
-    pub fn new(bounds: &'static [f64]) -> Self {
-        Self {
-            bounds,
-            counts: vec![0; bounds.len()],
-            sum: 0.0,
-            count: 0,
-        }
-    }
-
-    /// Records one value.
-    pub fn observe(&mut self, value: f64) {
-        if let Some(i) = self.bounds.iter().position(|b| value <= *b) {
-            self.counts[i] += 1;
-        }
-        self.sum += value;
-        self.count += 1;
-    }
-
-    /// How many values were recorded.
-    #[must_use]
-    pub fn count(&self) -> u64 {
-        self.count
-    }
-
-    pub(crate) fn render(&self, out: &mut String, name: &str, labels: &[(&str, &str)]) {
-        let mut cumulative = 0;
-        for (bound, n) in self.bounds.iter().zip(&self.counts) {
-            cumulative += n;
-            let le = format_float(*bound);
-            sample(
-                out,
-                &format!("{name}_bucket"),
-                &with(labels, "le", &le),
-                cumulative,
-            );
-        }
-        sample(
-            out,
-            &format!("{name}_bucket"),
-            &with(labels, "le", "+Inf"),
-            self.count,
-        );
-        sample(out, &format!("{name}_sum"), labels, format_float(self.sum));
-        sample(out, &format!("{name}_count"), labels, self.count);
+impl From<&str> for Value {
+    fn from(v: &str) -> Self {
+        Self(v.into())
     }
 }
 
-fn with<'a>(labels: &[(&'a str, &'a str)], k: &'a str, v: &'a str) -> Vec<(&'a str, &'a str)> {
-    let mut all = labels.to_vec();
-    all.push((k, v));
-    all
-}
-
-/// Go's `%g`-like formatting Prometheus parses: integers without a fraction.
-pub(crate) fn format_float(v: f64) -> String {
-    if v.is_infinite() {
-        if v > 0.0 { "+Inf" } else { "-Inf" }.to_owned()
-    } else {
-        format!("{v}")
+impl From<String> for Value {
+    fn from(v: String) -> Self {
+        Self(v.into())
     }
 }
 
-/// Escapes a label value: backslash, double quote and line feed.
+impl EncodeLabelValue for Value {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        // The text encoder escapes what it is given (backslash, double quote, line feed).
+        encoder.write_str(&self.0)
+    }
+}
+
+/// A sample's labels, in the order they are written.
+pub type Labels = Vec<(&'static str, Value)>;
+
+/// Labels from pairs of names and values.
 #[must_use]
-pub fn escape_label_value(v: &str) -> String {
-    let mut out = String::with_capacity(v.len());
-    for c in v.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '"' => out.push_str("\\\""),
-            '\n' => out.push_str("\\n"),
-            c => out.push(c),
+pub fn labels<const N: usize>(pairs: [(&'static str, &str); N]) -> Labels {
+    pairs
+        .into_iter()
+        .map(|(k, v)| (k, Value::from(v)))
+        .collect()
+}
+
+/// A counter whose name is the kubelet's without `_total` (`kubelet_evictions`): typed
+/// `counter`, written under its own name.
+#[derive(Debug, Clone, Default)]
+pub struct PlainCounter(Counter);
+
+impl PlainCounter {
+    /// Counts one.
+    pub fn inc(&self) {
+        self.0.inc();
+    }
+
+    /// The count.
+    #[must_use]
+    pub fn get(&self) -> u64 {
+        self.0.get()
+    }
+}
+
+impl TypedMetric for PlainCounter {
+    const TYPE: MetricType = MetricType::Counter;
+}
+
+impl EncodeMetric for PlainCounter {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        encoder.encode_gauge(&self.0.get())
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Counter
+    }
+}
+
+/// Samples read at scrape time: a family of constant metrics.
+#[derive(Debug)]
+pub struct Samples<M>(pub Vec<(Labels, M)>);
+
+impl<M> Default for Samples<M> {
+    fn default() -> Self {
+        Self(Vec::new())
+    }
+}
+
+impl<M> Samples<M> {
+    /// Adds one sample.
+    pub fn push(&mut self, labels: Labels, metric: M) {
+        self.0.push((labels, metric));
+    }
+}
+
+impl<M: EncodeMetric + TypedMetric> EncodeMetric for Samples<M> {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        // One sample without labels is written without `{}` after its name.
+        if let [(labels, metric)] = self.0.as_slice()
+            && labels.is_empty()
+        {
+            return metric.encode(encoder);
+        }
+        for (labels, metric) in &self.0 {
+            metric.encode(encoder.encode_family(labels)?)?;
+        }
+        Ok(())
+    }
+
+    fn metric_type(&self) -> MetricType {
+        M::TYPE
+    }
+}
+
+/// One page: families in the order they are added, each written with its name and help as
+/// given; a family of [`Samples`] with none is left out, as client_golang leaves it.
+#[derive(Debug, Default)]
+pub struct Page(Vec<(&'static str, &'static str, Box<dyn Metric>)>);
+
+impl Page {
+    /// Adds a family.
+    pub fn add(&mut self, name: &'static str, help: &'static str, metric: impl Metric) {
+        self.0.push((name, help, Box::new(metric)));
+    }
+
+    /// Adds a family of samples read now, unless there is none.
+    pub fn add_samples<M>(&mut self, name: &'static str, help: &'static str, samples: Samples<M>)
+    where
+        Samples<M>: Metric,
+    {
+        if !samples.0.is_empty() {
+            self.add(name, help, samples);
         }
     }
-    out
-}
 
-/// Writes one sample line.
-pub(crate) fn sample(
-    out: &mut String,
-    name: &str,
-    labels: &[(&str, &str)],
-    value: impl std::fmt::Display,
-) {
-    sample_at(out, name, labels, value, None);
-}
-
-/// Writes one sample line, with an explicit timestamp (milliseconds since the epoch) if
-/// given, as the kubelet's collectors with timestamps write theirs.
-pub(crate) fn sample_at(
-    out: &mut String,
-    name: &str,
-    labels: &[(&str, &str)],
-    value: impl std::fmt::Display,
-    timestamp_ms: Option<i64>,
-) {
-    out.push_str(name);
-    if !labels.is_empty() {
-        out.push('{');
-        for (i, (k, v)) in labels.iter().enumerate() {
-            if i > 0 {
-                out.push(',');
-            }
-            let _ = write!(out, "{k}=\"{}\"", escape_label_value(v));
+    /// The OpenMetrics text of the page, `# EOF` included.
+    #[must_use]
+    pub fn render(self) -> String {
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(self));
+        let mut out = String::with_capacity(16 * 1024);
+        // Writing to a String does not fail; a metric's encoder could only fail on it.
+        if prometheus_client::encoding::text::encode(&mut out, &registry).is_err() {
+            out.clear();
+            let _ = writeln!(out, "# EOF");
         }
-        out.push('}');
+        out
     }
-    let _ = match timestamp_ms {
-        Some(ms) => writeln!(out, " {value} {ms}"),
-        None => writeln!(out, " {value}"),
-    };
 }
 
-/// Writes a family's `# HELP` and `# TYPE` lines.
-pub(crate) fn header(out: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} {kind}");
+impl Collector for Page {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        for (name, help, metric) in &self.0 {
+            let metric_encoder =
+                encoder.encode_descriptor(name, help, None, metric.metric_type())?;
+            metric.encode(metric_encoder)?;
+        }
+        Ok(())
+    }
+}
+
+/// A family of histograms with fixed buckets.
+pub type HistogramFamily = Family<Labels, Histogram, fn() -> Histogram>;
+
+fn default_histogram() -> Histogram {
+    Histogram::new(DEFAULT_BUCKETS)
+}
+
+fn runtime_histogram() -> Histogram {
+    // Exponential from 5 ms by 2.5, 14 buckets, as the kubelet's.
+    Histogram::new(exponential_buckets(0.005, 2.5, 14))
+}
+
+fn storage_histogram() -> Histogram {
+    Histogram::new(STORAGE_BUCKETS)
+}
+
+fn rest_client_histogram() -> Histogram {
+    Histogram::new(REST_CLIENT_BUCKETS)
 }
 
 /// The kubelet's `operation_type` of a CRI RPC: `RunPodSandbox` → `run_podsandbox`,
@@ -189,67 +242,298 @@ pub fn operation_type(rpc: &str) -> String {
     out.replace("pod_sandbox", "podsandbox")
 }
 
-#[derive(Debug)]
-pub(crate) struct RuntimeOperation {
-    pub(crate) duration: Histogram,
-    pub(crate) errors: u64,
+/// The volumes of the pods the volume manager holds, by plugin: those it should have
+/// (desired) and those it set up (actual), per pod UID.
+#[derive(Debug, Default)]
+pub struct VolumeCounts(Mutex<HashMap<String, PodVolumePlugins>>);
+
+/// A pod's volume plugins: (desired, actual).
+type PodVolumePlugins = (Vec<&'static str>, Vec<&'static str>);
+
+impl VolumeCounts {
+    /// The plugins of `uid`'s volumes: the ones wanted, and the ones set up.
+    pub fn set_pod(&self, uid: &str, desired: Vec<&'static str>, actual: Vec<&'static str>) {
+        lock(&self.0).insert(uid.to_owned(), (desired, actual));
+    }
+
+    /// The plugins of the volumes set up for `uid`.
+    #[must_use]
+    pub fn plugins_of(&self, uid: &str) -> Vec<&'static str> {
+        lock(&self.0)
+            .get(uid)
+            .map(|(_, actual)| actual.clone())
+            .unwrap_or_default()
+    }
+
+    /// `uid`'s volumes are gone.
+    pub fn forget_pod(&self, uid: &str) {
+        lock(&self.0).remove(uid);
+    }
+
+    /// `volume_manager_total_volumes`: counts by plugin and state, sorted.
+    #[must_use]
+    pub fn totals(&self) -> Vec<(&'static str, &'static str, u64)> {
+        let mut counts: std::collections::BTreeMap<(&'static str, &'static str), u64> =
+            std::collections::BTreeMap::new();
+        for (desired, actual) in lock(&self.0).values() {
+            for plugin in desired {
+                *counts
+                    .entry((*plugin, "desired_state_of_world"))
+                    .or_default() += 1;
+            }
+            for plugin in actual {
+                *counts
+                    .entry((*plugin, "actual_state_of_world"))
+                    .or_default() += 1;
+            }
+        }
+        counts
+            .into_iter()
+            .map(|((plugin, state), n)| (plugin, state, n))
+            .collect()
+    }
 }
 
-/// The agent's metrics.
+/// When the certificates in use expire (seconds since the epoch), for the TTL gauges.
+#[derive(Debug, Default)]
+pub struct CertificateExpiry {
+    client: Mutex<Option<i64>>,
+    server: Mutex<Option<i64>>,
+}
+
+impl CertificateExpiry {
+    /// The client certificate now in use expires at `not_after`.
+    pub fn set_client(&self, not_after: i64) {
+        *lock(&self.client) = Some(not_after);
+    }
+
+    /// The serving certificate now in use expires at `not_after`.
+    pub fn set_server(&self, not_after: i64) {
+        *lock(&self.server) = Some(not_after);
+    }
+
+    /// (client, server) expiry, where known.
+    #[must_use]
+    pub fn get(&self) -> (Option<i64>, Option<i64>) {
+        (*lock(&self.client), *lock(&self.server))
+    }
+}
+
+/// The agent's metrics: live instruments, written to by the code that does the work.
 #[derive(Debug)]
 pub struct Metrics {
-    pub(crate) pod_start: Mutex<Histogram>,
-    pub(crate) runtime: Mutex<BTreeMap<String, RuntimeOperation>>,
-    pub(crate) pod_worker: Mutex<BTreeMap<&'static str, Histogram>>,
-    pub(crate) http: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
+    /// `kubelet_pod_start_duration_seconds`.
+    pub pod_start: Histogram,
+    /// `kubelet_pod_worker_duration_seconds{operation_type}`.
+    pub pod_worker: HistogramFamily,
+    /// `kubelet_pod_worker_start_duration_seconds`.
+    pub pod_worker_start: Histogram,
+    /// `kubelet_containers_per_pod_count`.
+    pub containers_per_pod: Histogram,
+    /// `kubelet_runtime_operations_total{operation_type}`.
+    pub runtime_operations: Family<Labels, Counter>,
+    /// `kubelet_runtime_operations_errors_total{operation_type}`.
+    pub runtime_errors: Family<Labels, Counter>,
+    /// `kubelet_runtime_operations_duration_seconds{operation_type}`.
+    pub runtime_duration: HistogramFamily,
+    /// `kubelet_run_podsandbox_duration_seconds{runtime_handler}`.
+    pub run_podsandbox_duration: HistogramFamily,
+    /// `kubelet_run_podsandbox_errors_total{runtime_handler}`.
+    pub run_podsandbox_errors: Family<Labels, Counter>,
+    /// `kubelet_cgroup_manager_duration_seconds{operation_type}`.
+    pub cgroup_manager: HistogramFamily,
+    /// `kubelet_pleg_relist_duration_seconds`.
+    pub pleg_relist_duration: Histogram,
+    /// `kubelet_pleg_relist_interval_seconds`.
+    pub pleg_relist_interval: Histogram,
+    /// `kubelet_pleg_last_seen_seconds`.
+    pub pleg_last_seen: Gauge<f64, std::sync::atomic::AtomicU64>,
+    /// `kubelet_pleg_discard_events`.
+    pub pleg_discard_events: PlainCounter,
+    /// `kubelet_evictions{eviction_signal}`.
+    pub evictions: Family<Labels, PlainCounter>,
+    /// `kubelet_http_requests_total{method,path,server_type,long_running}`.
+    pub http_requests: Family<Labels, Counter>,
+    /// `kubelet_http_requests_duration_seconds{method,path,server_type,long_running}`.
+    pub http_duration: HistogramFamily,
+    /// `kubelet_http_inflight_requests{method,path,server_type,long_running}`.
+    pub http_inflight: Family<Labels, Gauge>,
+    /// `storage_operation_duration_seconds{volume_plugin,operation_name}`.
+    pub storage_duration: HistogramFamily,
+    /// `storage_operation_errors_total{volume_plugin,operation_name}`.
+    pub storage_errors: Family<Labels, Counter>,
+    /// `storage_operation_status_count{volume_plugin,operation_name,status}`.
+    pub storage_status: Family<Labels, PlainCounter>,
+    /// `volume_manager_total_volumes{plugin_name,state}`, counted at scrape time.
+    pub volumes: VolumeCounts,
+    /// `rest_client_requests_total{code,host,method}`.
+    pub rest_requests: Family<Labels, Counter>,
+    /// `rest_client_request_duration_seconds{url,verb}`.
+    pub rest_duration: HistogramFamily,
+    /// `kubelet_certificate_manager_client_expiration_renew_errors`.
+    pub client_renew_errors: PlainCounter,
+    /// `kubelet_server_expiration_renew_errors`.
+    pub server_renew_errors: PlainCounter,
+    /// The certificates' expiry, for `kubelet_certificate_manager_{client,server}_ttl_seconds`.
+    pub certificates: CertificateExpiry,
 }
 
 impl Default for Metrics {
     fn default() -> Self {
         Self {
-            pod_start: Mutex::new(Histogram::new(POD_START_BUCKETS)),
-            runtime: Mutex::default(),
-            pod_worker: Mutex::default(),
-            http: Mutex::default(),
+            pod_start: default_histogram(),
+            pod_worker: Family::new_with_constructor(default_histogram),
+            pod_worker_start: default_histogram(),
+            containers_per_pod: default_histogram(),
+            runtime_operations: Family::default(),
+            runtime_errors: Family::default(),
+            runtime_duration: Family::new_with_constructor(runtime_histogram),
+            run_podsandbox_duration: Family::new_with_constructor(default_histogram),
+            run_podsandbox_errors: Family::default(),
+            cgroup_manager: Family::new_with_constructor(default_histogram),
+            pleg_relist_duration: default_histogram(),
+            pleg_relist_interval: default_histogram(),
+            pleg_last_seen: Gauge::default(),
+            pleg_discard_events: PlainCounter::default(),
+            evictions: Family::default(),
+            http_requests: Family::default(),
+            http_duration: Family::new_with_constructor(default_histogram),
+            http_inflight: Family::default(),
+            storage_duration: Family::new_with_constructor(storage_histogram),
+            storage_errors: Family::default(),
+            storage_status: Family::default(),
+            volumes: VolumeCounts::default(),
+            rest_requests: Family::default(),
+            rest_duration: Family::new_with_constructor(rest_client_histogram),
+            client_renew_errors: PlainCounter::default(),
+            server_renew_errors: PlainCounter::default(),
+            certificates: CertificateExpiry::default(),
         }
+    }
+}
+
+/// The labels of an HTTP request to the kubelet API.
+fn http_labels(method: &'static str, path: &'static str, long_running: bool) -> Labels {
+    labels([
+        ("method", method),
+        ("path", path),
+        ("server_type", "readwrite"),
+        ("long_running", if long_running { "true" } else { "false" }),
+    ])
+}
+
+/// A request to the kubelet API being served: in flight until dropped, then counted with
+/// its duration.
+#[derive(Debug)]
+pub struct HttpRequest {
+    labels: Labels,
+    started: std::time::Instant,
+    metrics: &'static Metrics,
+}
+
+impl Drop for HttpRequest {
+    fn drop(&mut self) {
+        self.metrics.http_inflight.get_or_create(&self.labels).dec();
+        self.metrics
+            .http_duration
+            .get_or_create(&self.labels)
+            .observe(self.started.elapsed().as_secs_f64());
     }
 }
 
 impl Metrics {
     /// Records one CRI call.
     pub fn observe_runtime_operation(&self, rpc: &str, elapsed: Duration, failed: bool) {
-        let mut ops = lock(&self.runtime);
-        let op = ops
-            .entry(operation_type(rpc))
-            .or_insert_with(|| RuntimeOperation {
-                duration: Histogram::new(RUNTIME_BUCKETS),
-                errors: 0,
-            });
-        op.duration.observe(elapsed.as_secs_f64());
+        let labels = vec![("operation_type", Value::from(operation_type(rpc)))];
+        self.runtime_operations.get_or_create(&labels).inc();
+        self.runtime_duration
+            .get_or_create(&labels)
+            .observe(elapsed.as_secs_f64());
         if failed {
-            op.errors += 1;
+            self.runtime_errors.get_or_create(&labels).inc();
+        }
+        if rpc == "RunPodSandbox" {
+            // The default runtime handler: rkubelet asks for no RuntimeClass's.
+            let handler = labels_of_handler();
+            self.run_podsandbox_duration
+                .get_or_create(&handler)
+                .observe(elapsed.as_secs_f64());
+            if failed {
+                self.run_podsandbox_errors.get_or_create(&handler).inc();
+            }
         }
     }
 
-    /// Records how long a pod took from acknowledgement to running.
-    pub fn observe_pod_start(&self, elapsed: Duration) {
-        lock(&self.pod_start).observe(elapsed.as_secs_f64());
+    /// Counts one request to the kubelet API, by method and route, in flight until the
+    /// answer is dropped. Both labels come from fixed sets (see the server's
+    /// `method_label`): requests are counted before they are authenticated, so nothing a
+    /// caller invents may become a new series.
+    #[must_use]
+    pub fn http_request(
+        &'static self,
+        method: &'static str,
+        path: &'static str,
+        long_running: bool,
+    ) -> HttpRequest {
+        let labels = http_labels(method, path, long_running);
+        self.http_requests.get_or_create(&labels).inc();
+        self.http_inflight.get_or_create(&labels).inc();
+        HttpRequest {
+            labels,
+            started: std::time::Instant::now(),
+            metrics: self,
+        }
     }
 
-    /// Records one pod worker sync.
-    pub fn observe_pod_worker(&self, operation: &'static str, elapsed: Duration) {
-        lock(&self.pod_worker)
-            .entry(operation)
-            .or_insert_with(|| Histogram::new(DEFAULT_BUCKETS))
+    /// Records one storage operation (`volume_mount`, `volume_unmount`, ...) of a volume
+    /// plugin (`kubernetes.io/secret`, ...).
+    pub fn observe_storage_operation(
+        &self,
+        plugin: &'static str,
+        operation: &'static str,
+        elapsed: Duration,
+        failed: bool,
+    ) {
+        let operation_labels = labels([("volume_plugin", plugin), ("operation_name", operation)]);
+        if failed {
+            self.storage_errors.get_or_create(&operation_labels).inc();
+        } else {
+            self.storage_duration
+                .get_or_create(&operation_labels)
+                .observe(elapsed.as_secs_f64());
+        }
+        let status = labels([
+            ("volume_plugin", plugin),
+            ("operation_name", operation),
+            ("status", if failed { "fail-unknown" } else { "success" }),
+        ]);
+        self.storage_status.get_or_create(&status).inc();
+    }
+
+    /// Records one request of the API client.
+    pub fn observe_rest_request(
+        &self,
+        method: &str,
+        host: &str,
+        url: &str,
+        code: &str,
+        elapsed: Duration,
+    ) {
+        self.rest_requests
+            .get_or_create(&labels([
+                ("code", code),
+                ("host", host),
+                ("method", method),
+            ]))
+            .inc();
+        self.rest_duration
+            .get_or_create(&labels([("url", url), ("verb", method)]))
             .observe(elapsed.as_secs_f64());
     }
+}
 
-    /// Counts one request to this server, by method and route. Both labels come from
-    /// fixed sets (see the server's `method_label`): requests are counted before they are
-    /// authenticated, so nothing a caller invents may become a new series.
-    pub fn count_http_request(&self, method: &'static str, path: &'static str) {
-        *lock(&self.http).entry((method, path)).or_default() += 1;
-    }
+fn labels_of_handler() -> Labels {
+    labels([("runtime_handler", "")])
 }
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::default);
@@ -267,12 +551,72 @@ pub fn observe_runtime_operation(rpc: &str, elapsed: Duration, failed: bool) {
 
 /// Records a pod's start latency in the process's metrics (called by the pod sync).
 pub fn observe_pod_start(elapsed: Duration) {
-    METRICS.observe_pod_start(elapsed);
+    METRICS.pod_start.observe(elapsed.as_secs_f64());
 }
 
 /// Records one pod worker sync in the process's metrics (called by the pod workers).
 pub fn observe_pod_worker(operation: &'static str, elapsed: Duration) {
-    METRICS.observe_pod_worker(operation, elapsed);
+    METRICS
+        .pod_worker
+        .get_or_create(&labels([("operation_type", operation)]))
+        .observe(elapsed.as_secs_f64());
+}
+
+/// Records how long a new pod waited for its worker to start (called by the pod workers).
+pub fn observe_pod_worker_start(elapsed: Duration) {
+    METRICS.pod_worker_start.observe(elapsed.as_secs_f64());
+}
+
+/// Records the number of containers of a new pod (called by the pod workers).
+pub fn observe_containers_per_pod(containers: usize) {
+    #[allow(clippy::cast_precision_loss)] // a pod's containers
+    METRICS.containers_per_pod.observe(containers as f64);
+}
+
+/// Records one eviction by its signal (`memory.available`, ...) (called by the eviction
+/// manager).
+pub fn count_eviction(signal: &str) {
+    METRICS
+        .evictions
+        .get_or_create(&labels([("eviction_signal", signal)]))
+        .inc();
+}
+
+/// Records the duration of one cgroup manager operation (`create`, `update`, `destroy`).
+pub fn observe_cgroup_manager(operation: &'static str, elapsed: Duration) {
+    METRICS
+        .cgroup_manager
+        .get_or_create(&labels([("operation_type", operation)]))
+        .observe(elapsed.as_secs_f64());
+}
+
+/// Records one PLEG relist: how long it took, the interval since the one before (if any),
+/// and when it ended (seconds since the epoch).
+pub fn observe_pleg_relist(duration: Duration, interval: Option<Duration>, at_epoch_s: f64) {
+    METRICS.pleg_relist_duration.observe(duration.as_secs_f64());
+    if let Some(interval) = interval {
+        METRICS.pleg_relist_interval.observe(interval.as_secs_f64());
+    }
+    METRICS.pleg_last_seen.set(at_epoch_s);
+}
+
+/// The client certificate (`serving` false) or the serving one now in use expires at
+/// `not_after_s` (seconds since the epoch) (called by the certificate managers).
+pub fn certificate_in_use(serving: bool, not_after_s: i64) {
+    if serving {
+        METRICS.certificates.set_server(not_after_s);
+    } else {
+        METRICS.certificates.set_client(not_after_s);
+    }
+}
+
+/// Counts one failed renewal of the client (`serving` false) or serving certificate.
+pub fn count_certificate_renew_error(serving: bool) {
+    if serving {
+        METRICS.server_renew_errors.inc();
+    } else {
+        METRICS.client_renew_errors.inc();
+    }
 }
 
 #[cfg(test)]
@@ -289,25 +633,69 @@ mod tests {
     }
 
     #[test]
-    fn histograms_are_cumulative_with_sum_and_count() {
-        let mut h = Histogram::new(&[0.1, 1.0]);
+    fn a_page_writes_names_helps_types_and_escaped_labels_as_given() {
+        let counter = PlainCounter::default();
+        counter.inc();
+        let histogram = Histogram::new([0.1, 1.0]);
         for v in [0.05, 0.5, 0.7, 3.0] {
-            h.observe(v);
+            histogram.observe(v);
         }
-        let mut out = String::new();
-        h.render(&mut out, "x", &[("a", "b")]);
+        let mut gauges = Samples::default();
+        gauges.push(
+            labels([("a", "x\"y\\z\nw")]),
+            prometheus_client::metrics::gauge::ConstGauge::new(2.5),
+        );
+        let mut page = Page::default();
+        page.add("kubelet_evictions", "[ALPHA] Evictions", counter);
+        page.add("h_seconds", "A histogram", histogram);
+        page.add_samples("g", "A gauge", gauges);
+        page.add_samples(
+            "empty",
+            "No samples",
+            Samples::<prometheus_client::metrics::gauge::ConstGauge>::default(),
+        );
         assert_eq!(
-            out,
-            "x_bucket{a=\"b\",le=\"0.1\"} 1\n\
-             x_bucket{a=\"b\",le=\"1\"} 3\n\
-             x_bucket{a=\"b\",le=\"+Inf\"} 4\n\
-             x_sum{a=\"b\"} 4.25\n\
-             x_count{a=\"b\"} 4\n"
+            page.render(),
+            "# HELP kubelet_evictions [ALPHA] Evictions\n\
+             # TYPE kubelet_evictions counter\n\
+             kubelet_evictions 1\n\
+             # HELP h_seconds A histogram\n\
+             # TYPE h_seconds histogram\n\
+             h_seconds_sum 4.25\n\
+             h_seconds_count 4\n\
+             h_seconds_bucket{le=\"0.1\"} 1\n\
+             h_seconds_bucket{le=\"1.0\"} 3\n\
+             h_seconds_bucket{le=\"+Inf\"} 4\n\
+             # HELP g A gauge\n\
+             # TYPE g gauge\n\
+             g{a=\"x\\\"y\\\\z\\nw\"} 2.5\n\
+             # EOF\n"
         );
     }
 
     #[test]
-    fn label_values_are_escaped() {
-        assert_eq!(escape_label_value("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    fn volume_totals_count_by_plugin_and_state() {
+        let v = VolumeCounts::default();
+        v.set_pod(
+            "u1",
+            vec!["kubernetes.io/secret", "kubernetes.io/empty-dir"],
+            vec!["kubernetes.io/secret"],
+        );
+        v.set_pod(
+            "u2",
+            vec!["kubernetes.io/secret"],
+            vec!["kubernetes.io/secret"],
+        );
+        assert_eq!(
+            v.totals(),
+            [
+                ("kubernetes.io/empty-dir", "desired_state_of_world", 1),
+                ("kubernetes.io/secret", "actual_state_of_world", 2),
+                ("kubernetes.io/secret", "desired_state_of_world", 2),
+            ]
+        );
+        v.forget_pod("u1");
+        v.forget_pod("u2");
+        assert!(v.totals().is_empty());
     }
 }

@@ -129,9 +129,20 @@ impl Pleg {
     pub async fn run<C: Cri>(self: Arc<Self>, cri: Arc<C>, on_change: impl Fn(&str) + Send) {
         let mut ticker = tokio::time::interval(RELIST_PERIOD);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut previous_start: Option<Instant> = None;
         loop {
             ticker.tick().await;
-            let new = match relist(cri.as_ref()).await {
+            // As the kubelet's relist: the interval between relists' starts, the duration
+            // of each, and the time it was last seen active.
+            let started = Instant::now();
+            let interval = previous_start.map(|p| started - p);
+            previous_start = Some(started);
+            let listed = relist(cri.as_ref()).await;
+            let epoch_s = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64());
+            crate::metrics::observe_pleg_relist(started.elapsed(), interval, epoch_s);
+            let new = match listed {
                 Ok(r) => r,
                 Err(e) => {
                     tracing::warn!(error = %e, "PLEG relist failed");

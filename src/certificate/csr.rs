@@ -500,7 +500,11 @@ impl<A: CsrApi> Rotation<A> {
     ) -> Result<(), CertificateError> {
         // client-go starts out not knowing the server healthy.
         let mut server_healthy = false;
+        let serving = self.template.signer != KUBELET_CLIENT_SIGNER;
         loop {
+            if let Some(c) = &current {
+                crate::metrics::certificate_in_use(serving, c.info.not_after.as_second());
+            }
             let wait = current.as_ref().map_or(Duration::ZERO, |c| {
                 let deadline =
                     rotation_deadline(c.info.not_before, c.info.not_after, random_fraction());
@@ -527,6 +531,7 @@ impl<A: CsrApi> Rotation<A> {
                 }
                 Err(e) => {
                     tracing::error!(signer = self.template.signer, error = %e, "could not rotate the certificate; retrying");
+                    crate::metrics::count_certificate_renew_error(serving);
                     server_healthy = server_health(&e).unwrap_or(server_healthy);
                     self.expiry_check(current.as_ref(), server_healthy)?;
                     tokio::select! {

@@ -18,6 +18,7 @@
 mod cgroup_manager;
 pub mod cgroupfs;
 pub mod devicemanager;
+mod metrics;
 mod policy;
 mod resource_config;
 mod runtime_driver;
@@ -201,10 +202,11 @@ impl ContainerManager {
         let layout = CgroupLayout::from_mountinfo(&mountinfo).ok_or(CmError::NoCgroups)?;
         let sizes = capacity.hugepages.keys().copied().collect();
         let files = FsCgroups::new(LinuxCgroupFs, layout).with_hugepage_sizes(sizes);
-        let cgroups: Arc<dyn CgroupManager> = match driver {
+        let driver: Arc<dyn CgroupManager> = match driver {
             HostDriver::Cgroupfs => Arc::new(CgroupfsManager::new(files)),
             HostDriver::Systemd(bus) => Arc::new(SystemdManager::new(files, bus.clone())),
         };
+        let cgroups: Arc<dyn CgroupManager> = Arc::new(metrics::Instrumented(driver));
         Ok(Self::new(cgroups, cgroup_root, capacity))
     }
 

@@ -187,6 +187,7 @@ impl<S: StatsSource, E: PodEvictor, R: NodeReclaimer> EvictionManager<S, E, R> {
             self.evictor
                 .evict(pod, &message, HARD_EVICTION_GRACE_SECONDS)
                 .await;
+            crate::metrics::count_eviction(signal.name());
             let uid = pod.metadata.uid.clone().unwrap_or_default();
             return Pass::Evicted(signal, uid);
         }
@@ -239,6 +240,7 @@ impl<S: StatsSource, E: PodEvictor, R: NodeReclaimer> EvictionManager<S, E, R> {
             self.evictor
                 .evict(&pod, &over.message, LOCAL_STORAGE_GRACE_SECONDS)
                 .await;
+            crate::metrics::count_eviction(over.signal.name());
             evicted.push(uid.to_owned());
         }
         evicted

@@ -131,6 +131,11 @@ impl<S: PodSyncer> PodWorkers<S> {
             });
             return;
         }
+        if let PodWork::Sync(pod) = &work {
+            // The kubelet's `kubelet_containers_per_pod_count`, as it handles a new pod.
+            let containers = pod.spec.as_ref().map_or(0, |s| s.containers.len());
+            crate::metrics::observe_containers_per_pod(containers);
+        }
         let (tx, rx) = watch::channel(work);
         let wake = Arc::new(Notify::new());
         workers.insert(
@@ -142,7 +147,13 @@ impl<S: PodSyncer> PodWorkers<S> {
         );
         let this = self.clone();
         let uid = uid.to_owned();
-        tokio::spawn(async move { this.run_worker(uid, rx, wake).await });
+        let seen = std::time::Instant::now();
+        tokio::spawn(async move {
+            // The kubelet's `kubelet_pod_worker_start_duration_seconds`: from seeing the pod
+            // to its worker starting.
+            crate::metrics::observe_pod_worker_start(seen.elapsed());
+            this.run_worker(uid, rx, wake).await;
+        });
     }
 
     /// Wakes a pod's worker for a sync (the runtime state changed).

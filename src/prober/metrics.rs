@@ -62,7 +62,7 @@ pub fn holds(uid: &str) -> bool {
 }
 
 /// Appends the metric's samples, as `(labels, value)`, for the exposition.
-pub fn samples(mut emit: impl FnMut(&[(&str, &str)], u64)) {
+pub fn samples(mut emit: impl FnMut(&[(&'static str, &str)], u64)) {
     for ((_, container, kind), c) in registry().iter() {
         for (i, result) in ["successful", "failed", "unknown"].into_iter().enumerate() {
             let value = c.counts[i].load(Ordering::Relaxed);

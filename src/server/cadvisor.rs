@@ -21,7 +21,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use crate::metrics::{format_float, sample};
+use super::text_format::{format_float, sample};
 use crate::stats::{CgroupInfo, Snapshot};
 
 /// `counter` or `gauge`.

@@ -1,25 +1,39 @@
-//! The kubelet's Prometheus metrics, served on `/metrics` in the text exposition format
-//! (version 0.0.4), with the kubelet's names where the meaning is the same:
+//! `/metrics`: the kubelet's own metrics, as the kubelet v1.20.2 serves them where they
+//! describe something rkubelet does (names, types, buckets, labels; see docs/support.md for
+//! what is left out and why):
 //!
-//! - `kubelet_pod_start_duration_seconds`: from the pod's acknowledgement by the agent
-//!   (its `status.startTime`) until the status first reports it `Running`;
-//! - `kubelet_runtime_operations_total`, `kubelet_runtime_operations_errors_total`,
-//!   `kubelet_runtime_operations_duration_seconds`: every CRI call, by `operation_type`
-//!   (`run_podsandbox`, `create_container`, ...);
-//! - `kubelet_pod_worker_duration_seconds`: one pod worker sync, by `operation_type`
-//!   (`create`, `sync`, `kill`);
-//! - `kubelet_running_pods`, `kubelet_running_containers`: read from the runtime at scrape
-//!   time;
-//! - `kubelet_http_requests_total`: requests to this server, by method and path.
+//! - pod sync: `kubelet_pod_start_duration_seconds` (from the pod's acknowledgement by the
+//!   agent, its `status.startTime`, until the status first reports it `Running`),
+//!   `kubelet_pod_worker_duration_seconds{operation_type}` (`create`, `sync`, `kill`),
+//!   `kubelet_pod_worker_start_duration_seconds`, `kubelet_containers_per_pod_count`;
+//! - the runtime: `kubelet_runtime_operations_total`, `_errors_total`,
+//!   `_duration_seconds{operation_type}` (every CRI call), `kubelet_run_podsandbox_*`,
+//!   `kubelet_running_pods` and `kubelet_running_containers{container_state}` (read from
+//!   the runtime at scrape time), the PLEG's `kubelet_pleg_relist_duration_seconds`,
+//!   `_interval_seconds`, `kubelet_pleg_last_seen_seconds`, `kubelet_pleg_discard_events`;
+//! - the node: `kubelet_node_name{node}`, `kubelet_node_config_error`,
+//!   `kubelet_cgroup_manager_duration_seconds{operation_type}`,
+//!   `kubelet_evictions{eviction_signal}`, the certificate managers' TTLs and renewal
+//!   errors;
+//! - volumes: `volume_manager_total_volumes{plugin_name,state}`,
+//!   `storage_operation_duration_seconds`, `_errors_total`, `_status_count`, and the volume
+//!   gauges of the claims ([`super::volume_metrics`]);
+//! - this server: `kubelet_http_requests_total`, `_duration_seconds`,
+//!   `kubelet_http_inflight_requests`; the API client: `rest_client_requests_total`,
+//!   `rest_client_request_duration_seconds`;
+//! - the process: `kubernetes_build_info` and the standard `process_*` series (from
+//!   `/proc/self`, as client_golang's process collector reads them).
 //!
-//! The recorders live below, in the registry ([`crate::metrics`]), which the CRI client and
-//! the pod workers write; this file only renders it ([`Exposition`]) with what the runtime
-//! runs at scrape time. `prober_probe_total` is on `/metrics/probes`, as in the kubelet.
+//! The recorders live below, in the registry ([`crate::metrics`]), which the modules that
+//! do the work write; this file puts them on one page with what is read at scrape time.
+//! `prober_probe_total` is on `/metrics/probes`, as in the kubelet.
 
 use std::collections::BTreeMap;
 
-use crate::lock::lock;
-use crate::metrics::{Metrics, header, sample};
+use prometheus_client::metrics::gauge::ConstGauge;
+
+use crate::metrics::{Labels, Metrics, Page, Samples, Value, labels};
+use crate::stats::Summary;
 
 /// The `method` label of a request: one of the standard HTTP methods, else `other`.
 #[must_use]
@@ -51,123 +65,380 @@ pub struct RuntimeCounts {
     pub containers: BTreeMap<&'static str, u64>,
 }
 
-/// The text exposition of the registry, as `/metrics` serves it.
-pub trait Exposition {
-    /// The text exposition of every metric.
-    #[must_use]
-    fn render(&self, node_name: &str, runtime: Option<&RuntimeCounts>) -> String;
+/// What a scrape reads besides the registry.
+#[derive(Debug, Default)]
+pub struct ScrapeTime<'a> {
+    /// The node's name.
+    pub node_name: &'a str,
+    /// What the runtime runs (none when it did not answer).
+    pub runtime: Option<&'a RuntimeCounts>,
+    /// The housekeeping's last summary (for the claims' volume gauges).
+    pub summary: Option<&'a Summary>,
+    /// Now, in seconds since the epoch (for the certificates' TTLs).
+    pub now_s: i64,
 }
 
-impl Exposition for Metrics {
-    fn render(&self, node_name: &str, runtime: Option<&RuntimeCounts>) -> String {
-        let mut out = String::with_capacity(16 * 1024);
-        header(
-            &mut out,
-            "kubelet_node_name",
-            "gauge",
-            "The node's name. The count is always 1.",
-        );
-        sample(&mut out, "kubelet_node_name", &[("node", node_name)], 1);
+/// The kubelet's `/metrics` page.
+#[must_use]
+pub fn render(metrics: &Metrics, at: &ScrapeTime<'_>) -> String {
+    let mut page = Page::default();
+    process::add(&mut page);
+    add_build_info(&mut page);
+    add_node(&mut page, metrics, at);
+    add_pods(&mut page, metrics, at.runtime);
+    add_volumes(&mut page, metrics);
+    add_server_and_client(&mut page, metrics);
+    super::volume_metrics::add(&mut page, at.summary);
+    page.render()
+}
 
-        let name = "kubelet_pod_start_duration_seconds";
-        header(
-            &mut out,
-            name,
-            "histogram",
-            "Duration in seconds from the agent seeing a pod for the first time to the pod starting to run.",
-        );
-        lock(&self.pod_start).render(&mut out, name, &[]);
+fn gauge_of(value: impl Into<f64>) -> ConstGauge<f64> {
+    ConstGauge::new(value.into())
+}
 
-        let name = "kubelet_pod_worker_duration_seconds";
-        header(
-            &mut out,
-            name,
-            "histogram",
-            "Duration in seconds to sync a single pod, by operation type: create, sync or kill.",
+fn one(labels: Labels, value: impl Into<f64>) -> Samples<ConstGauge<f64>> {
+    Samples(vec![(labels, gauge_of(value))])
+}
+
+/// `kubernetes_build_info`: this build's version in the kubelet's labels.
+fn add_build_info(page: &mut Page) {
+    let version = env!("CARGO_PKG_VERSION");
+    let mut parts = version.split('.');
+    let major = parts.next().unwrap_or("0");
+    let minor = parts.next().unwrap_or("0");
+    page.add_samples(
+        "kubernetes_build_info",
+        "[ALPHA] A metric with a constant '1' value labeled by major, minor, git version, git commit, git tree state, build date, Go version, and compiler from which Kubernetes was built, and platform on which it is running.",
+        one(
+            labels([
+                ("buildDate", ""),
+                ("compiler", "rustc"),
+                ("gitCommit", ""),
+                ("gitTreeState", ""),
+                ("gitVersion", &format!("v{version}")),
+                ("goVersion", ""),
+                ("major", major),
+                ("minor", minor),
+                ("platform", &format!("{}/{}", std::env::consts::OS, arch())),
+            ]),
+            1.0,
+        ),
+    );
+}
+
+/// The architecture as Go names it.
+fn arch() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    }
+}
+
+fn add_node(page: &mut Page, metrics: &Metrics, at: &ScrapeTime<'_>) {
+    page.add_samples(
+        "kubelet_node_name",
+        "[ALPHA] The node's name. The count is always 1.",
+        one(labels([("node", at.node_name)]), 1.0),
+    );
+    page.add_samples(
+        "kubelet_node_config_error",
+        "[ALPHA] This metric is true (1) if the node is experiencing a configuration-related error, false (0) otherwise.",
+        // The configuration is read once at start-up: an error there stops the agent.
+        one(Labels::new(), 0.0),
+    );
+    page.add(
+        "kubelet_cgroup_manager_duration_seconds",
+        "[ALPHA] Duration in seconds for cgroup manager operations. Broken down by method.",
+        metrics.cgroup_manager.clone(),
+    );
+    page.add(
+        "kubelet_evictions",
+        "[ALPHA] Cumulative number of pod evictions by eviction signal",
+        metrics.evictions.clone(),
+    );
+    let (client, server) = metrics.certificates.get();
+    // Only for a certificate in use: the kubelet's +Inf otherwise is left out.
+    #[allow(clippy::cast_precision_loss)] // seconds of a certificate's lifetime
+    let ttl = |not_after: Option<i64>| {
+        not_after.map_or_else(Samples::default, |t| {
+            one(Labels::new(), (t - at.now_s) as f64)
+        })
+    };
+    page.add_samples(
+        "kubelet_certificate_manager_client_ttl_seconds",
+        "[ALPHA] Gauge of the TTL (time-to-live) of the Kubelet's client certificate. The value is in seconds until certificate expiry (negative if already expired). If client certificate is invalid or unused, the value will be +INF.",
+        ttl(client),
+    );
+    page.add(
+        "kubelet_certificate_manager_client_expiration_renew_errors",
+        "[ALPHA] Counter of certificate renewal errors.",
+        metrics.client_renew_errors.clone(),
+    );
+    page.add_samples(
+        "kubelet_certificate_manager_server_ttl_seconds",
+        "[ALPHA] Gauge of the shortest TTL (time-to-live) of the Kubelet's serving certificate. The value is in seconds until certificate expiry (negative if already expired). If serving certificate is invalid or unused, the value will be +INF.",
+        ttl(server),
+    );
+    page.add(
+        "kubelet_server_expiration_renew_errors",
+        "[ALPHA] Counter of certificate renewal errors.",
+        metrics.server_renew_errors.clone(),
+    );
+}
+
+fn add_pods(page: &mut Page, metrics: &Metrics, runtime: Option<&RuntimeCounts>) {
+    page.add(
+        "kubelet_pod_start_duration_seconds",
+        "[ALPHA] Duration in seconds for a single pod to go from pending to running.",
+        metrics.pod_start.clone(),
+    );
+    page.add(
+        "kubelet_pod_worker_duration_seconds",
+        "[ALPHA] Duration in seconds to sync a single pod. Broken down by operation type: create, update, or sync",
+        metrics.pod_worker.clone(),
+    );
+    page.add(
+        "kubelet_pod_worker_start_duration_seconds",
+        "[ALPHA] Duration in seconds from seeing a pod to starting a worker.",
+        metrics.pod_worker_start.clone(),
+    );
+    page.add(
+        "kubelet_containers_per_pod_count",
+        "[ALPHA] The number of containers per pod.",
+        metrics.containers_per_pod.clone(),
+    );
+    page.add(
+        "kubelet_runtime_operations",
+        "[ALPHA] Cumulative number of runtime operations by operation type.",
+        metrics.runtime_operations.clone(),
+    );
+    page.add(
+        "kubelet_runtime_operations_errors",
+        "[ALPHA] Cumulative number of runtime operation errors by operation type.",
+        metrics.runtime_errors.clone(),
+    );
+    page.add(
+        "kubelet_runtime_operations_duration_seconds",
+        "[ALPHA] Duration in seconds of runtime operations. Broken down by operation type.",
+        metrics.runtime_duration.clone(),
+    );
+    page.add(
+        "kubelet_run_podsandbox_duration_seconds",
+        "[ALPHA] Duration in seconds of the run_podsandbox operations. Broken down by RuntimeClass.Handler.",
+        metrics.run_podsandbox_duration.clone(),
+    );
+    page.add(
+        "kubelet_run_podsandbox_errors",
+        "[ALPHA] Cumulative number of the run_podsandbox operation errors by RuntimeClass.Handler.",
+        metrics.run_podsandbox_errors.clone(),
+    );
+    page.add(
+        "kubelet_pleg_relist_duration_seconds",
+        "[ALPHA] Duration in seconds for relisting pods in PLEG.",
+        metrics.pleg_relist_duration.clone(),
+    );
+    page.add(
+        "kubelet_pleg_relist_interval_seconds",
+        "[ALPHA] Interval in seconds between relisting in PLEG.",
+        metrics.pleg_relist_interval.clone(),
+    );
+    page.add(
+        "kubelet_pleg_last_seen_seconds",
+        "[ALPHA] Timestamp in seconds when PLEG was last seen active.",
+        metrics.pleg_last_seen.clone(),
+    );
+    page.add(
+        "kubelet_pleg_discard_events",
+        "[ALPHA] The number of discard events in PLEG.",
+        metrics.pleg_discard_events.clone(),
+    );
+    if let Some(counts) = runtime {
+        #[allow(clippy::cast_precision_loss)] // counts of pods and containers
+        let running = counts.running_pods as f64;
+        page.add_samples(
+            "kubelet_running_pods",
+            "[ALPHA] Number of pods currently running",
+            one(Labels::new(), running),
         );
-        for (op, h) in lock(&self.pod_worker).iter() {
-            h.render(&mut out, name, &[("operation_type", op)]);
+        let mut containers = Samples::default();
+        for (state, n) in &counts.containers {
+            #[allow(clippy::cast_precision_loss)]
+            containers.push(labels([("container_state", state)]), gauge_of(*n as f64));
         }
-
-        let ops = lock(&self.runtime);
-        let name = "kubelet_runtime_operations_total";
-        header(
-            &mut out,
-            name,
-            "counter",
-            "Cumulative number of runtime operations by operation type.",
+        page.add_samples(
+            "kubelet_running_containers",
+            "[ALPHA] Number of containers currently running",
+            containers,
         );
-        for (op, o) in ops.iter() {
-            sample(
-                &mut out,
-                name,
-                &[("operation_type", op)],
-                o.duration.count(),
+    }
+}
+
+fn add_volumes(page: &mut Page, metrics: &Metrics) {
+    let mut totals = Samples::default();
+    for (plugin, state, n) in metrics.volumes.totals() {
+        #[allow(clippy::cast_precision_loss)] // counts of volumes
+        totals.push(
+            vec![
+                ("plugin_name", Value::from(plugin)),
+                ("state", Value::from(state)),
+            ],
+            gauge_of(n as f64),
+        );
+    }
+    page.add_samples(
+        "volume_manager_total_volumes",
+        "[ALPHA] Number of volumes in Volume Manager",
+        totals,
+    );
+    page.add(
+        "storage_operation_duration_seconds",
+        "[ALPHA] Storage operation duration",
+        metrics.storage_duration.clone(),
+    );
+    page.add(
+        "storage_operation_errors",
+        "[ALPHA] Storage operation errors",
+        metrics.storage_errors.clone(),
+    );
+    page.add(
+        "storage_operation_status_count",
+        "[ALPHA] Storage operation return statuses count",
+        metrics.storage_status.clone(),
+    );
+}
+
+fn add_server_and_client(page: &mut Page, metrics: &Metrics) {
+    page.add(
+        "kubelet_http_requests",
+        "[ALPHA] Number of the http requests received since the server started",
+        metrics.http_requests.clone(),
+    );
+    page.add(
+        "kubelet_http_requests_duration_seconds",
+        "[ALPHA] Duration in seconds to serve http requests",
+        metrics.http_duration.clone(),
+    );
+    page.add(
+        "kubelet_http_inflight_requests",
+        "[ALPHA] Number of the inflight http requests",
+        metrics.http_inflight.clone(),
+    );
+    page.add(
+        "rest_client_requests",
+        "[ALPHA] Number of HTTP requests, partitioned by status code, method, and host.",
+        metrics.rest_requests.clone(),
+    );
+    page.add(
+        "rest_client_request_duration_seconds",
+        "[ALPHA] Request latency in seconds. Broken down by verb and URL.",
+        metrics.rest_duration.clone(),
+    );
+}
+
+/// The standard process series, read from `/proc/self` as client_golang's process
+/// collector reads them.
+mod process {
+    use prometheus_client::metrics::counter::ConstCounter;
+
+    use super::{Labels, Page, Samples, gauge_of, one};
+
+    /// Clock ticks per second (`getconf CLK_TCK`, 100 on Linux).
+    const TICKS: f64 = 100.0;
+
+    pub(super) fn add(page: &mut Page) {
+        let Ok(stat) = crate::procfs::read_pseudo_file(std::path::Path::new("/proc/self/stat"))
+        else {
+            return;
+        };
+        // Fields after the command's closing parenthesis: state is field 3.
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .map_or(Vec::new(), |(_, rest)| rest.split_whitespace().collect());
+        let field = |n: usize| fields.get(n - 3).and_then(|v| v.parse::<f64>().ok());
+        if let (Some(utime), Some(stime)) = (field(14), field(15)) {
+            page.add_samples(
+                "process_cpu_seconds",
+                "Total user and system CPU time spent in seconds.",
+                Samples(vec![(
+                    Labels::new(),
+                    ConstCounter::new((utime + stime) / TICKS),
+                )]),
             );
         }
-        let name = "kubelet_runtime_operations_errors_total";
-        header(
-            &mut out,
-            name,
-            "counter",
-            "Cumulative number of runtime operation errors by operation type.",
-        );
-        for (op, o) in ops.iter() {
-            sample(&mut out, name, &[("operation_type", op)], o.errors);
+        let limits = crate::procfs::read_pseudo_file(std::path::Path::new("/proc/self/limits"))
+            .unwrap_or_default();
+        if let Some(max) = limits
+            .lines()
+            .find(|l| l.starts_with("Max open files"))
+            .and_then(|l| l.split_whitespace().nth(3))
+            .and_then(|v| v.parse::<f64>().ok())
+        {
+            page.add_samples(
+                "process_max_fds",
+                "Maximum number of open file descriptors.",
+                one(Labels::new(), max),
+            );
         }
-        let name = "kubelet_runtime_operations_duration_seconds";
-        header(
-            &mut out,
-            name,
-            "histogram",
-            "Duration in seconds of runtime operations, by operation type.",
-        );
-        for (op, o) in ops.iter() {
-            o.duration.render(&mut out, name, &[("operation_type", op)]);
+        if let Ok(dir) = std::fs::read_dir("/proc/self/fd") {
+            #[allow(clippy::cast_precision_loss)]
+            let open = dir.count() as f64;
+            page.add_samples(
+                "process_open_fds",
+                "Number of open file descriptors.",
+                one(Labels::new(), open),
+            );
         }
-        drop(ops);
+        // The resident set (`VmRSS`, in kB: field 24 of stat is in pages).
+        let rss = crate::procfs::read_pseudo_file(std::path::Path::new("/proc/self/status"))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("VmRSS:"))
+                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+            });
+        if let Some(kib) = rss {
+            page.add_samples(
+                "process_resident_memory_bytes",
+                "Resident memory size in bytes.",
+                one(Labels::new(), kib * 1024.0),
+            );
+        }
+        if let (Some(start_ticks), Some(boot)) = (field(22), boot_time()) {
+            page.add_samples(
+                "process_start_time_seconds",
+                "Start time of the process since unix epoch in seconds.",
+                one(Labels::new(), boot + start_ticks / TICKS),
+            );
+        }
+        if let Some(vsize) = field(23) {
+            page.add_samples(
+                "process_virtual_memory_bytes",
+                "Virtual memory size in bytes.",
+                one(Labels::new(), vsize),
+            );
+        }
+        let max_address_space = limits
+            .lines()
+            .find(|l| l.starts_with("Max address space"))
+            .and_then(|l| l.split_whitespace().nth(3))
+            .map(|v| v.parse::<f64>().unwrap_or(-1.0));
+        if let Some(max) = max_address_space {
+            page.add_samples(
+                "process_virtual_memory_max_bytes",
+                "Maximum amount of virtual memory available in bytes.",
+                Samples(vec![(Labels::new(), gauge_of(max))]),
+            );
+        }
+    }
 
-        if let Some(counts) = runtime {
-            let name = "kubelet_running_pods";
-            header(
-                &mut out,
-                name,
-                "gauge",
-                "Number of pods that have a running pod sandbox.",
-            );
-            sample(&mut out, name, &[], counts.running_pods);
-            let name = "kubelet_running_containers";
-            header(
-                &mut out,
-                name,
-                "gauge",
-                "Number of containers currently running, by container state.",
-            );
-            for (state, n) in &counts.containers {
-                sample(&mut out, name, &[("container_state", state)], n);
-            }
-        }
-
-        let name = "kubelet_http_requests_total";
-        header(
-            &mut out,
-            name,
-            "counter",
-            "Number of HTTP requests received since the server started, by method and path.",
-        );
-        for ((method, path), n) in lock(&self.http).iter() {
-            sample(
-                &mut out,
-                name,
-                &[
-                    ("method", method),
-                    ("path", path),
-                    ("server_type", "readwrite"),
-                ],
-                n,
-            );
-        }
-        out
+    /// The boot time, seconds since the epoch (`btime` of `/proc/stat`).
+    fn boot_time() -> Option<f64> {
+        crate::procfs::read_pseudo_file(std::path::Path::new("/proc/stat"))
+            .ok()?
+            .lines()
+            .find_map(|l| l.strip_prefix("btime "))
+            .and_then(|v| v.trim().parse().ok())
     }
 }
 
@@ -178,60 +449,66 @@ mod tests {
 
     #[test]
     fn invented_methods_share_one_series() {
-        let m = Metrics::default();
-        for raw in ["FOO", "BAR", "GET"] {
-            let method = hyper::Method::from_bytes(raw.as_bytes()).unwrap();
-            m.count_http_request(method_label(&method), "other");
-        }
-        let counted: Vec<_> = lock(&m.http).clone().into_iter().collect();
-        assert_eq!(counted, [(("GET", "other"), 1), (("other", "other"), 2)]);
+        assert_eq!(method_label(&hyper::Method::GET), "GET");
+        let invented = hyper::Method::from_bytes(b"FOO").unwrap();
+        assert_eq!(method_label(&invented), "other");
     }
 
     #[test]
-    fn every_family_has_help_and_type_and_parses() {
-        let m = Metrics::default();
+    fn the_kubelets_families_with_their_types_and_labels() {
+        let m: &'static Metrics = Box::leak(Box::default());
         m.observe_runtime_operation("RunPodSandbox", Duration::from_millis(300), false);
         m.observe_runtime_operation("RunPodSandbox", Duration::from_millis(10), true);
-        m.observe_pod_start(Duration::from_secs(2));
-        m.observe_pod_worker("sync", Duration::from_millis(40));
-        m.count_http_request("GET", "/metrics");
+        m.pod_start.observe(2.0);
+        m.pod_worker
+            .get_or_create(&labels([("operation_type", "sync")]))
+            .observe(0.04);
+        drop(m.http_request("GET", "/metrics", false));
+        m.observe_storage_operation(
+            "kubernetes.io/secret",
+            "volume_mount",
+            Duration::from_millis(5),
+            false,
+        );
+        m.volumes.set_pod(
+            "u1",
+            vec!["kubernetes.io/secret"],
+            vec!["kubernetes.io/secret"],
+        );
+        m.certificates.set_client(1_000_100);
         let counts = RuntimeCounts {
             running_pods: 2,
             containers: BTreeMap::from([("running", 3), ("exited", 1)]),
         };
-        let text = m.render("n1", Some(&counts));
-        assert!(
-            text.contains(
-                "kubelet_runtime_operations_total{operation_type=\"run_podsandbox\"} 2\n"
-            )
+        let text = render(
+            m,
+            &ScrapeTime {
+                node_name: "n1",
+                runtime: Some(&counts),
+                summary: None,
+                now_s: 1_000_000,
+            },
         );
-        assert!(text.contains(
-            "kubelet_runtime_operations_errors_total{operation_type=\"run_podsandbox\"} 1\n"
-        ));
-        assert!(text.contains("kubelet_pod_start_duration_seconds_count 1\n"));
-        assert!(text.contains("kubelet_running_pods 2\n"));
-        assert!(text.contains("kubelet_running_containers{container_state=\"running\"} 3\n"));
-        // Every sample belongs to a family declared by a TYPE line before it, and every
-        // value is a number.
-        let mut declared = Vec::new();
-        for line in text.lines() {
-            if let Some(rest) = line.strip_prefix("# TYPE ") {
-                declared.push(rest.split(' ').next().unwrap().to_owned());
-                continue;
-            }
-            if line.starts_with('#') {
-                continue;
-            }
-            let (series, value) = line.rsplit_once(' ').unwrap();
-            assert!(value.parse::<f64>().is_ok(), "{line}");
-            let name = series.split('{').next().unwrap();
-            assert!(
-                declared.iter().any(|d| name == d
-                    || name
-                        .strip_prefix(d.as_str())
-                        .is_some_and(|s| ["_bucket", "_sum", "_count"].contains(&s))),
-                "{line} has no TYPE"
-            );
+        for line in [
+            "# TYPE kubelet_runtime_operations counter\n",
+            "kubelet_runtime_operations_total{operation_type=\"run_podsandbox\"} 2\n",
+            "kubelet_runtime_operations_errors_total{operation_type=\"run_podsandbox\"} 1\n",
+            "kubelet_pod_start_duration_seconds_count 1\n",
+            "kubelet_running_pods 2.0\n",
+            "kubelet_running_containers{container_state=\"running\"} 3.0\n",
+            "kubelet_node_name{node=\"n1\"} 1.0\n",
+            "kubelet_http_requests_total{method=\"GET\",path=\"/metrics\",server_type=\"readwrite\",long_running=\"false\"} 1\n",
+            "kubelet_http_inflight_requests{method=\"GET\",path=\"/metrics\",server_type=\"readwrite\",long_running=\"false\"} 0\n",
+            "storage_operation_duration_seconds_count{volume_plugin=\"kubernetes.io/secret\",operation_name=\"volume_mount\"} 1\n",
+            "storage_operation_status_count{volume_plugin=\"kubernetes.io/secret\",operation_name=\"volume_mount\",status=\"success\"} 1\n",
+            "volume_manager_total_volumes{plugin_name=\"kubernetes.io/secret\",state=\"actual_state_of_world\"} 1.0\n",
+            "kubelet_certificate_manager_client_ttl_seconds 100.0\n",
+            "# TYPE kubelet_evictions counter\n",
+            "# TYPE process_cpu_seconds counter\n",
+            "# TYPE process_resident_memory_bytes gauge\n",
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
         }
+        assert!(text.ends_with("# EOF\n"), "{text}");
     }
 }

@@ -11,10 +11,10 @@
 //! | `/attach/{ns}/{pod}[/{uid}]/{container}` | attach through CRI | `nodes/proxy` |
 //! | `/portForward/{ns}/{pod}[/{uid}]` | port-forward through CRI | `nodes/proxy` |
 //! | `/configz` | the running KubeletConfiguration ([`configz`]) | `nodes/proxy` |
-//! | `/metrics` | Prometheus text ([`metrics`]), volume gauges ([`volume_metrics`]) | `nodes/metrics` |
-//! | `/metrics/resource` | CPU and memory of node, pods, containers ([`resource_metrics`]) | `nodes/metrics` |
-//! | `/metrics/probes` | probe results ([`probe_metrics`]) | `nodes/metrics` |
-//! //! | `/metrics/cadvisor` | cAdvisor's container series ([`cadvisor`]) | `nodes/metrics` |
+//! | `/metrics` | the kubelet's metrics, OpenMetrics ([`metrics`], volume gauges [`volume_metrics`]) | `nodes/metrics` |
+//! | `/metrics/resource` | CPU and memory of node, pods, containers, timestamped text ([`resource_metrics`]) | `nodes/metrics` |
+//! | `/metrics/probes` | probe results, OpenMetrics ([`probe_metrics`]) | `nodes/metrics` |
+//! | `/metrics/cadvisor` | cAdvisor's container series, timestamped text ([`cadvisor`]) | `nodes/metrics` |
 //! | `/stats/summary` | the node's and pods' stats summary ([`stats`]) | `nodes/stats` |
 //! | `/debug/timeline[/{ns}/{pod}]` | pods' start-up timelines ([`debug`]) | `nodes/proxy` |
 //! | `/logs/{path}` | the node's `/var/log` ([`syslogs`]) | `nodes/log` |
@@ -43,6 +43,7 @@ pub mod resource_metrics;
 pub mod stats;
 pub mod streaming;
 pub mod syslogs;
+pub mod text_format;
 pub mod tls;
 pub mod volume_metrics;
 
@@ -71,7 +72,6 @@ use auth::{ApiReviews, Auth, UserInfo};
 use certificate::{CertificateError, CertificateManager, NodeIdentity};
 use connections::{Budget, Connection, Limits};
 use logs::{LogError, LogOptions};
-use metrics::Exposition as _;
 use streaming::{StreamOptions, StreamingError};
 use tls::CertStore;
 
@@ -222,10 +222,18 @@ fn json(value: &impl serde::Serialize) -> Response<Body> {
     }
 }
 
-/// A Prometheus text exposition (format 0.0.4).
-fn prometheus_text(body: String) -> Response<Body> {
+/// A metrics page (OpenMetrics text, [`crate::metrics::CONTENT_TYPE`]).
+fn exposition(body: String) -> Response<Body> {
     Response::builder()
-        .header("content-type", "text/plain; version=0.0.4; charset=utf-8")
+        .header("content-type", crate::metrics::CONTENT_TYPE)
+        .body(full(body))
+        .unwrap_or_else(|_| Response::new(empty()))
+}
+
+/// A page in the text format with sample timestamps ([`text_format`]).
+fn timestamped(body: String) -> Response<Body> {
+    Response::builder()
+        .header("content-type", text_format::CONTENT_TYPE)
         .body(full(body))
         .unwrap_or_else(|_| Response::new(empty()))
 }
@@ -240,29 +248,51 @@ fn refused(mut response: Response<Body>) -> Response<Body> {
     response
 }
 
-/// The route of a path, as a metrics label.
+/// The route of a path, as a metrics label: the kubelet's bucket (`getMetricBucket`: the
+/// first path element, or the first two under `metrics/`), `other` for any other path.
 fn route(path: &str) -> &'static str {
-    let mut parts = path.trim_start_matches('/').split('/');
+    const BUCKETS: [&str; 21] = [
+        "healthz",
+        "pods",
+        "stats",
+        "metrics",
+        "metrics/cadvisor",
+        "metrics/probes",
+        "metrics/resource",
+        "spec",
+        "run",
+        "exec",
+        "attach",
+        "portForward",
+        "containerLogs",
+        "configz",
+        "debug",
+        "runningpods",
+        "pprof",
+        "logs",
+        "checkpoint",
+        "cri",
+        "other",
+    ];
+    let mut parts = path.trim_start_matches('/').splitn(3, '/');
     let first = parts.next().unwrap_or("");
-    match (first, parts.next()) {
-        ("metrics", Some("resource")) => return "/metrics/resource",
-        ("metrics", Some("probes")) => return "/metrics/probes",
-        _ => {}
-    }
-    match first {
-        "healthz" => "/healthz",
-        "configz" => "/configz",
-        "pods" => "/pods",
-        "metrics" => "/metrics",
-        "stats" => "/stats",
-        "containerLogs" => "/containerLogs",
-        "exec" => "/exec",
-        "attach" => "/attach",
-        "portForward" => "/portForward",
-        "debug" => "/debug",
-        "logs" => "/logs",
-        _ => "other",
-    }
+    let root = match (first, parts.next()) {
+        ("metrics", Some(second)) => {
+            &path.trim_start_matches('/')[..first.len() + 1 + second.len()]
+        }
+        _ => first,
+    };
+    BUCKETS
+        .iter()
+        .find(|b| **b == root)
+        .copied()
+        .unwrap_or("other")
+}
+
+/// Whether the kubelet counts requests on `route` as long-running (its
+/// `longRunningRequestPathMap`, whose `portforward` never matches the `portForward` route).
+fn long_running(route: &str) -> bool {
+    matches!(route, "exec" | "attach" | "portforward" | "debug")
 }
 
 /// A request refused with a status and a message.
@@ -335,8 +365,12 @@ impl Server {
     ) -> Response<Body> {
         let method = req.method().as_str().to_owned();
         let path = req.uri().path().to_owned();
-        crate::metrics::global()
-            .count_http_request(metrics::method_label(req.method()), route(&path));
+        let route = route(&path);
+        let _counted = crate::metrics::global().http_request(
+            metrics::method_label(req.method()),
+            route,
+            long_running(route),
+        );
         let authorization = req
             .headers()
             .get(hyper::header::AUTHORIZATION)
@@ -386,7 +420,7 @@ impl Server {
             ["pods"] | ["pods", ""] if get => self.pods_list(),
             ["metrics"] if get => self.metrics().await,
             ["metrics", "resource"] if get => self.resource_metrics().await,
-            ["metrics", "probes"] if get => prometheus_text(probe_metrics::render()),
+            ["metrics", "probes"] if get => exposition(probe_metrics::render()),
             ["metrics", "cadvisor"] if get => self.cadvisor().await,
             ["stats", "summary"] if get => self.summary().await,
             ["containerLogs", ns, pod, container] if get => {
@@ -458,12 +492,21 @@ impl Server {
                 "metrics without running pods and containers: the runtime did not answer"
             );
         }
-        let mut page = crate::metrics::global().render(&self.node_name, counts.as_ref());
         // The volume gauges from the housekeeping's last reading (none before the first).
         let reading = self.stats.current();
         let figures = reading.as_deref().and_then(|r| r.as_ref().ok());
-        page.push_str(&volume_metrics::render(figures.map(|f| &f.summary)));
-        prometheus_text(page)
+        let now_s = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+        exposition(metrics::render(
+            crate::metrics::global(),
+            &metrics::ScrapeTime {
+                node_name: &self.node_name,
+                runtime: counts.as_ref(),
+                summary: figures.map(|f| &f.summary),
+                now_s,
+            },
+        ))
     }
 
     /// The housekeeping's last reading, or why there is none (the figures are never read
@@ -481,16 +524,13 @@ impl Server {
     async fn resource_metrics(&self) -> Response<Body> {
         let reading = self.figures("resource metrics").await;
         let figures = reading.as_deref().and_then(|r| r.as_ref().ok());
-        prometheus_text(resource_metrics::render(figures.map(|f| &f.summary)))
+        timestamped(resource_metrics::render(figures.map(|f| &f.summary)))
     }
 
     async fn cadvisor(&self) -> Response<Body> {
         let reading = self.figures("container metrics").await;
         let figures = reading.as_deref().and_then(|r| r.as_ref().ok());
-        Response::builder()
-            .header("content-type", "text/plain; version=0.0.4; charset=utf-8")
-            .body(full(cadvisor::render(figures.map(|f| &f.snapshot))))
-            .unwrap_or_else(|_| Response::new(empty()))
+        timestamped(cadvisor::render(figures.map(|f| &f.snapshot)))
     }
 
     async fn summary(&self) -> Response<Body> {
@@ -1133,12 +1173,15 @@ mod tests {
 
     #[test]
     fn routes_are_small_label_sets() {
-        assert_eq!(route("/containerLogs/ns/p/c"), "/containerLogs");
-        assert_eq!(route("/stats/summary"), "/stats");
-        assert_eq!(route("/metrics/resource"), "/metrics/resource");
-        assert_eq!(route("/metrics/probes"), "/metrics/probes");
-        assert_eq!(route("/metrics/other"), "/metrics");
+        assert_eq!(route("/containerLogs/ns/p/c"), "containerLogs");
+        assert_eq!(route("/stats/summary"), "stats");
+        assert_eq!(route("/metrics"), "metrics");
+        assert_eq!(route("/metrics/resource"), "metrics/resource");
+        assert_eq!(route("/metrics/cadvisor"), "metrics/cadvisor");
+        assert_eq!(route("/metrics/other"), "other");
         assert_eq!(route("/anything/else"), "other");
+        assert!(long_running(route("/exec/ns/p/c")));
+        assert!(!long_running(route("/portForward/ns/p")));
     }
 
     #[test]

@@ -1,44 +1,30 @@
 //! `/metrics/probes`: `prober_probe_total{container,namespace,pod,pod_uid,probe_type,result}`
 //! (a counter per container probe and result: `successful`, `failed`, `unknown`; counted by
-//! [`crate::prober::metrics`]), written as the kubelet's registry writes it (label names
-//! sorted, series sorted). As on the kubelet v1.20.2, nothing else is served there: its
+//! [`crate::prober::metrics`]), written with the registry's [`Page`]. As on the kubelet v1.20.2, nothing else is served there: its
 //! `server.go` also registers `process_start_time_seconds` on that registry, but its
 //! answer holds no such sample (seen in `bench scrape`: an empty body with no probes).
 
-use crate::metrics::{header, sample_at};
+use prometheus_client::metrics::counter::ConstCounter;
 
-/// The text exposition: empty while no probe has run.
+use crate::metrics::{Labels, Page, Samples, Value};
+
+/// The page: no family while no probe has run.
 #[must_use]
 pub fn render() -> String {
-    let mut samples: Vec<(Vec<(String, String)>, u64)> = Vec::new();
+    let mut samples = Samples::default();
     crate::prober::metrics::samples(|labels, value| {
-        let mut labels: Vec<(String, String)> = labels
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect();
-        labels.sort();
-        samples.push((labels, value));
+        // Label names sorted, as the kubelet's registry writes them.
+        let mut labels: Labels = labels.iter().map(|(k, v)| (*k, Value::from(*v))).collect();
+        labels.sort_by_key(|(k, _)| *k);
+        samples.push(labels, ConstCounter::new(value));
     });
-    if samples.is_empty() {
-        return String::new();
-    }
-    samples.sort();
-    let mut out = String::with_capacity(256 + 200 * samples.len());
-    let name = "prober_probe_total";
-    header(
-        &mut out,
-        name,
-        "counter",
+    let mut page = Page::default();
+    page.add_samples(
+        "prober_probe",
         "[ALPHA] Cumulative number of a liveness, readiness or startup probe for a container by result.",
+        samples,
     );
-    for (labels, value) in &samples {
-        let labels: Vec<(&str, &str)> = labels
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_str()))
-            .collect();
-        sample_at(&mut out, name, &labels, value, None);
-    }
-    out
+    page.render()
 }
 
 #[cfg(test)]
@@ -63,16 +49,28 @@ mod tests {
         crate::prober::metrics::forget_pod(&pod.uid);
         assert!(
             text.starts_with(
-                "# HELP prober_probe_total [ALPHA] Cumulative number of a liveness, readiness or startup probe for a container by result.\n\
-                 # TYPE prober_probe_total counter\n"
+                "# HELP prober_probe [ALPHA] Cumulative number of a liveness, readiness or startup probe for a container by result.\n\
+                 # TYPE prober_probe counter\n"
             ),
             "{text}"
         );
-        for line in [
-            "prober_probe_total{container=\"c\",namespace=\"default\",pod=\"web\",pod_uid=\"probe-metrics-u1\",probe_type=\"Liveness\",result=\"failed\"} 1\n",
-            "prober_probe_total{container=\"c\",namespace=\"default\",pod=\"web\",pod_uid=\"probe-metrics-u1\",probe_type=\"Liveness\",result=\"successful\"} 2\n",
-        ] {
-            assert!(text.contains(line), "{line} in {text}");
+        for (result, n) in [("failed", 1), ("successful", 2)] {
+            let line = text
+                .lines()
+                .find(|l| {
+                    l.contains("probe-metrics-u1") && l.contains(&format!("result=\"{result}\""))
+                })
+                .unwrap_or_else(|| panic!("{result} in {text}"));
+            assert!(line.starts_with("prober_probe_total{"), "{line}");
+            assert!(line.ends_with(&format!("}} {n}")), "{line}");
+            for label in [
+                "container=\"c\"",
+                "namespace=\"default\"",
+                "pod=\"web\"",
+                "probe_type=\"Liveness\"",
+            ] {
+                assert!(line.contains(label), "{label} in {line}");
+            }
         }
         assert!(!text.contains("process_start_time_seconds"), "{text}");
     }

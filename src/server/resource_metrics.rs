@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::jiff::Timestamp;
 
 use super::stats::{CpuStats, MemoryStats, Summary};
-use crate::metrics::{header, sample_at};
+use super::text_format::{header, sample_at};
 
 /// One sample: its labels (name order), value and timestamp in milliseconds.
 type Sample = (Vec<(&'static str, String)>, f64, Option<i64>);

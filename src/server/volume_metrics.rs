@@ -8,7 +8,9 @@
 
 use std::collections::BTreeSet;
 
-use crate::metrics::{header, sample};
+use prometheus_client::metrics::gauge::ConstGauge;
+
+use crate::metrics::{Page, Samples, labels};
 use crate::stats::{FsStats, Summary};
 
 /// A gauge: its name, its help, and the figure of a volume's stats it gives.
@@ -48,9 +50,8 @@ const GAUGES: [Gauge; 6] = [
     ),
 ];
 
-/// The gauges of `summary`'s claims, in the text format (empty without any).
-#[must_use]
-pub fn render(summary: Option<&Summary>) -> String {
+/// The gauges of `summary`'s claims, added to `page` (none without any).
+pub fn add(page: &mut Page, summary: Option<&Summary>) {
     let mut seen = BTreeSet::new();
     let claims: Vec<(&str, &str, &FsStats)> = summary
         .iter()
@@ -62,24 +63,30 @@ pub fn render(summary: Option<&Summary>) -> String {
                 .then_some((r.namespace.as_str(), r.name.as_str(), &v.fs))
         })
         .collect();
-    let mut out = String::new();
-    if claims.is_empty() {
-        return out;
-    }
     for (name, help, figure) in GAUGES {
-        header(&mut out, name, "gauge", help);
+        let mut samples = Samples::default();
         for (namespace, claim, fs) in &claims {
-            let labels = [("namespace", *namespace), ("persistentvolumeclaim", *claim)];
-            sample(&mut out, name, &labels, figure(fs).unwrap_or(0));
+            #[allow(clippy::cast_possible_wrap)] // bytes and inodes of a volume
+            let value = figure(fs).unwrap_or(0) as i64;
+            samples.push(
+                labels([("namespace", namespace), ("persistentvolumeclaim", claim)]),
+                ConstGauge::new(value),
+            );
         }
+        page.add_samples(name, help, samples);
     }
-    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::stats::{PodReference, PodStats, PvcReference, VolumeStats};
+
+    fn render(summary: Option<&Summary>) -> String {
+        let mut page = Page::default();
+        add(&mut page, summary);
+        page.render()
+    }
 
     fn volume(name: &str, claim: Option<&str>, used: u64) -> VolumeStats {
         VolumeStats {
@@ -167,8 +174,8 @@ mod tests {
                 pods: vec![pod("x", vec![volume("s", None, 1)])],
                 node: crate::stats::NodeStats::default()
             })),
-            ""
+            "# EOF\n"
         );
-        assert_eq!(render(None), "");
+        assert_eq!(render(None), "# EOF\n");
     }
 }

@@ -132,6 +132,28 @@ enum Backing {
     Csi,
 }
 
+/// The volume plugin of a pod's volume, as the kubelet names it in its metrics (a claim's
+/// is its PersistentVolume's, known once the claim is followed).
+fn plugin_name(volume: &Volume) -> &'static str {
+    if volume.empty_dir.is_some() {
+        "kubernetes.io/empty-dir"
+    } else if volume.secret.is_some() {
+        "kubernetes.io/secret"
+    } else if volume.config_map.is_some() {
+        "kubernetes.io/configmap"
+    } else if volume.projected.is_some() {
+        "kubernetes.io/projected"
+    } else if volume.downward_api.is_some() {
+        "kubernetes.io/downward-api"
+    } else if volume.host_path.is_some() {
+        "kubernetes.io/host-path"
+    } else if volume.csi.is_some() {
+        "kubernetes.io/csi"
+    } else {
+        "N/A"
+    }
+}
+
 /// The names of the volumes the pod's containers (init, app and ephemeral) use in
 /// volumeMounts and in volumeDevices (the kubelet's `GetPodVolumeNames`).
 fn used_volume_names(
@@ -609,7 +631,12 @@ impl<A: PodObjects, M: Mounter> VolumeManager<A, M> {
             let mut volumes = BTreeMap::new();
             let mut devices = BTreeMap::new();
             let (mounts_used, devices_used) = used_volume_names(pod);
+            // The volume manager's world, as its metrics count it: the plugins of the
+            // volumes wanted (desired) and of those set up (actual).
+            let (mut desired, mut actual) = (Vec::new(), Vec::new());
             for volume in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()) {
+                let started = std::time::Instant::now();
+                let mut plugin = plugin_name(volume);
                 let set_up = match &volume.persistent_volume_claim {
                     // As the kubelet's populator: a claim no container uses is not followed.
                     Some(_)
@@ -625,10 +652,24 @@ impl<A: PodObjects, M: Mounter> VolumeManager<A, M> {
                         } else {
                             Usage::Mounts
                         };
-                        self.setup_claim(&p, &volume.name, source, usage).await
+                        self.setup_claim(&p, &volume.name, source, usage, &mut plugin)
+                            .await
                     }
                     None => self.setup_volume(&p, volume).await.map(Claimed::Mount),
                 };
+                desired.push(plugin);
+                crate::metrics::global().observe_storage_operation(
+                    plugin,
+                    "volume_mount",
+                    started.elapsed(),
+                    set_up.is_err(),
+                );
+                if set_up.is_ok() {
+                    actual.push(plugin);
+                }
+                crate::metrics::global()
+                    .volumes
+                    .set_pod(p.uid, desired.clone(), actual.clone());
                 let set_up = set_up.map_err(|mut e| {
                     if let VolumeError::Claim {
                         unmounted,
@@ -755,6 +796,7 @@ impl<A: PodObjects, M: Mounter> VolumeManager<A, M> {
         name: &str,
         source: &PersistentVolumeClaimVolumeSource,
         usage: Usage,
+        plugin_out: &mut &'static str,
     ) -> Result<Claimed> {
         let bound = pvc::resolve(&self.api, p.namespace, name, source, usage)
             .await
@@ -773,6 +815,7 @@ impl<A: PodObjects, M: Mounter> VolumeManager<A, M> {
             ));
         }
         let plugin = PvSource::of(&bound.pv);
+        *plugin_out = plugin.metrics_name();
         let unsupported = |kind: String| VolumeError::Unsupported {
             pod: p.key.clone(),
             volume: name.to_owned(),
@@ -1152,7 +1195,23 @@ impl<A: PodObjects, M: Mounter> VolumeManager<A, M> {
     /// # Errors
     /// [`VolumeError::Teardown`] naming the step; the worker retries.
     pub async fn teardown(&self, pod_uid: &str) -> Result<()> {
-        self.teardown_dir(pod_uid, false).await
+        let started = std::time::Instant::now();
+        let result = self.teardown_dir(pod_uid, false).await;
+        let metrics = crate::metrics::global();
+        // One teardown of the pod's volumes, counted for each plugin it held.
+        let held = metrics.volumes.plugins_of(pod_uid);
+        for plugin in held {
+            metrics.observe_storage_operation(
+                plugin,
+                "volume_unmount",
+                started.elapsed(),
+                result.is_err(),
+            );
+        }
+        if result.is_ok() {
+            metrics.volumes.forget_pod(pod_uid);
+        }
+        result
     }
 
     /// Tears down, like [`teardown`](Self::teardown), every pod directory under

@@ -252,6 +252,18 @@ pub(super) enum PvSource {
 }
 
 impl PvSource {
+    /// The plugin's name in the kubelet's metrics.
+    pub(super) fn metrics_name(&self) -> &'static str {
+        match self {
+            Self::Local { .. } => "kubernetes.io/local-volume",
+            Self::HostPath { .. } => "kubernetes.io/host-path",
+            Self::Csi { .. } => "kubernetes.io/csi",
+            Self::Other(_) => "N/A",
+        }
+    }
+}
+
+impl PvSource {
     pub(super) fn of(pv: &PersistentVolume) -> Self {
         let spec = pv.spec.clone().unwrap_or_default();
         if let Some(local) = spec.local {
