@@ -21,6 +21,9 @@ PACKAGES=(
   docker-registry busybox-static skopeo debootstrap buildah systemd
   protobuf-compiler libprotobuf-dev iptables iproute2 openssl jq curl ca-certificates
   apache2-utils nftables shellcheck conntrack podman gcc libc6-dev qemu-system-x86 openssh-client
+  # The monitoring stack's client (tests/prometheus.rs): Debian's Prometheus 2.42, run on
+  # loopback by the test only (--no-install-recommends: no node exporter, no service).
+  prometheus
 )
 
 # shellcheck source=scripts/common.sh
