@@ -2,21 +2,28 @@
 //! and of the metrics its other packages register: the PLEG, the pod workers, the cgroup
 //! manager, the volume manager and its operations, the eviction manager, the certificate
 //! managers, the HTTP server and the API client), process-wide so that each of those
-//! records with one call and no plumbing; and the exposition every endpoint writes with
-//! `prometheus-client` (the Prometheus project's Rust client): OpenMetrics 1.0 text, which
-//! Prometheus asks for first. The kubelet's names, types, buckets and labels. It must not
-//! know who serves it: the kubelet API server renders its pages ([`crate::server`]).
+//! records with one call and no plumbing; and the exposition the `/metrics` and
+//! `/metrics/probes` pages are written with, by `prometheus-client` (the Prometheus
+//! project's Rust client). The kubelet's names, types, buckets and labels. It must not know
+//! who serves it: the kubelet API server renders its pages ([`crate::server`]).
 //!
-//! Two things the library does not do as the kubelet's registry does, and how they are met
-//! here: a counter whose name has no `_total` (`kubelet_evictions`,
-//! `kubelet_pleg_discard_events`, the certificate renewal errors) is a [`PlainCounter`],
-//! typed `counter` with its name as the kubelet's (Prometheus reads it so); help texts are
-//! written as given ([`Page`] encodes its families itself, where the library's registry
-//! would end them with a full stop).
-//! What it cannot do: give a sample its own timestamp (so `/metrics/cadvisor` and
-//! `/metrics/resource`, whose samples carry the time of their reading as the kubelet's do,
-//! are written by hand by the server), and write `le` labels as Go does
-//! (`1.0`, not `1`: the same bucket to Prometheus, whose `histogram_quantile` merges them).
+//! The wire format is the kubelet v1.20's: the text format 0.0.4 ([`CONTENT_TYPE`]) to every
+//! client, whatever it asks for. Its `promhttp` handler is built without OpenMetrics, so it
+//! negotiates only between that text and protobuf (which no scraper asks for unless told
+//! to, and rkubelet does not offer); Prometheus, which asks for OpenMetrics first, gets the
+//! text from the kubelet too, and so the same series (`le="1"`, not OpenMetrics' `1.0`).
+//! `prometheus-client` writes OpenMetrics; three things make its text the kubelet's:
+//! - a counter is registered under its full name (`kubelet_runtime_operations_total`,
+//!   `kubelet_evictions`) as a [`PlainCounter`] or [`PlainConstCounter`], typed `counter`
+//!   and written under that name, where the library would name the family without
+//!   `_total` and append it to the samples;
+//! - the page is encoded without OpenMetrics' `# EOF`;
+//! - a bucket's `le` is written as Go writes a float (`1`, not `1.0`).
+//!
+//! Help texts are written as given ([`Page`] encodes its families itself, where the
+//! library's registry would end them with a full stop). What it cannot do: give a sample
+//! its own timestamp (so `/metrics/cadvisor` and `/metrics/resource`, whose samples carry
+//! the time of their reading as the kubelet's do, are written by hand by the server).
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -25,7 +32,8 @@ use std::time::Duration;
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{
-    DescriptorEncoder, EncodeLabelValue, EncodeMetric, LabelValueEncoder, MetricEncoder,
+    DescriptorEncoder, EncodeGaugeValue, EncodeLabelValue, EncodeMetric, LabelValueEncoder,
+    MetricEncoder,
 };
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -36,8 +44,8 @@ use prometheus_client::registry::{Metric, Registry};
 
 use crate::lock::lock;
 
-/// The content type of every page.
-pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+/// The content type of every page: the text format 0.0.4, as client_golang's `FmtText`.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// Prometheus' default buckets (client_golang's `DefBuckets`), which most kubelet
 /// histograms use.
@@ -89,8 +97,8 @@ pub fn labels<const N: usize>(pairs: [(&'static str, &str); N]) -> Labels {
         .collect()
 }
 
-/// A counter whose name is the kubelet's without `_total` (`kubelet_evictions`): typed
-/// `counter`, written under its own name.
+/// A counter written under the name it is registered with, the kubelet's full name
+/// (`kubelet_runtime_operations_total`, `kubelet_evictions`), typed `counter`.
 #[derive(Debug, Clone, Default)]
 pub struct PlainCounter(Counter);
 
@@ -113,7 +121,27 @@ impl TypedMetric for PlainCounter {
 
 impl EncodeMetric for PlainCounter {
     fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        // As a gauge is written: the name as registered, no suffix.
         encoder.encode_gauge(&self.0.get())
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Counter
+    }
+}
+
+/// A counter's value read at scrape time (`process_cpu_seconds_total`, a probe's count),
+/// written as a [`PlainCounter`] is.
+#[derive(Debug, Clone, Copy)]
+pub struct PlainConstCounter<N = f64>(pub N);
+
+impl<N> TypedMetric for PlainConstCounter<N> {
+    const TYPE: MetricType = MetricType::Counter;
+}
+
+impl<N: EncodeGaugeValue + std::fmt::Debug + Send + Sync> EncodeMetric for PlainConstCounter<N> {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        encoder.encode_gauge(&self.0)
     }
 
     fn metric_type(&self) -> MetricType {
@@ -178,19 +206,40 @@ impl Page {
         }
     }
 
-    /// The OpenMetrics text of the page, `# EOF` included.
+    /// The page in the text format 0.0.4.
     #[must_use]
     pub fn render(self) -> String {
         let mut registry = Registry::default();
         registry.register_collector(Box::new(self));
         let mut out = String::with_capacity(16 * 1024);
         // Writing to a String does not fail; a metric's encoder could only fail on it.
-        if prometheus_client::encoding::text::encode(&mut out, &registry).is_err() {
+        if prometheus_client::encoding::text::encode_registry(&mut out, &registry).is_err() {
             out.clear();
-            let _ = writeln!(out, "# EOF");
         }
-        out
+        go_bucket_bounds(&out)
     }
+}
+
+/// `text` with each bucket's `le` as Go writes a float: `1.0` (OpenMetrics' canonical
+/// form, which `prometheus-client` writes) becomes `1`; the other bounds of the kubelet's
+/// buckets (`0.005`, `2.5`, `+Inf`) are written alike by both. The library writes `le` as
+/// a bucket's first label: `name_bucket{le="1.0",...} 3`.
+fn go_bucket_bounds(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for line in text.split_inclusive('\n') {
+        let integral_bound = line.split_once("_bucket{le=\"").and_then(|(name, rest)| {
+            let end = name.len() + "_bucket{le=\"".len() + rest.find('"')?;
+            (!name.contains(['{', ' ', '#']) && line[..end].ends_with(".0")).then_some(end - 2)
+        });
+        match integral_bound {
+            Some(dot) => {
+                out.push_str(&line[..dot]);
+                out.push_str(&line[dot + 2..]);
+            }
+            None => out.push_str(line),
+        }
+    }
+    out
 }
 
 impl Collector for Page {
@@ -331,15 +380,15 @@ pub struct Metrics {
     /// `kubelet_containers_per_pod_count`.
     pub containers_per_pod: Histogram,
     /// `kubelet_runtime_operations_total{operation_type}`.
-    pub runtime_operations: Family<Labels, Counter>,
+    pub runtime_operations: Family<Labels, PlainCounter>,
     /// `kubelet_runtime_operations_errors_total{operation_type}`.
-    pub runtime_errors: Family<Labels, Counter>,
+    pub runtime_errors: Family<Labels, PlainCounter>,
     /// `kubelet_runtime_operations_duration_seconds{operation_type}`.
     pub runtime_duration: HistogramFamily,
     /// `kubelet_run_podsandbox_duration_seconds{runtime_handler}`.
     pub run_podsandbox_duration: HistogramFamily,
     /// `kubelet_run_podsandbox_errors_total{runtime_handler}`.
-    pub run_podsandbox_errors: Family<Labels, Counter>,
+    pub run_podsandbox_errors: Family<Labels, PlainCounter>,
     /// `kubelet_cgroup_manager_duration_seconds{operation_type}`.
     pub cgroup_manager: HistogramFamily,
     /// `kubelet_pleg_relist_duration_seconds`.
@@ -353,7 +402,7 @@ pub struct Metrics {
     /// `kubelet_evictions{eviction_signal}`.
     pub evictions: Family<Labels, PlainCounter>,
     /// `kubelet_http_requests_total{method,path,server_type,long_running}`.
-    pub http_requests: Family<Labels, Counter>,
+    pub http_requests: Family<Labels, PlainCounter>,
     /// `kubelet_http_requests_duration_seconds{method,path,server_type,long_running}`.
     pub http_duration: HistogramFamily,
     /// `kubelet_http_inflight_requests{method,path,server_type,long_running}`.
@@ -361,13 +410,13 @@ pub struct Metrics {
     /// `storage_operation_duration_seconds{volume_plugin,operation_name}`.
     pub storage_duration: HistogramFamily,
     /// `storage_operation_errors_total{volume_plugin,operation_name}`.
-    pub storage_errors: Family<Labels, Counter>,
+    pub storage_errors: Family<Labels, PlainCounter>,
     /// `storage_operation_status_count{volume_plugin,operation_name,status}`.
     pub storage_status: Family<Labels, PlainCounter>,
     /// `volume_manager_total_volumes{plugin_name,state}`, counted at scrape time.
     pub volumes: VolumeCounts,
     /// `rest_client_requests_total{code,host,method}`.
-    pub rest_requests: Family<Labels, Counter>,
+    pub rest_requests: Family<Labels, PlainCounter>,
     /// `rest_client_request_duration_seconds{url,verb}`.
     pub rest_duration: HistogramFamily,
     /// `kubelet_certificate_manager_client_expiration_renew_errors`.
@@ -633,18 +682,22 @@ mod tests {
     }
 
     #[test]
-    fn a_page_writes_names_helps_types_and_escaped_labels_as_given() {
+    fn a_page_is_the_text_format_with_names_helps_types_and_escaped_labels_as_given() {
         let counter = PlainCounter::default();
         counter.inc();
-        let histogram = Histogram::new([0.1, 1.0]);
+        let histogram = Histogram::new([0.1, 1.0, 2.5]);
         for v in [0.05, 0.5, 0.7, 3.0] {
             histogram.observe(v);
         }
         let mut gauges = Samples::default();
         gauges.push(
-            labels([("a", "x\"y\\z\nw")]),
+            labels([("a", "x\"y\\z\nw,le=\"1.0\"}")]),
             prometheus_client::metrics::gauge::ConstGauge::new(2.5),
         );
+        let family: HistogramFamily = Family::new_with_constructor(default_histogram);
+        family
+            .get_or_create(&labels([("url", "/le=\"1.0\"}")]))
+            .observe(0.2);
         let mut page = Page::default();
         page.add("kubelet_evictions", "[ALPHA] Evictions", counter);
         page.add("h_seconds", "A histogram", histogram);
@@ -654,22 +707,58 @@ mod tests {
             "No samples",
             Samples::<prometheus_client::metrics::gauge::ConstGauge>::default(),
         );
+        page.add("f_seconds", "A family", family);
+        let text = page.render();
+        assert!(
+            text.starts_with(
+                "# HELP kubelet_evictions [ALPHA] Evictions\n\
+                 # TYPE kubelet_evictions counter\n\
+                 kubelet_evictions 1\n\
+                 # HELP h_seconds A histogram\n\
+                 # TYPE h_seconds histogram\n\
+                 h_seconds_sum 4.25\n\
+                 h_seconds_count 4\n\
+                 h_seconds_bucket{le=\"0.1\"} 1\n\
+                 h_seconds_bucket{le=\"1\"} 3\n\
+                 h_seconds_bucket{le=\"2.5\"} 3\n\
+                 h_seconds_bucket{le=\"+Inf\"} 4\n\
+                 # HELP g A gauge\n\
+                 # TYPE g gauge\n\
+                 g{a=\"x\\\"y\\\\z\\nw,le=\\\"1.0\\\"}\"} 2.5\n\
+                 # HELP f_seconds A family\n\
+                 # TYPE f_seconds histogram\n"
+            ),
+            "{text}"
+        );
+        // A label value that looks like a bound is left alone; the bound is rewritten.
+        assert!(
+            text.contains("f_seconds_bucket{le=\"1\",url=\"/le=\\\"1.0\\\"}\"} 1\n"),
+            "{text}"
+        );
+        assert!(!text.contains("# EOF"), "{text}");
+    }
+
+    #[test]
+    fn counters_are_written_under_their_full_names() {
+        let family: Family<Labels, PlainCounter> = Family::default();
+        family
+            .get_or_create(&labels([("operation_type", "version")]))
+            .inc();
+        let mut page = Page::default();
+        page.add("kubelet_runtime_operations_total", "[ALPHA] Ops", family);
+        page.add(
+            "process_cpu_seconds_total",
+            "CPU",
+            Samples(vec![(Labels::new(), PlainConstCounter(1.5))]),
+        );
         assert_eq!(
             page.render(),
-            "# HELP kubelet_evictions [ALPHA] Evictions\n\
-             # TYPE kubelet_evictions counter\n\
-             kubelet_evictions 1\n\
-             # HELP h_seconds A histogram\n\
-             # TYPE h_seconds histogram\n\
-             h_seconds_sum 4.25\n\
-             h_seconds_count 4\n\
-             h_seconds_bucket{le=\"0.1\"} 1\n\
-             h_seconds_bucket{le=\"1.0\"} 3\n\
-             h_seconds_bucket{le=\"+Inf\"} 4\n\
-             # HELP g A gauge\n\
-             # TYPE g gauge\n\
-             g{a=\"x\\\"y\\\\z\\nw\"} 2.5\n\
-             # EOF\n"
+            "# HELP kubelet_runtime_operations_total [ALPHA] Ops\n\
+             # TYPE kubelet_runtime_operations_total counter\n\
+             kubelet_runtime_operations_total{operation_type=\"version\"} 1\n\
+             # HELP process_cpu_seconds_total CPU\n\
+             # TYPE process_cpu_seconds_total counter\n\
+             process_cpu_seconds_total 1.5\n"
         );
     }
 

@@ -36,35 +36,10 @@ fn no_timestamp() -> DateTime<Utc> {
     DateTime::<Utc>::UNIX_EPOCH
 }
 
-/// `page` as the text format `prometheus-parse` reads: an OpenMetrics page (what
-/// `prometheus-client` writes) names a counter's family without the `_total` its samples
-/// have, and ends with `# EOF`.
-fn as_text_format(page: &str) -> String {
-    let counters: std::collections::HashSet<&str> = page
-        .lines()
-        .filter_map(|l| l.strip_prefix("# TYPE "))
-        .filter_map(|l| l.strip_suffix(" counter"))
-        .filter(|name| !name.ends_with("_total") && page.contains(&format!("\n{name}_total")))
-        .collect();
-    let mut out = String::with_capacity(page.len());
-    for line in page.lines().filter(|l| *l != "# EOF") {
-        let renamed = ["# HELP ", "# TYPE "].iter().find_map(|prefix| {
-            let rest = line.strip_prefix(prefix)?;
-            let name = rest.split(' ').next()?;
-            counters
-                .contains(name)
-                .then(|| format!("{prefix}{name}_total{}", &rest[name.len()..]))
-        });
-        out.push_str(renamed.as_deref().unwrap_or(line));
-        out.push('\n');
-    }
-    out
-}
-
 /// `path` parsed; every family declared with HELP and TYPE (an untyped sample is one
 /// whose family has no TYPE line).
 async fn scrape(path: &str) -> Scrape {
-    let text = as_text_format(&proxied(path).await);
+    let text = proxied(path).await;
     let lines = text.lines().map(|l| Ok(l.to_owned()));
     let scrape = Scrape::parse_at(lines, no_timestamp()).expect("Prometheus text");
     for s in &scrape.samples {

@@ -511,8 +511,7 @@ fn prometheus_samples(text: &str) -> Vec<(String, f64)> {
             typed.insert(name.to_owned());
             continue;
         }
-        // OpenMetrics (what prometheus-client writes) ends the page with `# EOF`.
-        if line.starts_with("# HELP ") || line.is_empty() || line == "# EOF" {
+        if line.starts_with("# HELP ") || line.is_empty() {
             continue;
         }
         assert!(!line.starts_with('#'), "unknown comment {line}");
@@ -533,8 +532,7 @@ fn prometheus_samples(text: &str) -> Vec<(String, f64)> {
         {
             assert!(labels.starts_with('{') && labels.ends_with('}'), "{line}");
         }
-        // A counter's OpenMetrics family is its samples' name without `_total`.
-        let family = ["_bucket", "_sum", "_count", "_total"]
+        let family = ["_bucket", "_sum", "_count"]
             .iter()
             .find_map(|s| name.strip_suffix(s).filter(|f| typed.contains(*f)))
             .unwrap_or(name);

@@ -209,12 +209,12 @@ fn add_pods(page: &mut Page, metrics: &Metrics, runtime: Option<&RuntimeCounts>)
         metrics.containers_per_pod.clone(),
     );
     page.add(
-        "kubelet_runtime_operations",
+        "kubelet_runtime_operations_total",
         "[ALPHA] Cumulative number of runtime operations by operation type.",
         metrics.runtime_operations.clone(),
     );
     page.add(
-        "kubelet_runtime_operations_errors",
+        "kubelet_runtime_operations_errors_total",
         "[ALPHA] Cumulative number of runtime operation errors by operation type.",
         metrics.runtime_errors.clone(),
     );
@@ -229,7 +229,7 @@ fn add_pods(page: &mut Page, metrics: &Metrics, runtime: Option<&RuntimeCounts>)
         metrics.run_podsandbox_duration.clone(),
     );
     page.add(
-        "kubelet_run_podsandbox_errors",
+        "kubelet_run_podsandbox_errors_total",
         "[ALPHA] Cumulative number of the run_podsandbox operation errors by RuntimeClass.Handler.",
         metrics.run_podsandbox_errors.clone(),
     );
@@ -297,7 +297,7 @@ fn add_volumes(page: &mut Page, metrics: &Metrics) {
         metrics.storage_duration.clone(),
     );
     page.add(
-        "storage_operation_errors",
+        "storage_operation_errors_total",
         "[ALPHA] Storage operation errors",
         metrics.storage_errors.clone(),
     );
@@ -310,7 +310,7 @@ fn add_volumes(page: &mut Page, metrics: &Metrics) {
 
 fn add_server_and_client(page: &mut Page, metrics: &Metrics) {
     page.add(
-        "kubelet_http_requests",
+        "kubelet_http_requests_total",
         "[ALPHA] Number of the http requests received since the server started",
         metrics.http_requests.clone(),
     );
@@ -325,7 +325,7 @@ fn add_server_and_client(page: &mut Page, metrics: &Metrics) {
         metrics.http_inflight.clone(),
     );
     page.add(
-        "rest_client_requests",
+        "rest_client_requests_total",
         "[ALPHA] Number of HTTP requests, partitioned by status code, method, and host.",
         metrics.rest_requests.clone(),
     );
@@ -339,9 +339,8 @@ fn add_server_and_client(page: &mut Page, metrics: &Metrics) {
 /// The standard process series, read from `/proc/self` as client_golang's process
 /// collector reads them.
 mod process {
-    use prometheus_client::metrics::counter::ConstCounter;
-
     use super::{Labels, Page, Samples, gauge_of, one};
+    use crate::metrics::PlainConstCounter;
 
     /// Clock ticks per second (`getconf CLK_TCK`, 100 on Linux).
     const TICKS: f64 = 100.0;
@@ -358,11 +357,11 @@ mod process {
         let field = |n: usize| fields.get(n - 3).and_then(|v| v.parse::<f64>().ok());
         if let (Some(utime), Some(stime)) = (field(14), field(15)) {
             page.add_samples(
-                "process_cpu_seconds",
+                "process_cpu_seconds_total",
                 "Total user and system CPU time spent in seconds.",
                 Samples(vec![(
                     Labels::new(),
-                    ConstCounter::new((utime + stime) / TICKS),
+                    PlainConstCounter((utime + stime) / TICKS),
                 )]),
             );
         }
@@ -490,7 +489,7 @@ mod tests {
             },
         );
         for line in [
-            "# TYPE kubelet_runtime_operations counter\n",
+            "# TYPE kubelet_runtime_operations_total counter\n",
             "kubelet_runtime_operations_total{operation_type=\"run_podsandbox\"} 2\n",
             "kubelet_runtime_operations_errors_total{operation_type=\"run_podsandbox\"} 1\n",
             "kubelet_pod_start_duration_seconds_count 1\n",
@@ -504,11 +503,11 @@ mod tests {
             "volume_manager_total_volumes{plugin_name=\"kubernetes.io/secret\",state=\"actual_state_of_world\"} 1.0\n",
             "kubelet_certificate_manager_client_ttl_seconds 100.0\n",
             "# TYPE kubelet_evictions counter\n",
-            "# TYPE process_cpu_seconds counter\n",
+            "# TYPE process_cpu_seconds_total counter\n",
             "# TYPE process_resident_memory_bytes gauge\n",
         ] {
             assert!(text.contains(line), "{line} in {text}");
         }
-        assert!(text.ends_with("# EOF\n"), "{text}");
+        assert!(!text.contains("# EOF"), "{text}");
     }
 }

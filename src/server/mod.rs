@@ -11,9 +11,9 @@
 //! | `/attach/{ns}/{pod}[/{uid}]/{container}` | attach through CRI | `nodes/proxy` |
 //! | `/portForward/{ns}/{pod}[/{uid}]` | port-forward through CRI | `nodes/proxy` |
 //! | `/configz` | the running KubeletConfiguration ([`configz`]) | `nodes/proxy` |
-//! | `/metrics` | the kubelet's metrics, OpenMetrics ([`metrics`], volume gauges [`volume_metrics`]) | `nodes/metrics` |
+//! | `/metrics` | the kubelet's metrics, by `prometheus-client` ([`metrics`], volume gauges [`volume_metrics`]) | `nodes/metrics` |
 //! | `/metrics/resource` | CPU and memory of node, pods, containers, timestamped text ([`resource_metrics`]) | `nodes/metrics` |
-//! | `/metrics/probes` | probe results, OpenMetrics ([`probe_metrics`]) | `nodes/metrics` |
+//! | `/metrics/probes` | probe results, by `prometheus-client` ([`probe_metrics`]) | `nodes/metrics` |
 //! | `/metrics/cadvisor` | cAdvisor's container series, timestamped text ([`cadvisor`]) | `nodes/metrics` |
 //! | `/stats/summary` | the node's and pods' stats summary ([`stats`]) | `nodes/stats` |
 //! | `/debug/timeline[/{ns}/{pod}]` | pods' start-up timelines ([`debug`]) | `nodes/proxy` |
@@ -222,18 +222,11 @@ fn json(value: &impl serde::Serialize) -> Response<Body> {
     }
 }
 
-/// A metrics page (OpenMetrics text, [`crate::metrics::CONTENT_TYPE`]).
+/// A metrics page: the text format 0.0.4 ([`crate::metrics::CONTENT_TYPE`]), which the
+/// kubelet v1.20 answers every client with (see [`crate::metrics`]).
 fn exposition(body: String) -> Response<Body> {
     Response::builder()
         .header("content-type", crate::metrics::CONTENT_TYPE)
-        .body(full(body))
-        .unwrap_or_else(|_| Response::new(empty()))
-}
-
-/// A page in the text format with sample timestamps ([`text_format`]).
-fn timestamped(body: String) -> Response<Body> {
-    Response::builder()
-        .header("content-type", text_format::CONTENT_TYPE)
         .body(full(body))
         .unwrap_or_else(|_| Response::new(empty()))
 }
@@ -524,13 +517,13 @@ impl Server {
     async fn resource_metrics(&self) -> Response<Body> {
         let reading = self.figures("resource metrics").await;
         let figures = reading.as_deref().and_then(|r| r.as_ref().ok());
-        timestamped(resource_metrics::render(figures.map(|f| &f.summary)))
+        exposition(resource_metrics::render(figures.map(|f| &f.summary)))
     }
 
     async fn cadvisor(&self) -> Response<Body> {
         let reading = self.figures("container metrics").await;
         let figures = reading.as_deref().and_then(|r| r.as_ref().ok());
-        timestamped(cadvisor::render(figures.map(|f| &f.snapshot)))
+        exposition(cadvisor::render(figures.map(|f| &f.snapshot)))
     }
 
     async fn summary(&self) -> Response<Body> {

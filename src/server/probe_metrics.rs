@@ -4,9 +4,7 @@
 //! `server.go` also registers `process_start_time_seconds` on that registry, but its
 //! answer holds no such sample (seen in `bench scrape`: an empty body with no probes).
 
-use prometheus_client::metrics::counter::ConstCounter;
-
-use crate::metrics::{Labels, Page, Samples, Value};
+use crate::metrics::{Labels, Page, PlainConstCounter, Samples, Value};
 
 /// The page: no family while no probe has run.
 #[must_use]
@@ -16,11 +14,11 @@ pub fn render() -> String {
         // Label names sorted, as the kubelet's registry writes them.
         let mut labels: Labels = labels.iter().map(|(k, v)| (*k, Value::from(*v))).collect();
         labels.sort_by_key(|(k, _)| *k);
-        samples.push(labels, ConstCounter::new(value));
+        samples.push(labels, PlainConstCounter(value));
     });
     let mut page = Page::default();
     page.add_samples(
-        "prober_probe",
+        "prober_probe_total",
         "[ALPHA] Cumulative number of a liveness, readiness or startup probe for a container by result.",
         samples,
     );
@@ -49,8 +47,8 @@ mod tests {
         crate::prober::metrics::forget_pod(&pod.uid);
         assert!(
             text.starts_with(
-                "# HELP prober_probe [ALPHA] Cumulative number of a liveness, readiness or startup probe for a container by result.\n\
-                 # TYPE prober_probe counter\n"
+                "# HELP prober_probe_total [ALPHA] Cumulative number of a liveness, readiness or startup probe for a container by result.\n\
+                 # TYPE prober_probe_total counter\n"
             ),
             "{text}"
         );

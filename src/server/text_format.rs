@@ -1,15 +1,12 @@
-//! The Prometheus text format (0.0.4) with sample timestamps, for the two pages whose
-//! samples carry the time of their reading, as the kubelet's do: `/metrics/cadvisor`
-//! ([`super::cadvisor`]) and `/metrics/resource` ([`super::resource_metrics`]). Every other
-//! page is written by `prometheus-client` ([`crate::metrics::Page`]), which has no way to
-//! give a sample its own timestamp: there Prometheus would stamp cAdvisor's figures with
-//! its scrape's time, and metrics-server would compute CPU rates over the wrong interval.
-//! Kept by hand for that reason only.
+//! The text format (0.0.4, [`crate::metrics::CONTENT_TYPE`]) with sample timestamps, for
+//! the two pages whose samples carry the time of their reading, as the kubelet's do:
+//! `/metrics/cadvisor` ([`super::cadvisor`]) and `/metrics/resource`
+//! ([`super::resource_metrics`]). The other pages are written by `prometheus-client`
+//! ([`crate::metrics::Page`]), which has no way to give a sample its own timestamp: there
+//! Prometheus would stamp cAdvisor's figures with its scrape's time, and metrics-server
+//! would compute CPU rates over the wrong interval. Kept by hand for that reason only.
 
 use std::fmt::Write as _;
-
-/// The content type of these pages.
-pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// Go's `%g`-like formatting Prometheus parses: integers without a fraction.
 pub fn format_float(v: f64) -> String {

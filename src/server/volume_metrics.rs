@@ -174,8 +174,8 @@ mod tests {
                 pods: vec![pod("x", vec![volume("s", None, 1)])],
                 node: crate::stats::NodeStats::default()
             })),
-            "# EOF\n"
+            ""
         );
-        assert_eq!(render(None), "# EOF\n");
+        assert_eq!(render(None), "");
     }
 }
