@@ -22,6 +22,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use super::text_format::{format_float, sample};
+use crate::stats::process::ProcessFigures;
 use crate::stats::{CgroupInfo, Snapshot};
 
 /// `counter` or `gauge`.
@@ -358,6 +359,9 @@ fn add_cgroup(f: &mut Families, c: &CgroupInfo, now_s: f64, ts: Option<i64>) {
             ts,
         );
     }
+    if let Some(p) = c.processes {
+        add_processes(f, &base, p, ts);
+    }
     for i in &c.network {
         let values = [
             i.rx_bytes,
@@ -379,6 +383,84 @@ fn add_cgroup(f: &mut Families, c: &CgroupInfo, now_s: f64, ts: Option<i64>) {
                 ts,
             );
         }
+    }
+}
+
+/// A family of one figure: its name, its help, and the figure.
+type FigureFamily<T> = (&'static str, &'static str, fn(&T) -> u64);
+
+/// cAdvisor's process families.
+const PROCESSES: [FigureFamily<ProcessFigures>; 5] = [
+    (
+        "container_processes",
+        "Number of processes running inside the container.",
+        |p| p.processes,
+    ),
+    (
+        "container_file_descriptors",
+        "Number of open file descriptors for the container.",
+        |p| p.fds,
+    ),
+    (
+        "container_sockets",
+        "Number of open sockets for the container.",
+        |p| p.sockets,
+    ),
+    (
+        "container_threads_max",
+        "Maximum number of threads allowed inside the container, infinity if value is zero",
+        |p| p.threads_max,
+    ),
+    (
+        "container_threads",
+        "Number of threads running inside the container",
+        |p| p.threads,
+    ),
+];
+
+fn add_processes(
+    f: &mut Families,
+    base: &[(&'static str, String)],
+    p: ProcessFigures,
+    ts: Option<i64>,
+) {
+    for (name, help, figure) in PROCESSES {
+        f.add(
+            name,
+            help,
+            Kind::Gauge,
+            base.to_vec(),
+            float(figure(&p)),
+            ts,
+        );
+    }
+    let tasks = p.tasks;
+    for (state, n) in [
+        ("iowaiting", tasks.io_wait),
+        ("running", tasks.running),
+        ("sleeping", tasks.sleeping),
+        ("stopped", tasks.stopped),
+        ("uninterruptible", tasks.uninterruptible),
+    ] {
+        f.add(
+            "container_tasks_state",
+            "Number of tasks in given state",
+            Kind::Gauge,
+            with(base, "state", state),
+            float(n),
+            ts,
+        );
+    }
+    if let Some(soft) = p.max_open_files {
+        #[allow(clippy::cast_precision_loss)] // a limit of open files
+        f.add(
+            "container_ulimits_soft",
+            "Soft ulimit values for the container root process. Unlimited if -1, except priority and nice",
+            Kind::Gauge,
+            with(base, "ulimit", "max_open_files"),
+            soft as f64,
+            ts,
+        );
     }
 }
 
@@ -543,6 +625,18 @@ mod tests {
                 Vec::new()
             },
             fs_usage: (kind == CgroupKind::Container).then(|| ("/dev/sda1".into(), 4096)),
+            processes: Some(ProcessFigures {
+                processes: 1,
+                fds: 5,
+                sockets: 2,
+                threads: 3,
+                threads_max: 0,
+                max_open_files: (kind == CgroupKind::Container).then_some(1_048_576),
+                tasks: crate::stats::process::TaskStates {
+                    sleeping: 4,
+                    ..Default::default()
+                },
+            }),
         }
     }
 
@@ -619,6 +713,15 @@ mod tests {
         assert!(text.contains(
             "container_memory_failcnt{container=\"burn\",id=\"/kubepods/podu1/burnid\",image=\"\",name=\"burnid\",namespace=\"default\",pod=\"web\"} 2 "
         ), "{text}");
+        for line in [
+            "container_sockets{container=\"burn\",id=\"/kubepods/podu1/burnid\",image=\"\",name=\"burnid\",namespace=\"default\",pod=\"web\"} 2 ",
+            "container_threads{container=\"\",id=\"/\",image=\"\",name=\"\",namespace=\"\",pod=\"\"} 3 ",
+            "container_tasks_state{container=\"\",id=\"/kubepods\",image=\"\",name=\"\",namespace=\"\",pod=\"\",state=\"sleeping\"} 4 ",
+            "container_ulimits_soft{container=\"burn\",id=\"/kubepods/podu1/burnid\",image=\"\",name=\"burnid\",namespace=\"default\",pod=\"web\",ulimit=\"max_open_files\"} 1048576 ",
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
+        }
+        assert_eq!(text.matches("\ncontainer_ulimits_soft{").count(), 1);
         // The pods' cgroup has its own series, with no pod labels.
         assert!(text.contains(
             "container_memory_rss{container=\"\",id=\"/kubepods\",image=\"\",name=\"\",namespace=\"\",pod=\"\"} 67000000 "

@@ -26,6 +26,8 @@ pub struct CgroupPaths {
     pub cpuacct: Option<String>,
     /// In the v1 `memory` hierarchy.
     pub memory: Option<String>,
+    /// In the v1 `pids` hierarchy.
+    pub pids: Option<String>,
     /// In the unified (v2) tree.
     pub unified: Option<String>,
 }
@@ -39,6 +41,7 @@ impl CgroupPaths {
             cpu: Some(path.to_owned()),
             cpuacct: Some(path.to_owned()),
             memory: Some(path.to_owned()),
+            pids: Some(path.to_owned()),
             unified: Some(path.to_owned()),
         }
     }
@@ -64,6 +67,7 @@ impl CgroupPaths {
                     "cpu" => &mut paths.cpu,
                     "cpuacct" => &mut paths.cpuacct,
                     "memory" => &mut paths.memory,
+                    "pids" => &mut paths.pids,
                     _ => continue,
                 };
                 *slot = Some(path.to_owned());
@@ -399,6 +403,48 @@ impl<F: CgroupFs> CgroupReader<F> {
             .read(dir, "memory.swap.current")
             .and_then(|s| number(&s))
             .unwrap_or(0);
+    }
+
+    /// The cgroup's own `cgroup.procs` (v1: in the `cpu` hierarchy, where cAdvisor reads
+    /// it).
+    #[must_use]
+    pub fn procs(&self, paths: &CgroupPaths) -> Option<String> {
+        let dir = match &self.layout {
+            CgroupLayout::V2(_) => self.dir("", paths.unified.as_deref()),
+            CgroupLayout::V1(_) => self.dir("cpu", paths.cpu.as_deref()),
+        }?;
+        self.read(&dir, "cgroup.procs")
+    }
+
+    /// The cgroup's own tasks (threads): v1 `tasks` in the `cpu` hierarchy, v2
+    /// `cgroup.threads`.
+    #[must_use]
+    pub fn tasks(&self, paths: &CgroupPaths) -> Option<String> {
+        match &self.layout {
+            CgroupLayout::V2(_) => {
+                let dir = self.dir("", paths.unified.as_deref())?;
+                self.read(&dir, "cgroup.threads")
+            }
+            CgroupLayout::V1(_) => {
+                let dir = self.dir("cpu", paths.cpu.as_deref())?;
+                self.read(&dir, "tasks")
+            }
+        }
+    }
+
+    /// Threads in the cgroup and their limit (`pids.current`, `pids.max`; 0 for no limit),
+    /// where the pids controller has them (not in the root cgroup).
+    #[must_use]
+    pub fn threads(&self, paths: &CgroupPaths) -> Option<(u64, u64)> {
+        let dir = match &self.layout {
+            CgroupLayout::V2(_) => self.dir("", paths.unified.as_deref()),
+            CgroupLayout::V1(_) => self.dir("pids", paths.pids.as_deref()),
+        }?;
+        let current = self.read(&dir, "pids.current").and_then(|s| number(&s))?;
+        let max = self
+            .read(&dir, "pids.max")
+            .and_then(|s| super::process::parse_pids_max(&s))?;
+        Some((current, max))
     }
 
     /// When the cgroup was made, as well as the file system tells (its directory's

@@ -15,6 +15,7 @@ use super::StatsError;
 use super::cgroup::{CgroupPaths, CgroupReader, CgroupStats};
 use super::fs::{self, DiskUsage, FsInfo};
 use super::network::{self, InterfaceCounters};
+use super::process::{self, ProcessFigures};
 use super::volume::{SpecVolume, VolumeUsage, read_in_tree};
 use crate::cm::{CgroupLayout, LinuxCgroupFs};
 use crate::cri::{Cri, VerboseInfo, api};
@@ -82,6 +83,8 @@ pub struct CgroupInfo {
     pub network: Vec<InterfaceCounters>,
     /// Bytes it holds on a filesystem, and that filesystem's device.
     pub fs_usage: Option<(String, u64)>,
+    /// Its processes, their files and threads.
+    pub processes: Option<ProcessFigures>,
 }
 
 /// The machine's figures.
@@ -467,6 +470,17 @@ fn read_files<M: MachineInfo>(
             .as_ref()
             .map(|r| (r.stats(paths), r.created_ns(paths)))
     };
+    // cAdvisor's process figures: a sandbox's or container's with its first process's
+    // open-files limit.
+    let processes_of = |paths: &CgroupPaths, root_pid: Option<u32>| {
+        let reader = reader.as_ref()?;
+        let mut figures = process::read(&config.proc, &reader.procs(paths)?, root_pid);
+        (figures.threads, figures.threads_max) = reader.threads(paths).unwrap_or_default();
+        if let Some(tasks) = reader.tasks(paths) {
+            figures.tasks = process::task_states(&config.proc, &process::parse_procs(&tasks));
+        }
+        Some(figures)
+    };
     let mountinfo =
         crate::procfs::read_pseudo_file(&config.proc.join("self/mountinfo")).unwrap_or_default();
     let root_device = fs::device_of(&mountinfo, &config.root_dir).unwrap_or_default();
@@ -484,6 +498,7 @@ fn read_files<M: MachineInfo>(
         stats: root_stats,
         network: network::read(&config.proc, 1).unwrap_or_default(),
         fs_usage: root_fs.map(|f| (root_device.clone(), f.used_bytes)),
+        processes: processes_of(&root_paths, None),
         ..CgroupInfo::default()
     }];
     let mut found = Vec::new();
@@ -531,6 +546,7 @@ fn read_files<M: MachineInfo>(
                 pod: Some(target.pod.clone()),
                 created_ns,
                 stats,
+                processes: processes_of(&pod_paths, None),
                 ..CgroupInfo::default()
             });
         }
@@ -552,6 +568,7 @@ fn read_files<M: MachineInfo>(
             stats,
             network,
             fs_usage: target.writable_layer.map(|b| (image_device.clone(), b)),
+            processes: processes_of(&paths, target.located.pid),
         });
     }
     let first_child = usize::from(!cgroups.is_empty());
@@ -565,6 +582,7 @@ fn read_files<M: MachineInfo>(
             kind: CgroupKind::System,
             created_ns,
             stats,
+            processes: processes_of(&paths, None),
             ..CgroupInfo::default()
         })
     });

@@ -14,6 +14,7 @@ mod collect;
 pub mod fs;
 pub mod housekeeping;
 pub mod network;
+pub mod process;
 mod provider;
 pub mod summary;
 #[cfg(test)]
