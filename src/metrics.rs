@@ -61,6 +61,24 @@ const STORAGE_BUCKETS: [f64; 13] = [
 const REST_CLIENT_BUCKETS: [f64; 10] = [
     0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512,
 ];
+/// Buckets of `apiserver_client_certificate_expiration_seconds` (the API server library's
+/// x509 authenticator: 0, 30 min, 1 h, 2 h, 6 h, 12 h, 1, 2, 4, 7, 30, 90, 180, 360 days).
+const CERTIFICATE_EXPIRATION_BUCKETS: [f64; 14] = [
+    0.0,
+    1800.0,
+    3600.0,
+    7200.0,
+    21600.0,
+    43200.0,
+    86400.0,
+    172_800.0,
+    345_600.0,
+    604_800.0,
+    2_592_000.0,
+    7_776_000.0,
+    15_552_000.0,
+    31_104_000.0,
+];
 
 /// A label value. Cheap to clone: the same value is in many samples of a page.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -220,26 +238,72 @@ impl Page {
     }
 }
 
-/// `text` with each bucket's `le` as Go writes a float: `1.0` (OpenMetrics' canonical
-/// form, which `prometheus-client` writes) becomes `1`; the other bounds of the kubelet's
-/// buckets (`0.005`, `2.5`, `+Inf`) are written alike by both. The library writes `le` as
-/// a bucket's first label: `name_bucket{le="1.0",...} 3`.
+/// `text` with each bucket's `le` as Go writes a float ([`go_float`]: `1`, `2.592e+06`)
+/// where `prometheus-client` writes OpenMetrics' canonical form (`1.0`, `2592000.0`), so
+/// that both agents' buckets are the same series. The library writes `le` as a bucket's
+/// first label: `name_bucket{le="1.0",...} 3`.
 fn go_bucket_bounds(text: &str) -> String {
+    const LE: &str = "_bucket{le=\"";
     let mut out = String::with_capacity(text.len());
     for line in text.split_inclusive('\n') {
-        let integral_bound = line.split_once("_bucket{le=\"").and_then(|(name, rest)| {
-            let end = name.len() + "_bucket{le=\"".len() + rest.find('"')?;
-            (!name.contains(['{', ' ', '#']) && line[..end].ends_with(".0")).then_some(end - 2)
+        let bound = line.split_once(LE).and_then(|(name, rest)| {
+            let start = name.len() + LE.len();
+            let end = start + rest.find('"')?;
+            let value: f64 = line[start..end].parse().ok()?;
+            (!name.contains(['{', ' ', '#'])).then_some((start, end, value))
         });
-        match integral_bound {
-            Some(dot) => {
-                out.push_str(&line[..dot]);
-                out.push_str(&line[dot + 2..]);
+        match bound {
+            Some((start, end, value)) => {
+                out.push_str(&line[..start]);
+                out.push_str(&go_float(value));
+                out.push_str(&line[end..]);
             }
             None => out.push_str(line),
         }
     }
     out
+}
+
+/// `v` as Go's `strconv.FormatFloat(v, 'g', -1, 64)` writes it, as client_golang writes a
+/// bucket's bound: the shortest digits that read back as `v`, in exponent form (at least
+/// two digits) when the exponent is below -4 or at least 6.
+#[must_use]
+pub fn go_float(v: f64) -> String {
+    if v.is_infinite() {
+        return if v > 0.0 { "+Inf" } else { "-Inf" }.to_owned();
+    }
+    if v == 0.0 || v.is_nan() {
+        return if v.is_nan() { "NaN" } else { "0" }.to_owned();
+    }
+    // Rust's `{:e}` gives the same shortest digits: `2.592e6`, `-5e-3`.
+    let scientific = format!("{v:e}");
+    let (mantissa, exponent) = scientific.split_once('e').unwrap_or((&scientific, "0"));
+    let exponent: i32 = exponent.parse().unwrap_or(0);
+    let (sign, mantissa) = match mantissa.strip_prefix('-') {
+        Some(m) => ("-", m),
+        None => ("", mantissa),
+    };
+    let digits = mantissa.replace('.', "");
+    if !(-4..6).contains(&exponent) {
+        let (first, rest) = digits.split_at(1);
+        let point = if rest.is_empty() { "" } else { "." };
+        let exp_sign = if exponent < 0 { '-' } else { '+' };
+        return format!("{sign}{first}{point}{rest}e{exp_sign}{:02}", exponent.abs());
+    }
+    let nd = i32::try_from(digits.len()).unwrap_or(i32::MAX);
+    let point = exponent + 1;
+    let fixed = if point <= 0 {
+        format!("0.{}{digits}", "0".repeat(point.unsigned_abs() as usize))
+    } else if point >= nd {
+        format!(
+            "{digits}{}",
+            "0".repeat((point - nd).unsigned_abs() as usize)
+        )
+    } else {
+        let (int, frac) = digits.split_at(point.unsigned_abs() as usize);
+        format!("{int}.{frac}")
+    };
+    format!("{sign}{fixed}")
 }
 
 impl Collector for Page {
@@ -425,6 +489,84 @@ pub struct Metrics {
     pub server_renew_errors: PlainCounter,
     /// The certificates' expiry, for `kubelet_certificate_manager_{client,server}_ttl_seconds`.
     pub certificates: CertificateExpiry,
+    /// `apiserver_client_certificate_expiration_seconds`: the remaining lifetime of each
+    /// request's client certificate.
+    pub client_certificate_expiration: Histogram,
+    /// The bearer token cache of the kubelet API's authentication.
+    pub token_cache: TokenCache,
+}
+
+/// The API server library's token cache metrics, which the kubelet's webhook token
+/// authentication registers: `authentication_token_cache_request_total{status}` and
+/// `_request_duration_seconds{status}` (each token looked up: `hit` or `miss`),
+/// `_fetch_total{status}` (each review: `ok`, even when it refuses the token, or `error`),
+/// `_active_fetch_count{status}` (reviews `in_flight`, and lookups `blocked` waiting for
+/// one's turn).
+#[derive(Debug)]
+pub struct TokenCache {
+    /// `authentication_token_cache_request_total{status}`.
+    pub requests: Family<Labels, PlainCounter>,
+    /// `authentication_token_cache_request_duration_seconds{status}`.
+    pub request_duration: HistogramFamily,
+    /// `authentication_token_cache_fetch_total{status}`.
+    pub fetches: Family<Labels, PlainCounter>,
+    /// `authentication_token_cache_active_fetch_count{status}`.
+    pub active_fetches: Family<Labels, Gauge>,
+}
+
+impl Default for TokenCache {
+    fn default() -> Self {
+        let active_fetches: Family<Labels, Gauge> = Family::default();
+        // Both series exist from the start, as the library's gauges do.
+        for status in ["blocked", "in_flight"] {
+            drop(active_fetches.get_or_create(&labels([("status", status)])));
+        }
+        Self {
+            requests: Family::default(),
+            request_duration: Family::new_with_constructor(default_histogram),
+            fetches: Family::default(),
+            active_fetches,
+        }
+    }
+}
+
+/// One of the token cache's active fetch gauges, held up while it is alive.
+#[derive(Debug)]
+pub struct ActiveFetch(Gauge);
+
+impl Drop for ActiveFetch {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+impl TokenCache {
+    /// Counts one lookup, a hit or a miss, that took `elapsed` (in whole milliseconds, as
+    /// the library records it).
+    pub fn observe_request(&self, hit: bool, elapsed: Duration) {
+        let status = labels([("status", if hit { "hit" } else { "miss" })]);
+        self.requests.get_or_create(&status).inc();
+        #[allow(clippy::cast_precision_loss)] // milliseconds of a lookup
+        self.request_duration
+            .get_or_create(&status)
+            .observe(elapsed.as_millis() as f64 / 1000.0);
+    }
+
+    /// Counts one review of a token by the API server, answered or failed.
+    pub fn count_fetch(&self, answered: bool) {
+        let status = labels([("status", if answered { "ok" } else { "error" })]);
+        self.fetches.get_or_create(&status).inc();
+    }
+
+    /// A lookup waiting for its turn to review (`blocked`) or a review under way
+    /// (`in_flight`), counted until dropped.
+    #[must_use]
+    pub fn active(&self, in_flight: bool) -> ActiveFetch {
+        let status = labels([("status", if in_flight { "in_flight" } else { "blocked" })]);
+        let gauge = self.active_fetches.get_or_create(&status).clone();
+        gauge.inc();
+        ActiveFetch(gauge)
+    }
 }
 
 impl Default for Metrics {
@@ -457,6 +599,8 @@ impl Default for Metrics {
             client_renew_errors: PlainCounter::default(),
             server_renew_errors: PlainCounter::default(),
             certificates: CertificateExpiry::default(),
+            client_certificate_expiration: Histogram::new(CERTIFICATE_EXPIRATION_BUCKETS),
+            token_cache: TokenCache::default(),
         }
     }
 }
@@ -659,6 +803,18 @@ pub fn certificate_in_use(serving: bool, not_after_s: i64) {
     }
 }
 
+/// Records the remaining lifetime of a request's verified client certificate, which
+/// expires at `not_after_s` (seconds since the epoch) (called by the kubelet API server).
+pub fn observe_client_certificate(not_after_s: i64) {
+    let now_s = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+    #[allow(clippy::cast_precision_loss)] // seconds of a certificate's lifetime
+    METRICS
+        .client_certificate_expiration
+        .observe((not_after_s - now_s) as f64);
+}
+
 /// Counts one failed renewal of the client (`serving` false) or serving certificate.
 pub fn count_certificate_renew_error(serving: bool) {
     if serving {
@@ -736,6 +892,29 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("# EOF"), "{text}");
+    }
+
+    #[test]
+    fn floats_as_go_writes_them() {
+        for (v, go) in [
+            (1.0, "1"),
+            (0.005, "0.005"),
+            (2.5, "2.5"),
+            (1800.0, "1800"),
+            (604_800.0, "604800"),
+            (2_592_000.0, "2.592e+06"),
+            (124_416_000.0, "1.24416e+08"),
+            (1e-5, "1e-05"),
+            (9.999_999_999_999_999e-6, "9.999999999999999e-06"),
+            (0.0001, "0.0001"),
+            (745.058_059_692_382_8, "745.0580596923828"),
+            (100_000.0, "100000"),
+            (0.0, "0"),
+            (-0.25, "-0.25"),
+            (f64::INFINITY, "+Inf"),
+        ] {
+            assert_eq!(go_float(v), go, "{v}");
+        }
     }
 
     #[test]

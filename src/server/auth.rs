@@ -22,7 +22,9 @@
 //! than that, a valid client's new token waits behind at most that many reviews of each
 //! flooding address, and the access reviews of callers already authenticated are not
 //! held up (the kubelet's client multiplexes its reviews over one HTTP/2 connection; this
-//! one opens a connection per concurrent request).
+//! one opens a connection per concurrent request). Each token lookup and review is
+//! counted in the library's `authentication_token_cache_*` metrics
+//! ([`crate::metrics::TokenCache`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -394,18 +396,29 @@ impl<R: Reviews> Auth<R> {
             }
             self.refused.get(&key).map(|()| None)
         };
+        let metrics = &crate::metrics::global().token_cache;
+        let started = Instant::now();
         if let Some(known) = cached() {
+            metrics.observe_request(true, started.elapsed());
             return Ok(known);
         }
+        let blocked = metrics.active(false);
         let _peer_turn = match peer {
             Some(ip) => Some(self.peer_reviews.acquire(ip).await),
             None => None,
         };
         let _permit = self.token_reviews.acquire().await.ok();
+        drop(blocked);
         if let Some(known) = cached() {
+            metrics.observe_request(false, started.elapsed());
             return Ok(known);
         }
-        let reviewed = self.reviews.token_review(token).await?;
+        let in_flight = metrics.active(true);
+        let reviewed = self.reviews.token_review(token).await;
+        drop(in_flight);
+        metrics.count_fetch(reviewed.is_ok());
+        metrics.observe_request(false, started.elapsed());
+        let reviewed = reviewed?;
         match &reviewed {
             Some(user) => {
                 tracing::debug!(user = %user.name, ?peer, "token reviewed: valid");

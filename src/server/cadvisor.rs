@@ -22,6 +22,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use super::text_format::{format_float, sample};
+use crate::stats::fs::FilesystemFigures;
 use crate::stats::process::ProcessFigures;
 use crate::stats::{CgroupInfo, Snapshot};
 
@@ -221,14 +222,25 @@ fn add_cgroup(f: &mut Families, c: &CgroupInfo, now_s: f64, ts: Option<i64>) {
         );
     }
     if let Some(limit) = spec.memory_limit {
-        f.add(
-            "container_spec_memory_limit_bytes",
-            "Memory limit for the container.",
-            Gauge,
-            base.clone(),
-            float(limit),
-            None,
-        );
+        for (name, help, value) in [
+            (
+                "container_spec_memory_limit_bytes",
+                "Memory limit for the container.",
+                limit,
+            ),
+            (
+                "container_spec_memory_swap_limit_bytes",
+                "Memory swap limit for the container.",
+                spec.memory_swap_limit,
+            ),
+            (
+                "container_spec_memory_reservation_limit_bytes",
+                "Memory reservation limit for the container.",
+                spec.memory_reservation,
+            ),
+        ] {
+            f.add(name, help, Gauge, base.clone(), float(value), None);
+        }
     }
     f.add(
         "container_last_seen",
@@ -348,6 +360,23 @@ fn add_cgroup(f: &mut Families, c: &CgroupInfo, now_s: f64, ts: Option<i64>) {
             float(m.working_set_bytes),
             ts,
         );
+        for (failure, scope, value) in [
+            ("pgfault", "container", m.page_faults),
+            ("pgfault", "hierarchy", m.hierarchy_page_faults),
+            ("pgmajfault", "container", m.major_page_faults),
+            ("pgmajfault", "hierarchy", m.hierarchy_major_page_faults),
+        ] {
+            let mut labels = with(&base, "failure_type", failure);
+            labels.push(("scope", scope.to_owned()));
+            f.add(
+                "container_memory_failures_total",
+                "Cumulative count of memory allocation failures.",
+                Counter,
+                labels,
+                float(value),
+                ts,
+            );
+        }
     }
     if let Some((device, used)) = &c.fs_usage {
         f.add(
@@ -361,6 +390,9 @@ fn add_cgroup(f: &mut Families, c: &CgroupInfo, now_s: f64, ts: Option<i64>) {
     }
     if let Some(p) = c.processes {
         add_processes(f, &base, p, ts);
+    }
+    for fs in &c.filesystems {
+        add_filesystem(f, &base, fs, ts);
     }
     for i in &c.network {
         let values = [
@@ -434,6 +466,15 @@ fn add_processes(
             ts,
         );
     }
+    #[allow(clippy::cast_precision_loss)] // thousandths of a few tasks
+    f.add(
+        "container_cpu_load_average_10s",
+        "Value of container cpu load average over the last 10 seconds.",
+        Kind::Gauge,
+        base.to_vec(),
+        p.load_average_milli as f64,
+        ts,
+    );
     let tasks = p.tasks;
     for (state, n) in [
         ("iowaiting", tasks.io_wait),
@@ -459,6 +500,128 @@ fn add_processes(
             Kind::Gauge,
             with(base, "ulimit", "max_open_files"),
             soft as f64,
+            ts,
+        );
+    }
+}
+
+/// A filesystem family: its name, help, type, and figure. Disk times are cAdvisor's: the
+/// milliseconds of `/proc/diskstats` divided by 10^9 (it takes them for nanoseconds), so
+/// that the series are those the kubelet serves.
+type FsFamily = (
+    &'static str,
+    &'static str,
+    Kind,
+    fn(&FilesystemFigures) -> f64,
+);
+
+#[allow(clippy::cast_precision_loss)] // byte, inode and I/O counts
+const FILESYSTEM: [FsFamily; 15] = [
+    (
+        "container_fs_inodes_free",
+        "Number of available Inodes",
+        Kind::Gauge,
+        |f| f.info.inodes_free as f64,
+    ),
+    (
+        "container_fs_inodes_total",
+        "Number of Inodes",
+        Kind::Gauge,
+        |f| f.info.inodes as f64,
+    ),
+    (
+        "container_fs_limit_bytes",
+        "Number of bytes that can be consumed by the container on this filesystem.",
+        Kind::Gauge,
+        |f| f.info.capacity_bytes as f64,
+    ),
+    (
+        "container_fs_usage_bytes",
+        "Number of bytes that are consumed by the container on this filesystem.",
+        Kind::Gauge,
+        |f| f.info.used_bytes as f64,
+    ),
+    (
+        "container_fs_reads_total",
+        "Cumulative count of reads completed",
+        Kind::Counter,
+        |f| f.disk.reads as f64,
+    ),
+    (
+        "container_fs_sector_reads_total",
+        "Cumulative count of sector reads completed",
+        Kind::Counter,
+        |f| f.disk.sectors_read as f64,
+    ),
+    (
+        "container_fs_reads_merged_total",
+        "Cumulative count of reads merged",
+        Kind::Counter,
+        |f| f.disk.reads_merged as f64,
+    ),
+    (
+        "container_fs_read_seconds_total",
+        "Cumulative count of seconds spent reading",
+        Kind::Counter,
+        |f| f.disk.read_ms as f64 / 1e9,
+    ),
+    (
+        "container_fs_writes_total",
+        "Cumulative count of writes completed",
+        Kind::Counter,
+        |f| f.disk.writes as f64,
+    ),
+    (
+        "container_fs_sector_writes_total",
+        "Cumulative count of sector writes completed",
+        Kind::Counter,
+        |f| f.disk.sectors_written as f64,
+    ),
+    (
+        "container_fs_writes_merged_total",
+        "Cumulative count of writes merged",
+        Kind::Counter,
+        |f| f.disk.writes_merged as f64,
+    ),
+    (
+        "container_fs_write_seconds_total",
+        "Cumulative count of seconds spent writing",
+        Kind::Counter,
+        |f| f.disk.write_ms as f64 / 1e9,
+    ),
+    (
+        "container_fs_io_current",
+        "Number of I/Os currently in progress",
+        Kind::Gauge,
+        |f| f.disk.in_progress as f64,
+    ),
+    (
+        "container_fs_io_time_seconds_total",
+        "Cumulative count of seconds spent doing I/Os",
+        Kind::Counter,
+        |f| f.disk.io_ms as f64 / 1e9,
+    ),
+    (
+        "container_fs_io_time_weighted_seconds_total",
+        "Cumulative weighted I/O time in seconds",
+        Kind::Counter,
+        |f| f.disk.weighted_io_ms as f64 / 1e9,
+    ),
+];
+
+fn add_filesystem(
+    f: &mut Families,
+    base: &[(&'static str, String)],
+    fs: &FilesystemFigures,
+    ts: Option<i64>,
+) {
+    for (name, help, kind, figure) in FILESYSTEM {
+        f.add(
+            name,
+            help,
+            kind,
+            with(base, "device", &fs.device),
+            figure(fs),
             ts,
         );
     }
@@ -613,6 +776,8 @@ mod tests {
                     cpu_quota: if container == "burn" { 50_000 } else { 0 },
                     cpu_period: Some(100_000),
                     memory_limit: Some(0),
+                    memory_swap_limit: 0,
+                    memory_reservation: 0,
                 },
             },
             network: if kind == CgroupKind::Sandbox {
@@ -625,6 +790,24 @@ mod tests {
                 Vec::new()
             },
             fs_usage: (kind == CgroupKind::Container).then(|| ("/dev/sda1".into(), 4096)),
+            filesystems: if kind == CgroupKind::Root {
+                vec![FilesystemFigures {
+                    device: "/dev/vda".into(),
+                    info: crate::stats::fs::FsInfo {
+                        capacity_bytes: 1000,
+                        available_bytes: 500,
+                        used_bytes: 400,
+                        inodes: 10,
+                        inodes_free: 4,
+                    },
+                    disk: crate::stats::fs::DiskStats {
+                        read_ms: 2534,
+                        ..Default::default()
+                    },
+                }]
+            } else {
+                Vec::new()
+            },
             processes: Some(ProcessFigures {
                 processes: 1,
                 fds: 5,
@@ -636,6 +819,7 @@ mod tests {
                     sleeping: 4,
                     ..Default::default()
                 },
+                load_average_milli: 1500,
             }),
         }
     }
@@ -717,6 +901,12 @@ mod tests {
             "container_sockets{container=\"burn\",id=\"/kubepods/podu1/burnid\",image=\"\",name=\"burnid\",namespace=\"default\",pod=\"web\"} 2 ",
             "container_threads{container=\"\",id=\"/\",image=\"\",name=\"\",namespace=\"\",pod=\"\"} 3 ",
             "container_tasks_state{container=\"\",id=\"/kubepods\",image=\"\",name=\"\",namespace=\"\",pod=\"\",state=\"sleeping\"} 4 ",
+            "container_cpu_load_average_10s{container=\"\",id=\"/\",image=\"\",name=\"\",namespace=\"\",pod=\"\"} 1500 ",
+            "container_fs_limit_bytes{container=\"\",device=\"/dev/vda\",id=\"/\",image=\"\",name=\"\",namespace=\"\",pod=\"\"} 1000 ",
+            "container_fs_read_seconds_total{container=\"\",device=\"/dev/vda\",id=\"/\",image=\"\",name=\"\",namespace=\"\",pod=\"\"} 0.000002534 ",
+            "container_fs_inodes_free{container=\"\",device=\"/dev/vda\",id=\"/\",image=\"\",name=\"\",namespace=\"\",pod=\"\"} 4 ",
+            "container_memory_failures_total{container=\"\",failure_type=\"pgmajfault\",id=\"/\",image=\"\",name=\"\",namespace=\"\",pod=\"\",scope=\"container\"} 0 ",
+            "container_spec_memory_swap_limit_bytes{container=\"\",id=\"/\",image=\"\",name=\"\",namespace=\"\",pod=\"\"} 0\n",
             "container_ulimits_soft{container=\"burn\",id=\"/kubepods/podu1/burnid\",image=\"\",name=\"burnid\",namespace=\"default\",pod=\"web\",ulimit=\"max_open_files\"} 1048576 ",
         ] {
             assert!(text.contains(line), "{line} in {text}");

@@ -88,8 +88,68 @@ pub fn render(metrics: &Metrics, at: &ScrapeTime<'_>) -> String {
     add_pods(&mut page, metrics, at.runtime);
     add_volumes(&mut page, metrics);
     add_server_and_client(&mut page, metrics);
+    add_authentication(&mut page, metrics);
     super::volume_metrics::add(&mut page, at.summary);
+    add_container_logs(&mut page, at.summary);
     page.render()
+}
+
+/// `kubelet_container_log_filesystem_used_bytes{uid,namespace,pod,container}`: the bytes
+/// of each container's logs, as the summary has them (the kubelet's log metrics collector).
+fn add_container_logs(page: &mut Page, summary: Option<&Summary>) {
+    let mut samples = Samples::default();
+    for pod in summary.iter().flat_map(|s| &s.pods) {
+        for c in &pod.containers {
+            if let Some(used) = c.logs.as_ref().and_then(|l| l.used_bytes) {
+                #[allow(clippy::cast_precision_loss)] // bytes of logs
+                samples.push(
+                    labels([
+                        ("uid", &pod.pod_ref.uid),
+                        ("namespace", &pod.pod_ref.namespace),
+                        ("pod", &pod.pod_ref.name),
+                        ("container", &c.name),
+                    ]),
+                    gauge_of(used as f64),
+                );
+            }
+        }
+    }
+    page.add_samples(
+        "kubelet_container_log_filesystem_used_bytes",
+        "[ALPHA] Bytes used by the container's logs on the filesystem.",
+        samples,
+    );
+}
+
+/// The authentication of the kubelet API: its client certificates' remaining lifetimes and
+/// its token cache ([`crate::metrics::TokenCache`]).
+fn add_authentication(page: &mut Page, metrics: &Metrics) {
+    page.add(
+        "apiserver_client_certificate_expiration_seconds",
+        "[ALPHA] Distribution of the remaining lifetime on the certificate used to authenticate a request.",
+        metrics.client_certificate_expiration.clone(),
+    );
+    let cache = &metrics.token_cache;
+    page.add(
+        "authentication_token_cache_active_fetch_count",
+        "[ALPHA] ",
+        cache.active_fetches.clone(),
+    );
+    page.add(
+        "authentication_token_cache_fetch_total",
+        "[ALPHA] ",
+        cache.fetches.clone(),
+    );
+    page.add(
+        "authentication_token_cache_request_duration_seconds",
+        "[ALPHA] ",
+        cache.request_duration.clone(),
+    );
+    page.add(
+        "authentication_token_cache_request_total",
+        "[ALPHA] ",
+        cache.requests.clone(),
+    );
 }
 
 fn gauge_of(value: impl Into<f64>) -> ConstGauge<f64> {
@@ -111,12 +171,12 @@ fn add_build_info(page: &mut Page) {
         "[ALPHA] A metric with a constant '1' value labeled by major, minor, git version, git commit, git tree state, build date, Go version, and compiler from which Kubernetes was built, and platform on which it is running.",
         one(
             labels([
-                ("buildDate", ""),
+                ("build_date", ""),
                 ("compiler", "rustc"),
-                ("gitCommit", ""),
-                ("gitTreeState", ""),
-                ("gitVersion", &format!("v{version}")),
-                ("goVersion", ""),
+                ("git_commit", ""),
+                ("git_tree_state", ""),
+                ("git_version", &format!("v{version}")),
+                ("go_version", ""),
                 ("major", major),
                 ("minor", minor),
                 ("platform", &format!("{}/{}", std::env::consts::OS, arch())),

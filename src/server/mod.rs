@@ -996,13 +996,16 @@ async fn serve_connection(
             return;
         }
     };
-    let user = tls
+    let certificate = tls
         .get_ref()
         .1
         .peer_certificates()
         .and_then(|chain| chain.first())
-        .and_then(|leaf| x509::parse(leaf).ok())
-        .and_then(|info| UserInfo::from_certificate(&info));
+        .and_then(|leaf| x509::parse(leaf).ok());
+    let user = certificate.as_ref().and_then(UserInfo::from_certificate);
+    // A verified client certificate's remaining lifetime is observed for each request, as
+    // the kubelet's x509 authenticator observes it.
+    let expires_s = certificate.map(|c| c.not_after.as_second());
     // A verified client certificate authenticates the connection at once: the API
     // server's connections leave the pending budget before their first request.
     if user.is_some() && connection.authenticated().is_err() {
@@ -1014,6 +1017,9 @@ async fn serve_connection(
         // The request's handler moves the connection between budgets, and an
         // upgraded stream keeps its hold until it ends.
         req.extensions_mut().insert(connection.clone());
+        if let Some(expires_s) = expires_s {
+            crate::metrics::observe_client_certificate(expires_s);
+        }
         async move { Ok::<_, Infallible>(server.handle(req, user).await) }
     });
     if let Err(e) = hyper::server::conn::http1::Builder::new()

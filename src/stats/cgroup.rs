@@ -120,10 +120,14 @@ pub struct MemoryFigures {
     pub rss_bytes: u64,
     /// Page cache (`total_cache`; v2 `file`).
     pub cache_bytes: u64,
-    /// Page faults.
+    /// Page faults of the cgroup's own tasks (`pgfault`).
     pub page_faults: u64,
-    /// Major page faults.
+    /// Major page faults of its own tasks (`pgmajfault`).
     pub major_page_faults: u64,
+    /// Page faults in the cgroup and below (v1 `total_pgfault`; v2's `pgfault` counts so).
+    pub hierarchy_page_faults: u64,
+    /// Major page faults in the cgroup and below (v1 `total_pgmajfault`).
+    pub hierarchy_major_page_faults: u64,
     /// Pages mapped into processes (`total_mapped_file`; v2 `file_mapped`).
     pub mapped_file_bytes: u64,
     /// Times the limit was hit (v1 `memory.failcnt`; v2 the `max` events).
@@ -146,6 +150,12 @@ pub struct CgroupSpec {
     pub cpu_period: Option<u64>,
     /// The memory limit; 0 when there is none (cAdvisor's `container_spec_memory_limit_bytes`).
     pub memory_limit: Option<u64>,
+    /// The memory and swap limit (v1 `memory.memsw.limit_in_bytes`, v2
+    /// `memory.swap.max`); 0 for none or where there is no such file, as cAdvisor reads it.
+    pub memory_swap_limit: u64,
+    /// The memory reservation (v1 `memory.soft_limit_in_bytes`, v2 `memory.high`); 0 for
+    /// none.
+    pub memory_reservation: u64,
 }
 
 /// What one cgroup's files say; a figure is `None` when its files cannot be read.
@@ -221,6 +231,8 @@ pub fn parse_memory_v1(usage: &str, stat: &str) -> Option<MemoryFigures> {
         cache_bytes: keyed(stat, "total_cache").unwrap_or(0),
         page_faults: keyed(stat, "pgfault").unwrap_or(0),
         major_page_faults: keyed(stat, "pgmajfault").unwrap_or(0),
+        hierarchy_page_faults: keyed(stat, "total_pgfault").unwrap_or(0),
+        hierarchy_major_page_faults: keyed(stat, "total_pgmajfault").unwrap_or(0),
         mapped_file_bytes: keyed(stat, "total_mapped_file").unwrap_or(0),
         ..MemoryFigures::default()
     })
@@ -238,9 +250,18 @@ pub fn parse_memory_v2(current: &str, stat: &str) -> Option<MemoryFigures> {
         cache_bytes: keyed(stat, "file").unwrap_or(0),
         page_faults: keyed(stat, "pgfault").unwrap_or(0),
         major_page_faults: keyed(stat, "pgmajfault").unwrap_or(0),
+        hierarchy_page_faults: keyed(stat, "pgfault").unwrap_or(0),
+        hierarchy_major_page_faults: keyed(stat, "pgmajfault").unwrap_or(0),
         mapped_file_bytes: keyed(stat, "file_mapped").unwrap_or(0),
         ..MemoryFigures::default()
     })
+}
+
+/// A memory figure of a cgroup's spec as cAdvisor reports it: `max`, an unreadable
+/// number or one above 2^62 is none, 0.
+#[must_use]
+pub fn spec_memory(text: &str) -> u64 {
+    number(text).filter(|v| *v <= MAX_MEMORY).unwrap_or(0)
 }
 
 /// A v1 memory limit: above 2^62 is none (0, as cAdvisor reports it).
@@ -348,6 +369,9 @@ impl<F: CgroupFs> CgroupReader<F> {
             stats.spec.memory_limit = self
                 .read(&dir, "memory.limit_in_bytes")
                 .and_then(|s| parse_memory_limit_v1(&s));
+            let limit = |file| self.read(&dir, file).map_or(0, |s| spec_memory(&s));
+            stats.spec.memory_swap_limit = limit("memory.memsw.limit_in_bytes");
+            stats.spec.memory_reservation = limit("memory.soft_limit_in_bytes");
         }
         stats
     }
@@ -379,6 +403,9 @@ impl<F: CgroupFs> CgroupReader<F> {
         stats.spec.memory_limit = self
             .read(&dir, "memory.max")
             .and_then(|m| parse_memory_limit_v2(&m));
+        let limit = |file| self.read(&dir, file).map_or(0, |s| spec_memory(&s));
+        stats.spec.memory_swap_limit = limit("memory.swap.max");
+        stats.spec.memory_reservation = limit("memory.high");
         stats
     }
 
@@ -468,6 +495,7 @@ mod tests {
 
     const V1_MEMORY_STAT: &str = "cache 4096\nrss 8192\npgfault 12\npgmajfault 1\n\
         inactive_file 100\ntotal_cache 70000\ntotal_rss 67108864\n\
+        total_pgfault 40\ntotal_pgmajfault 3\n\
         total_inactive_file 20000\ntotal_mapped_file 4096\n";
 
     #[test]
@@ -507,6 +535,16 @@ mod tests {
         assert_eq!(memory.rss_bytes, 67_108_864);
         assert_eq!(memory.cache_bytes, 70_000);
         assert_eq!((memory.page_faults, memory.major_page_faults), (12, 1));
+        assert_eq!(
+            (
+                memory.hierarchy_page_faults,
+                memory.hierarchy_major_page_faults
+            ),
+            (40, 3)
+        );
+        assert_eq!(spec_memory("9223372036854771712\n"), 0);
+        assert_eq!(spec_memory("max\n"), 0);
+        assert_eq!(spec_memory("67108864\n"), 67_108_864);
         // More inactive file pages than usage: a working set of zero, not an underflow.
         let small = parse_memory_v1("10", "total_inactive_file 20\n").unwrap();
         assert_eq!(small.working_set_bytes, 0);
@@ -604,6 +642,8 @@ mod tests {
                 ("memory.failcnt", "3\n"),
                 ("memory.max_usage_in_bytes", "70000000\n"),
                 ("memory.memsw.usage_in_bytes", "67300000\n"),
+                ("memory.memsw.limit_in_bytes", "268435456\n"),
+                ("memory.soft_limit_in_bytes", "9223372036854771712\n"),
             ],
         );
         let layout = CgroupLayout::V1(vec![
@@ -627,7 +667,9 @@ mod tests {
                 cpu_shares: Some(512),
                 cpu_quota: 50_000,
                 cpu_period: Some(100_000),
-                memory_limit: Some(134_217_728)
+                memory_limit: Some(134_217_728),
+                memory_swap_limit: 268_435_456,
+                memory_reservation: 0,
             }
         );
         let figures = stats.memory.unwrap();

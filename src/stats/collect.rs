@@ -13,9 +13,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use super::StatsError;
 use super::cgroup::{CgroupPaths, CgroupReader, CgroupStats};
-use super::fs::{self, DiskUsage, FsInfo};
+use super::fs::{self, DiskUsage, FilesystemFigures, FsInfo, Partition};
 use super::network::{self, InterfaceCounters};
-use super::process::{self, ProcessFigures};
+use super::process::{self, LoadAverages, ProcessFigures};
 use super::volume::{SpecVolume, VolumeUsage, read_in_tree};
 use crate::cm::{CgroupLayout, LinuxCgroupFs};
 use crate::cri::{Cri, VerboseInfo, api};
@@ -85,6 +85,8 @@ pub struct CgroupInfo {
     pub fs_usage: Option<(String, u64)>,
     /// Its processes, their files and threads.
     pub processes: Option<ProcessFigures>,
+    /// The machine's filesystems (the root's only, as cAdvisor reports them).
+    pub filesystems: Vec<FilesystemFigures>,
 }
 
 /// The machine's figures.
@@ -197,6 +199,11 @@ pub struct Collector {
     config: StatsConfig,
     located: Mutex<HashMap<String, Located>>,
     layout: Arc<OnceLock<Option<CgroupLayout>>>,
+    /// The machine's filesystems, listed once at the first reading as cAdvisor lists them
+    /// at start (so the pods' own mounts are not among them).
+    partitions: Arc<OnceLock<Vec<Partition>>>,
+    /// Each cgroup's load average, across readings.
+    loads: LoadAverages,
 }
 
 impl Collector {
@@ -305,12 +312,14 @@ impl Collector {
             .and_then(|u| u.fs_id.as_ref())
             .map(|id| PathBuf::from(&id.mountpoint));
         let time_ns = now_ns();
+        let partitions = Arc::clone(&self.partitions);
         let read = tokio::task::spawn_blocking(move || {
-            let layout = layout.get_or_init(|| {
+            let mountinfo = || {
                 crate::procfs::read_pseudo_file(&config.proc.join("self/mountinfo"))
-                    .ok()
-                    .and_then(|text| CgroupLayout::from_mountinfo(&text))
-            });
+                    .unwrap_or_default()
+            };
+            let layout = layout.get_or_init(|| CgroupLayout::from_mountinfo(&mountinfo()));
+            let partitions = partitions.get_or_init(|| fs::partitions(&mountinfo()));
             read_files(
                 &config,
                 layout.as_ref(),
@@ -318,11 +327,19 @@ impl Collector {
                 targets,
                 &volumes,
                 image_mount,
+                partitions,
             )
         })
         .await
         .map_err(|e| StatsError::Task(e.to_string()))?;
-        let (cgroups, pods_cgroup, machine_figures, mut storage_figures, found) = read;
+        let (mut cgroups, mut pods_cgroup, machine_figures, mut storage_figures, found) = read;
+        self.loads.update(
+            cgroups
+                .iter_mut()
+                .chain(pods_cgroup.as_mut())
+                .filter_map(|c| Some((c.id.as_str(), c.processes.as_mut()?))),
+            time_ns,
+        );
         {
             let mut cache = crate::lock::lock(&self.located);
             for (id, paths) in found {
@@ -463,6 +480,7 @@ fn read_files<M: MachineInfo>(
     targets: Vec<Target>,
     volumes: &HashMap<String, Vec<SpecVolume>>,
     image_mount: Option<PathBuf>,
+    partitions: &[Partition],
 ) -> Read {
     let reader = layout.map(|l| CgroupReader::new(LinuxCgroupFs, l.clone()));
     let stats_of = |paths: &CgroupPaths| {
@@ -483,7 +501,6 @@ fn read_files<M: MachineInfo>(
     };
     let mountinfo =
         crate::procfs::read_pseudo_file(&config.proc.join("self/mountinfo")).unwrap_or_default();
-    let root_device = fs::device_of(&mountinfo, &config.root_dir).unwrap_or_default();
     let image_device = image_mount
         .as_deref()
         .and_then(|m| fs::device_of(&mountinfo, m))
@@ -497,8 +514,14 @@ fn read_files<M: MachineInfo>(
         kind: CgroupKind::Root,
         stats: root_stats,
         network: network::read(&config.proc, 1).unwrap_or_default(),
-        fs_usage: root_fs.map(|f| (root_device.clone(), f.used_bytes)),
-        processes: processes_of(&root_paths, None),
+        processes: processes_of(&root_paths, Some(1)),
+        filesystems: fs::filesystems(
+            partitions,
+            &fs::parse_diskstats(
+                &crate::procfs::read_pseudo_file(&config.proc.join("diskstats"))
+                    .unwrap_or_default(),
+            ),
+        ),
         ..CgroupInfo::default()
     }];
     let mut found = Vec::new();
@@ -569,6 +592,7 @@ fn read_files<M: MachineInfo>(
             network,
             fs_usage: target.writable_layer.map(|b| (image_device.clone(), b)),
             processes: processes_of(&paths, target.located.pid),
+            filesystems: Vec::new(),
         });
     }
     let first_child = usize::from(!cgroups.is_empty());

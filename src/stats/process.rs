@@ -7,9 +7,15 @@
 //! container's first process (`/proc/<pid>/limits`). Also its tasks by state
 //! (`container_tasks_state`), as the kernel's cgroupstats counts the cgroup's own tasks for
 //! cAdvisor's load reader: running (`R`), sleeping (`S`), uninterruptible (`D`), stopped
-//! (`T`), from each task's `/proc/<tid>/stat`. Parsing is pure; [`read`] reads.
+//! (`T`), from each task's `/proc/<tid>/stat`; and the load average over 10 s that reader
+//! keeps from them ([`LoadAverages`]). Parsing is pure; [`read`] reads.
 
+use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Mutex;
+
+/// The load average's time constant (`container_cpu_load_average_10s`).
+const LOAD_WINDOW_S: f64 = 10.0;
 
 /// A cgroup's process figures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -29,6 +35,9 @@ pub struct ProcessFigures {
     pub max_open_files: Option<i64>,
     /// Its own tasks by state.
     pub tasks: TaskStates,
+    /// Its load average over 10 s in thousandths of a task, as cAdvisor writes it
+    /// ([`LoadAverages`]).
+    pub load_average_milli: i64,
 }
 
 /// Tasks (threads) by state.
@@ -61,6 +70,43 @@ impl TaskStates {
             Some("T") => self.stopped += 1,
             _ => {}
         }
+    }
+}
+
+/// Each cgroup's load average, kept across readings as cAdvisor's load reader keeps it:
+/// the running and uninterruptible tasks of each reading, decayed exponentially over 10 s
+/// by the time since the one before (the first reading's count as it is).
+#[derive(Debug, Default)]
+pub struct LoadAverages(Mutex<HashMap<String, (f64, i64)>>);
+
+impl LoadAverages {
+    /// Sets the load average of each of `figures` (by cgroup ID) read at `at_ns`; cgroups
+    /// not among them are forgotten.
+    pub fn update<'a>(
+        &self,
+        figures: impl Iterator<Item = (&'a str, &'a mut ProcessFigures)>,
+        at_ns: i64,
+    ) {
+        let mut loads = crate::lock::lock(&self.0);
+        let mut seen = HashMap::with_capacity(loads.len());
+        for (id, p) in figures {
+            let now = (p.tasks.running + p.tasks.uninterruptible) as f64;
+            let average = match loads.get(id) {
+                Some((before, then)) => {
+                    #[allow(clippy::cast_precision_loss)] // ns between two readings
+                    let elapsed_s = (at_ns - then).max(0) as f64 / 1e9;
+                    let decay = (-elapsed_s / LOAD_WINDOW_S).exp();
+                    before * decay + now * (1.0 - decay)
+                }
+                None => now,
+            };
+            #[allow(clippy::cast_possible_truncation)] // thousandths of a few tasks
+            {
+                p.load_average_milli = (average * 1000.0) as i64;
+            }
+            seen.insert(id.to_owned(), (average, at_ns));
+        }
+        *loads = seen;
     }
 }
 
@@ -194,6 +240,30 @@ mod tests {
         );
         let me = task_states(Path::new("/proc"), &[std::process::id()]);
         assert_eq!(me.running + me.sleeping, 1, "{me:?}");
+    }
+
+    #[test]
+    fn load_averages_decay_over_10_s_as_cadvisors() {
+        let loads = LoadAverages::default();
+        let busy = |running| ProcessFigures {
+            tasks: TaskStates {
+                running,
+                uninterruptible: 1,
+                ..TaskStates::default()
+            },
+            ..ProcessFigures::default()
+        };
+        let (mut a, mut b) = (busy(1), busy(0));
+        loads.update([("/a", &mut a), ("/b", &mut b)].into_iter(), 0);
+        assert_eq!((a.load_average_milli, b.load_average_milli), (2000, 1000));
+        // 10 s later with no task left: 2 × e^-1.
+        let mut idle = ProcessFigures::default();
+        loads.update([("/a", &mut idle)].into_iter(), 10_000_000_000);
+        assert_eq!(idle.load_average_milli, 735);
+        // "/b" was forgotten: it starts again from its count.
+        let mut again = busy(2);
+        loads.update([("/b", &mut again)].into_iter(), 20_000_000_000);
+        assert_eq!(again.load_average_milli, 3000);
     }
 
     #[test]
