@@ -235,8 +235,8 @@ fn kubelet_answers() -> BTreeMap<String, Answer> {
     out
 }
 
-/// The workload and the identity, applied from `tests/data/monitoring/`, deleted when
-/// dropped.
+/// The workload and the identity, applied from `tests/data/monitoring/` (written into `dir`),
+/// deleted with `dir` when dropped.
 struct Applied {
     dir: PathBuf,
     pv_dir: PathBuf,
@@ -437,7 +437,8 @@ async fn the_mixins_kubelet_queries_have_series_for_rkubelet_as_for_the_kubelet(
     let pv_dir = state_dir().join("mon-pv");
     std::fs::create_dir_all(&pv_dir).expect("the local volume's dir");
     std::fs::create_dir_all(&dir).expect("a temp dir");
-    let _applied = Applied::apply(&dir.join("manifests"), &pv_dir).await;
+    // The manifests are written into `dir`, which goes with them (Prometheus' own dir first).
+    let _applied = Applied::apply(&dir, &pv_dir).await;
     kubectl(&[
         "wait",
         "--for=condition=Ready",
@@ -484,7 +485,18 @@ async fn the_mixins_kubelet_queries_have_series_for_rkubelet_as_for_the_kubelet(
             &format!("/api/v1/nodes/{}/proxy{path}", node_name()),
         ])
         .await;
-        for s in family_shortfalls(&kubelet_families(page), &families(&text)) {
+        let (kubelet_page, ours) = (kubelet_families(page), families(&text));
+        let theirs: Vec<&String> = kubelet_page
+            .keys()
+            .filter(|n| !n.starts_with("go_"))
+            .collect();
+        eprintln!(
+            "{path}: rkubelet serves {} families, {} of the kubelet's {} (go_* aside) by name",
+            ours.len(),
+            theirs.iter().filter(|n| ours.contains_key(**n)).count(),
+            theirs.len()
+        );
+        for s in family_shortfalls(&kubelet_page, &ours) {
             short.push(format!("{path}: {s}"));
         }
     }

@@ -579,11 +579,8 @@ async fn metrics_and_stats_summary_through_the_apiserver() {
             "kubelet_runtime_operations_duration_seconds_count{operation_type=\"create_container\"}"
         ) >= 2.0
     );
-    assert!(
-        samples
-            .iter()
-            .any(|(s, _)| s.starts_with("kubelet_runtime_operations_errors_total{"))
-    );
+    // `kubelet_runtime_operations_errors_total` has a sample only once an operation failed,
+    // as the kubelet's (none here: it is counted in src/server/metrics.rs's unit tests).
     assert!(samples.iter().any(|(s, _)| {
         s.starts_with("kubelet_pod_worker_duration_seconds_bucket{operation_type=\"create\"")
     }));
