@@ -336,6 +336,35 @@ impl Prometheus {
         }
     }
 
+    /// Waits until Prometheus answers `/-/ready` (it opens its TSDB and loads the rules
+    /// first), for at most 60 s; panics with its log if it ended or never got ready.
+    async fn ready(&mut self) {
+        let url = format!("http://127.0.0.1:{}/-/ready", self.port);
+        let started = std::time::Instant::now();
+        loop {
+            let log =
+                || std::fs::read_to_string(self.dir.join("prometheus.log")).unwrap_or_default();
+            if let Some(status) = self.child.try_wait().expect("Prometheus' status") {
+                panic!("Prometheus ended ({status}):\n{}", log());
+            }
+            let answered = tokio::process::Command::new("curl")
+                .args(["-fsS", "--max-time", "2", "-o", "/dev/null", &url])
+                .status()
+                .await
+                .expect("curl")
+                .success();
+            if answered {
+                return;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "Prometheus not ready after 60 s:\n{}",
+                log()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
     async fn get(&self, path: &str, query: &[(&str, &str)]) -> Value {
         let url = format!("http://127.0.0.1:{}{path}", self.port);
         let mut cmd = tokio::process::Command::new("curl");
@@ -447,7 +476,8 @@ async fn the_mixins_kubelet_queries_have_series_for_rkubelet_as_for_the_kubelet(
     ])
     .await;
     let token = kubectl(&["create", "token", "mon-prometheus", "--duration=1h"]).await;
-    let prometheus = Prometheus::start(&dir.join("prometheus"), &token);
+    let mut prometheus = Prometheus::start(&dir.join("prometheus"), &token);
+    prometheus.ready().await;
 
     let queries = read_json("kubernetes-mixin/queries.json");
     let mut exprs: Vec<String> = Vec::new();

@@ -556,13 +556,30 @@ async fn metrics_and_stats_summary_through_the_apiserver() {
         running(name, Duration::from_secs(60)).await;
     }
     let node = node_name();
-    let metrics = kubectl_ok(&[
-        "get",
-        "--raw",
-        &format!("/api/v1/nodes/{node}/proxy/metrics"),
-    ])
+    // A pod worker's sync is recorded when it returns, which may be just after the status
+    // it patched showed the pod running (as the kubelet records it after syncPod): the page
+    // is read until both pods' first syncs ("create") are on it.
+    let (metrics, samples) = eventually(
+        "both pods' first syncs on /metrics",
+        Duration::from_secs(30),
+        || async {
+            let metrics = kubectl_ok(&[
+                "get",
+                "--raw",
+                &format!("/api/v1/nodes/{node}/proxy/metrics"),
+            ])
+            .await;
+            let samples = prometheus_samples(&metrics);
+            samples
+                .iter()
+                .any(|(s, v)| {
+                    s == "kubelet_pod_worker_duration_seconds_count{operation_type=\"create\"}"
+                        && *v >= 2.0
+                })
+                .then_some((metrics, samples))
+        },
+    )
     .await;
-    let samples = prometheus_samples(&metrics);
     let value = |series: &str| {
         samples
             .iter()
@@ -582,7 +599,7 @@ async fn metrics_and_stats_summary_through_the_apiserver() {
     // `kubelet_runtime_operations_errors_total` has a sample only once an operation failed,
     // as the kubelet's (none here: it is counted in src/server/metrics.rs's unit tests).
     assert!(samples.iter().any(|(s, _)| {
-        s.starts_with("kubelet_pod_worker_duration_seconds_bucket{operation_type=\"create\"")
+        s.starts_with("kubelet_pod_worker_duration_seconds_bucket{operation_type=\"create\",le=")
     }));
 
     // One entry per running pod, from the housekeeping's first reading after it started
