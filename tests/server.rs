@@ -598,8 +598,12 @@ async fn metrics_and_stats_summary_through_the_apiserver() {
     );
     // `kubelet_runtime_operations_errors_total` has a sample only once an operation failed,
     // as the kubelet's (none here: it is counted in src/server/metrics.rs's unit tests).
+    // A bucket of the first syncs (label order is the writer's: the kubelet writes `le` last,
+    // prometheus-client first).
     assert!(samples.iter().any(|(s, _)| {
-        s.starts_with("kubelet_pod_worker_duration_seconds_bucket{operation_type=\"create\",le=")
+        s.starts_with("kubelet_pod_worker_duration_seconds_bucket{")
+            && s.contains("operation_type=\"create\"")
+            && s.contains("le=\"")
     }));
 
     // One entry per running pod, from the housekeeping's first reading after it started
