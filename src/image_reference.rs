@@ -28,6 +28,21 @@ pub fn validate(image: &str) -> Result<(), String> {
     parse(&format!("{domain}/{remainder}"))
 }
 
+/// The pull policy the API gives a container that names none (`SetDefaults_Container`):
+/// `Always` for `:latest` or no tag, `IfNotPresent` for another tag, a digest, or a
+/// reference that does not parse.
+#[must_use]
+pub fn default_pull_policy(image: &str) -> &'static str {
+    if validate(image).is_err() || image.contains('@') {
+        return "IfNotPresent";
+    }
+    let name = image.rsplit('/').next().unwrap_or(image);
+    match name.split_once(':') {
+        Some((_, "latest")) | None => "Always",
+        Some(_) => "IfNotPresent",
+    }
+}
+
 /// The domain of a reference and the rest (`splitDockerDomain`): the first component when
 /// it looks like a host (a dot, a port, `localhost` or upper case), else Docker Hub's, with
 /// `library/` for official images.

@@ -23,6 +23,7 @@ pub mod expansion;
 pub mod fault;
 #[cfg(any(test, fuzzing))]
 pub mod fuzzing;
+pub mod goapi;
 pub mod image_reference;
 pub mod images;
 pub mod inspect;

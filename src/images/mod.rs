@@ -60,14 +60,7 @@ pub fn pull_policy(container: &Container) -> &str {
     if let Some(policy) = container.image_pull_policy.as_deref() {
         return policy;
     }
-    let image = container.image.as_deref().unwrap_or_default();
-    let name = image.rsplit('/').next().unwrap_or(image);
-    let by_digest = image.contains('@');
-    match name.split_once(':') {
-        _ if by_digest => "IfNotPresent",
-        Some((_, "latest")) | None => "Always",
-        Some(_) => "IfNotPresent",
-    }
+    crate::image_reference::default_pull_policy(container.image.as_deref().unwrap_or_default())
 }
 
 /// Pulls images for containers.

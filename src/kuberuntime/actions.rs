@@ -3,7 +3,7 @@
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 
-use super::container::container_hash;
+use super::container::hash_matches;
 use super::runtime_status::{ContainerState, PodRuntimeStatus, RunState};
 use crate::probe::results::{ProbeKind, Results};
 
@@ -192,7 +192,7 @@ pub fn compute_pod_actions(
                 .start
                 .push((i, status.latest(&c.name).map_or(0, |s| s.attempt + 1))),
             Some(s) if s.state == RunState::Running => {
-                if !s.hash.is_empty() && s.hash != container_hash(c) {
+                if !hash_matches(&s.hash, c) {
                     actions.kill.push((
                         s.id.clone(),
                         c.name.clone(),
@@ -235,6 +235,7 @@ pub fn compute_pod_actions(
 
 #[cfg(test)]
 mod tests {
+    use super::super::container::container_hash;
     use super::super::runtime_status::testing::{self, sandbox};
     use super::*;
     use crate::pod::testing::{pod, with_init};

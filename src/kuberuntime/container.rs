@@ -17,15 +17,49 @@ use crate::expansion::expand;
 use crate::pod::PodId;
 use crate::resources::Quantity;
 
-/// FNV-1a, 64 bits: a stable hash of the container spec, so a changed spec is noticed
-/// across agent restarts (the kubelet's `io.kubernetes.container.hash`).
+/// The kubelet's `HashContainer`, as its `io.kubernetes.container.hash` annotation writes
+/// it (lower-case hex): FNV-32a over go-spew's rendering of the bytes of Go's
+/// `json.Marshal` of the v1.20.2 `v1.Container`. The kubelet and this agent then see each
+/// other's containers as unchanged, and a container is restarted only when its spec
+/// really changed.
 #[must_use]
 pub fn container_hash(container: &Container) -> String {
+    format!("{:x}", kubelet_hash(container))
+}
+
+fn kubelet_hash(container: &Container) -> u32 {
+    let value = serde_json::to_value(container).unwrap_or_default();
+    let json = crate::goapi::json::marshal(&value, "v1.Container").unwrap_or_else(|e| {
+        // Not a container the API server would have accepted: hashed as serde writes it,
+        // stable for this agent, and no spec the kubelet runs.
+        tracing::warn!(container = %container.name, error = %e, "container spec without a Go form");
+        value.to_string()
+    });
+    crate::goapi::deep_hash_bytes(json.as_bytes())
+}
+
+/// The hash rkubelet wrote before it computed the kubelet's (FNV-1a, 64 bits, over serde's
+/// JSON): a container an earlier rkubelet started is not restarted by an upgrade.
+fn earlier_rkubelet_hash(container: &Container) -> String {
     let bytes = serde_json::to_vec(container).unwrap_or_default();
     let hash = bytes.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
         (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
     });
     format!("{hash:x}")
+}
+
+/// Whether a running container with the hash annotation `hash` was made from
+/// `container` (an absent annotation, as on the kubelet's oldest containers, says nothing).
+#[must_use]
+pub fn hash_matches(hash: &str, container: &Container) -> bool {
+    if hash.is_empty() {
+        return true;
+    }
+    // The kubelet reads the annotation as a hex number (`strconv.ParseUint(s, 16, 64)`).
+    match u64::from_str_radix(hash, 16) {
+        Ok(n) if n == u64::from(kubelet_hash(container)) => true,
+        _ => hash == earlier_rkubelet_hash(container),
+    }
 }
 
 /// A quantity in thousandths, for cgroup arithmetic.
@@ -357,8 +391,97 @@ mod tests {
         let mut c = p.spec.unwrap().containers[0].clone();
         let before = container_hash(&c);
         assert_eq!(before, container_hash(&c));
+        assert!(hash_matches(&before, &c));
+        assert!(hash_matches("", &c), "no annotation: nothing to compare");
         c.image = Some("nginx".into());
         assert_ne!(before, container_hash(&c));
+        assert!(!hash_matches(&before, &c));
+        // The annotation is a hex number: leading zeros and case do not matter.
+        let padded = format!("000{}", container_hash(&c).to_uppercase());
+        assert!(hash_matches(&padded, &c));
+    }
+
+    fn vectors() -> impl Iterator<Item = (serde_json::Value, String)> {
+        let inputs = include_str!("../../tests/data/kubelet-v1.20.2/containers.jsonl");
+        let outputs = include_str!("../../tests/data/kubelet-v1.20.2/container-hashes.jsonl");
+        inputs.lines().zip(outputs.lines()).map(|(input, output)| {
+            let expected: serde_json::Value = serde_json::from_str(output).unwrap();
+            (
+                serde_json::from_str(input).unwrap(),
+                expected["hash"].as_str().unwrap().to_owned(),
+            )
+        })
+    }
+
+    /// The kubelet v1.20.2's own `HashContainer` of each reference container
+    /// (tests/data/kubelet-v1.20.2/README.md), through this crate's `Container`.
+    #[test]
+    fn hashes_are_the_kubelets() {
+        let mut n = 0;
+        for (input, hash) in vectors() {
+            let c: Container = serde_json::from_value(input.clone()).unwrap();
+            assert_eq!(container_hash(&c), hash, "{input}");
+            assert!(hash_matches(&hash, &c));
+            n += 1;
+        }
+        assert!(n > 150, "{n}");
+    }
+
+    /// The hash depends on the spec only: not on the order in which a serializer writes
+    /// the fields (k8s-openapi's is alphabetical, the vectors' Go's), not on absent fields
+    /// written as `null`, not on fields a later API (or a later k8s-openapi) added.
+    #[test]
+    fn the_hash_depends_on_the_spec_only() {
+        let hash_of = |v: &serde_json::Value| {
+            let json = crate::goapi::json::marshal(v, "v1.Container").unwrap();
+            format!("{:x}", crate::goapi::deep_hash_bytes(json.as_bytes()))
+        };
+        for (input, hash) in vectors() {
+            let c: Container = serde_json::from_value(input.clone()).unwrap();
+            let reserialized: serde_json::Value =
+                serde_json::from_str(&serde_json::to_string(&c).unwrap()).unwrap();
+            assert_eq!(hash_of(&reserialized), hash, "{input}");
+            let mut extended = input.clone();
+            let object = extended.as_object_mut().unwrap();
+            for absent in ["workingDir", "lifecycle", "securityContext", "startupProbe"] {
+                object.entry(absent).or_insert(serde_json::Value::Null);
+            }
+            object.insert("fieldOfAFutureApi".into(), serde_json::json!({"a": [1]}));
+            for probe in ["livenessProbe", "readinessProbe"] {
+                if let Some(p) = object.get_mut(probe).and_then(|p| p.as_object_mut()) {
+                    p.insert("grpc".into(), serde_json::json!({"port": 1}));
+                }
+            }
+            assert_eq!(hash_of(&extended), hash, "{extended}");
+        }
+    }
+
+    /// The hashes the kubelet v1.20.2 gives the containers of static pods: their
+    /// manifests decoded and defaulted as its file source does (tests/data/kubelet-v1.20.2).
+    #[test]
+    fn static_pods_containers_hash_as_the_kubelets() {
+        let (pods, expected) = crate::pod::file::testing::kubelet_static_pods();
+        let mut n = 0;
+        for pod in pods {
+            let hashes = &expected[pod.metadata.name.as_deref().unwrap()]["hashes"];
+            for c in crate::pod::containers(&pod) {
+                assert_eq!(container_hash(c), hashes[&c.name], "{}", c.name);
+                n += 1;
+            }
+        }
+        assert!(n >= 10, "{n}");
+    }
+
+    /// A container an earlier rkubelet started carries that version's hash: not restarted.
+    #[test]
+    fn an_earlier_rkubelets_hash_still_matches() {
+        let c = pod("web", &[("c", "busybox")]).spec.unwrap().containers[0].clone();
+        let earlier = earlier_rkubelet_hash(&c);
+        assert!(earlier.len() > 8, "64 bits: {earlier}");
+        assert!(hash_matches(&earlier, &c));
+        let mut changed = c.clone();
+        changed.args = Some(vec!["x".into()]);
+        assert!(!hash_matches(&earlier, &changed));
     }
 
     #[test]

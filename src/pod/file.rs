@@ -20,6 +20,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Pod, PodStatus, Toleration};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
+use md5::Digest as _;
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 use tokio::io::unix::AsyncFd;
 
@@ -104,23 +105,97 @@ pub fn decode(data: &[u8], path: &Path, node_name: &str) -> Result<Pod, FileErro
         )));
     }
     let mut pod: Pod = serde_json::from_value(value).map_err(|e| parse_error(e.to_string()))?;
+    super::defaults::set_defaults(&mut pod);
     apply_defaults(&mut pod, path, node_name);
+    super::defaults::round_resource_lists(&mut pod);
     validate(&pod).map_err(|reason| FileError::Invalid { reason })?;
     Ok(pod)
 }
 
-/// The UID of a static pod: a hash of the node, the file and the pod as written (the
-/// kubelet hashes the same three with MD5; 128 bits here too).
+/// The UID the kubelet gives a static pod: MD5 of go-spew's `%#v` of the manifest's pod,
+/// decoded, defaulted and converted to the internal `core.Pod`. (The kubelet's
+/// `applyDefaults` writes the node's name and the file's path into the hasher first, but
+/// `DeepHashObject` resets it: the same manifest is the same UID on every node and path.)
+/// Both agents then run a static pod under the same UID, and a swap of the two keeps it.
+/// A manifest whose Go form is not modelled (a set time, managed fields) gets a UID of
+/// this agent's own over the same three.
 fn static_uid(pod: &Pod, path: &Path, node_name: &str) -> String {
-    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
-    ctx.update(format!("host:{node_name}").as_bytes());
-    ctx.update(format!("file:{}", path.display()).as_bytes());
-    // The fields serialize in a fixed order, and maps are sorted.
-    ctx.update(&serde_json::to_vec(pod).unwrap_or_default());
-    ctx.finish().as_ref()[..16]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    let uid = serde_json::to_value(pod)
+        .map_err(|e| crate::goapi::GoApiError::Unsupported(e.to_string()))
+        .and_then(|mut v| {
+            internal_form(&mut v);
+            crate::goapi::spew::render(&v, "*core.Pod")
+        })
+        .map(|text| hex(md5::Md5::digest(text.as_bytes()).as_slice()));
+    uid.unwrap_or_else(|e| {
+        tracing::warn!(path = %path.display(), error = %e, "static pod UID not the kubelet's");
+        let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+        ctx.update(format!("host:{node_name}").as_bytes());
+        ctx.update(format!("file:{}", path.display()).as_bytes());
+        ctx.update(&serde_json::to_vec(pod).unwrap_or_default());
+        hex(&ctx.finish().as_ref()[..16])
+    })
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// What `Convert_v1_Pod_To_core_Pod` changes beyond renaming: the host namespace flags
+/// move into the pod's security context, `serviceAccount` stands in for an empty
+/// `serviceAccountName`, the old init container annotations are dropped, a status `podIP`
+/// is the first of `podIPs`; and a decoded internal object has no `kind` or `apiVersion`.
+fn internal_form(pod: &mut serde_json::Value) {
+    use serde_json::Value;
+    let Some(object) = pod.as_object_mut() else {
+        return;
+    };
+    object.remove("kind");
+    object.remove("apiVersion");
+    if let Some(Value::Object(annotations)) = object
+        .get_mut("metadata")
+        .and_then(|m| m.get_mut("annotations"))
+    {
+        for old in [
+            "pod.beta.kubernetes.io/init-containers",
+            "pod.alpha.kubernetes.io/init-containers",
+            "pod.beta.kubernetes.io/init-container-statuses",
+            "pod.alpha.kubernetes.io/init-container-statuses",
+        ] {
+            annotations.remove(old);
+        }
+    }
+    let empty = |v: Option<&Value>| v.and_then(Value::as_str).unwrap_or_default().is_empty();
+    if let Some(Value::Object(status)) = object.get_mut("status")
+        && !empty(status.get("podIP"))
+    {
+        let ip = status["podIP"].clone();
+        let first = status
+            .get("podIPs")
+            .and_then(|ips| ips.get(0))
+            .and_then(|first| first.get("ip"));
+        if first != Some(&ip) {
+            status.insert("podIPs".into(), serde_json::json!([{ "ip": ip }]));
+        }
+    }
+    let Some(Value::Object(spec)) = object.get_mut("spec") else {
+        return;
+    };
+    if empty(spec.get("serviceAccountName")) && !empty(spec.get("serviceAccount")) {
+        let alias = spec["serviceAccount"].clone();
+        spec.insert("serviceAccountName".into(), alias);
+    }
+    let moved: Vec<(String, Value)> =
+        ["hostNetwork", "hostPID", "hostIPC", "shareProcessNamespace"]
+            .iter()
+            .filter_map(|k| Some(((*k).to_owned(), spec.get(*k)?.clone())))
+            .collect();
+    let security = spec
+        .entry("securityContext")
+        .or_insert_with(|| Value::Object(serde_json::Map::new()));
+    if let Value::Object(security) = security {
+        security.extend(moved);
+    }
 }
 
 /// The kubelet's `applyDefaults` for a pod from a file.
@@ -573,7 +648,7 @@ spec:
     }
 
     #[test]
-    fn the_uid_follows_node_path_and_content_and_nothing_else() {
+    fn the_uid_follows_the_content_and_nothing_else() {
         let uid = |data: &str, path: &str, node: &str| {
             decode(data.as_bytes(), Path::new(path), node)
                 .unwrap()
@@ -583,8 +658,9 @@ spec:
         };
         let base = uid(YAML, "/m/a.yaml", "n1");
         assert_eq!(base, uid(YAML, "/m/a.yaml", "n1"), "stable across reads");
-        assert_ne!(base, uid(YAML, "/m/b.yaml", "n1"));
-        assert_ne!(base, uid(YAML, "/m/a.yaml", "n2"));
+        // As the kubelet's: its hasher is reset before the pod is written into it.
+        assert_eq!(base, uid(YAML, "/m/b.yaml", "n1"));
+        assert_eq!(base, uid(YAML, "/m/a.yaml", "n2"));
         assert_ne!(base, uid(&YAML.replace("3600", "3601"), "/m/a.yaml", "n1"));
         // The same pod in JSON is the same pod.
         let value: serde_json::Value = serde_yaml_ng::from_str(YAML).unwrap();
@@ -592,6 +668,23 @@ spec:
         // A UID written in the manifest is kept.
         let given = YAML.replace("  name: web\n", "  name: web\n  uid: my-uid\n");
         assert_eq!(uid(&given, "/m/a.yaml", "n1"), "my-uid");
+    }
+
+    /// The UIDs the kubelet v1.20.2's own file source gives the manifests of
+    /// tests/data/kubelet-v1.20.2/static-pods (kubeadm's control plane pods, every volume
+    /// type and pod field, host network ports, quantities to round; see the README there).
+    #[test]
+    fn static_pods_get_the_kubelets_uids() {
+        let (pods, expected) = testing::kubelet_static_pods();
+        assert_eq!(pods.len(), expected.len());
+        for pod in pods {
+            let name = pod.metadata.name.as_deref().unwrap();
+            assert_eq!(
+                pod.metadata.uid.as_deref(),
+                expected[name]["uid"].as_str(),
+                "{name}"
+            );
+        }
     }
 
     #[test]
@@ -774,5 +867,33 @@ spec:
         // A read that found no pod is a read: from now on, mirror pods may be orphans.
         feeder.set(Vec::new());
         assert!(listed(&feeder.statics).await);
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod testing {
+    //! The kubelet's own view of the reference manifests.
+    use std::collections::HashMap;
+    use std::path::Path;
+
+    use k8s_openapi::api::core::v1::Pod;
+
+    /// The pods of tests/data/kubelet-v1.20.2/static-pods as this agent reads them (node
+    /// `n1`), and the kubelet v1.20.2's file source's line of each, by pod name: its
+    /// `uid`, its containers' `hashes` and the defaulted `pod`.
+    pub fn kubelet_static_pods() -> (Vec<Pod>, HashMap<String, serde_json::Value>) {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/kubelet-v1.20.2");
+        let expected = std::fs::read_to_string(dir.join("static-pods.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|line| {
+                let v: serde_json::Value = serde_json::from_str(line).unwrap();
+                (v["pod"]["metadata"]["name"].as_str().unwrap().to_owned(), v)
+            })
+            .collect();
+        (
+            super::list(&dir.join("static-pods"), "n1").unwrap(),
+            expected,
+        )
     }
 }

@@ -5,6 +5,7 @@
 //! Knows no runtime, volume, prober or kubelet sync: a worker calls the `PodSyncer` it is
 //! given.
 
+pub mod defaults;
 pub mod file;
 pub mod mirror;
 pub mod source;

@@ -12,6 +12,7 @@ use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 
 use super::DeviceError;
+use crate::goapi::spew;
 
 /// The checkpoint's file name in the device plugin directory.
 pub const CHECKPOINT_FILE: &str = "kubelet_internal_checkpoint";
@@ -75,16 +76,9 @@ mod base64_bytes {
     }
 }
 
-/// go-spew's `%#v` of a `[]string` element list: `[a b]`.
-fn spew_strings(out: &mut String, list: &[String]) {
-    out.push('[');
-    out.push_str(&list.join(" "));
-    out.push(']');
-}
-
 /// go-spew's `%#v` rendering of the kubelet's `checkpointData` (sorted keys, no methods),
 /// the text its checksum hashes.
-fn spew(data: &CheckpointData) -> String {
+fn render(data: &CheckpointData) -> String {
     let mut out =
         String::from("(checkpoint.checkpointData){PodDeviceEntries:([]checkpoint.PodDevicesEntry)");
     match &data.pod_device_entries {
@@ -105,12 +99,11 @@ fn spew(data: &CheckpointData) -> String {
                         out.push(' ');
                     }
                     let _ = write!(out, "{numa}:");
-                    spew_strings(&mut out, ids);
+                    spew::list(&mut out, ids);
                 }
-                out.push_str("] AllocResp:([]uint8)[");
-                let bytes: Vec<String> = e.alloc_resp.iter().map(u8::to_string).collect();
-                out.push_str(&bytes.join(" "));
-                out.push_str("]}");
+                out.push_str("] AllocResp:");
+                spew::bytes(&mut out, &e.alloc_resp);
+                out.push('}');
             }
             out.push(']');
         }
@@ -126,7 +119,7 @@ fn spew(data: &CheckpointData) -> String {
                 }
                 out.push_str(resource);
                 out.push(':');
-                spew_strings(&mut out, ids);
+                spew::list(&mut out, ids);
             }
             out.push(']');
         }
@@ -137,10 +130,7 @@ fn spew(data: &CheckpointData) -> String {
 
 /// The kubelet's checkpoint checksum: FNV-32a of the spew rendering.
 fn checksum(data: &CheckpointData) -> u64 {
-    let hash = spew(data).bytes().fold(0x811c_9dc5_u32, |h, b| {
-        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
-    });
-    u64::from(hash)
+    u64::from(crate::goapi::fnv32a(render(data).as_bytes()))
 }
 
 /// The file's bytes for `data`.
@@ -231,7 +221,7 @@ mod tests {
             ])),
         };
         assert_eq!(
-            spew(&full),
+            render(&full),
             "(checkpoint.checkpointData){PodDeviceEntries:([]checkpoint.PodDevicesEntry)[{PodUID:(string)uid-1 ContainerName:(string)app ResourceName:(string)example.com/dev DeviceIDs:(checkpoint.DevicesPerNUMA)map[0:[dev-1 dev-0]] AllocResp:([]uint8)[10 3 1 2 255]}] RegisteredDevices:(map[string][]string)map[a.b/c:[] example.com/dev:[dev-3 dev-0]]}"
         );
         assert_eq!(checksum(&full), 1_596_205_433);
