@@ -62,6 +62,78 @@ pub fn hash_matches(hash: &str, container: &Container) -> bool {
     }
 }
 
+/// The container's annotations, as the kubelet's `newContainerAnnotations` writes them:
+/// its hash, restart count, termination message path and policy, the pod's deletion and
+/// termination grace periods (when set), its preStop hook and ports (when it has them) as
+/// Go's JSON. The kubelet reads each of them back from a container this agent made.
+fn container_annotations(
+    pod: &Pod,
+    container: &Container,
+    restart_count: u32,
+) -> HashMap<String, String> {
+    let mut annotations = HashMap::from([
+        (labels::CONTAINER_HASH.to_owned(), container_hash(container)),
+        (
+            labels::CONTAINER_RESTART_COUNT.to_owned(),
+            restart_count.to_string(),
+        ),
+        (
+            labels::TERMINATION_MESSAGE_PATH.to_owned(),
+            container
+                .termination_message_path
+                .clone()
+                .unwrap_or_else(|| "/dev/termination-log".into()),
+        ),
+        (
+            labels::TERMINATION_MESSAGE_POLICY.to_owned(),
+            container
+                .termination_message_policy
+                .clone()
+                .unwrap_or_else(|| "File".into()),
+        ),
+    ]);
+    let periods = [
+        (
+            labels::POD_DELETION_GRACE_PERIOD,
+            pod.metadata.deletion_grace_period_seconds,
+        ),
+        (
+            labels::POD_TERMINATION_GRACE_PERIOD,
+            pod.spec
+                .as_ref()
+                .and_then(|s| s.termination_grace_period_seconds),
+        ),
+    ];
+    for (key, seconds) in periods {
+        if let Some(seconds) = seconds {
+            annotations.insert(key.to_owned(), seconds.to_string());
+        }
+    }
+    let go_json = |value: Option<serde_json::Value>, type_name: &str| {
+        crate::goapi::json::marshal(&value?, type_name)
+            .inspect_err(|e| tracing::warn!(container = %container.name, error = %e, "no Go JSON of {type_name}"))
+            .ok()
+    };
+    let pre_stop = container
+        .lifecycle
+        .as_ref()
+        .and_then(|l| l.pre_stop.as_ref());
+    if let Some(hook) = go_json(
+        pre_stop.and_then(|h| serde_json::to_value(h).ok()),
+        "v1.Handler",
+    ) {
+        annotations.insert(labels::PRE_STOP_HANDLER.to_owned(), hook);
+    }
+    let ports = container.ports.as_ref().filter(|p| !p.is_empty());
+    if let Some(ports) = go_json(
+        ports.and_then(|p| serde_json::to_value(p).ok()),
+        "[]v1.ContainerPort",
+    ) {
+        annotations.insert(labels::CONTAINER_PORTS.to_owned(), ports);
+    }
+    annotations
+}
+
 /// A quantity in thousandths, for cgroup arithmetic.
 fn millis(q: Quantity) -> i64 {
     i64::try_from(q.milli_value()).unwrap_or(i64::MAX)
@@ -163,32 +235,7 @@ pub fn container_config(
     };
     let mut container_labels = labels::pod_labels(id);
     container_labels.insert(labels::CONTAINER_NAME.into(), container.name.clone());
-    let termination_message_path = container
-        .termination_message_path
-        .clone()
-        .unwrap_or_else(|| "/dev/termination-log".into());
-    let annotations = HashMap::from([
-        (labels::CONTAINER_HASH.to_owned(), container_hash(container)),
-        (
-            labels::CONTAINER_RESTART_COUNT.to_owned(),
-            ctx.restart_count.to_string(),
-        ),
-        (
-            labels::TERMINATION_MESSAGE_PATH.to_owned(),
-            termination_message_path,
-        ),
-        (
-            labels::TERMINATION_MESSAGE_POLICY.to_owned(),
-            container
-                .termination_message_policy
-                .clone()
-                .unwrap_or_else(|| "File".into()),
-        ),
-        (
-            labels::POD_TERMINATION_GRACE_PERIOD.to_owned(),
-            crate::pod::termination_grace_period(pod).to_string(),
-        ),
-    ]);
+    let annotations = container_annotations(pod, container, ctx.restart_count);
     let config = api::ContainerConfig {
         metadata: Some(api::ContainerMetadata {
             name: container.name.clone(),
@@ -401,16 +448,60 @@ mod tests {
         assert!(hash_matches(&padded, &c));
     }
 
-    fn vectors() -> impl Iterator<Item = (serde_json::Value, String)> {
+    /// Each reference container, and what the kubelet made of it: its `hash`, the JSON of
+    /// its `preStop` hook and of its `ports` (tests/data/kubelet-v1.20.2).
+    fn vectors_with_annotations() -> impl Iterator<Item = (serde_json::Value, serde_json::Value)> {
         let inputs = include_str!("../../tests/data/kubelet-v1.20.2/containers.jsonl");
         let outputs = include_str!("../../tests/data/kubelet-v1.20.2/container-hashes.jsonl");
         inputs.lines().zip(outputs.lines()).map(|(input, output)| {
-            let expected: serde_json::Value = serde_json::from_str(output).unwrap();
             (
                 serde_json::from_str(input).unwrap(),
-                expected["hash"].as_str().unwrap().to_owned(),
+                serde_json::from_str(output).unwrap(),
             )
         })
+    }
+
+    fn vectors() -> impl Iterator<Item = (serde_json::Value, String)> {
+        vectors_with_annotations()
+            .map(|(input, expected)| (input, expected["hash"].as_str().unwrap().to_owned()))
+    }
+
+    /// Every annotation the kubelet writes on a container, in its form: the preStop hook
+    /// and the ports as its `json.Marshal` writes them (the reference vectors), the grace
+    /// periods when the pod sets them.
+    #[test]
+    fn annotations_are_the_kubelets() {
+        let mut p = pod("web", &[("c", "busybox")]);
+        let mut hooks = 0;
+        for (input, expected) in vectors_with_annotations() {
+            let c: Container = serde_json::from_value(input.clone()).unwrap();
+            let a = container_annotations(&p, &c, 2);
+            assert_eq!(a[labels::CONTAINER_HASH], expected["hash"], "{input}");
+            assert_eq!(a[labels::CONTAINER_RESTART_COUNT], "2");
+            for (key, field) in [
+                (labels::PRE_STOP_HANDLER, "preStop"),
+                (labels::CONTAINER_PORTS, "ports"),
+            ] {
+                assert_eq!(
+                    a.get(key).map(String::as_str),
+                    expected[field].as_str(),
+                    "{key} of {input}"
+                );
+            }
+            hooks += usize::from(a.contains_key(labels::PRE_STOP_HANDLER));
+        }
+        assert!(hooks >= 10, "{hooks}");
+        let c = p.spec.as_ref().unwrap().containers[0].clone();
+        let a = container_annotations(&p, &c, 0);
+        assert_eq!(a[labels::TERMINATION_MESSAGE_PATH], "/dev/termination-log");
+        assert_eq!(a[labels::TERMINATION_MESSAGE_POLICY], "File");
+        assert!(!a.contains_key(labels::POD_TERMINATION_GRACE_PERIOD));
+        assert!(!a.contains_key(labels::POD_DELETION_GRACE_PERIOD));
+        p.spec.as_mut().unwrap().termination_grace_period_seconds = Some(45);
+        p.metadata.deletion_grace_period_seconds = Some(5);
+        let a = container_annotations(&p, &c, 0);
+        assert_eq!(a[labels::POD_TERMINATION_GRACE_PERIOD], "45");
+        assert_eq!(a[labels::POD_DELETION_GRACE_PERIOD], "5");
     }
 
     /// The kubelet v1.20.2's own `HashContainer` of each reference container

@@ -1,6 +1,8 @@
-//! The labels and annotations the kubelet puts on CRI sandboxes and containers, so that
-//! `crictl` and other tools recognise the pods, and so the agent can find its objects
-//! again after a restart.
+//! The labels and annotations the kubelet puts on CRI sandboxes and containers (its
+//! `kuberuntime/labels.go`), so that `crictl` and other tools recognise the pods, and so
+//! that this agent and the kubelet find each other's objects again after a restart or a
+//! swap of node agents: the same keys, and values in the kubelet's form (numbers in
+//! decimal, the hash in hex, hooks and ports as Go's JSON).
 
 use std::collections::HashMap;
 
@@ -22,11 +24,15 @@ pub const CONTAINER_RESTART_COUNT: &str = "io.kubernetes.container.restartCount"
 pub const TERMINATION_MESSAGE_PATH: &str = "io.kubernetes.container.terminationMessagePath";
 /// Annotation: `File` or `FallbackToLogsOnError`.
 pub const TERMINATION_MESSAGE_POLICY: &str = "io.kubernetes.container.terminationMessagePolicy";
-/// Annotation: the pod's termination grace period in seconds.
+/// Annotation: the pod's termination grace period in seconds, when its spec sets one.
 pub const POD_TERMINATION_GRACE_PERIOD: &str = "io.kubernetes.pod.terminationGracePeriod";
-/// Annotation: the container's own termination grace period in seconds.
-pub const CONTAINER_TERMINATION_GRACE_PERIOD: &str =
-    "io.kubernetes.container.terminationGracePeriod";
+/// Annotation: the grace period of the pod's deletion in seconds, when it was being
+/// deleted as the container was made.
+pub const POD_DELETION_GRACE_PERIOD: &str = "io.kubernetes.pod.deletionGracePeriod";
+/// Annotation: the container's preStop hook, as Go's JSON of a v1.20 `v1.Handler`.
+pub const PRE_STOP_HANDLER: &str = "io.kubernetes.container.preStopHandler";
+/// Annotation: the container's ports, as Go's JSON of `[]v1.ContainerPort`.
+pub const CONTAINER_PORTS: &str = "io.kubernetes.container.ports";
 
 /// The pod a sandbox or container belongs to, if it carries the kubelet's labels.
 #[must_use]

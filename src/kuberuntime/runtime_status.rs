@@ -47,7 +47,8 @@ pub struct ContainerState {
     pub name: String,
     /// The sandbox it belongs to.
     pub sandbox_id: String,
-    /// Its attempt, which is the restart count it was created with.
+    /// The restart count it was created with (its `restartCount` annotation, else its
+    /// attempt).
     pub attempt: u32,
     /// Its state.
     pub state: RunState,
@@ -237,7 +238,11 @@ pub async fn get_pod_status<C: Cri>(cri: &C, uid: &str) -> Result<PodRuntimeStat
                 .cloned()
                 .unwrap_or_default(),
             sandbox_id: c.pod_sandbox_id,
-            attempt: s.metadata.as_ref().map_or(0, |m| m.attempt),
+            // The kubelet's restart count is its annotation (the same as the attempt on
+            // the containers either agent makes).
+            attempt: annotation(labels::CONTAINER_RESTART_COUNT)
+                .parse()
+                .unwrap_or_else(|_| s.metadata.as_ref().map_or(0, |m| m.attempt)),
             state,
             created_at: s.created_at,
             started_at: s.started_at,

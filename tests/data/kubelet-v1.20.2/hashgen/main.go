@@ -8,7 +8,8 @@
 //	hashgen podspew FILE                  # go-spew of a manifest decoded as the file source does
 //
 // hash prints, per line, {"hash": HashContainer as the kubelet's label writes it,
-// "json": the json.Marshal bytes it hashes}; the container is also sent through the
+// "json": the json.Marshal bytes it hashes, "preStop" and "ports": the JSON of its
+// preStop hook and ports annotations}; the container is also sent through the
 // protobuf form the kubelet receives from the API server, and the two hashes must agree.
 package main
 
@@ -65,7 +66,17 @@ func main() {
 				fail(fmt.Errorf("JSON and protobuf forms hash apart: %s", line))
 			}
 			j, _ := json.Marshal(&c)
-			out.Encode(map[string]string{"hash": strconv.FormatUint(h, 16), "json": string(j)})
+			line := map[string]string{"hash": strconv.FormatUint(h, 16), "json": string(j)}
+			// The annotations newContainerAnnotations writes with json.Marshal.
+			if c.Lifecycle != nil && c.Lifecycle.PreStop != nil {
+				p, _ := json.Marshal(c.Lifecycle.PreStop)
+				line["preStop"] = string(p)
+			}
+			if len(c.Ports) > 0 {
+				p, _ := json.Marshal(c.Ports)
+				line["ports"] = string(p)
+			}
+			out.Encode(line)
 		case "quantity":
 			q, err := resource.ParseQuantity(strings.TrimSpace(line))
 			if err != nil {
