@@ -61,9 +61,11 @@ enum InitProgress<'a> {
 }
 
 /// The kubelet's `findNextInitContainerToRun`, over the containers of the current sandbox
-/// only: a new sandbox runs every init container again.
+/// only: a new sandbox runs every init container again. An app container running means
+/// initialization is done, whatever is left of the init containers (the runtime's
+/// garbage collection, or another agent's, may have removed them).
 fn init_progress<'a>(
-    init: &[Container],
+    (init, apps): (&[Container], &[Container]),
     status: &'a PodRuntimeStatus,
     sandbox_id: &str,
 ) -> InitProgress<'a> {
@@ -73,6 +75,12 @@ fn init_progress<'a>(
             .iter()
             .find(|c| c.name == name && c.sandbox_id == sandbox_id)
     };
+    if apps
+        .iter()
+        .any(|c| current(&c.name).is_some_and(|s| s.state == RunState::Running))
+    {
+        return InitProgress::Done;
+    }
     // The last failed one is retried first.
     for (index, c) in init.iter().enumerate().rev() {
         if let Some(failed) = current(&c.name).filter(|s| init_failed(s)) {
@@ -159,7 +167,7 @@ pub fn compute_pod_actions(
         .filter(|(_, ec)| status.latest(&ec.name).is_none())
         .map(|(i, _)| i)
         .collect();
-    match init_progress(init, status, &sandbox.id) {
+    match init_progress((init, &spec.containers), status, &sandbox.id) {
         InitProgress::Done => {}
         // Initialization is under way: the app containers wait.
         InitProgress::Running => return actions,
@@ -483,6 +491,21 @@ mod tests {
         let actions = compute_pod_actions(&p, &all_done, None);
         assert_eq!(actions.next_init, None);
         assert_eq!(actions.start, [(0, 0)]);
+    }
+
+    /// The init containers of a running pod may be gone (garbage collected, by this agent
+    /// or by the kubelet before a take-over): the running app is not initialized again.
+    #[test]
+    fn a_running_app_container_means_initialization_is_done() {
+        let p = with_init(&["one", "two"]);
+        let app = p.spec.as_ref().unwrap().containers[0].name.clone();
+        let running = in_sandbox(vec![ran(&app, "s1", 0, RunState::Running, 0)]);
+        let actions = compute_pod_actions(&p, &running, None);
+        assert_eq!(actions.next_init, None);
+        assert!(
+            actions.start.is_empty() && actions.kill.is_empty(),
+            "{actions:?}"
+        );
     }
 
     #[test]
