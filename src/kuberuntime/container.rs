@@ -563,6 +563,30 @@ mod tests {
         assert!(n >= 10, "{n}");
     }
 
+    /// The annotations the kubelet v1.20.2 wrote on real containers it started (the
+    /// Deployment and static pod of tests/takeover.rs, recorded from containerd with the
+    /// container's spec as the API server holds it): rkubelet writes the same, every key
+    /// and value (hash, restart count, termination message, grace period, ports and
+    /// preStop hook as Go's JSON).
+    #[test]
+    fn annotations_of_the_kubelets_real_containers() {
+        let recorded = include_str!("../../tests/data/kubelet-v1.20.2/real-containers.jsonl");
+        let mut n = 0;
+        for line in recorded.lines() {
+            let record: serde_json::Value = serde_json::from_str(line).unwrap();
+            let c: Container = serde_json::from_value(record["container"].clone()).unwrap();
+            let mut p = pod("web", &[]);
+            p.spec.as_mut().unwrap().termination_grace_period_seconds =
+                record["terminationGracePeriodSeconds"].as_i64();
+            let kubelets: HashMap<String, String> =
+                serde_json::from_value(record["annotations"].clone()).unwrap();
+            let restarts = kubelets[labels::CONTAINER_RESTART_COUNT].parse().unwrap();
+            assert_eq!(container_annotations(&p, &c, restarts), kubelets, "{line}");
+            n += 1;
+        }
+        assert_eq!(n, 7);
+    }
+
     /// A container an earlier rkubelet started carries that version's hash: not restarted.
     #[test]
     fn an_earlier_rkubelets_hash_still_matches() {
