@@ -255,6 +255,18 @@ cmd_build() {
   log "image: buildah build --target $TARGET -t $image ($version)"
   buildah build "${BUILDAH_CNI[@]}" --network none --quiet --pull=never --target "$TARGET" --build-arg "BASE=$BASE_IMAGE" \
     --tag "$image" --file "$ctx/Dockerfile" "$ctx" >/dev/null
+  # The kind-style node also holds the kubelet v1.20.2 that setup.sh builds, not started:
+  # /usr/bin/kubelet, where a kind node has it, so that the node can be handed from one
+  # agent to the other (docs/packaging.md, tests/kind_node.rs).
+  if [[ ${1:-} == kind && -x $K8S_BIN/kubelet ]]; then
+    local without
+    without=$(image_id "$image")
+    CONTAINER=$(buildah from "${BUILDAH_CNI[@]}" --pull=never "$image")
+    buildah copy --quiet "$CONTAINER" "$K8S_BIN/kubelet" /usr/bin/kubelet >/dev/null
+    buildah commit --quiet --rm "$CONTAINER" "$image" >/dev/null
+    CONTAINER=""
+    buildah rmi "$without" >/dev/null 2>&1 || true
+  fi
   rm -rf --one-file-system "$WORK_DIR"
   WORK_DIR=""
   # The image the name held before, unless it is the same or still named otherwise.

@@ -99,8 +99,15 @@ struct RunArgs {
     /// Where container logs are written, one directory per pod.
     #[arg(long, default_value = "/var/log/pods")]
     pod_logs_dir: PathBuf,
-    /// Who wires pod networks.
-    #[arg(long, value_enum, default_value = "agent")]
+    /// Who wires pod networks. Also read from `RKUBELET_NETWORK_OWNER`: a setting the
+    /// kubelet ignores, for a node whose unit starts either agent with the same command
+    /// line (`/etc/default/kubelet` on a kubeadm or kind node).
+    #[arg(
+        long,
+        value_enum,
+        default_value = "agent",
+        env = "RKUBELET_NETWORK_OWNER"
+    )]
     network_owner: NetworkOwnerArg,
     /// How pod traffic reaches the other nodes' pods: routes kept by the agent from a watch
     /// on every Node, as flannel's backends.

@@ -23,7 +23,11 @@ KIND_NODE_LABEL="rkubelet.io/kind-node=true"
 # then ran its units, and a cgroupfs node's rkubelet its pod cgroups, in the machine's
 # root, shared with the host's agent and every other kind node (whose orphan clean-ups
 # took each other's pod cgroups), and left them there. That top mount goes first; a node
-# where it cannot does not boot (add-kind-node fails and removes it).
+# where it cannot does not boot (add-kind-node fails and removes it). Then, as kind's
+# entrypoint does (systemd does it only outside a container), the root file system is made
+# rshared: /var/lib/kubelet is then on a shared mount, which the kubelet would otherwise
+# make by bind-mounting it onto itself at its start, hiding the volumes already mounted
+# under it (a node handed from rkubelet to the kubelet, docs/packaging.md).
 KIND_INIT=$(
   cat <<'EOS'
 m=/sys/fs/cgroup/systemd
@@ -31,6 +35,7 @@ if awk -v m="$m" '$5 == m { root = $4 } END { exit !(root != "" && root != "/") 
   umount "$m/release_agent" 2>/dev/null || true
   umount "$m" || { echo "kind node init: cannot unmount $m" >&2; exit 1; }
 fi
+mount --make-rshared / || { echo "kind node init: cannot make / rshared" >&2; exit 1; }
 exec /lib/systemd/systemd
 EOS
 )
@@ -192,10 +197,12 @@ add_kind_node() {
   kind_node_write "$name" /etc/kubernetes/pki/ca.crt 0644 <"$PKI/ca.crt"
   kind_node_write "$name" /etc/kubernetes/bootstrap-kubelet.conf 0600 <"$dir/bootstrap-kubelet.conf"
   kind_kubelet_config "$driver" | kind_node_write "$name" /var/lib/kubelet/config.yaml 0644
-  # kubeadm's flags for this node, and (as kind's kubeletExtraArgs) rkubelet's own:
-  # containerd owns pod networking here, as on a kind node.
-  echo "KUBELET_KUBEADM_ARGS=\"--container-runtime=remote --container-runtime-endpoint=unix:///run/containerd/containerd.sock --fail-swap-on=false --node-ip=$ip --node-labels=$KIND_NODE_LABEL --provider-id=kind://podman/kind/$name --network-owner=runtime\"" |
+  # kubeadm's flags for this node; rkubelet's own setting in the environment file its unit
+  # and the kubelet's read (the kubelet ignores it, so either agent can run with these
+  # files): containerd owns pod networking here, as on a kind node.
+  echo "KUBELET_KUBEADM_ARGS=\"--container-runtime=remote --container-runtime-endpoint=unix:///run/containerd/containerd.sock --fail-swap-on=false --node-ip=$ip --node-labels=$KIND_NODE_LABEL --provider-id=kind://podman/kind/$name\"" |
     kind_node_write "$name" /var/lib/kubelet/kubeadm-flags.env 0644
+  echo "RKUBELET_NETWORK_OWNER=runtime" | kind_node_write "$name" /etc/default/kubelet 0644
   kind_node_exec "$name" mkdir -p /etc/kubernetes/manifests
   # A Node of this name left from an earlier kind node would pass the wait for Ready below
   # before this node's agent registered: the new node registers afresh.
