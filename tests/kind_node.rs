@@ -28,7 +28,7 @@ use common::pods::{TestPods, running_and_ready, sleeper};
 use common::{cleanup_blocking, cluster, eventually, kube_client, kubectl, state_dir};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 
@@ -335,6 +335,7 @@ async fn a_kind_style_node_joins_by_bootstrap_token_and_runs_a_deployment() {
 
     // `systemctl restart kubelet`: the pods stay as they are.
     let leases: Api<Lease> = Api::namespaced(admin.clone(), "kube-node-lease");
+    let events_api: Api<Event> = Api::namespaced(admin.clone(), "default");
     let restarted = Timestamp::now();
     in_node(&["systemctl", "restart", "kubelet"]);
     eventually(
@@ -381,6 +382,73 @@ async fn a_kind_style_node_joins_by_bootstrap_token_and_runs_a_deployment() {
     );
     assert_eq!(node_containers(), containers_before);
     assert!(ready(&nodes.get(NODE).await.unwrap()));
+
+    // Handed to the kubelet v1.20.2 and back (issue 43), as docs/packaging.md says:
+    // `systemctl stop kubelet`, the other binary in its place (a drop-in's `ExecStart`),
+    // `systemctl start kubelet`. The same pods, containers, restart counts and pod
+    // slices, no `Killing` event, each way.
+    let mounts_before = pod_volume_mounts();
+    assert!(!mounts_before.is_empty(), "the pods' token volumes");
+    for to_kubelet in [true, false] {
+        let who = if to_kubelet {
+            "the kubelet"
+        } else {
+            "rkubelet"
+        };
+        let since = Timestamp::now();
+        let swapped = Instant::now();
+        swap_agent(to_kubelet);
+        eventually(
+            &format!("the kind node's Lease renewed by {who}"),
+            Duration::from_secs(90),
+            || async {
+                let renewed = leases.get_opt(NODE).await.ok()??.spec?.renew_time?.0;
+                (renewed > since).then_some(())
+            },
+        )
+        .await;
+        tokio::time::sleep(Duration::from_secs(15)).await;
+        let running = all_running(&pods).await;
+        assert_eq!(
+            seen(&running),
+            before,
+            "{who}: the pods, containers, restart counts"
+        );
+        assert_eq!(
+            node_containers(),
+            containers_before,
+            "{who}: the sandboxes and containers"
+        );
+        assert_eq!(
+            pod_volume_mounts(),
+            mounts_before,
+            "{who}: the volumes' mounts"
+        );
+        for p in &running {
+            check_pod_slice(p);
+        }
+        let killed = events_api
+            .list(&ListParams::default())
+            .await
+            .expect("events")
+            .items
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some("Killing"))
+            .filter_map(|e| e.involved_object.name)
+            .filter(|name| before.contains_key(name))
+            .collect::<Vec<_>>();
+        assert!(killed.is_empty(), "{who} killed containers of {killed:?}");
+        assert!(
+            ready(&nodes.get(NODE).await.unwrap()),
+            "{who}: the node Ready"
+        );
+        eprintln!(
+            "handed to {who}: {} pods, {} sandboxes and containers kept, checked {:.1} s after the swap began",
+            before.len(),
+            containers_before.len(),
+            swapped.elapsed().as_secs_f64()
+        );
+    }
 
     // rkubelet's log is the node's kubelet journal: two starts.
     let journal = in_node(&["journalctl", "--no-pager", "-u", "kubelet"]);
@@ -447,6 +515,31 @@ async fn a_kind_style_node_joins_by_bootstrap_token_and_runs_a_deployment() {
     let octet = internal_ip.rsplit('.').next().unwrap().to_owned();
     drop(node);
     assert_node_left_nothing(&container_id, &octet, &netns_before);
+}
+
+/// The mounts under the node's pod directories: mount point to mount id, from the
+/// node's mount table (a volume mounted again has a new id).
+fn pod_volume_mounts() -> BTreeMap<String, String> {
+    let table = in_node(&["cat", "/proc/self/mountinfo"]);
+    common::mounts_under(&table, "/var/lib/kubelet/pods/")
+}
+
+/// The drop-in that makes `kubelet.service` start the kubelet v1.20.2 in the node image
+/// (`/usr/bin/kubelet`) with kubeadm's variables, in place of rkubelet's.
+const KUBELET_DROP_IN: &str = "/etc/systemd/system/kubelet.service.d/20-kubelet-v1.20.2.conf";
+
+/// `systemctl stop kubelet`, the other agent in its place, `systemctl start kubelet`.
+fn swap_agent(to_kubelet: bool) {
+    in_node(&["systemctl", "stop", "kubelet"]);
+    if to_kubelet {
+        let unit = "[Service]\nExecStart=\nExecStart=/usr/bin/kubelet $KUBELET_KUBECONFIG_ARGS \
+                    $KUBELET_CONFIG_ARGS $KUBELET_KUBEADM_ARGS $KUBELET_EXTRA_ARGS\n";
+        in_node(&["sh", "-c", &format!("printf '{unit}' > {KUBELET_DROP_IN}")]);
+    } else {
+        in_node(&["rm", KUBELET_DROP_IN]);
+    }
+    in_node(&["systemctl", "daemon-reload"]);
+    in_node(&["systemctl", "start", "kubelet"]);
 }
 
 /// The escaped pod UID in a slice name (dashes are systemd's separators).

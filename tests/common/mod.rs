@@ -219,19 +219,41 @@ pub fn kubectl_command(args: &[&str]) -> tokio::process::Command {
     kubectl_command_of("kubectl".as_ref(), args)
 }
 
-/// The kubectl v1.20.2 that `scripts/setup.sh` builds into the cache (`K8S_BIN` in
-/// scripts/common.sh, under `RKUBELET_CACHE`): what a 1.20 cluster's user runs, for what
-/// the machine's newer kubectl cannot do against a 1.20 server. Panics when it is missing.
-pub fn kubectl_1_20() -> PathBuf {
+/// A binary of the Kubernetes v1.20.2 that `scripts/setup.sh` builds into the cache
+/// (`K8S_BIN` in scripts/common.sh, under `RKUBELET_CACHE`). Panics when it is missing.
+pub fn k8s_1_20_binary(name: &str) -> PathBuf {
     let path = std::env::var_os("RKUBELET_CACHE")
         .map_or_else(|| "/var/cache/rkubelet".into(), PathBuf::from)
-        .join("kubernetes-v1.20.2/bin/kubectl");
+        .join("kubernetes-v1.20.2/bin")
+        .join(name);
     assert!(
         path.is_file(),
-        "{} is missing: run scripts/setup.sh, which builds the v1.20.2 kubectl",
+        "{} is missing: run scripts/setup.sh, which builds the v1.20.2 {name}",
         path.display()
     );
     path
+}
+
+/// The kubectl v1.20.2 ([`k8s_1_20_binary`]): what a 1.20 cluster's user runs, for what
+/// the machine's newer kubectl cannot do against a 1.20 server.
+pub fn kubectl_1_20() -> PathBuf {
+    k8s_1_20_binary("kubectl")
+}
+
+/// The mounts whose mount point starts with `prefix` in a mount table (`mountinfo`'s
+/// text): mount point to mount id (a volume mounted again has a new id).
+pub fn mounts_under(mountinfo: &str, prefix: &str) -> std::collections::BTreeMap<String, String> {
+    mountinfo
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split(' ');
+            let id = fields.next()?;
+            let point = fields.nth(3)?;
+            point
+                .starts_with(prefix)
+                .then(|| (point.to_owned(), id.to_owned()))
+        })
+        .collect()
 }
 
 /// `kubectl ARGS` as the admin with the v1.20.2 kubectl ([`kubectl_1_20`]), to run.
