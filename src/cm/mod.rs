@@ -170,6 +170,10 @@ pub struct ContainerManager {
     /// when Burstable (0 otherwise): the kubelet's active pods, for the `burstable`
     /// cgroup's shares. Never orphans.
     pods: Mutex<HashMap<String, i64>>,
+    /// Held across a QoS update, from summing the requests to the last write, as the
+    /// kubelet's `UpdateCgroups` holds its lock: two pod syncs updating at once would
+    /// otherwise write their sums in either order, and the older sum could land last.
+    qos_update: tokio::sync::Mutex<()>,
 }
 
 impl std::fmt::Debug for ContainerManager {
@@ -217,6 +221,7 @@ impl ContainerManager {
             capacity,
             cgroups,
             pods: Mutex::default(),
+            qos_update: tokio::sync::Mutex::default(),
         }
     }
 
@@ -284,6 +289,7 @@ impl ContainerManager {
     /// # Errors
     /// A cgroup that cannot be set.
     pub async fn update_qos(&self) -> Result<(), CmError> {
+        let _one_at_a_time = self.qos_update.lock().await;
         let requests: i64 = lock(&self.pods).values().sum();
         let burstable = self.qos_config(Some(milli_cpu_to_shares(requests)));
         self.cgroups.update(&self.qos.burstable, &burstable).await?;
@@ -402,9 +408,11 @@ impl ContainerManager {
 #[cfg(test)]
 mod tests {
     use super::cgroupfs::testing::FakeCgroupFs;
+    use super::resource_config::ResourceConfig;
     use super::resource_config::tests::container;
     use super::systemd::testing::{Call, FakeSystemd};
     use super::*;
+    use futures::future::BoxFuture;
     use k8s_openapi::api::core::v1::PodSpec;
     use std::path::Path;
 
@@ -526,6 +534,90 @@ mod tests {
         assert_eq!(
             fs.file("/cg/cpu/kubepods/burstable/cpu.shares").as_deref(),
             Some("512")
+        );
+    }
+
+    /// A driver whose first update of a cgroup named `slow` takes 50 ms: what a busy
+    /// systemd or file system does to one of two pod syncs updating the QoS cgroups.
+    struct SlowFirstUpdate {
+        inner: Arc<dyn CgroupManager>,
+        slow: &'static str,
+        slowed: std::sync::atomic::AtomicBool,
+        /// Told when the slow update has begun.
+        began: tokio::sync::Notify,
+    }
+
+    impl CgroupManager for SlowFirstUpdate {
+        fn driver(&self) -> CgroupDriver {
+            self.inner.driver()
+        }
+        fn exists<'a>(&'a self, name: &'a CgroupName) -> BoxFuture<'a, Result<bool, CmError>> {
+            self.inner.exists(name)
+        }
+        fn create<'a>(
+            &'a self,
+            name: &'a CgroupName,
+            config: &'a ResourceConfig,
+        ) -> BoxFuture<'a, Result<(), CmError>> {
+            self.inner.create(name, config)
+        }
+        fn update<'a>(
+            &'a self,
+            name: &'a CgroupName,
+            config: &'a ResourceConfig,
+        ) -> BoxFuture<'a, Result<(), CmError>> {
+            use std::sync::atomic::Ordering;
+            let delay =
+                name.to_cgroupfs() == self.slow && !self.slowed.swap(true, Ordering::SeqCst);
+            Box::pin(async move {
+                if delay {
+                    self.began.notify_one();
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+                self.inner.update(name, config).await
+            })
+        }
+        fn destroy<'a>(&'a self, name: &'a CgroupName) -> BoxFuture<'a, Result<(), CmError>> {
+            self.inner.destroy(name)
+        }
+        fn children<'a>(
+            &'a self,
+            name: &'a CgroupName,
+        ) -> BoxFuture<'a, Result<Vec<CgroupName>, CmError>> {
+            self.inner.children(name)
+        }
+    }
+
+    #[tokio::test]
+    async fn two_pods_synced_at_once_leave_burstable_with_both_requests() {
+        let (fs, files) = files();
+        let driver = Arc::new(SlowFirstUpdate {
+            inner: Arc::new(CgroupfsManager::new(files)),
+            slow: "/kubepods/burstable",
+            // Not start's update: only the one armed below.
+            slowed: std::sync::atomic::AtomicBool::new(true),
+            began: tokio::sync::Notify::new(),
+        });
+        let m = ContainerManager::new(driver.clone(), "/", capacity());
+        m.start().await.unwrap();
+        // The next update of burstable is slow: pod a's, its sum made before pod b came.
+        driver
+            .slowed
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+        let a = pod("a", &[("cpu", "250m")], &[]);
+        let b = pod("b", &[("cpu", "500m")], &[]);
+        // Pod b arrives while pod a's update is under way.
+        let b_during_a = async {
+            driver.began.notified().await;
+            m.ensure_pod(&b).await
+        };
+        let (ra, rb) = tokio::join!(m.ensure_pod(&a), b_during_a);
+        ra.unwrap();
+        rb.unwrap();
+        assert_eq!(
+            fs.file("/cg/cpu/kubepods/burstable/cpu.shares").as_deref(),
+            Some("768"),
+            "the burstable cgroup has both pods' requests, whichever sync wrote last"
         );
     }
 
