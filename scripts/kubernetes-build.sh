@@ -19,6 +19,23 @@
 
 K8S_SOURCE_DIR="$RKUBELET_CACHE/k8s-source"
 
+# The tree vendors github.com/modern-go/reflect2 v1.0.1, whose link to the Go runtime's
+# mapiterinit has the signature Go 1.18 changed. Built with Debian 12's Go 1.19, every
+# json-iterator encoding of a map then faults: the API server died ("fatal error: fault",
+# SIGSEGV in mapiternext) the first time the conformance suite published a CRD's OpenAPI.
+# v1.0.2 is that fix and nothing else; Debian packages it. It replaces the vendored copy
+# before the build (go.mod and vendor/modules.txt keep naming v1.0.1: -mod=vendor builds
+# the vendored files).
+K8S_REFLECT2_SRC=/usr/share/gocode/src/github.com/modern-go/reflect2
+
+k8s_vendor_fixes() {
+  local tree=$1 vendored="$1/vendor/github.com/modern-go/reflect2"
+  [[ -f $K8S_REFLECT2_SRC/go_above_118.go ]] ||
+    die "$K8S_REFLECT2_SRC has no go_above_118.go: install golang-github-modern-go-reflect2-dev (>= 1.0.2)"
+  rm -f "$vendored"/*.go
+  cp "$K8S_REFLECT2_SRC"/*.go "$vendored/"
+}
+
 # k8s_source_package: makes sure $K8S_SOURCE_DIR holds the source package; prints its .dsc.
 k8s_source_package() {
   local dscs
@@ -41,6 +58,7 @@ k8s_build() {
   dsc=$(k8s_source_package)
   tree="$work/src"
   (cd "$work" && dpkg-source --no-check -x "$dsc" src >/dev/null)
+  k8s_vendor_fixes "$tree"
   mkdir -p "$out"
   for f in ${K8S_BUILD_KEEP:-}; do
     mkdir -p "$out/src/$(dirname "$f")"

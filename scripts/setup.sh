@@ -18,6 +18,8 @@ K8S_TOOLS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-pr
 PACKAGES=(
   containerd runc containernetworking-plugins etcd-server
   golang-go rsync dpkg-dev
+  # reflect2 1.0.2 replaces the tree's vendored 1.0.1 for Go 1.19 (kubernetes-build.sh)
+  golang-github-modern-go-reflect2-dev
   docker-registry busybox-static skopeo debootstrap buildah systemd
   protobuf-compiler libprotobuf-dev iptables iproute2 openssl jq curl ca-certificates
   apache2-utils nftables shellcheck conntrack podman gcc libc6-dev qemu-system-x86 openssh-client
