@@ -136,6 +136,13 @@ async fn a_full_disk_is_disk_pressure_refuses_new_pods_and_recovers() {
     })
     .await;
     let pressure_after = full_at.elapsed();
+    // Admission reads the eviction manager's own conditions, from passes of its own.
+    eventually(
+        "the eviction manager holding DiskPressure",
+        Duration::from_secs(30),
+        || async { agent.eviction_manager_holds("DiskPressure").then_some(()) },
+    )
+    .await;
 
     // A new pod is refused as the kubelet refuses it.
     let refused = create(&pods, "refused").await;
@@ -198,6 +205,12 @@ async fn a_full_disk_is_disk_pressure_refuses_new_pods_and_recovers() {
     eventually("DiskPressure cleared", Duration::from_secs(60), || async {
         (disk_pressure().await == Some(false)).then_some(())
     })
+    .await;
+    eventually(
+        "the eviction manager no longer holding DiskPressure",
+        Duration::from_secs(60),
+        || async { (!agent.eviction_manager_holds("DiskPressure")).then_some(()) },
+    )
     .await;
     let cleared_after = freed_at.elapsed();
     let after = create(&pods, "after").await;

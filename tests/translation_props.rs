@@ -32,6 +32,7 @@ use rkubelet::kuberuntime::labels;
 use rkubelet::kuberuntime::sandbox::{SandboxSettings, sandbox_config};
 use rkubelet::kuberuntime::security_context::{ImageUser, verify_run_as_non_root};
 use rkubelet::lifecycle::admission::{SysctlWhitelist, admit_pod};
+use rkubelet::node::Pressure;
 use rkubelet::pod::PodId;
 use rkubelet::probe::http::Target;
 use rkubelet::probe::resolve_port;
@@ -547,7 +548,7 @@ fn check(pod: &Pod, restart_count: u32, image_user: ImageUser) -> Result<(), Tes
     let id = PodId::of(pod).expect("uid and name");
     let spec = pod.spec.as_ref().expect("a spec");
     let whitelist = SysctlWhitelist::new(&["kernel.msg*".into()]).expect("a whitelist");
-    let _ = admit_pod(pod, &[pod], &node(), &whitelist, None);
+    let _ = admit_pod(pod, &[pod], &node(), &whitelist, Pressure::default());
     let _ = resource_config_for_pod(spec);
     let _ = qos_class(spec);
     let _ = cgroup_parent(Some(&QosContainers::under("/")), pod);

@@ -29,6 +29,7 @@ use crate::cri::{Cri, CriClient, RuntimeHealth, api};
 use crate::dns::{self, HostDns};
 use crate::envvars::ServiceLister;
 use crate::events::{self, EventRecorder};
+use crate::eviction::NodeConditions;
 use crate::images::gc::{ImageGc, RuntimeImageFs};
 use crate::kubelet::{Kubelet, SyncSettings, housekeeping};
 use crate::kuberuntime::RuntimeManager;
@@ -682,11 +683,14 @@ struct KubeletParts {
     log_starts: crate::logs::StartedContainers,
     csi: Arc<CsiPlugin>,
     devices: Arc<DeviceManager>,
+    /// The eviction manager's node conditions, which admission reads.
+    conditions: NodeConditions,
 }
 
 /// The kubelet: sandbox settings, Secrets and ConfigMaps from one watch per referenced
 /// object (a changed one wakes the pods that use it), volumes, the QoS cgroups sized to
-/// the registered capacity, and admission reading the node from `node_store`.
+/// the registered capacity, and admission reading the node from `node_store` and the
+/// pressure from the eviction manager's `conditions`.
 async fn kubelet(
     config: &Config,
     parts: KubeletParts,
@@ -705,6 +709,7 @@ async fn kubelet(
         log_starts,
         csi,
         devices,
+        conditions,
     } = parts;
     let host_dns = match &config.resolv_conf {
         Some(path) => Some(HostDns::parse(
@@ -773,7 +778,9 @@ async fn kubelet(
         .with_devices(devices.clone()),
         volumes,
         status,
-        PodAdmitter::new(node_store, registered, sysctls, client).with_devices(devices),
+        PodAdmitter::new(node_store, registered, sysctls, client)
+            .with_devices(devices)
+            .with_conditions(conditions.clone()),
         wake,
         env_sources,
         cm,
@@ -1003,6 +1010,7 @@ async fn start(config: &Config, tree: &mut Tree) -> Result<bool, AppError> {
     )?;
     let (containers, images, logs) = garbage_collectors(config);
     let csi = plugin_manager(config, tree, &client)?;
+    let conditions = NodeConditions::default();
     let parts = KubeletParts {
         client: client.clone(),
         registered,
@@ -1017,6 +1025,7 @@ async fn start(config: &Config, tree: &mut Tree) -> Result<bool, AppError> {
         log_starts: logs.starts(),
         csi,
         devices,
+        conditions: conditions.clone(),
     };
     let kubelet = kubelet(config, parts).await?;
     let workers = PodWorkers::new(kubelet.clone(), kubelet.pod_states().clone());
@@ -1101,7 +1110,9 @@ async fn start(config: &Config, tree: &mut Tree) -> Result<bool, AppError> {
     let pods =
         crate::kubelet::evictor::KubeletPods::new(store.clone(), workers.clone(), kubelet.clone());
     let hard = node.config().eviction_hard;
-    let eviction = crate::eviction::EvictionManager::new(hard, stats, pods, (containers, images));
+    let transition = node.config().eviction_pressure_transition_period;
+    let eviction = crate::eviction::EvictionManager::new(hard, stats, pods, (containers, images))
+        .with_conditions(conditions, transition);
     let evict = Run::once(|stop| eviction.run(stop));
     tree.start("eviction", evict.dropped_on_stop())?;
     let kept = (store, workers, pleg, kubelet);

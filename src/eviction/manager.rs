@@ -4,21 +4,23 @@
 //! [`NodeReclaimer`]), then rank the active pods and evict one, with grace period 0;
 //! after an eviction, wait for the pod to be cleaned up before the next pass. Before the
 //! thresholds are acted on, every pod over one of its local storage limits is evicted
-//! ([`super::local_storage`]), and then the pass ends there, as in the kubelet.
+//! ([`super::local_storage`]), and then the pass ends there, as in the kubelet. Each pass
+//! first updates the node conditions the manager holds ([`NodeConditions`]), which
+//! admission reads.
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use tokio_util::sync::CancellationToken;
 
 use super::local_storage::{LocalStorage, exceeded, has_limits};
 use super::rank::{Candidate, PodUsage, eviction_message, rank};
-use super::{EvictionError, is_critical_or_static};
+use super::{EvictionError, NodeConditions, is_critical_or_static};
 use crate::node::EvictionHard;
-use crate::node::{Observations, Signal, thresholds_met};
+use crate::node::{Observations, Pressure, PressureTracker, Signal, thresholds_met};
 
 /// How often the signals are observed (the kubelet's `evictionMonitoringPeriod`).
 pub const MONITORING_INTERVAL: Duration = Duration::from_secs(10);
@@ -30,6 +32,8 @@ const CLEANUP_POLL: Duration = Duration::from_secs(1);
 const HARD_EVICTION_GRACE_SECONDS: i64 = 0;
 /// A pod over a local storage limit is evicted at once too (`evictPod(pod, 0, ...)`).
 const LOCAL_STORAGE_GRACE_SECONDS: i64 = 0;
+/// The kubelet's default `--eviction-pressure-transition-period`.
+const DEFAULT_PRESSURE_TRANSITION_PERIOD: Duration = Duration::from_secs(5 * 60);
 
 /// Where the manager's figures come from: the node's signals and the running pods' usage.
 pub trait StatsSource: Send + Sync {
@@ -106,6 +110,12 @@ pub struct EvictionManager<S, E, R> {
     stats: S,
     evictor: E,
     reclaimer: R,
+    /// The node conditions held, shared with admission.
+    conditions: NodeConditions,
+    /// When each condition was last met.
+    observed_at: Mutex<PressureTracker>,
+    /// How long a condition is held after it was last met.
+    transition_period: Duration,
 }
 
 impl<S: StatsSource, E: PodEvictor, R: NodeReclaimer> EvictionManager<S, E, R> {
@@ -116,6 +126,47 @@ impl<S: StatsSource, E: PodEvictor, R: NodeReclaimer> EvictionManager<S, E, R> {
             stats,
             evictor,
             reclaimer,
+            conditions: NodeConditions::default(),
+            observed_at: Mutex::default(),
+            transition_period: DEFAULT_PRESSURE_TRANSITION_PERIOD,
+        }
+    }
+
+    /// The manager, holding its node conditions in `conditions` (shared with admission),
+    /// each for `transition_period` after it was last met.
+    #[must_use]
+    pub fn with_conditions(
+        mut self,
+        conditions: NodeConditions,
+        transition_period: Duration,
+    ) -> Self {
+        self.conditions = conditions;
+        self.transition_period = transition_period;
+        self
+    }
+
+    /// The kubelet's `nodeConditions`, `nodeConditionsLastObservedAt` and
+    /// `nodeConditionsObservedSince`: the conditions of the thresholds `met` now, and
+    /// those met less than the transition period ago, become the ones held. Only once the
+    /// node's pods are known (the first list of the API's pods admitted): a restarted
+    /// agent under pressure admits the pods it ran and evicts them, rather than refusing
+    /// them at admission on its first pass (the kubelet's sync loop admits them as its
+    /// eviction manager starts, and its first pass waits for the first stats).
+    fn update_conditions(&self, met: &[Signal]) {
+        if self.evictor.active_pods().is_none() {
+            return;
+        }
+        let observed = Pressure::of_signals(met);
+        let held = crate::lock::lock(&self.observed_at).update(
+            observed,
+            Instant::now(),
+            self.transition_period,
+        );
+        if self.conditions.replace(held) != held {
+            tracing::info!(
+                conditions = ?held.conditions(),
+                "eviction manager: node conditions changed"
+            );
         }
     }
 
@@ -123,6 +174,7 @@ impl<S: StatsSource, E: PodEvictor, R: NodeReclaimer> EvictionManager<S, E, R> {
     pub async fn synchronize(&self) -> Pass {
         let observations = self.stats.observe(false).await;
         let met = thresholds_met(&observations, &self.hard);
+        self.update_conditions(&met);
         let evicted = self.local_storage_eviction().await;
         if !evicted.is_empty() {
             return Pass::LocalStorage(evicted);
@@ -392,7 +444,9 @@ mod tests {
         }
     }
 
-    fn manager(fake: &Fake) -> EvictionManager<&Fake, &Fake, &Fake> {
+    type Manager<'a> = EvictionManager<&'a Fake, &'a Fake, &'a Fake>;
+
+    fn manager(fake: &Fake) -> Manager<'_> {
         EvictionManager::new(EvictionHard::default(), fake, fake, fake)
     }
 
@@ -493,6 +547,51 @@ mod tests {
             Pass::NothingEvicted(Signal::MemoryAvailable)
         );
         assert!(fake.evicted.lock().unwrap().is_empty());
+    }
+
+    /// The conditions of the thresholds a pass met are held at once, before any eviction
+    /// and also when nothing can be evicted, and for the transition period after the
+    /// pressure is gone; none while the node's pods are not known.
+    #[tokio::test]
+    async fn a_pass_holds_the_conditions_it_met_for_the_transition_period() {
+        fn held_for<'a>(fake: &'a Fake, c: &NodeConditions, period: Duration) -> Manager<'a> {
+            manager(fake).with_conditions(c.clone(), period)
+        }
+        let mut fake = Fake {
+            memory: Mutex::new(vec![MIB, 10_000 * MIB]),
+            disk: Mutex::new(vec![50]),
+            pods: None,
+            ..Fake::default()
+        };
+        let conditions = NodeConditions::default();
+        let held = |c: &NodeConditions| c.held().conditions();
+        let hour = Duration::from_secs(3600);
+        held_for(&fake, &conditions, hour).synchronize().await;
+        assert!(held(&conditions).is_empty(), "pods not known yet");
+
+        fake.memory = Mutex::new(vec![MIB, 10_000 * MIB]);
+        fake.pods = Some(Vec::new());
+        let held_long = held_for(&fake, &conditions, hour);
+        assert_eq!(
+            held_long.synchronize().await,
+            Pass::NothingEvicted(Signal::MemoryAvailable)
+        );
+        assert_eq!(held(&conditions), ["MemoryPressure"]);
+        assert_eq!(held_long.synchronize().await, Pass::NoPressure);
+        assert_eq!(held(&conditions), ["MemoryPressure"], "within the period");
+
+        fake.memory = Mutex::new(vec![MIB, 10_000 * MIB]);
+        fake.disk = Mutex::new(vec![5]);
+        fake.pods = Some(vec![pod("besteffort", &[], None)]);
+        let period = Duration::from_millis(200);
+        let held_short = held_for(&fake, &conditions, period);
+        held_short.synchronize().await;
+        assert_eq!(fake.evicted.lock().unwrap().len(), 1);
+        assert_eq!(held(&conditions), ["MemoryPressure", "DiskPressure"]);
+        tokio::time::sleep(period).await;
+        *fake.disk.lock().unwrap() = vec![50];
+        held_short.synchronize().await;
+        assert!(held(&conditions).is_empty(), "held past the period");
     }
 
     /// A pod with a 10Mi ephemeral-storage limit, its container `c` using `used` bytes of

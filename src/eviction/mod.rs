@@ -7,9 +7,11 @@
 //! with reason `Evicted` and the message `The node was low on resource: <resource>. `
 //! (plus the containers over their requests), a Warning `Evicted` event, and its
 //! containers killed with grace period 0. Critical, mirror and static pods are never
-//! evicted. The pressure conditions themselves are reported by the node agent
-//! ([`crate::node`]) from the same thresholds, and admission rejects pods under them
-//! ([`crate::lifecycle::admission`]).
+//! evicted. Each pass also updates the node conditions the manager holds
+//! ([`NodeConditions`]: the pressure conditions of the thresholds met, held for the
+//! pressure transition period), which admission reads ([`crate::lifecycle::admission`]),
+//! as the kubelet's eviction manager is its own admit handler; the Node's pressure
+//! conditions are reported by the node agent ([`crate::node`]) from the same thresholds.
 //!
 //! - [`signals`]: parsing `--eviction-hard`; the signals and which thresholds an
 //!   observation meets are the node's ([`crate::node::thresholds_met`]).
@@ -26,6 +28,7 @@
 //! Knows no runtime, kubelet or pod worker: stats, pods and node-level reclaim come through
 //! its three traits.
 
+pub mod conditions;
 pub mod local_storage;
 pub mod manager;
 pub mod rank;
@@ -34,6 +37,7 @@ pub mod signals;
 use k8s_openapi::api::core::v1::Pod;
 
 pub use crate::node::{Observations, Signal, thresholds_met};
+pub use conditions::NodeConditions;
 pub use local_storage::{LocalStorage, PodStorage};
 pub use manager::{
     EvictionManager, MONITORING_INTERVAL, NoReclaim, NodeReclaimer, Pass, PodEvictor, StatsSource,

@@ -1,8 +1,9 @@
 //! Pod admission, the kubelet's admit handlers (`HandlePodAdditions` → `canAdmitPod`):
 //! before a pod's first sync, it is checked against this node and the pods already
 //! admitted, in the kubelet's order — the eviction manager's: under a pressure condition
-//! the Node reports (DiskPressure, PIDPressure, or MemoryPressure for BestEffort pods
-//! that do not tolerate it), pods other than critical ones are rejected with reason
+//! the eviction manager holds ([`NodeConditions`], its own last observations, not the
+//! reported Node: DiskPressure, PIDPressure, or MemoryPressure for BestEffort pods that
+//! do not tolerate it), pods other than critical ones are rejected with reason
 //! `Evicted`; then the sysctl whitelist (safe sysctls plus
 //! `--allowed-unsafe-sysctls`, reason `SysctlForbidden`), then the scheduler's general
 //! predicates the kubelet reuses: allocatable pods/cpu/memory/ephemeral-storage against
@@ -27,10 +28,11 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::api::node::v1::RuntimeClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as ApiQuantity;
-use k8s_openapi::jiff::Timestamp;
 use kube::runtime::reflector::Store;
 
 use crate::cm::devicemanager::DeviceManager;
+use crate::eviction::NodeConditions;
+use crate::node::Pressure;
 use crate::pod::state::ForgetPod;
 use crate::resources::{QosClass, Quantity, qos_class};
 
@@ -516,8 +518,6 @@ pub fn general_predicates(pod: &Pod, others: &[&Pod], node: &Node) -> Result<(),
 
 /// The eviction manager's rejection reason.
 const EVICTED: &str = "Evicted";
-/// The pressure conditions, in the order the kubelet lists them.
-const PRESSURE_CONDITIONS: [&str; 3] = ["MemoryPressure", "DiskPressure", "PIDPressure"];
 
 /// Whether `tolerations` tolerate the `NoSchedule` taint `key` (with no value), as
 /// `TolerationsTolerateTaint` decides.
@@ -532,34 +532,15 @@ fn tolerates_no_schedule(tolerations: &[Toleration], key: &str) -> bool {
     })
 }
 
-/// The eviction manager's admit handler: under the pressure conditions the Node reports,
-/// only critical pods are admitted, and under MemoryPressure alone also pods that are not
-/// BestEffort or that tolerate the memory-pressure taint. With `since`, only conditions
-/// posted since then count: the kubelet's eviction manager starts with none after a
-/// restart, so the pods already running are admitted again rather than rejected on what
-/// the previous process reported.
+/// The eviction manager's admit handler (its `Admit`): under the pressure conditions
+/// `pressure` the eviction manager holds, only critical pods are admitted, and under
+/// MemoryPressure alone also pods that are not BestEffort or that tolerate the
+/// memory-pressure taint.
 ///
 /// # Errors
 /// `Evicted`, with the kubelet's message naming the conditions.
-pub fn pressure_admit(pod: &Pod, node: &Node, since: Option<Timestamp>) -> Result<(), Rejection> {
-    let conditions = node
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .map(Vec::as_slice)
-        .unwrap_or_default();
-    let held: Vec<&str> = PRESSURE_CONDITIONS
-        .into_iter()
-        .filter(|kind| {
-            conditions.iter().any(|c| {
-                c.type_ == *kind
-                    && c.status == "True"
-                    && since.is_none_or(|since| {
-                        c.last_heartbeat_time.as_ref().is_some_and(|t| t.0 >= since)
-                    })
-            })
-        })
-        .collect();
+pub fn pressure_admit(pod: &Pod, pressure: Pressure) -> Result<(), Rejection> {
+    let held = pressure.conditions();
     if held.is_empty() || crate::cm::is_critical(pod) {
         return Ok(());
     }
@@ -581,8 +562,8 @@ pub fn pressure_admit(pod: &Pod, node: &Node, since: Option<Timestamp>) -> Resul
     })
 }
 
-/// All admit handlers in the kubelet's order: node pressure (conditions posted since
-/// `since`, see [`pressure_admit`]), sysctls, then the general predicates.
+/// All admit handlers in the kubelet's order: node pressure (the conditions the eviction
+/// manager holds, see [`pressure_admit`]), sysctls, then the general predicates.
 ///
 /// # Errors
 /// The first handler's rejection.
@@ -591,9 +572,9 @@ pub fn admit_pod(
     others: &[&Pod],
     node: &Node,
     sysctls: &SysctlWhitelist,
-    since: Option<Timestamp>,
+    pressure: Pressure,
 ) -> Result<(), Rejection> {
-    admit_pod_with(pod, others, node, sysctls, since, |_| Ok(None))
+    admit_pod_with(pod, others, node, sysctls, pressure, |_| Ok(None))
 }
 
 /// [`admit_pod`] with the resource allocator's step, `allocate`, between the sysctls and
@@ -604,10 +585,10 @@ fn admit_pod_with(
     others: &[&Pod],
     node: &Node,
     sysctls: &SysctlWhitelist,
-    since: Option<Timestamp>,
+    pressure: Pressure,
     allocate: impl FnOnce(&Pod) -> Result<Option<Node>, Rejection>,
 ) -> Result<(), Rejection> {
-    pressure_admit(pod, node, since)?;
+    pressure_admit(pod, pressure)?;
     sysctls.admit(pod)?;
     let sanitized = allocate(pod)?;
     general_predicates(pod, others, sanitized.as_ref().unwrap_or(node))
@@ -677,8 +658,8 @@ struct Admitted {
     decided: HashSet<String>,
 }
 
-/// The admission state of the node: the Node as last seen, the sysctl whitelist, and the
-/// pods admitted so far.
+/// The admission state of the node: the Node as last seen, the eviction manager's node
+/// conditions, the sysctl whitelist, and the pods admitted so far.
 pub struct PodAdmitter {
     node: Store<Node>,
     /// The Node as registered, while the watch has not delivered it (`getNodeAnyWay`).
@@ -686,8 +667,8 @@ pub struct PodAdmitter {
     sysctls: SysctlWhitelist,
     runtime_classes: kube::Api<RuntimeClass>,
     admitted: Mutex<Admitted>,
-    /// When this admitter was made: pressure the Node reported before is not ours.
-    started: Timestamp,
+    /// The pressure conditions the eviction manager holds.
+    conditions: NodeConditions,
     /// The device manager, which chooses devices for admitted pods.
     devices: Option<Arc<DeviceManager>>,
 }
@@ -716,9 +697,17 @@ impl PodAdmitter {
             sysctls,
             runtime_classes: kube::Api::all(client),
             admitted: Mutex::default(),
-            started: Timestamp::now(),
+            conditions: NodeConditions::default(),
             devices: None,
         }
+    }
+
+    /// The admitter, refusing pods under the pressure conditions the eviction manager
+    /// holds in `conditions` (without, it holds none).
+    #[must_use]
+    pub fn with_conditions(mut self, conditions: NodeConditions) -> Self {
+        self.conditions = conditions;
+        self
     }
 
     /// The admitter, with `devices` choosing devices for the pods it admits and freeing
@@ -768,8 +757,8 @@ impl PodAdmitter {
             Some(devices) => allocate_devices(devices, pod, &node, &gone),
             None => Ok(None),
         };
-        let since = Some(self.started);
-        match admit_pod_with(pod, &others, &node, &self.sysctls, since, allocate) {
+        let pressure = self.conditions.held();
+        match admit_pod_with(pod, &others, &node, &self.sysctls, pressure, allocate) {
             Ok(()) => {
                 state.pods.insert(uid, pod.clone());
                 None
@@ -905,7 +894,17 @@ mod tests {
         p
     }
 
-    fn under(conditions: &[&str]) -> Node {
+    /// The eviction manager holding `conditions`.
+    fn under(conditions: &[&str]) -> Pressure {
+        Pressure {
+            memory: conditions.contains(&"MemoryPressure"),
+            disk: conditions.contains(&"DiskPressure"),
+            pid: conditions.contains(&"PIDPressure"),
+        }
+    }
+
+    /// A Node reporting `conditions` True (and Ready).
+    fn reporting(conditions: &[&str]) -> Node {
         let mut n = big_node();
         n.status.as_mut().unwrap().conditions = Some(
             ["MemoryPressure", "DiskPressure", "PIDPressure", "Ready"]
@@ -941,64 +940,51 @@ mod tests {
             ..Default::default()
         }]);
         let sysctls = SysctlWhitelist::new(&[]).unwrap();
-        let admit = |p: &Pod, n: &Node| admit_pod(p, &[], n, &sysctls, None).err();
+        let admit = |p: &Pod, held: Pressure| admit_pod(p, &[], &big_node(), &sysctls, held).err();
         let disk = Some(Rejection {
             reason: "Evicted".into(),
             message: "The node had condition: [DiskPressure]. ".into(),
         });
-        assert_eq!(admit(&best_effort, &under(&["DiskPressure"])), disk);
-        assert_eq!(admit(&burstable, &under(&["DiskPressure"])), disk);
-        assert_eq!(admit(&tolerant, &under(&["DiskPressure"])), disk);
-        assert_eq!(admit(&critical, &under(&["DiskPressure"])), None);
+        assert_eq!(admit(&best_effort, under(&["DiskPressure"])), disk);
+        assert_eq!(admit(&burstable, under(&["DiskPressure"])), disk);
+        assert_eq!(admit(&tolerant, under(&["DiskPressure"])), disk);
+        assert_eq!(admit(&critical, under(&["DiskPressure"])), None);
         assert_eq!(
-            admit(&burstable, &under(&["MemoryPressure", "DiskPressure"])).map(|r| r.message),
+            admit(&burstable, under(&["MemoryPressure", "DiskPressure"])).map(|r| r.message),
             Some("The node had condition: [MemoryPressure DiskPressure]. ".into())
         );
         let memory = under(&["MemoryPressure"]);
         assert_eq!(
-            admit(&best_effort, &memory).map(|r| r.message),
+            admit(&best_effort, memory).map(|r| r.message),
             Some("The node had condition: [MemoryPressure]. ".into())
         );
         for admitted in [&burstable, &tolerant, &critical] {
-            assert_eq!(admit(admitted, &memory), None);
+            assert_eq!(admit(admitted, memory), None);
         }
-        assert_eq!(admit(&best_effort, &under(&[])), None);
-        assert!(admit(&best_effort, &under(&["PIDPressure"])).is_some());
+        assert_eq!(admit(&best_effort, under(&[])), None);
+        assert!(admit(&best_effort, under(&["PIDPressure"])).is_some());
     }
 
-    /// Pressure the Node reported before this agent started (a previous process's) does
-    /// not reject: the kubelet's eviction manager starts with no conditions.
-    #[test]
-    fn pressure_reported_before_the_start_does_not_count() {
-        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-        let best_effort = pod("be", &[("c", "busybox")]);
-        let sysctls = SysctlWhitelist::new(&[]).unwrap();
-        let started = Timestamp::now();
-        let mut node = under(&["DiskPressure"]);
-        let at = |node: &mut Node, t: Timestamp| {
-            for c in node.status.as_mut().unwrap().conditions.as_mut().unwrap() {
-                c.last_heartbeat_time = Some(Time(t));
-            }
-        };
-        let before = started - std::time::Duration::from_secs(30);
-        at(&mut node, before);
+    /// The admitter refuses on the conditions the eviction manager holds as soon as it
+    /// holds them, whatever the Node reports: a Node still reporting a previous
+    /// process's pressure refuses nothing, and pressure not reported yet refuses.
+    #[tokio::test]
+    async fn the_admitter_reads_the_eviction_managers_conditions_not_the_nodes() {
+        let conditions = NodeConditions::default();
+        let node = reporting(&["DiskPressure"]);
+        let a = admitter(node.clone(), Some(node)).with_conditions(conditions.clone());
+        let best_effort = |name: &str| Arc::new(pod(name, &[("c", "busybox")]));
+        assert_eq!(a.admit(&best_effort("a"), |_| false), None);
+        conditions.replace(under(&["MemoryPressure"]));
         assert_eq!(
-            admit_pod(&best_effort, &[], &node, &sysctls, Some(started)),
-            Ok(())
+            a.admit(&best_effort("b"), |_| false),
+            Some(Rejection {
+                reason: "Evicted".into(),
+                message: "The node had condition: [MemoryPressure]. ".into(),
+            })
         );
-        at(&mut node, started + std::time::Duration::from_secs(10));
-        assert!(admit_pod(&best_effort, &[], &node, &sysctls, Some(started)).is_err());
-        // No heartbeat at all: not known to be ours.
-        assert_eq!(
-            admit_pod(
-                &best_effort,
-                &[],
-                &under(&["DiskPressure"]),
-                &sysctls,
-                Some(started)
-            ),
-            Ok(())
-        );
+        conditions.replace(Pressure::default());
+        assert_eq!(a.admit(&best_effort("c"), |_| false), None);
     }
 
     fn rejected(pod: &Pod, others: &[&Pod], node: &Node) -> Option<Rejection> {
@@ -1057,10 +1043,12 @@ mod tests {
                 message: "Allocate failed".into(),
             })
         };
-        let got = admit_pod_with(&dev, &[], &n, &sysctls, None, |_| refusal()).unwrap_err();
+        let got = admit_pod_with(&dev, &[], &n, &sysctls, Pressure::default(), |_| refusal())
+            .unwrap_err();
         assert_eq!(got.reason, "UnexpectedAdmissionError");
         // With no allocatable, the predicates refuse the pod...
-        let got = admit_pod_with(&dev, &[], &n, &sysctls, None, |_| Ok(None)).unwrap_err();
+        let got =
+            admit_pod_with(&dev, &[], &n, &sysctls, Pressure::default(), |_| Ok(None)).unwrap_err();
         assert_eq!(got.reason, "OutOfexample.com/dev");
         // ...unless the pod holds devices: allocatable is raised to the devices held.
         let floor = BTreeMap::from([("example.com/dev".to_owned(), 2)]);
@@ -1072,7 +1060,7 @@ mod tests {
         };
         assert_eq!(raised.as_ref().map(quantity).as_deref(), Some("2"));
         assert_eq!(
-            admit_pod_with(&dev, &[], &n, &sysctls, None, |_| Ok(raised)),
+            admit_pod_with(&dev, &[], &n, &sysctls, Pressure::default(), |_| Ok(raised)),
             Ok(())
         );
         let floor = BTreeMap::from([("example.com/dev".to_owned(), 0)]);
@@ -1368,7 +1356,7 @@ mod tests {
         p.spec.as_mut().unwrap().node_name = Some("other".into());
         let sysctls = SysctlWhitelist::new(&[]).unwrap();
         assert_eq!(
-            admit_pod(&p, &[], &big_node(), &sysctls, None).map_err(|r| r.reason),
+            admit_pod(&p, &[], &big_node(), &sysctls, Pressure::default()).map_err(|r| r.reason),
             Err("SysctlForbidden".into())
         );
     }

@@ -61,7 +61,7 @@ pub(crate) use quantity::count as decimal_quantity;
 pub use registration::{pod_cidr_at_start, wait_for_pod_cidr};
 pub use runtime::{ContainerRuntime, ReadinessCheck, RuntimeVersion, image_fs_mountpoint};
 pub use signals::{Observations, Signal, thresholds_met};
-pub use status::ExtendedResources;
+pub use status::{ExtendedResources, Pressure, PressureTracker};
 
 /// Sleeps for `duration` unless `cancel` fires first; false when cancelled.
 async fn sleep_or_cancel(cancel: &CancellationToken, duration: Duration) -> bool {

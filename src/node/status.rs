@@ -21,7 +21,7 @@ use k8s_openapi::jiff::Timestamp;
 use super::config::{EvictionHard, NodeConfig, go_arch};
 use super::machine::{FsStats, HugePages, PidUsage};
 use super::quantity;
-use super::signals::{Observations, thresholds_met};
+use super::signals::{Observations, Signal, thresholds_met};
 use crate::cri::{self, RuntimeHealth};
 
 /// The Node condition types this agent owns.
@@ -92,9 +92,12 @@ pub struct ExtendedResources {
 
 /// Which pressure conditions hold.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct Pressure {
+pub struct Pressure {
+    /// MemoryPressure: `memory.available` below its threshold.
     pub memory: bool,
+    /// DiskPressure: a `nodefs.*` or `imagefs.*` signal below its threshold.
     pub disk: bool,
+    /// PIDPressure: `pid.available` below its threshold.
     pub pid: bool,
 }
 
@@ -103,14 +106,19 @@ impl Pressure {
     /// ([`thresholds_met`]): `memory.available` (capacity less the root
     /// memory cgroup's working set) below its threshold; `nodefs.*` or `imagefs.*` below their percentages; PIDs available below their percentage of `pid_max`. A figure that
     /// could not be read meets nothing.
-    pub fn observed(obs: &Observation, hard: &EvictionHard) -> Self {
+    pub(crate) fn observed(obs: &Observation, hard: &EvictionHard) -> Self {
         let signals = Observations {
             memory_available_bytes: obs.memory_available_bytes,
             nodefs: obs.nodefs,
             imagefs: obs.imagefs,
             pids: obs.pids,
         };
-        let met = thresholds_met(&signals, hard);
+        Self::of_signals(&thresholds_met(&signals, hard))
+    }
+
+    /// The conditions of the signals `met` (the kubelet's `nodeConditions`).
+    #[must_use]
+    pub fn of_signals(met: &[Signal]) -> Self {
         let holds = |condition: &str| met.iter().any(|s| s.condition() == condition);
         Self {
             memory: holds(MEMORY_PRESSURE),
@@ -118,18 +126,34 @@ impl Pressure {
             pid: holds(PID_PRESSURE),
         }
     }
+
+    /// The names of the conditions that hold, in the order the kubelet lists them.
+    #[must_use]
+    pub fn conditions(self) -> Vec<&'static str> {
+        [
+            (self.memory, MEMORY_PRESSURE),
+            (self.disk, DISK_PRESSURE),
+            (self.pid, PID_PRESSURE),
+        ]
+        .into_iter()
+        .filter_map(|(holds, name)| holds.then_some(name))
+        .collect()
+    }
 }
 
 /// Keeps each pressure condition true for a transition period after it was last
-/// observed, like the kubelet's `--eviction-pressure-transition-period`.
+/// observed, like the kubelet's `--eviction-pressure-transition-period`
+/// (`nodeConditionsLastObservedAt`, then `nodeConditionsObservedSince`).
 #[derive(Debug, Default)]
-pub(crate) struct PressureTracker {
+pub struct PressureTracker {
     memory: Option<Instant>,
     disk: Option<Instant>,
     pid: Option<Instant>,
 }
 
 impl PressureTracker {
+    /// The conditions that hold at `now`: those `observed` now, and those last observed
+    /// less than `period` ago.
     pub fn update(&mut self, observed: Pressure, now: Instant, period: Duration) -> Pressure {
         let hold = |seen: bool, last: &mut Option<Instant>| {
             if seen {

@@ -339,6 +339,17 @@ impl AgentProcess {
         Ok(String::from_utf8_lossy(&text[start..]).into_owned())
     }
 
+    /// Whether this run's eviction manager holds the node condition `condition` (e.g.
+    /// `DiskPressure`), by the last change it logged: what admission reads. The line is
+    /// logged once admission can read the change.
+    pub fn eviction_manager_holds(&self, condition: &str) -> bool {
+        let log = self.this_runs_log().expect("the agent's log");
+        let last = log
+            .lines()
+            .rfind(|l| l.contains("eviction manager: node conditions changed"));
+        last.is_some_and(|l| l.contains(&format!("\"{condition}\"")))
+    }
+
     /// The agent's log so far, for failure messages.
     pub fn log_tail(&self) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
