@@ -195,8 +195,9 @@ cmd_report() {
     <(awk -F'\t' '$1 != "skipped" { print $3 "\t" $1 "\t" $2 }' "$kl/results.tsv" | sort -t $'\t' -k1,1))
   echo "| | rkubelet | kubelet |"
   echo "|---|---|---|"
-  awk -F': ' 'NR == FNR { v[$1] = substr($0, length($1) + 3); next }
-    { printf "| %s | %s | %s |\n", $1, substr($0, length($1) + 3), v[$1] }' "$kl/summary.txt" "$rk/summary.txt"
+  # (a focus's | would end a table cell: escaped)
+  awk -F': ' 'NR == FNR { v[$1] = substr($0, length($1) + 3); gsub(/\|/, "\\|", v[$1]); next }
+    { r = substr($0, length($1) + 3); gsub(/\|/, "\\|", r); printf "| %s | %s | %s |\n", $1, r, v[$1] }' "$kl/summary.txt" "$rk/summary.txt"
   for group in "both pass:passed:passed" "only the kubelet passes:failed|missing:passed" \
     "only rkubelet passes:passed:failed|missing" "both fail:failed|missing:failed|missing"; do
     local title=${group%%:*} rest=${group#*:}
@@ -206,7 +207,8 @@ cmd_report() {
     echo "### $title: $(grep -c . <<<"$lines" || true)"
     echo
     [[ -z $lines ]] || awk -F'\t' '
-      NR == FNR { if ($0 !~ /^#/ && NF >= 2) { re[n] = $1; why[n++] = $2 }; next }
+      BEGIN { n = 0 }
+      NR == FNR { if ($0 !~ /^#/ && NF >= 2) { re[n] = $1; why[n] = $2; n++ }; next }
       { c = ""; for (i = 0; i < n; i++) if ($1 ~ re[i]) { c = " — " why[i]; break }
         printf "- %s (rkubelet %s s, kubelet %s s)%s\n", $1, $3, $5, c }' "$CAUSES" - <<<"$lines"
   done
