@@ -7,7 +7,8 @@
 //! pods keep their devices (the checkpoint); a deleted pod's devices go to the next pod;
 //! a plugin that goes leaves capacity with nothing allocatable, and registers again when
 //! it starts again. A registration whose endpoint names a socket outside the device
-//! plugin directory is refused.
+//! plugin directory is refused. A resource patched into the Node's capacity by someone else
+//! becomes allocatable, and leaves it with capacity.
 
 mod common;
 
@@ -433,4 +434,47 @@ async fn a_registration_naming_a_socket_outside_the_plugin_directory_is_refused(
     // Nothing was registered: the node shows no such resource.
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(node_devices().await, (None, None));
+}
+
+/// A resource someone else patches into the Node's capacity (an operator advertising a
+/// node's devices without a plugin; the conformance suite's SchedulerPreemption tests with
+/// `scheduling.k8s.io/foo`) is made allocatable by the agent's next status update, and
+/// leaves allocatable when it leaves capacity, as the kubelet's `MachineInfo` setter does.
+#[tokio::test]
+#[ignore = "needs the local cluster (scripts/cluster.sh up)"]
+async fn a_resource_patched_into_capacity_becomes_allocatable() {
+    let _cleanup = NodeCleanup;
+    let _case = Case::with_agent("dp-patched", &[]).await;
+    let add = json!({ "status": { "capacity": { RESOURCE: "3" } } });
+    eventually(
+        "the agent's Node, patched",
+        Duration::from_secs(60),
+        || async {
+            nodes()
+                .await
+                .patch_status(&node_name(), &PatchParams::default(), &Patch::Merge(&add))
+                .await
+                .ok()
+        },
+    )
+    .await;
+    let added = Instant::now();
+    node_shows("3", "3").await;
+    eprintln!("patched into capacity → allocatable: {:?}", added.elapsed());
+    let remove = json!({ "status": { "capacity": { RESOURCE: null } } });
+    nodes()
+        .await
+        .patch_status(
+            &node_name(),
+            &PatchParams::default(),
+            &Patch::Merge(&remove),
+        )
+        .await
+        .expect("taking the resource out of capacity");
+    eventually(
+        "the resource gone from allocatable",
+        Duration::from_secs(30),
+        || async { (node_devices().await == (None, None)).then_some(()) },
+    )
+    .await;
 }

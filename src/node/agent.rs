@@ -184,7 +184,7 @@ impl NodeAgent {
                         .last_report
                         .is_none_or(|at| at.elapsed() >= self.config.node_status_report_frequency);
                     if changed || due {
-                        self.send_status(&status, &mut state)
+                        self.send_status(node.status.as_ref(), &status, &mut state)
                             .await
                             .map(|_| StatusUpdate::Patched)
                     } else {
@@ -231,9 +231,11 @@ impl NodeAgent {
         (status, changed)
     }
 
-    /// Patches `nodes/status` with the fields of `status` this agent owns.
+    /// Patches `nodes/status` with the fields of `status` this agent owns (from `base`, the
+    /// status it was computed from).
     pub(super) async fn send_status(
         &self,
+        base: Option<&NodeStatus>,
         status: &NodeStatus,
         state: &mut StatusState,
     ) -> Result<Node, NodeError> {
@@ -242,7 +244,7 @@ impl NodeAgent {
             .patch_status(
                 &self.config.name,
                 &PatchParams::default(),
-                &Patch::Strategic(status_patch(status)),
+                &Patch::Strategic(status_patch(base, status)),
             )
             .await
             .map_err(|source| NodeError::Api {

@@ -128,7 +128,8 @@ impl NodeAgent {
             .map_err(|e| self.api_error("get existing Node", e))?;
         let existing = self.reconcile_labels(existing).await?;
         let (status, _) = self.compute_status(&existing, &obs, pressure);
-        self.send_status(&status, &mut state).await
+        self.send_status(existing.status.as_ref(), &status, &mut state)
+            .await
     }
 
     /// Sets the labels this agent owns where the existing Node's differ. Other labels

@@ -22,6 +22,7 @@ use super::config::{EvictionHard, NodeConfig, go_arch};
 use super::machine::{FsStats, HugePages, PidUsage};
 use super::quantity;
 use super::signals::{Observations, Signal, thresholds_met};
+use crate::cm::devicemanager::is_extended_resource_name;
 use crate::cri::{self, RuntimeHealth};
 
 /// The Node condition types this agent owns.
@@ -259,8 +260,11 @@ fn set_addresses(status: &mut NodeStatus, config: &NodeConfig) {
 /// Capacity from the machine, and allocatable = capacity − kube-reserved −
 /// system-reserved − the hard eviction thresholds (memory.available for memory,
 /// nodefs.available for ephemeral-storage) − huge pages (for memory), never below zero:
-/// the kubelet's `GetNodeAllocatableReservation`. Resources this agent does not know
-/// (extended resources patched in by others) are left alone.
+/// the kubelet's `GetNodeAllocatableReservation`. Extended resources this agent does not
+/// serve (patched into capacity by others, as an operator advertises a node's dongles) are
+/// allocatable as they are in capacity, and leave allocatable when they leave capacity, as
+/// the kubelet's `MachineInfo` setter copies them; other resources it does not know are
+/// left alone.
 fn set_machine_info(status: &mut NodeStatus, config: &NodeConfig, obs: &Observation) {
     let Some(cap) = &obs.capacity else {
         // Keep the last reported capacity; Ready lists what is missing if there is none.
@@ -329,14 +333,18 @@ fn set_machine_info(status: &mut NodeStatus, config: &NodeConfig, obs: &Observat
         capacity.push((name.clone(), quantity::count(0)));
         allocatable.push((name.clone(), quantity::count(0)));
     }
-    status
-        .capacity
-        .get_or_insert_with(BTreeMap::new)
-        .extend(capacity);
-    status
-        .allocatable
-        .get_or_insert_with(BTreeMap::new)
-        .extend(allocatable);
+    let own: Vec<String> = allocatable.iter().map(|(name, _)| name.clone()).collect();
+    let capacity_now = status.capacity.get_or_insert_with(BTreeMap::new);
+    capacity_now.extend(capacity);
+    let allocatable_now = status.allocatable.get_or_insert_with(BTreeMap::new);
+    allocatable_now
+        .retain(|name, _| capacity_now.contains_key(name) || !is_extended_resource_name(name));
+    allocatable_now.extend(allocatable);
+    for (name, amount) in capacity_now.iter() {
+        if is_extended_resource_name(name) && !own.contains(name) {
+            allocatable_now.insert(name.clone(), amount.clone());
+        }
+    }
 }
 
 /// IDs, versions, OS and architecture. A fact that could not be read keeps the value the
@@ -505,11 +513,12 @@ pub(crate) fn status_changed(old: &NodeStatus, new: &NodeStatus) -> bool {
     comparable(old) != comparable(new)
 }
 
-/// The strategic merge patch of `nodes/status` that sends the fields this agent owns and
-/// nothing else, so that what others wrote between our read and our patch survives.
+/// The strategic merge patch of `nodes/status` from `base` (as read) to `status` that sends
+/// the fields this agent owns and nothing else, so that what others wrote between our read
+/// and our patch survives; what left allocatable is deleted.
 /// Conditions merge by type; the address list replaces the server's (a stale address must
 /// go away, which merging by type cannot do).
-pub(crate) fn status_patch(status: &NodeStatus) -> serde_json::Value {
+pub(crate) fn status_patch(base: Option<&NodeStatus>, status: &NodeStatus) -> serde_json::Value {
     let own_conditions: Vec<&NodeCondition> = status
         .conditions
         .iter()
@@ -527,7 +536,10 @@ pub(crate) fn status_patch(status: &NodeStatus) -> serde_json::Value {
     let mut patch = serde_json::json!({
         "addresses": addresses,
         "capacity": status.capacity,
-        "allocatable": status.allocatable,
+        "allocatable": merging(
+            base.and_then(|b| b.allocatable.as_ref()),
+            status.allocatable.as_ref(),
+        ),
         "conditions": own_conditions,
         "daemonEndpoints": status.daemon_endpoints,
         "nodeInfo": status.node_info,
@@ -540,6 +552,27 @@ pub(crate) fn status_patch(status: &NodeStatus) -> serde_json::Value {
         fields.retain(|_, value| !value.is_null());
     }
     serde_json::json!({ "status": patch })
+}
+
+/// The merge patch of a map from `base` (as read from the server) to `new`: its entries,
+/// and null for each one that left it; null when `new` is unknown.
+fn merging(
+    base: Option<&BTreeMap<String, Quantity>>,
+    new: Option<&BTreeMap<String, Quantity>>,
+) -> serde_json::Value {
+    let Some(new) = new else {
+        return serde_json::Value::Null;
+    };
+    let mut patch = serde_json::Map::new();
+    for name in base.into_iter().flatten().map(|(name, _)| name) {
+        if !new.contains_key(name) {
+            patch.insert(name.clone(), serde_json::Value::Null);
+        }
+    }
+    for (name, amount) in new {
+        patch.insert(name.clone(), serde_json::json!(amount));
+    }
+    serde_json::Value::Object(patch)
 }
 
 /// The node's images for `status.images`: largest first, at most `max`, each with at most
@@ -741,7 +774,7 @@ mod tests {
             ]
         );
         // Only our own conditions are patched.
-        let patch = status_patch(&s);
+        let patch = status_patch(None, &s);
         let patched: Vec<_> = patch["status"]["conditions"]
             .as_array()
             .unwrap()
@@ -766,6 +799,47 @@ mod tests {
         let s = computed(&s, &config(), &obs, 1);
         assert_eq!(quantity(&s.capacity, "example.com/dev"), "0");
         assert_eq!(quantity(&s.allocatable, "example.com/dev"), "0");
+    }
+
+    /// The suite's scheduler preemption tests patch `scheduling.k8s.io/foo: 3` into a
+    /// node's capacity and wait for the agent to make it allocatable; then take it out of
+    /// capacity, and allocatable follows (the kubelet's `MachineInfo` setter).
+    #[test]
+    fn extended_resources_patched_into_capacity_become_allocatable() {
+        let foo = "scheduling.k8s.io/foo";
+        let mut base = computed(&NodeStatus::default(), &config(), &observation(), 0);
+        base.capacity
+            .as_mut()
+            .unwrap()
+            .insert(foo.into(), Quantity("3".into()));
+        let s = computed(&base, &config(), &observation(), 1);
+        assert_eq!(quantity(&s.allocatable, foo), "3");
+        assert_eq!(quantity(&s.allocatable, "cpu"), "2", "its own are computed");
+        let patch = status_patch(Some(&base), &s);
+        assert_eq!(patch["status"]["allocatable"][foo], "3", "{patch}");
+
+        let mut gone = s.clone();
+        gone.capacity.as_mut().unwrap().remove(foo);
+        let s = computed(&gone, &config(), &observation(), 2);
+        assert!(!s.allocatable.as_ref().unwrap().contains_key(foo));
+        let patch = status_patch(Some(&gone), &s);
+        assert!(patch["status"]["allocatable"][foo].is_null(), "{patch}");
+        assert!(
+            patch["status"]["allocatable"]
+                .as_object()
+                .unwrap()
+                .contains_key(foo),
+            "deleted, not left out: {patch}"
+        );
+        // Only extended resources: a foreign native one stays as it was.
+        let mut other = s.clone();
+        other
+            .allocatable
+            .as_mut()
+            .unwrap()
+            .insert("attachable-volumes-x".into(), Quantity("7".into()));
+        let s = computed(&other, &config(), &observation(), 3);
+        assert_eq!(quantity(&s.allocatable, "attachable-volumes-x"), "7");
     }
 
     #[test]
@@ -793,12 +867,8 @@ mod tests {
             s.daemon_endpoints.unwrap().kubelet_endpoint.unwrap().port,
             10250
         );
-        let patch = status_patch(&computed(
-            &NodeStatus::default(),
-            &config(),
-            &observation(),
-            0,
-        ));
+        let new = computed(&NodeStatus::default(), &config(), &observation(), 0);
+        let patch = status_patch(None, &new);
         assert_eq!(
             patch["status"]["addresses"][0],
             serde_json::json!({"$patch": "replace"})
@@ -811,7 +881,8 @@ mod tests {
     fn unknown_capacity_is_left_out_of_the_patch() {
         let mut obs = observation();
         obs.capacity = None;
-        let patch = status_patch(&computed(&NodeStatus::default(), &config(), &obs, 0));
+        let new = computed(&NodeStatus::default(), &config(), &obs, 0);
+        let patch = status_patch(None, &new);
         assert!(patch["status"].get("capacity").is_none(), "{patch}");
         assert!(patch["status"].get("allocatable").is_none(), "{patch}");
         assert!(patch["status"].get("nodeInfo").is_some(), "{patch}");
