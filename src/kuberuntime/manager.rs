@@ -23,13 +23,13 @@ use tracing::Instrument;
 use super::actions::{PodActions, compute_pod_actions};
 use super::container::container_config;
 use super::context::{ConfigError, ContainerContext, EnvSources};
+use super::crash_backoff::{CrashBackoff, InBackoff};
 use super::env::{EnvSourceReader, environment};
 use super::names;
 use super::runtime_status::{PodRuntimeStatus, RunState, pod_ips, primary_ip};
 use super::sandbox::{SandboxSettings, pod_log_dir, sandbox_config};
 use super::security_context::{ImageUser, image_user};
 use super::start_gate::{Priority, StartCall, StartGate, StartTurn};
-use crate::backoff::Backoff;
 use crate::cri::{Cri, api, ok_if_not_found};
 use crate::events::{EventRecorder, Involved};
 use crate::images::ImageManager;
@@ -38,9 +38,6 @@ use crate::pod::PodId;
 use crate::pod::state::ForgetPod;
 use crate::probe::results::Results;
 use crate::volume::PodVolumes;
-
-/// Crashing containers wait 10 s, doubling to 5 min, before they are started again.
-const CRASH_BACKOFF: (Duration, Duration) = (Duration::from_secs(10), Duration::from_secs(300));
 
 /// The kubelet's minimum time between a container's stop signal and SIGKILL.
 const MIN_GRACE_SECONDS: i64 = 2;
@@ -121,7 +118,7 @@ pub struct RuntimeManager<C> {
     images: ImageManager,
     settings: SandboxSettings,
     events: EventRecorder,
-    crash_backoff: Mutex<HashMap<(String, String), Backoff>>,
+    crash_backoff: Mutex<CrashBackoff>,
     start_gate: Arc<StartGate>,
     /// Sandbox stops (CNI DEL chains) in flight at once: as many as the start gate's first
     /// turns (half the ceiling).
@@ -217,7 +214,7 @@ impl<C: Cri> RuntimeManager<C> {
             images: ImageManager::default(),
             settings,
             events,
-            crash_backoff: Mutex::new(HashMap::new()),
+            crash_backoff: Mutex::default(),
             start_gate: StartGate::new(parallel_starts),
             stop_slots: Semaphore::new(parallel_starts.div_ceil(2).max(1)),
             stopped_sandboxes: Mutex::default(),
@@ -396,11 +393,13 @@ impl<C: Cri> RuntimeManager<C> {
             };
             let previous_exit = status
                 .latest(&container.name)
-                .is_some_and(|c| c.state == RunState::Exited);
-            if previous_exit && let Some(wait) = self.crash_backoff_wait(id, container) {
+                .filter(|c| c.state == RunState::Exited);
+            if let Some(previous) = previous_exit
+                && let Err(wait) = self.crash_backoff_wait(id, container, previous.finished_at)
+            {
                 let message = format!(
-                    "back-off {}s restarting failed container={} pod={}_{}({})",
-                    wait.as_secs(),
+                    "back-off {} restarting failed container={} pod={}_{}({})",
+                    crate::kubeletconfig::running::go_duration(wait.backoff),
                     container.name,
                     id.name,
                     id.namespace,
@@ -419,7 +418,7 @@ impl<C: Cri> RuntimeManager<C> {
                         message,
                     },
                 );
-                outcome.retry_in(wait);
+                outcome.retry_in(wait.remaining);
                 continue;
             }
             // Boxed, as the sandbox's creation: a pod waiting for its turn keeps only what
@@ -465,17 +464,17 @@ impl<C: Cri> RuntimeManager<C> {
         answer
     }
 
-    fn crash_backoff_wait(&self, id: &PodId, container: &Container) -> Option<Duration> {
-        let now = Instant::now();
-        let mut all = crate::lock::lock(&self.crash_backoff);
-        let entry = all
-            .entry((id.uid.clone(), container.name.clone()))
-            .or_insert_with(|| Backoff::new(CRASH_BACKOFF.0, CRASH_BACKOFF.1));
-        if entry.waiting(now) {
-            return entry.until().map(|u| u - now);
-        }
-        entry.failed(now);
-        None
+    /// The kubelet's `doBackOff` for a container whose last instance exited at
+    /// `finished_at` (ns since the epoch).
+    fn crash_backoff_wait(
+        &self,
+        id: &PodId,
+        container: &Container,
+        finished_at: i64,
+    ) -> Result<(), InBackoff> {
+        let now = k8s_openapi::jiff::Timestamp::now().as_nanosecond();
+        let now = i64::try_from(now).unwrap_or(i64::MAX);
+        crate::lock::lock(&self.crash_backoff).check(&id.uid, container, finished_at, now)
     }
 
     async fn ensure_sandbox(
@@ -1058,15 +1057,13 @@ impl<C: Cri> ForgetPod for RuntimeManager<C> {
 
     fn holds(&self, uid: &str) -> bool {
         self.images.holds_pod(uid)
-            || crate::lock::lock(&self.crash_backoff)
-                .keys()
-                .any(|(pod, _)| pod == uid)
+            || crate::lock::lock(&self.crash_backoff).holds(uid)
             || crate::lock::lock(&self.stopped_sandboxes).contains_key(uid)
     }
 
     fn forget(&self, uid: &str) {
         self.images.forget_pod(uid);
-        crate::lock::lock(&self.crash_backoff).retain(|(pod, _), _| pod != uid);
+        crate::lock::lock(&self.crash_backoff).forget(uid);
         crate::lock::lock(&self.stopped_sandboxes).remove(uid);
     }
 }
@@ -1439,14 +1436,20 @@ mod tests {
             name: "c".into(),
             ..Container::default()
         };
-        assert!(m.crash_backoff_wait(&id, &c).is_none(), "the first restart");
-        assert!(m.crash_backoff_wait(&id, &c).is_some(), "then a back-off");
-        assert!(m.crash_backoff_wait(&other, &c).is_none());
+        let now = k8s_openapi::jiff::Timestamp::now().as_nanosecond() as i64;
+        assert!(
+            m.crash_backoff_wait(&id, &c, now).is_ok(),
+            "the first restart"
+        );
+        assert!(
+            m.crash_backoff_wait(&id, &c, now).is_err(),
+            "then a back-off"
+        );
+        assert!(m.crash_backoff_wait(&other, &c, now).is_ok());
         m.forget(&id.uid);
-        let left: Vec<_> = m.crash_backoff.lock().unwrap().keys().cloned().collect();
-        assert_eq!(left, [("other".to_owned(), "c".to_owned())]);
+        assert!(!m.holds(&id.uid) && m.holds("other"));
         m.forget("other");
-        assert!(m.crash_backoff.lock().unwrap().is_empty());
+        assert!(!m.holds("other"));
     }
 
     #[tokio::test]

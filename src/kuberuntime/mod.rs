@@ -6,6 +6,7 @@
 pub mod actions;
 pub mod container;
 pub mod context;
+pub mod crash_backoff;
 pub mod env;
 pub mod gc;
 pub mod labels;
