@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-/// The back-off state of one thing (an image pull, a crashing container, a sandbox).
+/// The back-off state of one thing (an image pull, a sandbox).
 #[derive(Debug, Clone)]
 pub struct Backoff {
     initial: Duration,

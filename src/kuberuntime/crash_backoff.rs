@@ -27,13 +27,28 @@ struct Entry {
     last_update: i64,
 }
 
-/// (pod UID, container name, spec hash).
-type Key = (String, String, String);
+/// One container spec of one pod: (pod UID, container name, spec hash), the kubelet's
+/// `getStableKey` (its pod name and namespace add nothing to the UID).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct SpecKey(String, String, String);
+
+impl SpecKey {
+    /// The key of `container` in the pod `uid`. Hashing the spec takes a JSON encoding:
+    /// done before the node-wide table is locked.
+    #[must_use]
+    pub fn new(uid: &str, container: &Container) -> Self {
+        Self(
+            uid.to_owned(),
+            container.name.clone(),
+            container_hash(container),
+        )
+    }
+}
 
 /// The back-offs of one node's containers.
 #[derive(Debug, Default)]
 pub struct CrashBackoff {
-    entries: HashMap<Key, Entry>,
+    entries: HashMap<SpecKey, Entry>,
 }
 
 /// A container still in back-off.
@@ -50,35 +65,34 @@ fn since(later: i64, earlier: i64) -> Duration {
     Duration::from_nanos(u64::try_from(later.saturating_sub(earlier)).unwrap_or(0))
 }
 
+/// The wall clock in ns since the epoch, the runtime's clock for a container's exit (the
+/// kubelet compares the two too).
+#[must_use]
+pub fn now_ns() -> i64 {
+    i64::try_from(k8s_openapi::jiff::Timestamp::now().as_nanosecond()).unwrap_or(i64::MAX)
+}
+
 /// Not used for twice the longest back-off: the container is taken as stable.
 fn expired(event: i64, last_update: i64) -> bool {
     since(event, last_update) > 2 * MAX
 }
 
 impl CrashBackoff {
-    /// May the container, whose last instance of this pod (`uid`) exited at `finished_at`,
-    /// start again at `now` (both ns since the epoch)? If so its back-off is counted (the
+    /// May the container spec `key`, whose last instance exited at `finished_at`, start
+    /// again at `now` (both ns since the epoch)? If so its back-off is counted (the
     /// next one is twice as long, up to 5 min); if not, how long it still waits. Without an
     /// exit time from the runtime (0) the wait counts from the last restart, so that such a
     /// container is not restarted in a loop either.
-    pub fn check(
-        &mut self,
-        uid: &str,
-        container: &Container,
-        finished_at: i64,
-        now: i64,
-    ) -> Result<(), InBackoff> {
+    pub fn check(&mut self, key: SpecKey, finished_at: i64, now: i64) -> Result<(), InBackoff> {
+        // The kubelet's GC (every 2 s in its housekeeping), here at each check.
         self.entries.retain(|_, e| !expired(now, e.last_update));
-        let key = (
-            uid.to_owned(),
-            container.name.clone(),
-            container_hash(container),
-        );
         let entry = self.entries.get(&key);
         let finished_at = match entry {
             Some(e) if finished_at <= 0 => e.last_update,
             _ => finished_at,
         };
+        // `IsInBackOffSince`'s own expiry, counted at the exit: after the GC above it can
+        // only drop an entry for an exit stamped after `now` (a clock stepped back).
         let current = entry.filter(|e| !expired(finished_at, e.last_update));
         if let Some(entry) = current {
             let waited = since(now, finished_at);
@@ -103,12 +117,12 @@ impl CrashBackoff {
     /// Has a container of the pod `uid` a back-off?
     #[must_use]
     pub fn holds(&self, uid: &str) -> bool {
-        self.entries.keys().any(|(pod, _, _)| pod == uid)
+        self.entries.keys().any(|k| k.0 == uid)
     }
 
     /// Forgets the back-offs of the pod `uid`.
     pub fn forget(&mut self, uid: &str) {
-        self.entries.retain(|(pod, _, _), _| pod != uid);
+        self.entries.retain(|k, _| k.0 != uid);
     }
 }
 
@@ -130,7 +144,10 @@ mod tests {
     /// counted at 73 s.
     fn four_restarts(b: &mut CrashBackoff, c: &Container) {
         for (exited, started) in [(0, 0), (1, 11), (12, 32), (33, 73)] {
-            assert_eq!(b.check("u", c, exited * S, started * S), Ok(()));
+            assert_eq!(
+                b.check(SpecKey::new("u", c), exited * S, started * S),
+                Ok(())
+            );
         }
     }
 
@@ -144,7 +161,7 @@ mod tests {
         let c = container("busybox");
         let mut exited = 100 * S;
         assert_eq!(
-            b.check("u", &c, exited, exited),
+            b.check(SpecKey::new("u", &c), exited, exited),
             Ok(()),
             "the first restart"
         );
@@ -152,7 +169,7 @@ mod tests {
         for _ in 0..8 {
             exited += 5 * S;
             let mut now = exited;
-            while let Err(wait) = b.check("u", &c, exited, now) {
+            while let Err(wait) = b.check(SpecKey::new("u", &c), exited, now) {
                 assert_eq!(
                     wait.remaining,
                     since(exited + wait.backoff.as_nanos() as i64, now)
@@ -174,16 +191,16 @@ mod tests {
         four_restarts(&mut b, &old);
         let exited = 74 * S;
         assert_eq!(
-            b.check("u", &old, exited, exited + S),
+            b.check(SpecKey::new("u", &old), exited, exited + S),
             Err(InBackoff {
                 backoff: Duration::from_secs(80),
                 remaining: Duration::from_secs(79)
             })
         );
         let new = container("nginx");
-        assert_eq!(b.check("u", &new, exited, exited + S), Ok(()));
+        assert_eq!(b.check(SpecKey::new("u", &new), exited, exited + S), Ok(()));
         assert_eq!(
-            b.check("u", &new, exited + 6 * S, exited + 7 * S)
+            b.check(SpecKey::new("u", &new), exited + 6 * S, exited + 7 * S)
                 .unwrap_err()
                 .backoff,
             Duration::from_secs(10)
@@ -198,9 +215,9 @@ mod tests {
         let c = container("busybox");
         four_restarts(&mut b, &c);
         let exited = 73 * S + 601 * S;
-        assert_eq!(b.check("u", &c, exited, exited), Ok(()));
+        assert_eq!(b.check(SpecKey::new("u", &c), exited, exited), Ok(()));
         assert_eq!(
-            b.check("u", &c, exited + S, exited + 2 * S)
+            b.check(SpecKey::new("u", &c), exited + S, exited + 2 * S)
                 .unwrap_err()
                 .backoff,
             INITIAL
@@ -212,9 +229,9 @@ mod tests {
     fn an_exit_without_a_time_still_waits() {
         let mut b = CrashBackoff::default();
         let c = container("busybox");
-        assert_eq!(b.check("u", &c, 0, 100 * S), Ok(()));
-        assert!(b.check("u", &c, 0, 101 * S).is_err());
-        assert_eq!(b.check("u", &c, 0, 111 * S), Ok(()));
+        assert_eq!(b.check(SpecKey::new("u", &c), 0, 100 * S), Ok(()));
+        assert!(b.check(SpecKey::new("u", &c), 0, 101 * S).is_err());
+        assert_eq!(b.check(SpecKey::new("u", &c), 0, 111 * S), Ok(()));
     }
 
     /// A pod that is gone leaves no back-off behind.
@@ -222,9 +239,12 @@ mod tests {
     fn a_gone_pods_back_offs_are_forgotten() {
         let mut b = CrashBackoff::default();
         let c = container("busybox");
-        assert_eq!(b.check("u", &c, 0, 0), Ok(()));
-        assert!(b.check("u", &c, S, S).is_err(), "then a back-off");
-        assert_eq!(b.check("other", &c, S, S), Ok(()));
+        assert_eq!(b.check(SpecKey::new("u", &c), 0, 0), Ok(()));
+        assert!(
+            b.check(SpecKey::new("u", &c), S, S).is_err(),
+            "then a back-off"
+        );
+        assert_eq!(b.check(SpecKey::new("other", &c), S, S), Ok(()));
         b.forget("u");
         assert!(!b.holds("u") && b.holds("other"));
         b.forget("other");

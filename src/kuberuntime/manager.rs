@@ -23,7 +23,7 @@ use tracing::Instrument;
 use super::actions::{PodActions, compute_pod_actions};
 use super::container::container_config;
 use super::context::{ConfigError, ContainerContext, EnvSources};
-use super::crash_backoff::{CrashBackoff, InBackoff};
+use super::crash_backoff::{self, CrashBackoff, SpecKey};
 use super::env::{EnvSourceReader, environment};
 use super::names;
 use super::runtime_status::{PodRuntimeStatus, RunState, pod_ips, primary_ip};
@@ -391,10 +391,9 @@ impl<C: Cri> RuntimeManager<C> {
                     continue;
                 }
             };
-            let previous_exit = status
-                .latest(&container.name)
-                .filter(|c| c.state == RunState::Exited);
-            if let Some(previous) = previous_exit
+            // The kubelet's `doBackOff`: the newest instance that exited, even under a newer
+            // one that never ran.
+            if let Some(previous) = status.latest_exited(&container.name)
                 && let Err(wait) = self.crash_backoff_wait(id, container, previous.finished_at)
             {
                 let message = format!(
@@ -471,10 +470,9 @@ impl<C: Cri> RuntimeManager<C> {
         id: &PodId,
         container: &Container,
         finished_at: i64,
-    ) -> Result<(), InBackoff> {
-        let now = k8s_openapi::jiff::Timestamp::now().as_nanosecond();
-        let now = i64::try_from(now).unwrap_or(i64::MAX);
-        crate::lock::lock(&self.crash_backoff).check(&id.uid, container, finished_at, now)
+    ) -> Result<(), crash_backoff::InBackoff> {
+        let key = SpecKey::new(&id.uid, container);
+        crate::lock::lock(&self.crash_backoff).check(key, finished_at, crash_backoff::now_ns())
     }
 
     async fn ensure_sandbox(
@@ -1422,10 +1420,10 @@ mod tests {
         }
     }
 
-    /// A pod that is gone leaves no back-off behind, even when nothing of it was left in
-    /// the runtime to remove.
+    /// The manager's `ForgetPod` drops a gone pod's back-offs, even when nothing of it was
+    /// left in the runtime to remove.
     #[test]
-    fn a_gone_pods_back_offs_are_forgotten() {
+    fn forget_pod_drops_the_crash_back_offs() {
         let m = manager();
         let id = pod_id();
         let other = PodId {
@@ -1436,7 +1434,7 @@ mod tests {
             name: "c".into(),
             ..Container::default()
         };
-        let now = k8s_openapi::jiff::Timestamp::now().as_nanosecond() as i64;
+        let now = crash_backoff::now_ns();
         assert!(
             m.crash_backoff_wait(&id, &c, now).is_ok(),
             "the first restart"

@@ -88,6 +88,15 @@ impl PodRuntimeStatus {
         self.containers.iter().find(|c| c.name == name)
     }
 
+    /// The newest container with this name that exited, even under a newer one that did not
+    /// run (created, or unknown to the runtime).
+    #[must_use]
+    pub fn latest_exited(&self, name: &str) -> Option<&ContainerState> {
+        self.containers
+            .iter()
+            .find(|c| c.name == name && c.state == RunState::Exited)
+    }
+
     /// The two newest containers with this name: the current and the one before.
     #[must_use]
     pub fn latest_two(&self, name: &str) -> (Option<&ContainerState>, Option<&ContainerState>) {
@@ -396,6 +405,43 @@ mod tests {
                 ..Default::default()
             })
         }
+    }
+
+    /// The crash-loop back-off counts from the newest exit even when a newer instance never
+    /// ran (the kubelet's `doBackOff` looks for the newest exited one).
+    #[test]
+    fn the_latest_exit_is_found_under_a_container_that_never_ran() {
+        let container = |id: &str, state, finished_at| ContainerState {
+            id: id.into(),
+            name: "c".into(),
+            sandbox_id: "s1".into(),
+            attempt: 0,
+            state,
+            created_at: 1,
+            started_at: 0,
+            finished_at,
+            exit_code: 0,
+            reason: String::new(),
+            message: String::new(),
+            image: String::new(),
+            image_ref: String::new(),
+            hash: String::new(),
+        };
+        let status = PodRuntimeStatus {
+            sandboxes: Vec::new(),
+            containers: vec![
+                container("new", RunState::Created, 0),
+                container("old", RunState::Exited, 7),
+            ],
+        };
+        assert_eq!(status.latest("c").map(|c| c.id.as_str()), Some("new"));
+        assert_eq!(
+            status
+                .latest_exited("c")
+                .map(|c| (c.id.as_str(), c.finished_at)),
+            Some(("old", 7))
+        );
+        assert!(status.latest_exited("other").is_none());
     }
 
     #[tokio::test]
