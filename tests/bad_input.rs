@@ -10,6 +10,9 @@
 //! created after them that must be Ready in normal time; after them the agent is still
 //! alive with no panic in its log, every pod is deleted, and the leak check finds nothing
 //! left.
+//!
+//! A container that keeps failing backs off as the kubelet's does: the wait counted from
+//! each exit, its length named in the waiting message, and started over for a new image.
 
 mod common;
 
@@ -20,7 +23,9 @@ use common::case::{Case, get, running};
 use common::pods::{event_with_reason, events_of, pods_api};
 use common::{TestRuntimeClass, eventually, kube_client, node_name};
 use k8s_openapi::api::core::v1::{ConfigMap, ContainerStatus, Node, Pod, Secret};
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use rkubelet::resources::Quantity;
 use serde_json::{Value, json};
 
@@ -1165,4 +1170,169 @@ async fn a_pod_name_too_long_for_its_log_directory_fails_the_sandbox_and_deletes
         case.agent().log_tail()
     );
     eprintln!("{attempts} sandbox attempts before the delete; deleted in {deleted_in:?}");
+}
+
+/// The container `c` of the pod `name`, once it has a status.
+async fn status_of_c(name: &str) -> Option<ContainerStatus> {
+    let statuses = get(name).await?.status?.container_statuses?;
+    statuses.into_iter().find(|c| c.name == "c")
+}
+
+/// Whole seconds from `earlier` to `later` (the API's times are RFC 3339 seconds).
+fn seconds(earlier: &Time, later: &Time) -> i64 {
+    later.0.as_second() - earlier.0.as_second()
+}
+
+/// The crash-loop back-off as the kubelet v1.20's `doBackOff` keeps it (the upstream e2e
+/// "should have their auto-restart back-off timer reset on image update" and the wait
+/// that "should cap back-off at MaxContainerBackOff" measures, in well under a minute): a
+/// container that runs 5 s and fails is restarted at once the first time, then 10 s after
+/// its exit; its waiting message names the back-off in Go's form ("back-off 10s", then
+/// "back-off 20s"), with the kubelet's `BackOff` event; an image changed during the 20 s
+/// wait (a new spec hash, a new back-off key) starts the container at once, in the new
+/// image.
+#[tokio::test]
+#[ignore = "needs root and the local cluster: run scripts/test.sh"]
+async fn a_crash_loop_waits_from_each_exit_and_a_new_image_starts_its_back_off_over() {
+    let started = Instant::now();
+    let case = Case::with_agent("backoff", &[]).await;
+    let manifest = pod(
+        json!({ "command": ["sh", "-c", "sleep 5; exit 1"], "imagePullPolicy": "IfNotPresent" }),
+        json!({}),
+    );
+    let name = case.create("crash", manifest).await;
+    let uid = get(&name)
+        .await
+        .and_then(|p| p.metadata.uid)
+        .expect("the pod's UID");
+    let message = |backoff: &str| {
+        format!("back-off {backoff} restarting failed container=c pod={name}_default({uid})")
+    };
+
+    // Instance 1 exits: restarted at once (no back-off yet). Instance 2 exits: 10 s from
+    // that exit, instance 3 starts. The agent before fd5c575 counted the 10 s from
+    // instance 2's start (its restart), so instance 3 came 10 - 5 = 5 s after instance 2's
+    // exit: startedAt - finishedAt 4 to 6 s in whole seconds, under the 9 asserted here.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut first_wait = None;
+    let (finished_2, started_3) = loop {
+        let cs = status_of_c(&name).await;
+        let state = cs
+            .as_ref()
+            .and_then(|c| c.state.clone())
+            .unwrap_or_default();
+        match cs.as_ref().map_or(0, |c| c.restart_count) {
+            1 => {
+                if let Some(w) = state.waiting
+                    && w.reason.as_deref() == Some("CrashLoopBackOff")
+                {
+                    first_wait.get_or_insert(w.message.unwrap_or_default());
+                }
+            }
+            2 => {
+                if let Some(running) = state.running {
+                    let finished = cs
+                        .and_then(|c| c.last_state?.terminated?.finished_at)
+                        .expect("instance 2's finishedAt in lastState");
+                    break (finished, running.started_at.expect("startedAt"));
+                }
+            }
+            0 => {}
+            n => panic!("restarted {n} times before instance 3 was seen running"),
+        }
+        assert!(
+            Instant::now() < deadline,
+            "instance 3 not running after 60 s: {cs:?}\n{}",
+            case.agent().log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let gap = seconds(&finished_2, &started_3);
+    assert!(
+        (9..=15).contains(&gap),
+        "instance 3 started {gap} s after instance 2 exited, want the 10 s back-off"
+    );
+    assert_eq!(
+        first_wait,
+        Some(message("10s")),
+        "the first back-off's message"
+    );
+
+    // Instance 3 exits: its back-off is 20 s, counted from that exit.
+    let waiting = eventually(
+        "instance 3 exited, in CrashLoopBackOff",
+        Duration::from_secs(20),
+        || async {
+            let cs = status_of_c(&name).await?;
+            let w = cs.state.clone()?.waiting?;
+            (cs.restart_count == 2 && w.reason.as_deref() == Some("CrashLoopBackOff")).then_some(cs)
+        },
+    )
+    .await;
+    let wait = waiting.state.and_then(|s| s.waiting?.message);
+    assert_eq!(wait, Some(message("20s")), "the second back-off's message");
+    let finished_3 = waiting
+        .last_state
+        .and_then(|s| s.terminated?.finished_at)
+        .expect("instance 3's finishedAt in lastState");
+    let busybox_id = waiting.image_id;
+
+    // A new image during that wait: the spec's hash changes, and with it the back-off's
+    // key, so instance 4 starts at once in nginx (same shell and sleep). Instance 4 within
+    // 10 s of instance 3's exit is what discriminates: the agent before fd5c575 (one key per
+    // container name, counted from the start) restarted it 20 - 5 = 15 s after that exit,
+    // and a back-off counted from the exit but keyed without the hash, 20 s after.
+    let patched_at = Time(Timestamp::now());
+    assert!(
+        seconds(&finished_3, &patched_at) <= 5,
+        "the patch comes {} s into the 20 s back-off: too late to tell",
+        seconds(&finished_3, &patched_at)
+    );
+    let patch = json!({ "spec": { "containers": [{ "name": "c", "image": "nginx" }] } });
+    pods_api()
+        .await
+        .patch(&name, &PatchParams::default(), &Patch::Strategic(patch))
+        .await
+        .expect("patch the container's image");
+    let (image, image_id, started_4) = eventually(
+        "instance 4 started in the new image",
+        Duration::from_secs(30),
+        || async {
+            let cs = status_of_c(&name).await?;
+            let state = cs.state?;
+            let started = match (state.running, state.terminated) {
+                (Some(r), _) => r.started_at,
+                (None, Some(t)) => t.started_at,
+                (None, None) => None,
+            }?;
+            (cs.restart_count == 3).then_some((cs.image, cs.image_id, started))
+        },
+    )
+    .await;
+    assert!(
+        image.contains("nginx") && image_id.contains("nginx") && image_id != busybox_id,
+        "instance 4 runs {image} ({image_id}), was {busybox_id}"
+    );
+    let after_exit = seconds(&finished_3, &started_4);
+    assert!(
+        started_4.0.as_second() >= patched_at.0.as_second() && after_exit < 10,
+        "instance 4 started {after_exit} s after instance 3 exited ({} s after the patch), \
+         want at once for the new image\n{}",
+        seconds(&patched_at, &started_4),
+        case.agent().log_tail()
+    );
+    // The kubelet's event for each wait (its message names no length).
+    let backoff = event_with_reason(&name, "BackOff", Duration::from_secs(10)).await;
+    assert_eq!(
+        (backoff.type_.as_deref(), backoff.message.as_deref()),
+        (
+            Some("Warning"),
+            Some("Back-off restarting failed container")
+        )
+    );
+    eprintln!(
+        "instance 3 started {gap} s after instance 2's exit; instance 4 in the new image {after_exit} s after instance 3's exit ({} s after the patch); {:?} in all",
+        seconds(&patched_at, &started_4),
+        started.elapsed()
+    );
 }
