@@ -57,8 +57,11 @@ pub fn parse_proc_stat(text: &str, ticks_per_second: u64) -> (Option<u64>, Optio
             Some("cpu") => {
                 let v: Vec<u64> = fields.filter_map(|f| f.parse().ok()).collect();
                 if v.len() >= 8 && ticks_per_second > 0 {
-                    let ticks = v[0] + v[1] + v[2] + v[5] + v[6] + v[7];
-                    usage = Some(ticks.saturating_mul(1_000_000_000 / ticks_per_second));
+                    // A sum past u64 is no reading the kernel could give: none.
+                    usage = [v[0], v[1], v[2], v[5], v[6], v[7]]
+                        .into_iter()
+                        .try_fold(0u64, u64::checked_add)
+                        .map(|ticks| ticks.saturating_mul(1_000_000_000 / ticks_per_second));
                 }
             }
             Some("btime") => boot = fields.next().and_then(|f| f.parse().ok()),
@@ -540,6 +543,11 @@ mod tests {
         assert_eq!(usage, Some(161 * 10_000_000));
         assert_eq!(boot, Some(1_700_000_000));
         assert_eq!(parse_proc_stat("", 100), (None, None));
+        // Ticks whose sum passes u64 (the fuzzer's finding of 2026-11-29: an overflow
+        // panic): no figure, the boot time still read.
+        let max = u64::MAX;
+        let text = format!("cpu  {max} 1 0 0 0 0 0 0\nbtime 5\n");
+        assert_eq!(parse_proc_stat(&text, 100), (None, Some(5)));
     }
 
     struct Runtime {
