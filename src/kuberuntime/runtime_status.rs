@@ -412,20 +412,8 @@ mod tests {
     #[test]
     fn the_latest_exit_is_found_under_a_container_that_never_ran() {
         let container = |id: &str, state, finished_at| ContainerState {
-            id: id.into(),
-            name: "c".into(),
-            sandbox_id: "s1".into(),
-            attempt: 0,
-            state,
-            created_at: 1,
-            started_at: 0,
             finished_at,
-            exit_code: 0,
-            reason: String::new(),
-            message: String::new(),
-            image: String::new(),
-            image_ref: String::new(),
-            hash: String::new(),
+            ..testing::container(id, "c", "s1", 0, state)
         };
         let status = PodRuntimeStatus {
             sandboxes: Vec::new(),
