@@ -34,7 +34,7 @@ struct SamplePlugin {
 }
 
 /// What the device manager leaves on the node, taken away when dropped (after the agent
-/// stopped: declared before the case): the checkpoint, and the resource in the Node's
+/// stopped, before the next test's turn: [`Case::clean_up_after_agent`]): the checkpoint, and the resource in the Node's
 /// status, so later tests find the node as it was. Nothing else may be left in the
 /// device plugin directory (sockets included).
 struct NodeCleanup;
@@ -241,8 +241,8 @@ fn uid(pod: &Pod) -> String {
 #[ignore = "needs the local cluster (scripts/cluster.sh up)"]
 async fn device_plugin_devices_reach_pods_survive_restarts_and_are_freed() {
     let devices = std::env::temp_dir().join(unique("rk-devices"));
-    let cleanup = NodeCleanup;
     let mut case = Case::new("dp").await;
+    case.clean_up_after_agent(NodeCleanup);
     case.start_agent(&[]);
     registration_socket().await;
     let started = Instant::now();
@@ -356,7 +356,6 @@ async fn device_plugin_devices_reach_pods_survive_restarts_and_are_freed() {
     drop(again);
     drop(plugin);
     drop(case);
-    drop(cleanup);
 }
 
 /// `Register` with each endpoint in turn, from a client on a runtime of its own: its
@@ -409,8 +408,8 @@ fn register_each(socket: &Path, endpoints: &[&str]) -> Vec<Result<(), tonic::Sta
 #[tokio::test]
 #[ignore = "needs the local cluster (scripts/cluster.sh up)"]
 async fn a_registration_naming_a_socket_outside_the_plugin_directory_is_refused() {
-    let _cleanup = NodeCleanup;
-    let _case = Case::with_agent("dp-endpoint", &[]).await;
+    let mut case = Case::with_agent("dp-endpoint", &[]).await;
+    case.clean_up_after_agent(NodeCleanup);
     let socket = registration_socket().await;
     let endpoints = [
         "/run/containerd/containerd.sock",
@@ -443,8 +442,8 @@ async fn a_registration_naming_a_socket_outside_the_plugin_directory_is_refused(
 #[tokio::test]
 #[ignore = "needs the local cluster (scripts/cluster.sh up)"]
 async fn a_resource_patched_into_capacity_becomes_allocatable() {
-    let _cleanup = NodeCleanup;
-    let _case = Case::with_agent("dp-patched", &[]).await;
+    let mut case = Case::with_agent("dp-patched", &[]).await;
+    case.clean_up_after_agent(NodeCleanup);
     let add = json!({ "status": { "capacity": { RESOURCE: "3" } } });
     eventually(
         "the agent's Node, patched",

@@ -777,11 +777,13 @@ async fn check_kubectl_reaches(name: &str) {
 
 /// The sandboxes and containers containerd holds in the VM (`crictl`-like, from `ctr`).
 /// The memory hog's are left out: it is deleted once its kills are seen, and the agent
-/// removes its dead sandbox and containers whenever its clean-up comes, restart or not.
+/// removes its dead sandbox and containers whenever its clean-up comes, restart or not
+/// (one removed between the listing and its `info` is one of them, and left out too).
 async fn runtime_ids() -> Vec<String> {
     let mut ids: Vec<String> = in_vm(
         "for c in $(ctr -n k8s.io containers ls -q); do \
-           ctr -n k8s.io containers info \"$c\" | grep -q '\"io.kubernetes.pod.name\": \"vm-oom\"' || echo \"$c\"; \
+           info=$(ctr -n k8s.io containers info \"$c\" 2>/dev/null) || continue; \
+           printf '%s' \"$info\" | grep -q '\"io.kubernetes.pod.name\": \"vm-oom\"' || echo \"$c\"; \
          done",
     )
     .await

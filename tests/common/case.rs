@@ -20,11 +20,12 @@ pub fn root_dir() -> PathBuf {
 }
 
 /// One test's turn on the node: its pods (removed first when dropped, while the agent
-/// still runs), then the agent, then the turn.
+/// still runs), then the agent, then the test's clean-ups of the node, then the turn.
 pub struct Case {
     /// The test's pods.
     pub pods: TestPods,
     agent: Option<AgentProcess>,
+    after_agent: Vec<Box<dyn Send>>,
     _turn: tokio::sync::MutexGuard<'static, ()>,
 }
 
@@ -35,6 +36,7 @@ impl Case {
         Self {
             pods: TestPods::new(&unique(prefix), root_dir()),
             agent: None,
+            after_agent: Vec::new(),
             _turn: turn,
         }
     }
@@ -44,6 +46,13 @@ impl Case {
         let mut case = Self::new(prefix).await;
         case.start_agent(extra);
         case
+    }
+
+    /// Keeps `cleanup` until the agent has stopped, and drops it before the turn ends: what
+    /// it takes away from the node (files the agent left, fields of the Node) is gone
+    /// before the next test's agent starts, never under it.
+    pub fn clean_up_after_agent(&mut self, cleanup: impl Send + 'static) {
+        self.after_agent.push(Box::new(cleanup));
     }
 
     /// (Re)starts the agent: the one running stops first.
