@@ -23,7 +23,10 @@
 //! starts keep at least half of the calls in flight, the probes the rest (a probe is not
 //! held back). Not capped at the ceiling: a cap at it (20) showed no gain in the one clean
 //! run measured (docs/benchmarks.md). With no exec probe in flight the rule is as above
-//! (what the limit learnt meanwhile, from starts made on lent turns too, stays).
+//! (what the limit learnt meanwhile, from starts made on lent turns too, stays). And while
+//! pods wait for a turn ([`StartGate::queued`]), the exec probes of containers that pass
+//! them wait too (for ten seconds at most: the prober's rule), so that the runtime sets the
+//! waiting pods up first.
 //!
 //! The order favours finishing what has begun: a pod that already had a turn (it came back
 //! from an image pull, or starts its next container) goes before any pod that has not begun;
@@ -267,6 +270,12 @@ impl StartGate {
         state.lent += 1;
         Self::admit(self, &mut state);
         Lent { gate: self.clone() }
+    }
+
+    /// Whether pods wait for a turn: a burst is being set up, and the runtime work that
+    /// can wait (the periodic exec probes of containers that pass them) gives way.
+    pub fn queued(&self) -> bool {
+        !crate::lock::lock(&self.state).waiting.is_empty()
     }
 
     /// The turns now (lent ones included) and the turns in use.

@@ -2,6 +2,10 @@
 //! every `periodSeconds` after `initialDelaySeconds`, turns runs of results into the
 //! cached result by the success and failure thresholds, and holds after a liveness or
 //! startup failure until the container is replaced (a new worker then starts).
+//! Two departures from the kubelet's timing, both to get pods Ready sooner: the first
+//! readiness or startup probe of a container the agent has just started runs at once
+//! ([`first_wait`]), and while pods wait for a start turn the exec probes of containers
+//! that pass them give way, for ten seconds at most ([`gives_way`]).
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -24,6 +28,13 @@ use crate::probe::{Outcome, ProbeResult};
 /// Errored probes are tried this many times before the period ends (the kubelet's
 /// `maxProbeRetries`).
 const MAX_RETRIES: usize = 3;
+/// A container that started this recently (or within one period of its probe, when that
+/// is longer) when its worker began was started by this agent just now, not found running
+/// after the agent restarted: its readiness and startup probes run at once.
+const FRESH: Duration = Duration::from_secs(5);
+/// While pods wait for a start turn, a periodic exec probe of a container that passes it
+/// waits too, but never longer than this since it last ran.
+const MAX_YIELD: Duration = Duration::from_secs(10);
 
 /// What every worker shares.
 pub(super) struct Shared<C> {
@@ -135,6 +146,44 @@ fn jitter(container_id: &str, kind: ProbeKind, period: Duration) -> Duration {
     Duration::from_millis(hasher.finish() % period_ms)
 }
 
+/// How long a new worker waits before its first check, its container having started
+/// `since_start` ago. The kubelet's workers wait a random part of the period (the
+/// [`jitter`]) and then probe at their ticks, so a container's first probe comes up to a
+/// period after it runs. A readiness or startup probe of a container this agent has just
+/// started holds the pod's Ready back: it runs at once, or as soon as the initial delay is
+/// over. The others (liveness probes, and every probe of containers that were running
+/// when the agent started) keep the spread.
+fn first_wait(
+    kind: ProbeKind,
+    timing: &Timing,
+    since_start: Duration,
+    container_id: &str,
+) -> Duration {
+    if kind != ProbeKind::Liveness && since_start < timing.period.max(FRESH) {
+        return timing.initial_delay.saturating_sub(since_start);
+    }
+    jitter(container_id, kind, timing.period)
+}
+
+/// How many ticks in a row a passing exec probe may give way to queued starts: so that it
+/// runs at least every [`MAX_YIELD`] (none for a period of that or longer).
+fn yield_ticks(period: Duration) -> u32 {
+    let ticks = MAX_YIELD.as_secs() / period.as_secs().max(1);
+    u32::try_from(ticks).unwrap_or(u32::MAX).saturating_sub(1)
+}
+
+/// Whether this tick's check gives way to the pods waiting for a start turn. An exec
+/// probe is a `runc exec` in the runtime that sets the pods up; with a hundred containers
+/// probed every second, a third by exec, the probes of the containers already running took
+/// most of a 2-core node while the others waited to start (docs/benchmarks.md). So while
+/// pods are queued, the exec probe of a container that passes it (its last run passed and
+/// its result is a success) waits for a later tick, [`yield_ticks`] at most in a row. A
+/// probe that has not passed yet (the pod is not Ready, or a failure is being counted) is
+/// never held back, nor are HTTP and TCP probes, which the runtime does not serve.
+fn gives_way(check: &Check, passing: bool, yielded: u32, period: Duration, queued: bool) -> bool {
+    matches!(check, Check::Exec(_)) && passing && queued && yielded < yield_ticks(period)
+}
+
 /// Runs the check, trying again on errors, and records the kubelet's events.
 async fn probe_once<C: Cri>(
     shared: &Shared<C>,
@@ -183,11 +232,13 @@ pub(super) async fn run<C: Cri>(
         tracing::info_span!("probe", pod_uid = %target.pod.uid, container = %target.container, kind = kind.as_str())
     });
     shared.set(&target, kind, kind.initial());
-    tokio::time::sleep(jitter(&target.container_id, kind, timing.period)).await;
+    let wait = first_wait(kind, &timing, started.elapsed(), &target.container_id);
+    tokio::time::sleep(wait).await;
     let mut ticker = tokio::time::interval(timing.period);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut last = None;
     let mut run = 0u32;
+    let mut yielded = 0u32;
     loop {
         ticker.tick().await;
         if started.elapsed() < timing.initial_delay {
@@ -201,6 +252,14 @@ pub(super) async fn run<C: Cri>(
                 continue;
             }
         }
+        let passing = last == Some(ProbeResult::Success)
+            && shared.results.get(&target.container_id, kind) == Some(ProbeResult::Success);
+        let queued = passing && shared.start_gate.queued();
+        if gives_way(&check, passing, yielded, timing.period, queued) {
+            yielded += 1;
+            continue;
+        }
+        yielded = 0;
         // Until the probe first passes, each run is a step of the pod's start-up timeline.
         let span = until_passed.as_ref().map_or_else(tracing::Span::none, |parent| {
             tracing::info_span!(parent: parent, "probe_run", result = tracing::field::Empty)
@@ -247,6 +306,7 @@ pub(super) async fn run<C: Cri>(
 mod tests {
     use super::*;
     use crate::cri::{Result, api};
+    use crate::kuberuntime::start_gate::Priority;
     use std::sync::Mutex;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -275,6 +335,62 @@ mod tests {
             "spread over the period: {buckets:?}"
         );
         assert!(together <= 5, "{together} containers probe twice at once");
+    }
+
+    fn timing(period: u64, initial_delay: u64) -> Timing {
+        Timing::of(&Probe {
+            period_seconds: Some(i32::try_from(period).unwrap()),
+            initial_delay_seconds: Some(i32::try_from(initial_delay).unwrap()),
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn the_first_readiness_or_startup_probe_of_a_container_just_started_runs_at_once() {
+        let id = format!("{:064x}", 7);
+        let ms = Duration::from_millis;
+        for kind in [ProbeKind::Readiness, ProbeKind::Startup] {
+            assert_eq!(first_wait(kind, &timing(1, 0), ms(30), &id), Duration::ZERO);
+            assert_eq!(
+                first_wait(kind, &timing(10, 15), ms(500), &id),
+                ms(14_500),
+                "as soon as the initial delay is over, not at the tick after it"
+            );
+            // Running long before the worker began (the agent restarted): spread.
+            let restarted = first_wait(kind, &timing(1, 0), Duration::from_secs(60), &id);
+            assert_eq!(restarted, jitter(&id, kind, Duration::from_secs(1)));
+            // A period longer than FRESH: a container started within it is new.
+            assert_eq!(
+                first_wait(kind, &timing(30, 0), Duration::from_secs(20), &id),
+                Duration::ZERO
+            );
+        }
+        // A liveness probe does not hold Ready back: it keeps the kubelet's spread.
+        assert_eq!(
+            first_wait(ProbeKind::Liveness, &timing(1, 0), ms(30), &id),
+            jitter(&id, ProbeKind::Liveness, Duration::from_secs(1))
+        );
+    }
+
+    #[test]
+    fn only_passing_exec_probes_give_way_to_queued_starts_and_for_ten_seconds_at_most() {
+        let exec = Check::Exec(vec!["true".into()]);
+        let tcp = Check::Tcp("10.0.0.1".into(), 80);
+        let second = Duration::from_secs(1);
+        assert!(gives_way(&exec, true, 0, second, true));
+        assert!(!gives_way(&exec, true, 0, second, false), "no start queued");
+        assert!(!gives_way(&exec, false, 0, second, true), "not passing");
+        assert!(
+            !gives_way(&tcp, true, 0, second, true),
+            "not the runtime's work"
+        );
+        // At 1 s, nine ticks in a row at most: a passing probe still runs every 10 s.
+        assert!(gives_way(&exec, true, 8, second, true));
+        assert!(!gives_way(&exec, true, 9, second, true));
+        assert_eq!(yield_ticks(Duration::from_secs(2)), 4);
+        assert_eq!(yield_ticks(Duration::from_secs(3)), 2);
+        assert_eq!(yield_ticks(Duration::from_secs(10)), 0, "never held back");
+        assert_eq!(yield_ticks(Duration::from_secs(60)), 0);
     }
 
     /// Answers exit codes from a script (the last one repeats), counting calls and the
@@ -438,6 +554,42 @@ mod tests {
         let event = events.recv().await.expect("an event");
         assert_eq!(event.reason, "Unhealthy");
         assert_eq!(event.message, "Liveness probe failed: nope");
+    }
+
+    #[tokio::test]
+    async fn a_passing_exec_probe_waits_while_pods_are_queued_for_a_start_turn() {
+        let (shared, _events, _) = shared(vec![0]);
+        let calls = || shared.cri.calls.load(Ordering::SeqCst);
+        let probing = Probing::of(&probe(3), &Container::default(), "127.0.0.1");
+        // A container started just now: its readiness probe runs at once.
+        let task = tokio::spawn(run(
+            shared.clone(),
+            target(false),
+            ProbeKind::Readiness,
+            probing,
+        ));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(calls(), 1, "the first probe, at once");
+        assert_eq!(
+            shared.results.get("c1", ProbeKind::Readiness),
+            Some(ProbeResult::Success)
+        );
+        // Every turn of the gate taken and a pod waiting: the passing probe gives way.
+        let (own, _) = shared.start_gate.turns();
+        let held: Vec<_> =
+            futures::future::join_all((0..own).map(|_| shared.start_gate.enter(Priority::New)))
+                .await;
+        let waiter = {
+            let gate = shared.start_gate.clone();
+            tokio::spawn(async move { gate.enter(Priority::New).await })
+        };
+        tokio::time::sleep(Duration::from_millis(2000)).await;
+        assert_eq!(calls(), 1, "held back while a pod waits to start");
+        drop(held);
+        drop(waiter.await.unwrap());
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        assert!(calls() >= 2, "probing again once no pod waits");
+        task.abort();
     }
 
     #[tokio::test]
