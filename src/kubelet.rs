@@ -79,6 +79,10 @@ pub struct Kubelet<C> {
     states: PodStates,
     /// Why containers wait, per pod UID (the kubelet's reason cache).
     reasons: Arc<PodMap<HashMap<String, Waiting>>>,
+    /// The runtime state each pod's status was last generated from, per pod UID: a probe
+    /// result the status shows refreshes the status from it, with no runtime call (the
+    /// kubelet's probe manager sets readiness in its status manager, with no pod sync).
+    seen: Arc<PodMap<PodRuntimeStatus>>,
     /// Back-off of failed sandbox creations and volume set-ups, per pod UID.
     backoff: Arc<PodMap<Backoff>>,
     /// Each pod's volumes, when they were last set up and the pod metadata they show.
@@ -150,6 +154,7 @@ impl<C: Cri + Clone> Kubelet<C> {
             status,
             admission: states.register(Arc::new(admission)),
             reasons: states.map("container waiting reasons"),
+            seen: states.map("runtime states seen"),
             backoff: states.map("sync back-offs"),
             volumes_set_up: states.register(Arc::new(SetUps::new(VOLUME_RESYNC))),
             env,
@@ -229,6 +234,9 @@ impl<C: Cri + Clone> Kubelet<C> {
     }
 
     fn publish_status(&self, pod: &Pod, id: &PodId, runtime: Option<&PodRuntimeStatus>) {
+        if let Some(runtime) = runtime {
+            self.seen.lock().insert(id.uid.clone(), runtime.clone());
+        }
         let reasons = self
             .reasons
             .lock()
@@ -681,6 +689,26 @@ impl<C: Cri + Clone> PodSyncer for Kubelet<C> {
             }
         }
     }
+
+    /// A running pod's status, generated anew with the probe results of now from the
+    /// runtime state its last sync read (a readiness result changed): no runtime call, no
+    /// sync. Not for a pod being deleted or finished, nor one not yet synced.
+    fn refresh(&self, work: &PodWork) -> bool {
+        let PodWork::Sync(pod) = work else {
+            return false;
+        };
+        let Some(id) = PodId::of(pod) else {
+            return false;
+        };
+        if crate::pod::is_terminating(pod) || self.is_terminal(pod, &id) {
+            return false;
+        }
+        let Some(runtime) = self.seen.lock().get(&id.uid).cloned() else {
+            return false;
+        };
+        self.publish_status(pod, &id, Some(&runtime));
+        true
+    }
 }
 
 impl<C: Cri + Clone> PodAdmission for Kubelet<C> {
@@ -789,7 +817,7 @@ mod tests {
         let client =
             kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap()))
                 .unwrap();
-        let wake: Wake = Arc::new(|_: &str| {});
+        let wake: Wake = Arc::new(|_: &str, _| {});
         let caches = SourceCaches::new(&client, &wake);
         let (services, _feed) = crate::envvars::ServiceLister::start(client.clone());
         let (events, _rx) = EventRecorder::channel();
@@ -851,6 +879,7 @@ mod tests {
             containers: vec![container("c1", "c", "s1", 0, RunState::Running)],
         };
         kubelet.prober.update_pod(pod, &id, &running);
+        kubelet.publish_status(pod, &id, Some(&running));
         // The container exited: its restart counts a crash back-off, its image pull fails.
         let exited = PodRuntimeStatus {
             sandboxes: running.sandboxes.clone(),
@@ -878,6 +907,50 @@ mod tests {
         kubelet
             .evict(pod, "The node was low on resource: memory.", 0)
             .await;
+    }
+
+    #[tokio::test]
+    async fn a_readiness_result_refreshes_the_status_from_the_last_state_seen() {
+        let root = TempDir::new("refresh");
+        let kubelet = kubelet(&root);
+        let pod = Arc::new(probed_pod("web"));
+        let work = PodWork::Sync(pod.clone());
+        assert!(!kubelet.refresh(&work), "never synced: the worker syncs");
+        let id = PodId::of(&pod).unwrap();
+        let running = PodRuntimeStatus {
+            sandboxes: vec![sandbox("s1", 0, true)],
+            containers: vec![container("c1", "c", "s1", 0, RunState::Running)],
+        };
+        kubelet.publish_status(&pod, &id, Some(&running));
+        let ready = |kubelet: &Kubelet<NoRuntime>| {
+            let status = kubelet.status.get(&id.uid).unwrap();
+            let container = status.container_statuses.unwrap()[0].ready;
+            let condition = status
+                .conditions
+                .unwrap()
+                .into_iter()
+                .find(|c| c.type_ == "Ready")
+                .unwrap()
+                .status;
+            (container, condition)
+        };
+        assert_eq!(ready(&kubelet), (false, "False".to_owned()));
+        kubelet.prober.results().set(
+            "c1",
+            crate::probe::results::ProbeKind::Readiness,
+            crate::probe::ProbeResult::Success,
+        );
+        // The runtime answers nothing here: the status comes from the state seen.
+        assert!(kubelet.refresh(&work));
+        assert_eq!(ready(&kubelet), (true, "True".to_owned()));
+        let mut deleted = (*pod).clone();
+        deleted.metadata.deletion_timestamp = Some(
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::UNIX_EPOCH),
+        );
+        assert!(
+            !kubelet.refresh(&PodWork::Sync(Arc::new(deleted))),
+            "a pod being deleted is synced"
+        );
     }
 
     /// Once the pod is gone, nothing of it is left in any module that keeps per-pod state:

@@ -320,7 +320,7 @@ async fn node_scenario(objects: &Objects, root: &Path) {
 
     // Secrets and ConfigMaps come from the node's watch-based caches, where the pod
     // registers what it references (as the agent's pod sync does).
-    let wake: Wake = std::sync::Arc::new(|_: &str| {});
+    let wake: Wake = std::sync::Arc::new(|_: &str, _| {});
     let caches = SourceCaches::new(&node, &wake);
     caches.register(&uid, &pod);
     let api = KubePodObjects::new(node.clone(), caches.clone());

@@ -45,7 +45,7 @@ use crate::node::{
 use crate::pleg::Pleg;
 use crate::pod::file::FileConfig;
 use crate::pod::mirror::{self, KubeMirrorClient};
-use crate::pod::state::Wake;
+use crate::pod::state::{Wake, WakeFor};
 use crate::pod::store::StaticPods;
 use crate::pod::workers::PodWorkers;
 use crate::resources::Quantity;
@@ -830,9 +830,9 @@ fn plugin_manager(
 fn wake_pod_workers() -> (Wake, Arc<OnceLock<PodWorkers<Kubelet<CriClient>>>>) {
     let cell: Arc<OnceLock<PodWorkers<Kubelet<CriClient>>>> = Arc::default();
     let workers = cell.clone();
-    let wake: Wake = Arc::new(move |uid: &str| {
+    let wake: Wake = Arc::new(move |uid: &str, why| {
         if let Some(workers) = workers.get() {
-            workers.wake(uid);
+            workers.wake(uid, why);
         }
     });
     (wake, cell)
@@ -949,7 +949,7 @@ async fn start(config: &Config, tree: &mut Tree) -> Result<bool, AppError> {
     // The PLEG's wake-ups reach the pod workers once they exist.
     let (wake, workers_cell) = wake_pod_workers();
     let relist = Run::again((pleg.clone(), cri, wake.clone()), |(pleg, cri, wake), _| {
-        pleg.run(cri, move |uid| wake(uid))
+        pleg.run(cri, move |uid| wake(uid, WakeFor::Sync))
     });
     tree.start("pleg", relist.dropped_on_stop())?;
     pleg.wait_for_first_relist(Duration::from_secs(10)).await;

@@ -64,7 +64,7 @@ impl<C: Cri + Clone> PodEvictor for KubeletPods<C> {
             shorter.metadata.deletion_grace_period_seconds = Some(grace);
             self.workers.update(uid, PodWork::Sync(Arc::new(shorter)));
         } else {
-            self.workers.wake(uid);
+            self.workers.wake(uid, crate::pod::state::WakeFor::Sync);
         }
     }
 

@@ -22,10 +22,23 @@ pub trait ForgetPod: Send + Sync {
     fn forget(&self, uid: &str);
 }
 
+/// Why a pod's worker is woken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WakeFor {
+    /// Something the next sync acts on: a container to restart (a liveness or startup
+    /// probe failed), a changed Secret or ConfigMap the pod uses, the runtime's state.
+    Sync,
+    /// Only what the pod's status shows changed (a readiness result, a container known to
+    /// have started): its status is generated anew from the runtime state its last sync
+    /// read, with no sync and no runtime call (the kubelet's probe manager sets a
+    /// container's readiness in its status manager likewise, with no pod sync).
+    Status,
+}
+
 /// Wakes the pod worker of a pod UID: what a module that learns something new about a pod
 /// (a probe result changed, a referenced Secret changed) is given to call, so it never
 /// knows the pod workers.
-pub type Wake = Arc<dyn Fn(&str) + Send + Sync>;
+pub type Wake = Arc<dyn Fn(&str, WakeFor) + Send + Sync>;
 
 /// The per-pod state of the node: every registered module's. Cheap to clone.
 #[derive(Clone, Default)]

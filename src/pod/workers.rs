@@ -1,9 +1,12 @@
 //! Pod workers: one task per pod UID, the kubelet's `podWorkers`. A worker never runs two
 //! syncs of its pod at once; pods sync in parallel. Updates that arrive during a sync are
-//! coalesced: the worker then syncs once more with the newest spec.
+//! coalesced: the worker then syncs once more with the newest spec. A wake-up says why
+//! ([`WakeFor`]): one that only changes what the pod's status shows refreshes the status
+//! between syncs, with no sync.
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -12,7 +15,7 @@ use tokio::sync::{Notify, watch};
 use tracing::Instrument;
 
 use super::PodId;
-use super::state::PodStates;
+use super::state::{PodStates, WakeFor};
 
 /// A pod's wish as the worker sees it.
 #[derive(Debug, Clone)]
@@ -37,11 +40,45 @@ pub enum Next {
 pub trait PodSyncer: Send + Sync + 'static {
     /// One sync of the pod towards its wish.
     fn sync(&self, work: &PodWork) -> impl Future<Output = Next> + Send;
+
+    /// Generates the pod's status anew from what its last sync read (a probe result
+    /// changed), with no sync; `false` when it cannot, and the worker then syncs.
+    fn refresh(&self, _work: &PodWork) -> bool {
+        false
+    }
+}
+
+/// A worker's wake-up: the reasons asked since it last looked ([`WakeFor`] bits), and the
+/// notification.
+#[derive(Default)]
+struct Wakeup {
+    asked: AtomicU8,
+    notify: Notify,
+}
+
+const fn bit(why: WakeFor) -> u8 {
+    match why {
+        WakeFor::Sync => 1,
+        WakeFor::Status => 2,
+    }
+}
+
+impl Wakeup {
+    fn ask(&self, why: WakeFor) {
+        self.asked.fetch_or(bit(why), Ordering::AcqRel);
+        self.notify.notify_one();
+    }
+
+    /// Waits for a wake-up; returns the reasons asked meanwhile.
+    async fn asked(&self) -> u8 {
+        self.notify.notified().await;
+        self.asked.swap(0, Ordering::AcqRel)
+    }
 }
 
 struct Worker {
     work: watch::Sender<PodWork>,
-    wake: Arc<Notify>,
+    wake: Arc<Wakeup>,
 }
 
 /// All pod workers of the node. Cheap to clone.
@@ -137,7 +174,7 @@ impl<S: PodSyncer> PodWorkers<S> {
             crate::metrics::observe_containers_per_pod(containers);
         }
         let (tx, rx) = watch::channel(work);
-        let wake = Arc::new(Notify::new());
+        let wake = Arc::new(Wakeup::default());
         workers.insert(
             uid.to_owned(),
             Worker {
@@ -156,10 +193,10 @@ impl<S: PodSyncer> PodWorkers<S> {
         });
     }
 
-    /// Wakes a pod's worker for a sync (the runtime state changed).
-    pub fn wake(&self, uid: &str) {
+    /// Wakes a pod's worker: for a sync, or to refresh its status only.
+    pub fn wake(&self, uid: &str, why: WakeFor) {
         if let Some(w) = self.lock().get(uid) {
-            w.wake.notify_one();
+            w.wake.ask(why);
         }
     }
 
@@ -187,7 +224,7 @@ impl<S: PodSyncer> PodWorkers<S> {
         }
     }
 
-    async fn run_worker(self, uid: String, mut rx: watch::Receiver<PodWork>, wake: Arc<Notify>) {
+    async fn run_worker(self, uid: String, mut rx: watch::Receiver<PodWork>, wake: Arc<Wakeup>) {
         let mut first = true;
         // The root of the pod's span tree, from the moment its worker saw it until the
         // worker ends: every sync is a child (the pod's start-up timeline).
@@ -247,10 +284,8 @@ impl<S: PodSyncer> PodWorkers<S> {
                     // Waiting for the next sync is a step of the pod's timeline too: what
                     // ended it says what the pod waited for.
                     let waiting = tracing::info_span!(parent: &pod_span, crate::timeline::WAIT_SPAN, until = tracing::field::Empty);
-                    let until = tokio::select! {
-                        changed = rx.changed() => if changed.is_err() { break } else { "pod update" },
-                        () = wake.notified() => "runtime event or probe",
-                        () = tokio::time::sleep(after) => "resync",
+                    let Some(until) = self.wait(&mut rx, &wake, after).await else {
+                        break;
                     };
                     waiting.record("until", until);
                 }
@@ -271,6 +306,34 @@ impl<S: PodSyncer> PodWorkers<S> {
             self.update(&uid, work);
         }
     }
+
+    /// Waits for the pod's next sync: newer work, a wake-up for a sync, or `after`.
+    /// Wake-ups that only refresh the status are handled meanwhile. Returns what ended
+    /// the wait, `None` once the pod's work channel closed.
+    async fn wait(
+        &self,
+        rx: &mut watch::Receiver<PodWork>,
+        wake: &Wakeup,
+        after: Duration,
+    ) -> Option<&'static str> {
+        let resync = tokio::time::sleep(after);
+        tokio::pin!(resync);
+        loop {
+            tokio::select! {
+                changed = rx.changed() => return changed.is_ok().then_some("pod update"),
+                asked = wake.asked() => {
+                    if asked & bit(WakeFor::Sync) != 0 {
+                        return Some("runtime event or probe");
+                    }
+                    let work = rx.borrow().clone();
+                    if asked & bit(WakeFor::Status) != 0 && !self.syncer.refresh(&work) {
+                        return Some("probe");
+                    }
+                }
+                () = &mut resync => return Some("resync"),
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -284,6 +347,8 @@ mod tests {
         running: AtomicUsize,
         max_running: AtomicUsize,
         syncs: Mutex<Vec<String>>,
+        /// Whether a status refresh can be done without a sync; those done.
+        refreshes: (std::sync::atomic::AtomicBool, AtomicUsize),
     }
 
     impl Recorder {
@@ -308,6 +373,38 @@ mod tests {
                 PodWork::Sync(_) => Next::ResyncAfter(Duration::from_secs(3600)),
             }
         }
+
+        fn refresh(&self, _work: &PodWork) -> bool {
+            let (can, done) = &self.refreshes;
+            done.fetch_add(1, Ordering::SeqCst);
+            can.load(Ordering::SeqCst)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_status_wake_refreshes_between_syncs_and_a_sync_wake_syncs() {
+        let syncer = Arc::new(Recorder::default());
+        syncer.refreshes.0.store(true, Ordering::SeqCst);
+        let workers = PodWorkers::new(syncer.clone(), PodStates::default());
+        workers.update("u", PodWork::Sync(Arc::new(pod("v1", &[("c", "x")]))));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        for _ in 0..3 {
+            workers.wake("u", WakeFor::Status);
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(syncer.refreshes.1.load(Ordering::SeqCst), 3);
+        assert_eq!(*syncer.syncs.lock().unwrap(), ["sync v1"], "no sync");
+        // Both asked at once: the sync (which generates the status too) is enough.
+        workers.wake("u", WakeFor::Status);
+        workers.wake("u", WakeFor::Sync);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(*syncer.syncs.lock().unwrap(), ["sync v1", "sync v1"]);
+        assert_eq!(syncer.refreshes.1.load(Ordering::SeqCst), 3);
+        // A refresh the syncer cannot do becomes a sync.
+        syncer.refreshes.0.store(false, Ordering::SeqCst);
+        workers.wake("u", WakeFor::Status);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(syncer.syncs.lock().unwrap().len(), 3);
     }
 
     #[tokio::test]
@@ -368,7 +465,7 @@ mod tests {
         workers.update("u", PodWork::Sync(Arc::new(pod("v2", &[("c", "x")]))));
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert_eq!(*syncer.syncs.lock().unwrap(), ["sync v1"]);
-        workers.wake("u");
+        workers.wake("u", WakeFor::Sync);
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert_eq!(*syncer.syncs.lock().unwrap(), ["sync v1", "sync v2"]);
     }

@@ -54,7 +54,9 @@ fn probe_of(container: &Container, kind: ProbeKind) -> Option<&Probe> {
 
 impl<C: Cri + Clone> ProberManager<C> {
     /// A manager probing through `cri`, recording events to `events` and waking pod
-    /// workers through `wake` when a result changes, on a node whose IP is `host_ip`; each
+    /// workers through `wake` when a result changes (for a sync when a failure restarts a
+    /// container, for a status refresh when the status shows it), on a node whose IP is
+    /// `host_ip`; each
     /// exec probe in flight lends `start_gate` a turn.
     pub fn new(
         cri: C,

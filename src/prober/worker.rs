@@ -21,7 +21,7 @@ use crate::cri::Cri;
 use crate::events::EventRecorder;
 use crate::kuberuntime::start_gate::StartGate;
 use crate::pod::PodId;
-use crate::pod::state::Wake;
+use crate::pod::state::{Wake, WakeFor};
 use crate::probe::results::{ProbeKind, Results};
 use crate::probe::{Outcome, ProbeResult};
 
@@ -53,8 +53,23 @@ impl<C> Shared<C> {
             .record(&target.stopped, &target.container_id, kind, result)
         {
             tracing::debug!(pod = %target.pod, container = %target.container, kind = kind.as_str(), result = result.as_str(), "probe result changed");
-            (self.wake)(&target.pod.uid);
+            if let Some(why) = wake_for(kind, result) {
+                (self.wake)(&target.pod.uid, why);
+            }
         }
+    }
+}
+
+/// What a changed result asks of the pod's worker (the kubelet's: a liveness or startup
+/// failure syncs the pod, which restarts the container; readiness and startup results
+/// go to the status manager with no pod sync): a sync for a failure that restarts the
+/// container, a status refresh for what the status shows, nothing for a liveness result
+/// that restarts nothing (the status does not show it).
+fn wake_for(kind: ProbeKind, result: ProbeResult) -> Option<WakeFor> {
+    match (kind, result) {
+        (ProbeKind::Liveness | ProbeKind::Startup, ProbeResult::Failure) => Some(WakeFor::Sync),
+        (ProbeKind::Liveness, _) => None,
+        (ProbeKind::Readiness | ProbeKind::Startup, _) => Some(WakeFor::Status),
     }
 }
 
@@ -231,7 +246,12 @@ pub(super) async fn run<C: Cri>(
     let mut until_passed = (kind != ProbeKind::Liveness).then(|| {
         tracing::info_span!("probe", pod_uid = %target.pod.uid, container = %target.container, kind = kind.as_str())
     });
-    shared.set(&target, kind, kind.initial());
+    // The result before the first probe shows nothing new: not ready, alive, not known to
+    // have started, as with no result at all (the status and the pod's actions read it
+    // alike), so it wakes no one.
+    shared
+        .results
+        .record(&target.stopped, &target.container_id, kind, kind.initial());
     let wait = first_wait(kind, &timing, started.elapsed(), &target.container_id);
     tokio::time::sleep(wait).await;
     let mut ticker = tokio::time::interval(timing.period);
@@ -463,15 +483,18 @@ mod tests {
         }
     }
 
+    /// The wake-ups asked, in order.
+    type Wakes = Arc<Mutex<Vec<WakeFor>>>;
+
     fn shared(
         codes: Vec<i32>,
     ) -> (
         Arc<Shared<Arc<Scripted>>>,
         crate::events::EventReceiver,
-        Arc<AtomicUsize>,
+        Wakes,
     ) {
         let (events, rx) = EventRecorder::channel();
-        let wakes = Arc::new(AtomicUsize::new(0));
+        let wakes = Arc::new(Mutex::new(Vec::new()));
         let counted = wakes.clone();
         let gate = StartGate::new(4);
         let shared = Arc::new(Shared {
@@ -482,8 +505,8 @@ mod tests {
                 turns_seen: Mutex::default(),
             }),
             events,
-            wake: Arc::new(move |_: &str| {
-                counted.fetch_add(1, Ordering::SeqCst);
+            wake: Arc::new(move |_: &str, why| {
+                counted.lock().unwrap().push(why);
             }),
             results: Arc::default(),
             start_gate: gate,
@@ -550,7 +573,11 @@ mod tests {
             "the worker holds after a liveness failure"
         );
         assert_eq!(shared.cri.calls.load(Ordering::SeqCst), 4);
-        assert_eq!(wakes.load(Ordering::SeqCst), 2);
+        assert_eq!(
+            *wakes.lock().unwrap(),
+            [WakeFor::Sync],
+            "the failure syncs the pod; the initial success woke no one"
+        );
         let event = events.recv().await.expect("an event");
         assert_eq!(event.reason, "Unhealthy");
         assert_eq!(event.message, "Liveness probe failed: nope");
@@ -592,9 +619,22 @@ mod tests {
         task.abort();
     }
 
+    #[test]
+    fn only_failures_that_restart_a_container_sync_the_pod() {
+        use ProbeKind::{Liveness, Readiness, Startup};
+        use ProbeResult::{Failure, Success, Unknown};
+        assert_eq!(wake_for(Liveness, Failure), Some(WakeFor::Sync));
+        assert_eq!(wake_for(Startup, Failure), Some(WakeFor::Sync));
+        assert_eq!(wake_for(Liveness, Success), None);
+        for result in [Success, Failure, Unknown] {
+            assert_eq!(wake_for(Readiness, result), Some(WakeFor::Status));
+        }
+        assert_eq!(wake_for(Startup, Success), Some(WakeFor::Status));
+    }
+
     #[tokio::test]
     async fn readiness_waits_for_startup_and_then_follows_the_probe() {
-        let (shared, _events, _) = shared(vec![0]);
+        let (shared, _events, wakes) = shared(vec![0]);
         let readiness = tokio::spawn(run(
             shared.clone(),
             target(true),
@@ -625,6 +665,11 @@ mod tests {
         assert_eq!(
             shared.results.get("c1", ProbeKind::Readiness),
             Some(ProbeResult::Success)
+        );
+        assert_eq!(
+            *wakes.lock().unwrap(),
+            [WakeFor::Status, WakeFor::Status],
+            "started, then ready: the status only"
         );
         readiness.abort();
         startup.abort();

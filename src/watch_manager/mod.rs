@@ -37,7 +37,7 @@ use kube::runtime::watcher::{self, Event};
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
-use crate::pod::state::{ForgetPod, Wake};
+use crate::pod::state::{ForgetPod, Wake, WakeFor};
 
 pub use objects::{KubePodObjects, PodObjects};
 
@@ -260,7 +260,7 @@ impl<K: Referenced + Send + Sync + 'static> ObjectCache<K> {
                     && let Some(state) = state.upgrade()
                 {
                     for uid in Self::changed(&state, &key) {
-                        wake(&uid);
+                        wake(&uid, WakeFor::Sync);
                     }
                 }
                 if immutable {
@@ -495,7 +495,7 @@ mod tests {
         // A server that is not there: the watches never list.
         let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
         let client = kube::Client::try_from(config).unwrap();
-        let cache: ObjectCache<Secret> = ObjectCache::new(client, Arc::new(|_: &str| {}));
+        let cache: ObjectCache<Secret> = ObjectCache::new(client, Arc::new(|_: &str, _| {}));
         let volume = |name: &str| {
             pod_with(
                 serde_json::json!({"volumes": [{"name": "v", "secret": {"secretName": name}}]}),
