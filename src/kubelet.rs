@@ -100,6 +100,9 @@ pub struct Kubelet<C> {
     /// The grace period evicted pods are killed within, instead of their own, per pod UID
     /// (the eviction manager's override).
     grace_overrides: Arc<PodMap<i64>>,
+    /// The PLEG, whose last relist says whether a pod's runtime state changed since its
+    /// last sync read it.
+    pleg: Option<Arc<crate::pleg::Pleg>>,
 }
 
 /// What a pod's volumes show: its labels and annotations (downward API files) and the
@@ -161,7 +164,16 @@ impl<C: Cri + Clone> Kubelet<C> {
             cm,
             grace_overrides: states.map("eviction grace overrides"),
             states,
+            pleg: None,
         }
+    }
+
+    /// The kubelet whose pod workers, woken by `pleg` for a pod's changed runtime state,
+    /// sync only when the pod's last sync did not read that state already.
+    #[must_use]
+    pub fn with_pleg(mut self, pleg: Arc<crate::pleg::Pleg>) -> Self {
+        self.pleg = Some(pleg);
+        self
     }
 
     /// The pods' volumes as last set up, whose persistent volumes' figures the stats read.
@@ -709,6 +721,28 @@ impl<C: Cri + Clone> PodSyncer for Kubelet<C> {
         self.publish_status(pod, &id, Some(&runtime));
         true
     }
+
+    /// The PLEG's last relist of a running pod shows the state its last sync read: the
+    /// sync that started its containers read them running, and the relist that sees them
+    /// start after it has nothing new (a pod being deleted is synced at every change).
+    fn saw_runtime(&self, work: &PodWork) -> bool {
+        let (Some(pleg), PodWork::Sync(pod)) = (&self.pleg, work) else {
+            return false;
+        };
+        let Some(uid) = pod.metadata.uid.as_deref() else {
+            return false;
+        };
+        if crate::pod::is_terminating(pod) {
+            return false;
+        }
+        let Some(relisted) = pleg.fingerprint(uid) else {
+            return false;
+        };
+        self.seen
+            .lock()
+            .get(uid)
+            .is_some_and(|read| crate::pleg::fingerprint_of(read) == relisted)
+    }
 }
 
 impl<C: Cri + Clone> PodAdmission for Kubelet<C> {
@@ -951,6 +985,41 @@ mod tests {
             !kubelet.refresh(&PodWork::Sync(Arc::new(deleted))),
             "a pod being deleted is synced"
         );
+    }
+
+    #[tokio::test]
+    async fn a_relist_of_the_state_the_last_sync_read_needs_no_sync() {
+        let root = TempDir::new("sawruntime");
+        let pleg = Arc::new(crate::pleg::Pleg::default());
+        let kubelet = kubelet(&root).with_pleg(pleg.clone());
+        let pod = Arc::new(probed_pod("web"));
+        let id = PodId::of(&pod).unwrap();
+        let work = PodWork::Sync(pod.clone());
+        let running = PodRuntimeStatus {
+            sandboxes: vec![sandbox("s1", 0, true)],
+            containers: vec![container("c1", "c", "s1", 0, RunState::Running)],
+        };
+        let relist = |state: &PodRuntimeStatus| {
+            let mut r = crate::pleg::Relist::default();
+            r.pods.insert(
+                id.uid.clone(),
+                (id.clone(), crate::pleg::fingerprint_of(state)),
+            );
+            r
+        };
+        pleg.set_last(relist(&running));
+        assert!(!kubelet.saw_runtime(&work), "never synced");
+        kubelet.publish_status(&pod, &id, Some(&running));
+        assert!(kubelet.saw_runtime(&work));
+        // The container exited after the sync read it.
+        let exited = PodRuntimeStatus {
+            containers: vec![container("c1", "c", "s1", 0, RunState::Exited)],
+            ..running.clone()
+        };
+        pleg.set_last(relist(&exited));
+        assert!(!kubelet.saw_runtime(&work));
+        pleg.set_last(crate::pleg::Relist::default());
+        assert!(!kubelet.saw_runtime(&work), "gone from the runtime");
     }
 
     /// Once the pod is gone, nothing of it is left in any module that keeps per-pod state:

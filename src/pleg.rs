@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::cri::{Cri, CriError, api};
-use crate::kuberuntime::labels;
+use crate::kuberuntime::{PodRuntimeStatus, RunState, labels};
 use crate::pod::PodId;
 
 /// How often the runtime is relisted.
@@ -63,6 +63,30 @@ pub async fn relist<C: Cri>(cri: &C) -> Result<Relist, CriError> {
     Ok(out)
 }
 
+/// The fingerprint a relist would give a pod whose state a sync read as `status`: what
+/// the worker saw, to compare with what the PLEG sees.
+#[must_use]
+pub fn fingerprint_of(status: &PodRuntimeStatus) -> PodFingerprint {
+    let sandboxes = status.sandboxes.iter().map(|s| {
+        let state = if s.ready {
+            api::PodSandboxState::SandboxReady
+        } else {
+            api::PodSandboxState::SandboxNotready
+        };
+        (format!("s/{}", s.id), state as i32)
+    });
+    let containers = status.containers.iter().map(|c| {
+        let state = match c.state {
+            RunState::Created => api::ContainerState::ContainerCreated,
+            RunState::Running => api::ContainerState::ContainerRunning,
+            RunState::Exited => api::ContainerState::ContainerExited,
+            RunState::Unknown => api::ContainerState::ContainerUnknown,
+        };
+        (format!("c/{}", c.id), state as i32)
+    });
+    sandboxes.chain(containers).collect()
+}
+
 /// The UIDs whose fingerprint differs between two relists (new, changed or gone pods).
 #[must_use]
 pub fn changed(old: &Relist, new: &Relist) -> Vec<String> {
@@ -98,6 +122,19 @@ impl Pleg {
             .iter()
             .map(|(uid, (id, _))| (uid.clone(), id.clone()))
             .collect()
+    }
+
+    /// Takes `relist` as the last one.
+    #[cfg(test)]
+    pub(crate) fn set_last(&self, relist: Relist) {
+        *crate::lock::lock(&self.last) = (Some(Instant::now()), relist);
+    }
+
+    /// The pod's fingerprint at the last relist (`None`: nothing of it in the runtime).
+    #[must_use]
+    pub fn fingerprint(&self, uid: &str) -> Option<PodFingerprint> {
+        let last = crate::lock::lock(&self.last);
+        last.1.pods.get(uid).map(|(_, fp)| fp.clone())
     }
 
     /// Healthy while relists keep completing.
@@ -242,6 +279,29 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_pods_state_as_a_sync_reads_it_has_the_relists_fingerprint() {
+        use crate::kuberuntime::runtime_status::testing::{container, sandbox};
+        let relisted = relist(&runtime(api::ContainerState::ContainerRunning))
+            .await
+            .unwrap();
+        let read = PodRuntimeStatus {
+            sandboxes: vec![sandbox("s1", 0, true)],
+            containers: vec![container("c1", "c", "s1", 0, RunState::Running)],
+        };
+        assert_eq!(fingerprint_of(&read), relisted.pods["u1"].1);
+        let exited = PodRuntimeStatus {
+            containers: vec![container("c1", "c", "s1", 0, RunState::Exited)],
+            ..read.clone()
+        };
+        assert_ne!(fingerprint_of(&exited), relisted.pods["u1"].1);
+        let stopped = PodRuntimeStatus {
+            sandboxes: vec![sandbox("s1", 0, false)],
+            ..read
+        };
+        assert_ne!(fingerprint_of(&stopped), relisted.pods["u1"].1);
+    }
+
+    #[tokio::test]
     async fn health_follows_the_last_relist() {
         let pleg = Arc::new(Pleg::default());
         assert!(pleg.healthy().is_err());
@@ -255,6 +315,8 @@ mod tests {
         assert_eq!(rx.recv().await.unwrap(), "u1");
         assert!(pleg.healthy().is_ok());
         assert_eq!(pleg.pods().keys().collect::<Vec<_>>(), ["u1"]);
+        assert_eq!(pleg.fingerprint("u1").map(|fp| fp.len()), Some(2));
+        assert_eq!(pleg.fingerprint("u2"), None);
         task.abort();
     }
 }

@@ -685,6 +685,7 @@ struct KubeletParts {
     devices: Arc<DeviceManager>,
     /// The eviction manager's node conditions, which admission reads.
     conditions: NodeConditions,
+    pleg: Arc<Pleg>,
 }
 
 /// The kubelet: sandbox settings, Secrets and ConfigMaps from one watch per referenced
@@ -710,6 +711,7 @@ async fn kubelet(
         csi,
         devices,
         conditions,
+        pleg,
     } = parts;
     let host_dns = match &config.resolv_conf {
         Some(path) => Some(HostDns::parse(
@@ -758,33 +760,36 @@ async fn kubelet(
     } else {
         None
     };
-    Ok(Arc::new(Kubelet::new(
-        SyncSettings {
-            node_name: config.node_name.clone(),
-            node_ip: config.node_ip,
-            root_dir: config.root_dir.clone(),
-            pod_logs_dir: config.pod_logs_dir.clone(),
-            runtime_name,
-            memory_capacity,
-        },
-        RuntimeManager::new(
-            config.cri.clone(),
-            sandbox_settings,
-            Some(config.node_ip),
-            events,
-            config.parallel_pod_starts,
+    Ok(Arc::new(
+        Kubelet::new(
+            SyncSettings {
+                node_name: config.node_name.clone(),
+                node_ip: config.node_ip,
+                root_dir: config.root_dir.clone(),
+                pod_logs_dir: config.pod_logs_dir.clone(),
+                runtime_name,
+                memory_capacity,
+            },
+            RuntimeManager::new(
+                config.cri.clone(),
+                sandbox_settings,
+                Some(config.node_ip),
+                events,
+                config.parallel_pod_starts,
+            )
+            .with_log_starts(log_starts)
+            .with_devices(devices.clone()),
+            volumes,
+            status,
+            PodAdmitter::new(node_store, registered, sysctls, client)
+                .with_devices(devices)
+                .with_conditions(conditions.clone()),
+            wake,
+            env_sources,
+            cm,
         )
-        .with_log_starts(log_starts)
-        .with_devices(devices.clone()),
-        volumes,
-        status,
-        PodAdmitter::new(node_store, registered, sysctls, client)
-            .with_devices(devices)
-            .with_conditions(conditions.clone()),
-        wake,
-        env_sources,
-        cm,
-    )))
+        .with_pleg(pleg),
+    ))
 }
 
 /// Starts the plugin manager with the CSI plugin's registration handler (the node's CSINode
@@ -949,7 +954,7 @@ async fn start(config: &Config, tree: &mut Tree) -> Result<bool, AppError> {
     // The PLEG's wake-ups reach the pod workers once they exist.
     let (wake, workers_cell) = wake_pod_workers();
     let relist = Run::again((pleg.clone(), cri, wake.clone()), |(pleg, cri, wake), _| {
-        pleg.run(cri, move |uid| wake(uid, WakeFor::Sync))
+        pleg.run(cri, move |uid| wake(uid, WakeFor::Runtime))
     });
     tree.start("pleg", relist.dropped_on_stop())?;
     pleg.wait_for_first_relist(Duration::from_secs(10)).await;
@@ -1026,6 +1031,7 @@ async fn start(config: &Config, tree: &mut Tree) -> Result<bool, AppError> {
         csi,
         devices,
         conditions: conditions.clone(),
+        pleg: pleg.clone(),
     };
     let kubelet = kubelet(config, parts).await?;
     let workers = PodWorkers::new(kubelet.clone(), kubelet.pod_states().clone());

@@ -26,8 +26,12 @@ pub trait ForgetPod: Send + Sync {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WakeFor {
     /// Something the next sync acts on: a container to restart (a liveness or startup
-    /// probe failed), a changed Secret or ConfigMap the pod uses, the runtime's state.
+    /// probe failed), a changed Secret or ConfigMap the pod uses, an eviction.
     Sync,
+    /// The runtime's state of the pod changed (the PLEG's relist): a sync, unless the
+    /// worker's last sync read that very state (the sync that started the pod's containers
+    /// reads them once they run, before the relist sees them).
+    Runtime,
     /// Only what the pod's status shows changed (a readiness result, a container known to
     /// have started): its status is generated anew from the runtime state its last sync
     /// read, with no sync and no runtime call (the kubelet's probe manager sets a

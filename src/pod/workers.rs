@@ -46,6 +46,12 @@ pub trait PodSyncer: Send + Sync + 'static {
     fn refresh(&self, _work: &PodWork) -> bool {
         false
     }
+
+    /// Whether the pod's last sync read the runtime state the runtime now reports: a
+    /// wake-up for a change of it then needs no sync.
+    fn saw_runtime(&self, _work: &PodWork) -> bool {
+        false
+    }
 }
 
 /// A worker's wake-up: the reasons asked since it last looked ([`WakeFor`] bits), and the
@@ -60,6 +66,7 @@ const fn bit(why: WakeFor) -> u8 {
     match why {
         WakeFor::Sync => 1,
         WakeFor::Status => 2,
+        WakeFor::Runtime => 4,
     }
 }
 
@@ -323,9 +330,12 @@ impl<S: PodSyncer> PodWorkers<S> {
                 changed = rx.changed() => return changed.is_ok().then_some("pod update"),
                 asked = wake.asked() => {
                     if asked & bit(WakeFor::Sync) != 0 {
-                        return Some("runtime event or probe");
+                        return Some("probe or source");
                     }
                     let work = rx.borrow().clone();
+                    if asked & bit(WakeFor::Runtime) != 0 && !self.syncer.saw_runtime(&work) {
+                        return Some("runtime event");
+                    }
                     if asked & bit(WakeFor::Status) != 0 && !self.syncer.refresh(&work) {
                         return Some("probe");
                     }
@@ -349,6 +359,8 @@ mod tests {
         syncs: Mutex<Vec<String>>,
         /// Whether a status refresh can be done without a sync; those done.
         refreshes: (std::sync::atomic::AtomicBool, AtomicUsize),
+        /// Whether the last sync saw the runtime's state.
+        saw: std::sync::atomic::AtomicBool,
     }
 
     impl Recorder {
@@ -379,6 +391,26 @@ mod tests {
             done.fetch_add(1, Ordering::SeqCst);
             can.load(Ordering::SeqCst)
         }
+
+        fn saw_runtime(&self, _work: &PodWork) -> bool {
+            self.saw.load(Ordering::SeqCst)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_runtime_change_the_last_sync_saw_syncs_nothing() {
+        let syncer = Arc::new(Recorder::default());
+        syncer.saw.store(true, Ordering::SeqCst);
+        let workers = PodWorkers::new(syncer.clone(), PodStates::default());
+        workers.update("u", PodWork::Sync(Arc::new(pod("v1", &[("c", "x")]))));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        workers.wake("u", WakeFor::Runtime);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(*syncer.syncs.lock().unwrap(), ["sync v1"], "seen already");
+        syncer.saw.store(false, Ordering::SeqCst);
+        workers.wake("u", WakeFor::Runtime);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(*syncer.syncs.lock().unwrap(), ["sync v1", "sync v1"]);
     }
 
     #[tokio::test]
