@@ -71,8 +71,10 @@ pub struct ImageManager {
 }
 
 impl ImageManager {
-    /// The policy's verdict on the image already on the machine: its reference when it can
-    /// be used as it is, `None` when it must be pulled ([`Self::pull`]).
+    /// The policy's verdict on the image already on the machine: the image as the runtime
+    /// describes it (its reference is its id; its user is what the container runs as
+    /// unless the pod names one) when it can be used as it is, `None` when it must be
+    /// pulled ([`Self::pull`]).
     ///
     /// # Errors
     /// The waiting reason when the image cannot be used (no image; Never and absent).
@@ -82,7 +84,7 @@ impl ImageManager {
         pod: &PodId,
         (container, name): (&Container, Involved<'_>),
         events: &EventRecorder,
-    ) -> Result<Option<String>, ImageError> {
+    ) -> Result<Option<api::Image>, ImageError> {
         let image = image_of(container)?;
         if let Err(e) = crate::image_reference::validate(&image) {
             let message = format!(
@@ -102,7 +104,7 @@ impl ImageManager {
                 "Pulled",
                 format!("Container image {image:?} already present on machine"),
             );
-            return Ok(Some(present.id));
+            return Ok(Some(present));
         }
         if policy == "Never" {
             events.warning(
@@ -148,7 +150,7 @@ impl ImageManager {
         }
         self.one_at_a_time(&image, async {
             if let Some(present) = self.present(cri, pod, (container, name), events).await? {
-                return Ok(present);
+                return Ok(present.id);
             }
             events.normal(pod, name, "Pulling", format!("Pulling image {image:?}"));
             let started = Instant::now();
@@ -371,7 +373,7 @@ mod tests {
             )
             .await?
         {
-            Some(found) => Ok(found),
+            Some(found) => Ok(found.id),
             None => {
                 images
                     .pull(

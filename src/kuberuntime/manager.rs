@@ -676,8 +676,8 @@ impl<C: Cri> RuntimeManager<C> {
             .instrument(tracing::info_span!("image_status"))
             .await
             .map_err(image_waiting)?;
-        let image_ref = match present {
-            Some(image_ref) => image_ref,
+        let (image_ref, present) = match present {
+            Some(image) => (image.id.clone(), Some(image)),
             None => {
                 let pull = self
                     .images
@@ -691,9 +691,8 @@ impl<C: Cri> RuntimeManager<C> {
                     .instrument(tracing::info_span!("pull_image"));
                 // A quick re-check keeps the turn; a download gives it to another pod,
                 // and this one comes back first in line.
-                slot.across(tokio::time::sleep(QUICK_PULL), pull)
-                    .await
-                    .map_err(image_waiting)?
+                let pulled = slot.across(tokio::time::sleep(QUICK_PULL), pull).await;
+                (pulled.map_err(image_waiting)?, None)
             }
         };
         // As the kubelet's generateContainerConfig: the environment (with its warnings),
@@ -737,7 +736,7 @@ impl<C: Cri> RuntimeManager<C> {
             })?;
         mounts.extend(own);
         cctx.mounts = mounts;
-        cctx.image_user = image_user(&self.cri, &cctx.image_ref)
+        cctx.image_user = image_user(&self.cri, present.as_ref(), &cctx.image_ref)
             .await
             .map_err(|e| self.config_error(id, name, &ConfigError::ImageUser(e.to_string())))?;
         let mut config = container_config(pod, id, container, &cctx, env.vars)

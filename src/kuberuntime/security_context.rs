@@ -87,11 +87,21 @@ impl ImageUser {
     }
 }
 
-/// Asks the runtime which user the image runs as.
+/// Which user the image runs as: what the runtime said of the image found present
+/// (`present`), else what it says of `image` (a reference: the image was just pulled).
+/// The kubelet asks the runtime twice per container start (`EnsureImageExists`, then
+/// `getImageUser`); one `ImageStatus` answers both.
 ///
 /// # Errors
 /// The runtime's `ImageStatus` failed.
-pub async fn image_user<C: Cri>(cri: &C, image: &str) -> Result<ImageUser, CriError> {
+pub async fn image_user<C: Cri>(
+    cri: &C,
+    present: Option<&api::Image>,
+    image: &str,
+) -> Result<ImageUser, CriError> {
+    if let Some(present) = present {
+        return Ok(ImageUser::of(Some(present)));
+    }
     let status = cri
         .image_status(api::ImageStatusRequest {
             image: Some(api::ImageSpec {
@@ -453,6 +463,44 @@ mod tests {
     use k8s_openapi::api::core::v1::PodSecurityContext;
 
     const ROOT: &str = "/var/lib/rkubelet/seccomp";
+
+    /// Describes every image as running as UID 1000, counting the calls.
+    #[derive(Default)]
+    struct Images(std::sync::atomic::AtomicUsize);
+
+    impl Cri for Images {
+        async fn image_status(
+            &self,
+            req: api::ImageStatusRequest,
+        ) -> crate::cri::Result<api::ImageStatusResponse> {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(api::ImageStatusResponse {
+                image: Some(api::Image {
+                    id: req.image.map(|i| i.image).unwrap_or_default(),
+                    uid: Some(api::Int64Value { value: 1000 }),
+                    ..Default::default()
+                }),
+                info: Default::default(),
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn the_image_found_present_says_its_user_with_no_second_image_status() {
+        let cri = Images::default();
+        let present = api::Image {
+            id: "sha256:1".into(),
+            username: "nginx".into(),
+            ..Default::default()
+        };
+        let user = image_user(&cri, Some(&present), "sha256:1").await.unwrap();
+        assert_eq!(user.username, "nginx");
+        assert_eq!(cri.0.load(std::sync::atomic::Ordering::SeqCst), 0);
+        // A pulled image: the runtime is asked.
+        let pulled = image_user(&cri, None, "sha256:2").await.unwrap();
+        assert_eq!(pulled.uid, Some(1000));
+        assert_eq!(cri.0.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
 
     fn context_of(p: &Pod, user: &ImageUser) -> api::LinuxContainerSecurityContext {
         container(p, &first(p), user, Path::new(ROOT))
