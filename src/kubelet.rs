@@ -100,6 +100,11 @@ pub struct Kubelet<C> {
     /// The grace period evicted pods are killed within, instead of their own, per pod UID
     /// (the eviction manager's override).
     grace_overrides: Arc<PodMap<i64>>,
+    /// The pods whose termination has stopped everything of them that ran: what is left
+    /// (volumes, cgroup, final status, delete, removal) takes no grace period, so neither a
+    /// second delete nor the pod leaving the API (after the agent's own final delete)
+    /// starts it over.
+    killed: Arc<PodMap<()>>,
     /// The PLEG, whose last relist says whether a pod's runtime state changed since its
     /// last sync read it.
     pleg: Option<Arc<crate::pleg::Pleg>>,
@@ -163,6 +168,7 @@ impl<C: Cri + Clone> Kubelet<C> {
             env,
             cm,
             grace_overrides: states.map("eviction grace overrides"),
+            killed: states.map("terminations past their kill"),
             states,
             pleg: None,
         }
@@ -597,6 +603,8 @@ impl<C: Cri + Clone> Kubelet<C> {
                 }
             }
         };
+        // Nothing of the pod runs any more: a shorter grace period changes nothing now.
+        self.killed.lock().insert(id.uid.clone(), ());
         if let Err(e) = self.volumes.teardown(&id.uid).await {
             tracing::warn!(error = %e, "could not tear down the pod's volumes");
             return Next::ResyncAfter(RETRY);
@@ -720,6 +728,10 @@ impl<C: Cri + Clone> PodSyncer for Kubelet<C> {
         };
         self.publish_status(pod, &id, Some(&runtime));
         true
+    }
+
+    fn stopping(&self, uid: &str) -> bool {
+        !self.killed.lock().contains_key(uid)
     }
 
     /// The PLEG's last relist of a running pod shows the state its last sync read: the
@@ -941,6 +953,9 @@ mod tests {
         kubelet
             .evict(pod, "The node was low on resource: memory.", 0)
             .await;
+        // What a termination past its kill records (its runtime here answers nothing).
+        kubelet.killed.lock().insert(id.uid.clone(), ());
+        assert!(!kubelet.stopping(&id.uid));
     }
 
     #[tokio::test]

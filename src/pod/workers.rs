@@ -52,6 +52,13 @@ pub trait PodSyncer: Send + Sync + 'static {
     fn saw_runtime(&self, _work: &PodWork) -> bool {
         false
     }
+
+    /// Whether the termination of the pod under way still stops what runs of it: a
+    /// shorter grace period (a second delete, the pod gone from the API) restarts it only
+    /// then.
+    fn stopping(&self, _uid: &str) -> bool {
+        true
+    }
 }
 
 /// A worker's wake-up: the reasons asked since it last looked ([`WakeFor`] bits), and the
@@ -116,9 +123,11 @@ fn terminating_grace(work: &PodWork) -> Option<i64> {
     }
 }
 
-/// Returns once newer work asks the pod to end sooner than within `grace` seconds; never
-/// if the channel closes first.
-async fn shorter_grace(rx: &mut watch::Receiver<PodWork>, grace: i64) {
+/// Returns once newer work asks the pod to end sooner than within `grace` seconds while
+/// `stopping` says the termination still stops what runs of the pod (after that, the
+/// termination's steps take no grace period: the agent's own final delete, and the pod
+/// leaving the API, let it finish); never if the channel closes first.
+async fn shorter_grace(rx: &mut watch::Receiver<PodWork>, grace: i64, stopping: impl Fn() -> bool) {
     loop {
         if rx.changed().await.is_err() {
             return std::future::pending().await;
@@ -131,7 +140,7 @@ async fn shorter_grace(rx: &mut watch::Receiver<PodWork>, grace: i64) {
             // grace period.
             PodWork::Remove(_) => super::ORPHAN_GRACE_SECONDS < grace,
         };
-        if shorter {
+        if shorter && stopping() {
             // Seen again by the worker's next turn.
             rx.mark_changed();
             return;
@@ -277,7 +286,7 @@ impl<S: PodSyncer> PodWorkers<S> {
                 // one, and the runtime gets the shorter stop timeout.
                 Some(grace) => tokio::select! {
                     next = sync => next,
-                    () = shorter_grace(&mut rx, grace) => {
+                    () = shorter_grace(&mut rx, grace, || self.syncer.stopping(&uid)) => {
                         tracing::info!(pod_uid = %uid, "a shorter grace period shortens the termination under way");
                         Next::ResyncAfter(Duration::ZERO)
                     }
@@ -577,5 +586,45 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(*syncer.0.lock().unwrap(), [30, 1]);
         assert!(workers.uids().is_empty(), "the pod is done");
+    }
+
+    /// A termination that has stopped the pod's containers and sandboxes, and finishes
+    /// (status, delete, removal) when released; it records what it was started with.
+    #[derive(Default)]
+    struct PastKill {
+        started: Mutex<Vec<String>>,
+        release: Notify,
+    }
+
+    impl PodSyncer for PastKill {
+        async fn sync(&self, work: &PodWork) -> Next {
+            let what = match work {
+                PodWork::Sync(p) => format!("grace {}", crate::pod::termination_grace_period(p)),
+                PodWork::Remove(_) => "remove".into(),
+            };
+            self.started.lock().unwrap().push(what);
+            self.release.notified().await;
+            Next::Done
+        }
+
+        fn stopping(&self, _uid: &str) -> bool {
+            false
+        }
+    }
+
+    #[tokio::test]
+    async fn a_termination_past_its_kill_is_not_started_again_when_the_pod_goes() {
+        let syncer = Arc::new(PastKill::default());
+        let workers = PodWorkers::new(syncer.clone(), PodStates::default());
+        workers.update("u", PodWork::Sync(deleted(30)));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // The agent's own final delete: the pod leaves the API.
+        workers.update("u", PodWork::Remove(PodId::of(&deleted(30)).unwrap()));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(*syncer.started.lock().unwrap(), ["grace 30"]);
+        syncer.release.notify_one();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(workers.uids().is_empty(), "the pod is done");
+        assert_eq!(*syncer.started.lock().unwrap(), ["grace 30"], "once");
     }
 }
