@@ -30,6 +30,7 @@ use super::runtime_status::{PodRuntimeStatus, RunState, pod_ips, primary_ip};
 use super::sandbox::{SandboxSettings, pod_log_dir, sandbox_config};
 use super::security_context::{ImageUser, image_user};
 use super::start_gate::{Priority, StartCall, StartGate, StartTurn};
+use super::stops::{REMOVAL_WAIT, Stopping};
 use crate::cri::{Cri, api, ok_if_not_found};
 use crate::events::{EventRecorder, Involved};
 use crate::images::ImageManager;
@@ -123,6 +124,8 @@ pub struct RuntimeManager<C> {
     /// Sandbox stops (CNI DEL chains) in flight at once: as many as the start gate's first
     /// turns (half the ceiling).
     stop_slots: Semaphore,
+    /// The pod kills in flight, which pod removals wait for.
+    stopping: Stopping,
     /// The sandboxes each pod (by UID) had stopped: a stopped sandbox never runs again,
     /// so a repeated kill (a termination started over) neither queues for a stop slot nor
     /// makes the runtime run its CNI `DEL` chain once more. Forgotten with the pod.
@@ -217,6 +220,7 @@ impl<C: Cri> RuntimeManager<C> {
             crash_backoff: Mutex::default(),
             start_gate: StartGate::new(parallel_starts),
             stop_slots: Semaphore::new(parallel_starts.div_ceil(2).max(1)),
+            stopping: Stopping::default(),
             stopped_sandboxes: Mutex::default(),
             host_ip,
             log_starts: None,
@@ -960,6 +964,7 @@ impl<C: Cri> RuntimeManager<C> {
         status: &PodRuntimeStatus,
         grace: i64,
     ) -> Result<(), crate::cri::CriError> {
+        let _kill = self.stopping.kill();
         let pod_ip = pod.map(|p| self.pod_ip(p, status)).unwrap_or_default();
         let running = status
             .containers
@@ -1018,13 +1023,16 @@ impl<C: Cri> RuntimeManager<C> {
         first_error.map_or(Ok(()), Err)
     }
 
-    /// Removes every sandbox of a pod that was killed. The runtime removes a sandbox's
+    /// Removes every sandbox of a pod that was killed, once no other pod's kill is in
+    /// flight (10 s at most: see [`super::stops`]). The runtime removes a sandbox's
     /// containers with it (CRI `RemovePodSandbox`); only a container whose sandbox is not
     /// listed is removed on its own.
     ///
     /// # Errors
     /// The first failed removal; the caller retries.
     pub async fn remove_pod(&self, status: &PodRuntimeStatus) -> Result<(), crate::cri::CriError> {
+        let waits = self.stopping.settled(REMOVAL_WAIT);
+        waits.instrument(tracing::info_span!("wait_stops")).await;
         let strays = status
             .containers
             .iter()
