@@ -82,7 +82,13 @@
 #
 # To compare two builds in one run, BENCH_AGENTS may add "rkubelet-before": rkubelet with
 # runtime-owned networking from the binary BENCH_BEFORE_BIN (e.g. a copy of an earlier
-# target/release/rkubelet).
+# target/release/rkubelet). For more builds, BENCH_BINS names them (LABEL=PATH, space
+# separated) and BENCH_AGENTS runs each as "rkubelet@LABEL" (reported as "rkubelet
+# (LABEL)"). An agent may be named more than once: its runs merge into the report's
+# medians like repeated bursts, so an A B B A order puts the machine's drift and the cost
+# of running first or last on both builds alike, e.g.
+#   BENCH_BINS="main=/var/tmp/rk-ab/main/rkubelet" BENCH_SCENARIOS=probes BENCH_FLOOR=0 \
+#     BENCH_AGENTS="rkubelet@main rkubelet rkubelet rkubelet@main" bash scripts/bench.sh out/ab
 #
 # For a shorter run: BENCH_AGENTS (default "rkubelet rkubelet-agent-cni kubelet-qps5
 # kubelet-qps50"), BENCH_BURSTS (default "1 10 30 100 110"), BENCH_REPEAT (default 3),
@@ -137,6 +143,21 @@ else
   read -ra BURSTS <<<"${BENCH_BURSTS:-1 10 30 100 110}"
   read -ra AGENTS <<<"${BENCH_AGENTS:-rkubelet rkubelet-agent-cni kubelet-qps5 kubelet-qps50}"
 fi
+# bench_bin LABEL: the binary BENCH_BINS names LABEL.
+bench_bin() {
+  local entry
+  for entry in ${BENCH_BINS:-}; do
+    [[ ${entry%%=*} != "$1" ]] || { echo "${entry#*=}"; return; }
+  done
+  die "BENCH_BINS names no binary '$1' (LABEL=PATH, space separated)"
+}
+# Every build an agent names is there before the cluster comes up.
+for agent in "${AGENTS[@]}"; do
+  case $agent in
+    rkubelet@*) [[ -x $(bench_bin "${agent#rkubelet@}") ]] || die "BENCH_BINS: ${agent#rkubelet@} is not an executable" ;;
+    rkubelet-before) [[ -x ${BENCH_BEFORE_BIN:-} ]] || die "rkubelet-before needs BENCH_BEFORE_BIN, the rkubelet binary of an earlier build" ;;
+  esac
+done
 FOOTPRINT_SECONDS="${BENCH_FOOTPRINT_SECONDS:-60}"
 REPEAT="${BENCH_REPEAT:-3}"
 # The kind layout turns the order of its three nodes every round and swaps its two floors:
@@ -230,7 +251,8 @@ done
 start_agent() { # NAME NODE COMMAND...
   local name=$1 node=$2; shift 2
   log "starting $name as node $node"
-  "$@" >"$OUT/$name.log" 2>&1 &
+  # Appended: an agent named twice keeps both runs' spans (the report reads each run's).
+  "$@" >>"$OUT/$name.log" 2>&1 &
   AGENT_PID=$!
   wait_node_ready "$node" 120
 }
@@ -606,9 +628,9 @@ for agent in "${AGENTS[@]}"; do
   case $agent in
     rkubelet) run_agent "rkubelet" "$NODE_NAME" $(rkubelet_cmd "$NODE_NAME" runtime) ;;
     rkubelet-agent-cni) run_agent "rkubelet (agent CNI)" "$SECOND_NODE" $(rkubelet_cmd "$SECOND_NODE" agent) ;;
-    rkubelet-before)
-      [[ -x ${BENCH_BEFORE_BIN:-} ]] || die "rkubelet-before needs BENCH_BEFORE_BIN, the rkubelet binary of an earlier build"
-      run_agent "rkubelet (before)" "$NODE_NAME" $(rkubelet_cmd "$NODE_NAME" runtime "$BENCH_BEFORE_BIN") ;;
+    rkubelet-before) run_agent "rkubelet (before)" "$NODE_NAME" $(rkubelet_cmd "$NODE_NAME" runtime "$BENCH_BEFORE_BIN") ;;
+    rkubelet@*)
+      run_agent "rkubelet (${agent#rkubelet@})" "$NODE_NAME" $(rkubelet_cmd "$NODE_NAME" runtime "$(bench_bin "${agent#rkubelet@}")") ;;
     kubelet-qps5) run_agent "kubelet QPS 5" "$NODE_NAME" $(kubelet_cmd 5 10) ;;
     kubelet-qps50) run_agent "kubelet QPS 50" "$NODE_NAME" $(kubelet_cmd 50 100) ;;
     *) echo "unknown agent in BENCH_AGENTS: $agent" >&2; exit 2 ;;

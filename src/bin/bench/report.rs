@@ -3,6 +3,8 @@
 //! from rkubelet's timelines or spans, and gnuplot data. It reads results as JSON only: it
 //! knows no scenario's code, no API server, no CRI and no `/proc`.
 
+mod ab;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -859,6 +861,7 @@ pub fn report(args: &ReportArgs) -> anyhow::Result<Value> {
             }
         }
     }
+    let ab = ab::ab_table(&results);
     let results = merge_runs(results);
     let mut md = String::new();
     md.push_str(&format!("### Benchmark {}\n\n", args.machine));
@@ -946,6 +949,7 @@ pub fn report(args: &ReportArgs) -> anyhow::Result<Value> {
     md.push_str(&sources_table(&results));
     md.push_str(&scrape_table(&results));
     md.push_str(&goals_table(&results));
+    md.push_str(&ab);
     md.push_str(&machine_cpu_table(&results));
     md.push_str(&breakdown_tables(&args.dir, &rows)?);
     std::fs::write(args.dir.join("report.md"), &md)?;
