@@ -93,7 +93,9 @@
 # For a shorter run: BENCH_AGENTS (default "rkubelet rkubelet-agent-cni kubelet-qps5
 # kubelet-qps50"), BENCH_BURSTS (default "1 10 30 100 110"), BENCH_REPEAT (default 3),
 # BENCH_FLOOR=0 (skip the floor), BENCH_FOOTPRINT_SECONDS (default 60), BENCH_SCENARIOS
-# (default "all", or some of "idle bursts deployments steady probes sources scrape"), e.g.
+# (default "all", or some of "idle bursts deployments steady probes probes-deployment sources
+# scrape"; probes-deployment: a Deployment of 100 replicas, each with an exec readiness and
+# an exec liveness probe every second), e.g.
 #   BENCH_SCENARIOS=probes BENCH_AGENTS="rkubelet kubelet-qps50" BENCH_FLOOR=0 bash scripts/bench.sh
 set -euo pipefail
 # shellcheck source=scripts/common.sh
@@ -163,7 +165,7 @@ REPEAT="${BENCH_REPEAT:-3}"
 # The kind layout turns the order of its three nodes every round and swaps its two floors:
 # 6 rounds give every node every place alike.
 [[ $KIND == 0 || -n ${BENCH_REPEAT:-} ]] || REPEAT=6
-ALL_SCENARIOS="idle bursts deployments steady probes sources scrape"
+ALL_SCENARIOS="idle bursts deployments steady probes probes-deployment sources scrape"
 SCENARIOS="${BENCH_SCENARIOS:-all}"
 [[ $SCENARIOS != all ]] || SCENARIOS=$ALL_SCENARIOS
 for s in $SCENARIOS; do
@@ -328,6 +330,12 @@ scenarios() { # AGENT NODE
     log "$agent: 100 pods using one Secret and one ConfigMap"
     "$BENCH" sources --kubeconfig "$KUBECONFIG_ADMIN" --node "$node" --count 100 --agent "$agent" \
       --audit-log "$RKUBELET_STATE/audit.log" >>"$OUT/sources.json"
+  fi
+  if want probes-deployment; then
+    settle
+    log "$agent: a Deployment of $PROBE_PODS replicas with exec probes every second"
+    "$BENCH" deployment --exec-probes --kubeconfig "$KUBECONFIG_ADMIN" --node "$node" --count "$PROBE_PODS" \
+      --agent "$agent" >>"$OUT/deployment.json"
   fi
   if want probes; then
     settle

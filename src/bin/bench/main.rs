@@ -8,7 +8,8 @@
 //!   several nodes, N pods on each, all at once, and each node agent's CPU seconds and
 //!   resident memory meanwhile; until all are Ready, the machine's busy CPU time and the
 //!   control plane's share of it.
-//! - `deployment`: the same through a Deployment, the scheduler and the controllers.
+//! - `deployment`: the same through a Deployment, the scheduler and the controllers; with
+//!   `--exec-probes`, each replica probed by exec every second (readiness and liveness).
 //! - `floor`: sandbox + network + create + start straight over CRI, no agent, no API server,
 //!   and the teardown likewise — the physical limit the agents are compared with — and the
 //!   machine's busy CPU time until all are up.
@@ -60,7 +61,7 @@ enum Command {
     /// N pods bound to the node (to each node) at once: start-up latencies, then deletion.
     Burst(burst::BurstArgs),
     /// A Deployment of N replicas through the scheduler: start-up latencies, then deletion.
-    Deployment(pods::ApiArgs),
+    Deployment(deployment::DeploymentArgs),
     /// The CRI floor: N sandboxes with one container each, straight over CRI.
     Floor(floor::FloorArgs),
     /// Resident memory and CPU seconds of a process over a window.

@@ -71,6 +71,11 @@ pub fn container(image: &str) -> Value {
     })
 }
 
+/// An exec probe running `true` in the container every second.
+pub fn exec_probe() -> Value {
+    json!({ "exec": { "command": ["true"] }, "periodSeconds": 1 })
+}
+
 fn is_ready(p: &Pod) -> bool {
     let conditions = p.status.as_ref().and_then(|s| s.conditions.as_ref());
     conditions.is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))

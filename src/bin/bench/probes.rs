@@ -5,7 +5,7 @@
 
 use serde_json::{Value, json};
 
-use crate::pods::{ApiArgs, bound_pods, container, timings_json};
+use crate::pods::{ApiArgs, bound_pods, container, exec_probe, timings_json};
 use crate::procfs::{AgentWindow, footprint_over};
 use crate::results::merge_into;
 
@@ -25,7 +25,7 @@ const PROBED_PORT: u16 = 8080;
 /// rotate so that pods with consecutive indices use each kind once.
 fn probe(kind: usize) -> Value {
     let mut probe = match kind % 3 {
-        0 => json!({ "exec": { "command": ["true"] } }),
+        0 => exec_probe(),
         1 => json!({ "httpGet": { "path": "/hostname", "port": PROBED_PORT } }),
         _ => json!({ "tcpSocket": { "port": PROBED_PORT } }),
     };

@@ -87,9 +87,15 @@ pub(super) fn ab_table(raw: &[Value]) -> String {
     for r in raw {
         let kind = r["kind"].as_str().unwrap_or_default();
         let agent = r["agent"].as_str().unwrap_or_default();
-        if !["burst", "deployment", "probes", "sources", "scrape"].contains(&kind)
-            || !agent.starts_with("rkubelet")
-        {
+        let kinds = [
+            "burst",
+            "deployment",
+            "deployment with exec probes",
+            "probes",
+            "sources",
+            "scrape",
+        ];
+        if !kinds.contains(&kind) || !agent.starts_with("rkubelet") {
             continue;
         }
         let key = (kind.to_owned(), r["count"].as_u64().unwrap_or(0));
