@@ -3,8 +3,8 @@
 //! cached result by the success and failure thresholds, and holds after a liveness or
 //! startup failure until the container is replaced (a new worker then starts).
 //! Two departures from the kubelet's timing, both to get pods Ready sooner: the first
-//! readiness or startup probe of a container the agent has just started runs at once
-//! ([`first_wait`]), and while pods wait for a start turn the exec probes of containers
+//! readiness or startup probe of a container the agent has just started is also checked at
+//! once ([`first_checks`]), and while pods wait for a start turn the exec probes of containers
 //! that pass them give way, for ten seconds at most ([`gives_way`]).
 
 use std::sync::Arc;
@@ -161,23 +161,28 @@ fn jitter(container_id: &str, kind: ProbeKind, period: Duration) -> Duration {
     Duration::from_millis(hasher.finish() % period_ms)
 }
 
-/// How long a new worker waits before its first check, its container having started
-/// `since_start` ago. The kubelet's workers wait a random part of the period (the
-/// [`jitter`]) and then probe at their ticks, so a container's first probe comes up to a
-/// period after it runs. A readiness or startup probe of a container this agent has just
-/// started holds the pod's Ready back: it runs at once, or as soon as the initial delay is
-/// over. The others (liveness probes, and every probe of containers that were running
-/// when the agent started) keep the spread.
-fn first_wait(
+/// When a new worker checks first, its container having started `since_start` ago: an
+/// extra check at once (after this long), if any, and the first of its periodic ticks.
+/// The kubelet's workers wait a random part of the period (the [`jitter`]) and then probe
+/// at their ticks, so a container's first probe comes up to a period after it runs. A
+/// readiness or startup probe of a container this agent has just started holds the pod's
+/// Ready back: it is also checked at once, or as soon as the initial delay is over, and
+/// its ticks keep the kubelet's spread from then (a server not yet listening at once is
+/// checked again within a period, not a whole period later). The others (liveness
+/// probes, and every probe of containers that were running when the agent started) only
+/// tick.
+fn first_checks(
     kind: ProbeKind,
     timing: &Timing,
     since_start: Duration,
     container_id: &str,
-) -> Duration {
+) -> (Option<Duration>, Duration) {
+    let spread = jitter(container_id, kind, timing.period);
     if kind != ProbeKind::Liveness && since_start < timing.period.max(FRESH) {
-        return timing.initial_delay.saturating_sub(since_start);
+        let due = timing.initial_delay.saturating_sub(since_start);
+        return (Some(due), due + spread);
     }
-    jitter(container_id, kind, timing.period)
+    (None, spread)
 }
 
 /// How many ticks in a row a passing exec probe may give way to queued starts: so that it
@@ -252,15 +257,22 @@ pub(super) async fn run<C: Cri>(
     shared
         .results
         .record(&target.stopped, &target.container_id, kind, kind.initial());
-    let wait = first_wait(kind, &timing, started.elapsed(), &target.container_id);
-    tokio::time::sleep(wait).await;
-    let mut ticker = tokio::time::interval(timing.period);
+    let (at_once, first_tick) =
+        first_checks(kind, &timing, started.elapsed(), &target.container_id);
+    let now = Instant::now();
+    let mut ticker = tokio::time::interval_at(now + first_tick, timing.period);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    if let Some(due) = at_once {
+        tokio::time::sleep_until(now + due).await;
+    }
+    let mut check_now = at_once.is_some();
     let mut last = None;
     let mut run = 0u32;
     let mut yielded = 0u32;
     loop {
-        ticker.tick().await;
+        if !std::mem::take(&mut check_now) {
+            ticker.tick().await;
+        }
         if started.elapsed() < timing.initial_delay {
             continue;
         }
@@ -369,26 +381,34 @@ mod tests {
     fn the_first_readiness_or_startup_probe_of_a_container_just_started_runs_at_once() {
         let id = format!("{:064x}", 7);
         let ms = Duration::from_millis;
+        let secs = Duration::from_secs;
         for kind in [ProbeKind::Readiness, ProbeKind::Startup] {
-            assert_eq!(first_wait(kind, &timing(1, 0), ms(30), &id), Duration::ZERO);
+            let spread = |period| jitter(&id, kind, secs(period));
             assert_eq!(
-                first_wait(kind, &timing(10, 15), ms(500), &id),
-                ms(14_500),
+                first_checks(kind, &timing(10, 0), ms(30), &id),
+                (Some(Duration::ZERO), spread(10)),
+                "at once, then the ticks within a period, not a whole period later"
+            );
+            assert_eq!(
+                first_checks(kind, &timing(10, 15), ms(500), &id),
+                (Some(ms(14_500)), ms(14_500) + spread(10)),
                 "as soon as the initial delay is over, not at the tick after it"
             );
-            // Running long before the worker began (the agent restarted): spread.
-            let restarted = first_wait(kind, &timing(1, 0), Duration::from_secs(60), &id);
-            assert_eq!(restarted, jitter(&id, kind, Duration::from_secs(1)));
+            // Running long before the worker began (the agent restarted): spread only.
+            assert_eq!(
+                first_checks(kind, &timing(1, 0), secs(60), &id),
+                (None, spread(1))
+            );
             // A period longer than FRESH: a container started within it is new.
             assert_eq!(
-                first_wait(kind, &timing(30, 0), Duration::from_secs(20), &id),
-                Duration::ZERO
+                first_checks(kind, &timing(30, 0), secs(20), &id).0,
+                Some(Duration::ZERO)
             );
         }
         // A liveness probe does not hold Ready back: it keeps the kubelet's spread.
         assert_eq!(
-            first_wait(ProbeKind::Liveness, &timing(1, 0), ms(30), &id),
-            jitter(&id, ProbeKind::Liveness, Duration::from_secs(1))
+            first_checks(ProbeKind::Liveness, &timing(1, 0), ms(30), &id),
+            (None, jitter(&id, ProbeKind::Liveness, secs(1)))
         );
     }
 
@@ -595,8 +615,8 @@ mod tests {
             ProbeKind::Readiness,
             probing,
         ));
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        assert_eq!(calls(), 1, "the first probe, at once");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(calls() >= 1, "the first probe, at once");
         assert_eq!(
             shared.results.get("c1", ProbeKind::Readiness),
             Some(ProbeResult::Success)
@@ -610,12 +630,13 @@ mod tests {
             let gate = shared.start_gate.clone();
             tokio::spawn(async move { gate.enter(Priority::New).await })
         };
+        let before = calls();
         tokio::time::sleep(Duration::from_millis(2000)).await;
-        assert_eq!(calls(), 1, "held back while a pod waits to start");
+        assert_eq!(calls(), before, "held back while a pod waits to start");
         drop(held);
         drop(waiter.await.unwrap());
         tokio::time::sleep(Duration::from_millis(1100)).await;
-        assert!(calls() >= 2, "probing again once no pod waits");
+        assert!(calls() > before, "probing again once no pod waits");
         task.abort();
     }
 
