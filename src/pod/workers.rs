@@ -2,7 +2,8 @@
 //! syncs of its pod at once; pods sync in parallel. Updates that arrive during a sync are
 //! coalesced: the worker then syncs once more with the newest spec. A wake-up says why
 //! ([`WakeFor`]): one that only changes what the pod's status shows refreshes the status
-//! between syncs, with no sync.
+//! between syncs, with no sync, and one for a runtime change that the pod's last sync
+//! already read is let go.
 
 use std::collections::HashMap;
 use std::future::Future;
