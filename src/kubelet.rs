@@ -419,13 +419,29 @@ impl<C: Cri + Clone> Kubelet<C> {
         Ok(mounted.volumes)
     }
 
+    /// Nothing of a pod this agent never synced is in the runtime when the PLEG's last relist
+    /// (one at least since the agent started) had nothing of it: only the pod's own worker
+    /// makes sandboxes for it, and its first sync reads this before it makes any (the
+    /// kubelet's pod workers likewise start from the PLEG's cache, empty for a new pod).
+    fn known_empty(&self, uid: &str) -> bool {
+        let Some(pleg) = &self.pleg else {
+            return false;
+        };
+        pleg.healthy().is_ok()
+            && pleg.fingerprint(uid).is_none()
+            && !self.seen.lock().contains_key(uid)
+    }
+
     /// `syncPod`: one step of bringing a pod that should run to its spec.
     async fn sync_pod(&self, pod: &Pod, id: &PodId) -> Next {
         let terminal = self.is_terminal(pod, id);
-        let runtime = match get_pod_status(self.runtime.cri(), &id.uid)
-            .instrument(tracing::info_span!("runtime_status"))
-            .await
-        {
+        let read = async {
+            if self.known_empty(&id.uid) {
+                return Ok(PodRuntimeStatus::default());
+            }
+            get_pod_status(self.runtime.cri(), &id.uid).await
+        };
+        let runtime = match read.instrument(tracing::info_span!("runtime_status")).await {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!(error = %e, "could not read the pod's runtime state");
@@ -1022,7 +1038,11 @@ mod tests {
             );
             r
         };
+        assert!(!kubelet.known_empty(&id.uid), "no relist yet");
+        pleg.set_last(crate::pleg::Relist::default());
+        assert!(kubelet.known_empty(&id.uid), "a new pod: nothing to read");
         pleg.set_last(relist(&running));
+        assert!(!kubelet.known_empty(&id.uid), "found by the relist");
         assert!(!kubelet.saw_runtime(&work), "never synced");
         kubelet.publish_status(&pod, &id, Some(&running));
         assert!(kubelet.saw_runtime(&work));
@@ -1035,6 +1055,7 @@ mod tests {
         assert!(!kubelet.saw_runtime(&work));
         pleg.set_last(crate::pleg::Relist::default());
         assert!(!kubelet.saw_runtime(&work), "gone from the runtime");
+        assert!(!kubelet.known_empty(&id.uid), "synced before: read again");
     }
 
     /// Once the pod is gone, nothing of it is left in any module that keeps per-pod state:
