@@ -83,6 +83,9 @@ pub struct Kubelet<C> {
     /// result the status shows refreshes the status from it, with no runtime call (the
     /// kubelet's probe manager sets readiness in its status manager, with no pod sync).
     seen: Arc<PodMap<PodRuntimeStatus>>,
+    /// The runtime state, as the PLEG lists it, that each pod's last sync acted on all of:
+    /// a relist showing the same wakes no sync ([`Kubelet::settle`]).
+    settled: Arc<PodMap<crate::pleg::PodFingerprint>>,
     /// Back-off of failed sandbox creations and volume set-ups, per pod UID.
     backoff: Arc<PodMap<Backoff>>,
     /// Each pod's volumes, when they were last set up and the pod metadata they show.
@@ -163,6 +166,7 @@ impl<C: Cri + Clone> Kubelet<C> {
             admission: states.register(Arc::new(admission)),
             reasons: states.map("container waiting reasons"),
             seen: states.map("runtime states seen"),
+            settled: states.map("runtime states settled"),
             backoff: states.map("sync back-offs"),
             volumes_set_up: states.register(Arc::new(SetUps::new(VOLUME_RESYNC))),
             env,
@@ -249,6 +253,22 @@ impl<C: Cri + Clone> Kubelet<C> {
             status.and_then(|s| s.phase.as_deref()),
             Some("Succeeded" | "Failed")
         )
+    }
+
+    /// Records the state the pod's sync settled: `state` if the sync acted on all of it
+    /// (what it read and left as it was, or what it left that shows only its own doing,
+    /// [`crate::pleg::only_sync_changes`]); `None` if it may not have, and then the next
+    /// relist wakes the worker.
+    fn settle(&self, id: &PodId, state: Option<&PodRuntimeStatus>) {
+        let mut settled = self.settled.lock();
+        match state {
+            Some(state) => {
+                settled.insert(id.uid.clone(), crate::pleg::fingerprint_of(state));
+            }
+            None => {
+                settled.remove(&id.uid);
+            }
+        }
     }
 
     fn publish_status(&self, pod: &Pod, id: &PodId, runtime: Option<&PodRuntimeStatus>) {
@@ -427,9 +447,7 @@ impl<C: Cri + Clone> Kubelet<C> {
         let Some(pleg) = &self.pleg else {
             return false;
         };
-        pleg.healthy().is_ok()
-            && pleg.fingerprint(uid).is_none()
-            && !self.seen.lock().contains_key(uid)
+        pleg.healthy().is_ok() && !pleg.holds(uid) && !self.seen.lock().contains_key(uid)
     }
 
     /// `syncPod`: one step of bringing a pod that should run to its spec.
@@ -564,15 +582,19 @@ impl<C: Cri + Clone> Kubelet<C> {
                     // Containers started just now are probed now, not after the next
                     // relist has seen them run (up to a PLEG period later).
                     self.prober.update_pod(pod, id, &after);
+                    let settled = crate::pleg::only_sync_changes(&runtime, &after);
+                    self.settle(id, settled.then_some(&after));
                     self.publish_status(pod, id, Some(&after));
                 }
                 Err(e) => {
+                    self.settle(id, None);
                     tracing::warn!(error = %e, "could not read the pod's runtime state after sync")
                 }
             }
         } else {
             // Nothing changed in the runtime: the state read at the start still holds, and
             // only the reasons containers wait for may be new.
+            self.settle(id, Some(&runtime));
             self.publish_status(pod, id, Some(&runtime));
         }
         if self.is_terminal(pod, id) {
@@ -750,7 +772,7 @@ impl<C: Cri + Clone> PodSyncer for Kubelet<C> {
         !self.killed.lock().contains_key(uid)
     }
 
-    /// The PLEG's last relist of a running pod shows the state its last sync read: the
+    /// The PLEG's last relist of a running pod shows the state its last sync settled: the
     /// sync that started its containers read them running, and the relist that sees them
     /// start after it has nothing new (a pod being deleted is synced at every change).
     fn saw_runtime(&self, work: &PodWork) -> bool {
@@ -766,10 +788,7 @@ impl<C: Cri + Clone> PodSyncer for Kubelet<C> {
         let Some(relisted) = pleg.fingerprint(uid) else {
             return false;
         };
-        self.seen
-            .lock()
-            .get(uid)
-            .is_some_and(|read| crate::pleg::fingerprint_of(read) == relisted)
+        self.settled.lock().get(uid) == Some(&relisted)
     }
 }
 
@@ -941,6 +960,7 @@ mod tests {
             containers: vec![container("c1", "c", "s1", 0, RunState::Running)],
         };
         kubelet.prober.update_pod(pod, &id, &running);
+        kubelet.settle(&id, Some(&running));
         kubelet.publish_status(pod, &id, Some(&running));
         // The container exited: its restart counts a crash back-off, its image pull fails.
         let exited = PodRuntimeStatus {
@@ -1019,7 +1039,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_relist_of_the_state_the_last_sync_read_needs_no_sync() {
+    async fn a_relist_of_the_state_the_last_sync_settled_needs_no_sync() {
         let root = TempDir::new("sawruntime");
         let pleg = Arc::new(crate::pleg::Pleg::default());
         let kubelet = kubelet(&root).with_pleg(pleg.clone());
@@ -1045,6 +1065,11 @@ mod tests {
         assert!(!kubelet.known_empty(&id.uid), "found by the relist");
         assert!(!kubelet.saw_runtime(&work), "never synced");
         kubelet.publish_status(&pod, &id, Some(&running));
+        assert!(
+            !kubelet.saw_runtime(&work),
+            "a status, but no sync settled it"
+        );
+        kubelet.settle(&id, Some(&running));
         assert!(kubelet.saw_runtime(&work));
         // The container exited after the sync read it.
         let exited = PodRuntimeStatus {
@@ -1052,6 +1077,11 @@ mod tests {
             ..running.clone()
         };
         pleg.set_last(relist(&exited));
+        assert!(!kubelet.saw_runtime(&work));
+        // A sync read it exited after starting it, and did not act on that: the relist
+        // that shows it wakes the worker.
+        kubelet.settle(&id, None);
+        kubelet.publish_status(&pod, &id, Some(&exited));
         assert!(!kubelet.saw_runtime(&work));
         pleg.set_last(crate::pleg::Relist::default());
         assert!(!kubelet.saw_runtime(&work), "gone from the runtime");

@@ -87,6 +87,31 @@ pub fn fingerprint_of(status: &PodRuntimeStatus) -> PodFingerprint {
     sandboxes.chain(containers).collect()
 }
 
+/// Whether `after`, read at the end of a sync that acted on `before` (what it read first),
+/// shows only what such a sync does: whatever `before` showed is as it was, and whatever is
+/// new is a ready sandbox or a running container. A relist showing that state holds
+/// nothing the sync did not act on. Any other state (an init container the sync started
+/// that has already run to its end, a container that failed at once) needs a sync of its
+/// own, as the kubelet's PLEG event for it brings one.
+#[must_use]
+pub fn only_sync_changes(before: &PodRuntimeStatus, after: &PodRuntimeStatus) -> bool {
+    let sandboxes = after.sandboxes.iter().all(|s| {
+        before
+            .sandboxes
+            .iter()
+            .find(|b| b.id == s.id)
+            .map_or(s.ready, |b| b.ready == s.ready)
+    });
+    let containers = after.containers.iter().all(|c| {
+        before
+            .containers
+            .iter()
+            .find(|b| b.id == c.id)
+            .map_or(c.state == RunState::Running, |b| b.state == c.state)
+    });
+    sandboxes && containers
+}
+
 /// The UIDs whose fingerprint differs between two relists (new, changed or gone pods).
 #[must_use]
 pub fn changed(old: &Relist, new: &Relist) -> Vec<String> {
@@ -135,6 +160,12 @@ impl Pleg {
     pub fn fingerprint(&self, uid: &str) -> Option<PodFingerprint> {
         let last = crate::lock::lock(&self.last);
         last.1.pods.get(uid).map(|(_, fp)| fp.clone())
+    }
+
+    /// Whether the last relist found anything of the pod `uid`.
+    #[must_use]
+    pub fn holds(&self, uid: &str) -> bool {
+        crate::lock::lock(&self.last).1.pods.contains_key(uid)
     }
 
     /// Healthy while relists keep completing.
@@ -202,6 +233,42 @@ impl Pleg {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kuberuntime::runtime_status::testing::{container, sandbox};
+
+    #[test]
+    fn a_state_after_a_sync_settles_only_with_what_a_sync_does() {
+        let empty = PodRuntimeStatus::default();
+        let started = PodRuntimeStatus {
+            sandboxes: vec![sandbox("s1", 0, true)],
+            containers: vec![container("c1", "init", "s1", 0, RunState::Running)],
+        };
+        assert!(
+            only_sync_changes(&empty, &started),
+            "a new sandbox and container"
+        );
+        assert!(only_sync_changes(&started, &started), "nothing new");
+        // The init container the sync started ran to its end before the read after it:
+        // the next one is started by a sync of its own.
+        let ended = PodRuntimeStatus {
+            containers: vec![container("c1", "init", "s1", 0, RunState::Exited)],
+            ..started.clone()
+        };
+        assert!(!only_sync_changes(&empty, &ended));
+        assert!(!only_sync_changes(&started, &ended), "a running one exited");
+        let created = PodRuntimeStatus {
+            containers: vec![container("c1", "init", "s1", 0, RunState::Created)],
+            ..started.clone()
+        };
+        assert!(!only_sync_changes(&empty, &created), "created, not started");
+        let not_ready = PodRuntimeStatus {
+            sandboxes: vec![sandbox("s1", 0, false)],
+            ..PodRuntimeStatus::default()
+        };
+        assert!(!only_sync_changes(&empty, &not_ready));
+        assert!(!only_sync_changes(&started, &not_ready), "the sandbox went");
+        // Gone from the runtime (removed by the sync): nothing to act on.
+        assert!(only_sync_changes(&started, &empty));
+    }
 
     struct FakeRuntime {
         sandboxes: Vec<api::PodSandbox>,

@@ -29,8 +29,9 @@ pub enum WakeFor {
     /// probe failed), a changed Secret or ConfigMap the pod uses, an eviction.
     Sync,
     /// The runtime's state of the pod changed (the PLEG's relist): a sync, unless the
-    /// worker's last sync read that very state (the sync that started the pod's containers
-    /// reads them once they run, before the relist sees them).
+    /// worker's last sync acted on all of that very state (the sync that started the pod's
+    /// containers reads them running, before the relist sees them; one that reads one it
+    /// started already exited has not acted on that).
     Runtime,
     /// Only what the pod's status shows changed (a readiness result, a container known to
     /// have started): its status is generated anew from the runtime state its last sync

@@ -48,8 +48,9 @@ pub trait PodSyncer: Send + Sync + 'static {
         false
     }
 
-    /// Whether the pod's last sync read the runtime state the runtime now reports: a
-    /// wake-up for a change of it then needs no sync.
+    /// Whether the pod's last sync acted on all of the runtime state the runtime now
+    /// reports (it read it, or left it so by its own doing): a wake-up for a change of it
+    /// then needs no sync.
     fn saw_runtime(&self, _work: &PodWork) -> bool {
         false
     }
@@ -423,18 +424,31 @@ mod tests {
         assert_eq!(*syncer.syncs.lock().unwrap(), ["sync v1", "sync v1"]);
     }
 
+    /// Waits (5 s at most) until `done`; whether it came.
+    async fn until(done: impl Fn() -> bool) -> bool {
+        let polled = async {
+            while !done() {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(5), polled)
+            .await
+            .is_ok()
+    }
+
     #[tokio::test]
     async fn a_status_wake_refreshes_between_syncs_and_a_sync_wake_syncs() {
         let syncer = Arc::new(Recorder::default());
         syncer.refreshes.0.store(true, Ordering::SeqCst);
         let workers = PodWorkers::new(syncer.clone(), PodStates::default());
         workers.update("u", PodWork::Sync(Arc::new(pod("v1", &[("c", "x")]))));
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        for _ in 0..3 {
+        let refreshes = || syncer.refreshes.1.load(Ordering::SeqCst);
+        assert!(until(|| syncer.syncs.lock().unwrap().len() == 1).await);
+        // Each wake-up waited for: on a loaded machine, wake-ups close together merge.
+        for n in 1..=3 {
             workers.wake("u", WakeFor::Status);
-            tokio::time::sleep(Duration::from_millis(10)).await;
+            assert!(until(|| refreshes() == n).await, "refresh {n}");
         }
-        assert_eq!(syncer.refreshes.1.load(Ordering::SeqCst), 3);
         assert_eq!(*syncer.syncs.lock().unwrap(), ["sync v1"], "no sync");
         // Both asked at once: the sync (which generates the status too) is enough.
         workers.wake("u", WakeFor::Status);
