@@ -270,7 +270,8 @@ pub(super) async fn run<C: Cri>(
     let mut run = 0u32;
     let mut yielded = 0u32;
     loop {
-        if !std::mem::take(&mut check_now) {
+        let extra = std::mem::take(&mut check_now);
+        if !extra {
             ticker.tick().await;
         }
         if started.elapsed() < timing.initial_delay {
@@ -309,6 +310,12 @@ pub(super) async fn run<C: Cri>(
         };
         span.record("result", result.as_str());
         target.counters.count(result);
+        // The extra check lets a container that passes at once in sooner, and counts
+        // toward no threshold: the kubelet's first check is the first tick, so a failure
+        // is not the first of `failureThreshold`, nor a success the first of several.
+        if extra && (result == ProbeResult::Failure || timing.success_threshold > 1) {
+            continue;
+        }
         if last == Some(result) {
             run = run.saturating_add(1);
         } else {
@@ -638,6 +645,58 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(1100)).await;
         assert!(calls() > before, "probing again once no pod waits");
         task.abort();
+    }
+
+    /// A startup probe with `failureThreshold: 1` that fails the extra check of a container
+    /// just started fails at its first tick, as the kubelet's, not at once.
+    #[tokio::test]
+    async fn the_extra_first_check_counts_toward_no_threshold() {
+        let (shared, _events, wakes) = shared(vec![1]);
+        let period = Duration::from_secs(5);
+        // A container whose first tick comes seconds after the extra check.
+        let id = (0..)
+            .map(|i| format!("c{i}"))
+            .find(|id| jitter(id, ProbeKind::Startup, period) >= Duration::from_secs(2))
+            .expect("an id");
+        let calls = || shared.cri.calls.load(Ordering::SeqCst);
+        let startup = Probe {
+            period_seconds: Some(5),
+            ..probe(1)
+        };
+        let started = Instant::now();
+        let task = tokio::spawn(run(
+            shared.clone(),
+            Target {
+                container_id: id.clone(),
+                ..target(true)
+            },
+            ProbeKind::Startup,
+            Probing::of(&startup, &Container::default(), "127.0.0.1"),
+        ));
+        while calls() == 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let before_the_tick = shared.results.get(&id, ProbeKind::Startup);
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "too slow to tell"
+        );
+        assert_eq!(
+            before_the_tick,
+            Some(ProbeKind::Startup.initial()),
+            "the extra check failed, and counted for nothing"
+        );
+        assert!(wakes.lock().unwrap().is_empty(), "nothing to act on yet");
+        tokio::time::timeout(period * 2, task)
+            .await
+            .expect("the worker holds after the failure at its first tick")
+            .expect("the worker");
+        assert_eq!(calls(), 2, "the extra check and the first tick");
+        assert_eq!(
+            shared.results.get(&id, ProbeKind::Startup),
+            Some(ProbeResult::Failure)
+        );
+        assert_eq!(*wakes.lock().unwrap(), [WakeFor::Sync]);
     }
 
     #[test]
