@@ -28,11 +28,10 @@ use super::context::{ConfigError, ContainerContext, EnvSources};
 use super::crash_backoff::{self, CrashBackoff, SpecKey};
 use super::env::{EnvSourceReader, environment};
 use super::names;
-use super::runtime_status::{PodRuntimeStatus, RunState, pod_ips, primary_ip};
+use super::runtime_status::{PodRuntimeStatus, pod_ips, primary_ip};
 use super::sandbox::{SandboxSettings, pod_log_dir, sandbox_config};
 use super::security_context::{ImageUser, image_user};
 use super::start_gate::{Priority, StartCall, StartGate, StartTurn};
-use super::stops::Stopping;
 use crate::cri::{Cri, api};
 use crate::events::{EventRecorder, Involved};
 use crate::images::ImageManager;
@@ -126,8 +125,6 @@ pub struct RuntimeManager<C> {
     /// Sandbox stops (CNI DEL chains) in flight at once: as many as the start gate's first
     /// turns (half the ceiling).
     stop_slots: Semaphore,
-    /// The pod kills in flight, which pod removals wait for.
-    stopping: Stopping,
     /// The sandboxes each pod (by UID) had stopped: a stopped sandbox never runs again,
     /// so a repeated kill (a termination started over) neither queues for a stop slot nor
     /// makes the runtime run its CNI `DEL` chain once more. Forgotten with the pod.
@@ -222,7 +219,6 @@ impl<C: Cri> RuntimeManager<C> {
             crash_backoff: Mutex::default(),
             start_gate: StartGate::new(parallel_starts),
             stop_slots: Semaphore::new(parallel_starts.div_ceil(2).max(1)),
-            stopping: Stopping::default(),
             stopped_sandboxes: Mutex::default(),
             host_ip,
             log_starts: None,
@@ -884,6 +880,7 @@ impl<C: Cri> ForgetPod for RuntimeManager<C> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kuberuntime::runtime_status::RunState;
     use crate::kuberuntime::runtime_status::testing::{container, sandbox};
 
     /// Records stop and remove calls; stopping sandbox `bad` fails as a broken CNI DEL does.

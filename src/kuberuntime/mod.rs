@@ -17,7 +17,6 @@ pub mod runtime_status;
 pub mod sandbox;
 pub mod security_context;
 pub mod start_gate;
-pub mod stops;
 pub mod termination;
 
 pub use manager::{PodContext, RuntimeManager, SyncOutcome, Waiting};

@@ -1,8 +1,7 @@
 //! The runtime manager's stops: a container's (its preStop hook, then the stop signal
 //! within the grace period), a pod's (its containers, then its sandboxes, a few at a time),
-//! and the removal of what a killed pod left (after the other pods' kills: see
-//! [`crate::kuberuntime::stops`]). The kubelet's `killContainer`, `killPodWithSyncResult`
-//! and the removal its garbage collector makes.
+//! and the removal of what a killed pod left. The kubelet's `killContainer`,
+//! `killPodWithSyncResult` and the removal its garbage collector makes.
 
 use std::time::{Duration, Instant};
 
@@ -12,7 +11,6 @@ use tracing::Instrument;
 use super::{MIN_GRACE_SECONDS, PodActions, RuntimeManager, Stop};
 use crate::cri::{Cri, api, ok_if_not_found};
 use crate::kuberuntime::runtime_status::{PodRuntimeStatus, RunState};
-use crate::kuberuntime::stops::REMOVAL_WAIT;
 use crate::lifecycle::handlers::run_hook;
 use crate::pod::PodId;
 
@@ -123,7 +121,6 @@ impl<C: Cri> RuntimeManager<C> {
         status: &PodRuntimeStatus,
         grace: i64,
     ) -> Result<(), crate::cri::CriError> {
-        let _kill = self.stopping.kill();
         let pod_ip = pod.map(|p| self.pod_ip(p, status)).unwrap_or_default();
         let running = status
             .containers
@@ -182,16 +179,13 @@ impl<C: Cri> RuntimeManager<C> {
         first_error.map_or(Ok(()), Err)
     }
 
-    /// Removes every sandbox of a pod that was killed, once no other pod's kill is in
-    /// flight (10 s at most: see [`super::stops`]). The runtime removes a sandbox's
+    /// Removes every sandbox of a pod that was killed. The runtime removes a sandbox's
     /// containers with it (CRI `RemovePodSandbox`); only a container whose sandbox is not
     /// listed is removed on its own.
     ///
     /// # Errors
     /// The first failed removal; the caller retries.
     pub async fn remove_pod(&self, status: &PodRuntimeStatus) -> Result<(), crate::cri::CriError> {
-        let waits = self.stopping.settled(REMOVAL_WAIT);
-        waits.instrument(tracing::info_span!("wait_stops")).await;
         let strays = status
             .containers
             .iter()
