@@ -28,6 +28,16 @@ pub struct Relist {
     pub pods: HashMap<String, (PodId, PodFingerprint)>,
 }
 
+/// A sandbox's key in a fingerprint.
+fn sandbox_key(id: &str) -> String {
+    format!("s/{id}")
+}
+
+/// A container's key in a fingerprint.
+fn container_key(id: &str) -> String {
+    format!("c/{id}")
+}
+
 /// Lists the runtime once.
 ///
 /// # Errors
@@ -44,11 +54,11 @@ pub async fn relist<C: Cri>(cri: &C) -> Result<Relist, CriError> {
     let mut out = Relist::default();
     let objects = sandboxes
         .into_iter()
-        .map(|s| (s.labels, format!("s/{}", s.id), s.state))
+        .map(|s| (s.labels, sandbox_key(&s.id), s.state))
         .chain(
             containers
                 .into_iter()
-                .map(|c| (c.labels, format!("c/{}", c.id), c.state)),
+                .map(|c| (c.labels, container_key(&c.id), c.state)),
         );
     for (object_labels, key, state) in objects {
         let Some(pod) = labels::pod_of(&object_labels) else {
@@ -73,7 +83,7 @@ pub fn fingerprint_of(status: &PodRuntimeStatus) -> PodFingerprint {
         } else {
             api::PodSandboxState::SandboxNotready
         };
-        (format!("s/{}", s.id), state as i32)
+        (sandbox_key(&s.id), state as i32)
     });
     let containers = status.containers.iter().map(|c| {
         let state = match c.state {
@@ -82,7 +92,7 @@ pub fn fingerprint_of(status: &PodRuntimeStatus) -> PodFingerprint {
             RunState::Exited => api::ContainerState::ContainerExited,
             RunState::Unknown => api::ContainerState::ContainerUnknown,
         };
-        (format!("c/{}", c.id), state as i32)
+        (container_key(&c.id), state as i32)
     });
     sandboxes.chain(containers).collect()
 }
